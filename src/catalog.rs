@@ -1,0 +1,87 @@
+//! The list of supported languages with their images, versions and the limits in force: the
+//! object `list_supported_languages` returns and `codebox languages --json` prints.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::engine::{ContainerEngine, EngineError};
+use crate::images::VERSION_LABEL_PREFIX;
+use crate::registry::Registry;
+use crate::report::RunLimits;
+
+/// One supported language.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LanguageInfo {
+    /// Id to pass as `language`.
+    pub language: String,
+    pub display_name: String,
+    /// Other names accepted as `language`.
+    pub aliases: Vec<String>,
+    /// Docker tag runs are created from (e.g. `codebox/python:3.11`).
+    pub image: String,
+    /// Whether that image is present on the Docker host.
+    pub image_present: bool,
+    /// Name the code is saved under in the workspace.
+    pub source_file: String,
+    /// Whether a compile stage runs first (its failures are `compile_error`).
+    pub compiled: bool,
+    /// Toolchain version, recorded when the image was built; null if unknown.
+    pub version: Option<String>,
+}
+
+/// Default and maximum limits a request may set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LimitsInfo {
+    pub defaults: RunLimits,
+    pub ceilings: RunLimits,
+}
+
+/// Supported languages and limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Catalog {
+    pub languages: Vec<LanguageInfo>,
+    pub limits: LimitsInfo,
+}
+
+/// Build the catalog. When the engine cannot be reached, images are reported absent.
+pub async fn catalog(
+    engine: &dyn ContainerEngine,
+    registry: &Registry,
+    config: &Config,
+) -> Result<Catalog, EngineError> {
+    let mut languages = Vec::new();
+    let mut images = std::collections::BTreeMap::new();
+    for image in registry.images.values() {
+        let info = match engine.inspect_image(&image.tag).await {
+            Ok(info) => info,
+            Err(EngineError::Unreachable { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        images.insert(image.name.clone(), info);
+    }
+    for lang in registry.languages.values() {
+        let info = images.get(&lang.image.name).cloned().flatten();
+        languages.push(LanguageInfo {
+            language: lang.id.clone(),
+            display_name: lang.display_name.clone(),
+            aliases: lang.aliases.clone(),
+            image: lang.image.tag.clone(),
+            image_present: info.is_some(),
+            source_file: lang.source_file.clone(),
+            compiled: lang.is_compiled(),
+            version: info.and_then(|i| {
+                i.labels
+                    .get(&format!("{VERSION_LABEL_PREFIX}{}", lang.id))
+                    .cloned()
+            }),
+        });
+    }
+    Ok(Catalog {
+        languages,
+        limits: LimitsInfo {
+            defaults: config.limits.defaults,
+            ceilings: config.limits.ceilings,
+        },
+    })
+}

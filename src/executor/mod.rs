@@ -1,0 +1,402 @@
+//! The generic two-stage executor: compile in a fresh container with a writable workspace,
+//! then run in a fresh container whose root filesystem and workspace are read-only.
+//!
+//! A program's failure is an outcome (`Ok` report); only a broken sandbox is a
+//! `sandbox_error`, and the report says what broke.
+
+pub mod archive;
+pub mod outcome;
+pub mod request;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::engine::guard::RunResources;
+use crate::engine::posture::{self, PostureViolation, Resources, Workspace, WorkspaceAccess};
+use crate::engine::{
+    ContainerEngine, EngineError, Ending, Execution, StartOptions, LABEL_EXPIRES, LABEL_INSTANCE,
+    LABEL_MANAGED, LABEL_RUN,
+};
+use crate::report::{CompileReport, RunReport, Stage, Status, Usage};
+pub use request::{Encoding, FileInput, LimitsInput, RequestError, RunRequest, ValidRequest};
+
+/// Extra time before a container counts as abandoned, beyond its limits.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
+
+/// Why a run could not be carried out.
+#[derive(Debug, thiserror::Error)]
+enum SandboxFailure {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Posture(#[from] PostureViolation),
+}
+
+/// Runs validated requests on a container engine.
+pub struct Executor {
+    engine: Arc<dyn ContainerEngine>,
+    config: Arc<Config>,
+    instance: String,
+}
+
+/// A new run id: 32 lowercase hex digits.
+pub fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+fn fmt_secs(s: f64) -> String {
+    if s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s} s")
+    }
+}
+
+impl Executor {
+    pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
+        Executor {
+            engine,
+            config,
+            instance,
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
+        &self.engine
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// A report for a run that has not started; the executor fills it in.
+    pub fn blank_report(run_id: &str, req: &ValidRequest) -> RunReport {
+        RunReport {
+            run_id: run_id.to_string(),
+            language: req.language.id.clone(),
+            status: Status::Queued,
+            stage: None,
+            exit_code: None,
+            signal: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            compile: None,
+            duration_ms: 0,
+            queued_ms: 0,
+            usage: Usage::default(),
+            limits: req.limits,
+            image_id: None,
+            message: "waiting for a free slot".to_string(),
+        }
+    }
+
+    /// Carry out one run. Never fails: a broken sandbox is reported as `sandbox_error`.
+    /// Every container and the volume are removed before this returns, or, if the future is
+    /// dropped, in the background right after.
+    pub async fn execute(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        queued_ms: u64,
+        cancel: CancellationToken,
+    ) -> RunReport {
+        let started = Instant::now();
+        let mut report = Executor::blank_report(run_id, req);
+        report.status = Status::Running;
+        report.queued_ms = queued_ms;
+        let mut resources = RunResources::new(self.engine.clone());
+        if let Err(e) = self
+            .stages(run_id, req, &mut report, &mut resources, &cancel)
+            .await
+        {
+            report.status = Status::SandboxError;
+            report.message = e.to_string();
+        }
+        if let Err(e) = resources.release().await {
+            tracing::warn!(run_id, error = %e, "removing the run's containers failed; they will be reaped");
+        }
+        report.duration_ms = ms(started.elapsed());
+        report
+    }
+
+    /// Run one command in a locked-down container with no workspace (the `doctor` posture
+    /// probe, toolchain version checks). Same posture as a run stage.
+    pub async fn probe(
+        &self,
+        image_tag: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<Execution, String> {
+        let run_id = new_run_id();
+        let mut labels = self.labels(&run_id, timeout.as_secs_f64());
+        labels.insert("codebox.probe".into(), "true".into());
+        let sandbox = &self.config.sandbox;
+        let name = format!("codebox-{run_id}-probe");
+        let spec = posture::locked_down(
+            &name,
+            image_tag,
+            cmd,
+            &BTreeMap::new(),
+            None,
+            &Resources {
+                memory_mb: self.config.limits.defaults.memory_mb,
+                cpus: self.config.limits.defaults.cpus,
+                pids_limit: sandbox.pids_limit,
+                tmpfs_mb: sandbox.tmpfs_mb,
+                max_file_size_mb: sandbox.max_file_size_mb,
+            },
+            labels,
+            false,
+        );
+        posture::check(&spec, WorkspaceAccess::ReadOnly).map_err(|e| e.to_string())?;
+        let mut resources = RunResources::new(self.engine.clone());
+        resources.track_container(&name);
+        let result = async {
+            self.engine.create_container(&spec).await?;
+            self.engine
+                .start_and_wait(
+                    &name,
+                    StartOptions {
+                        stdin: None,
+                        output_limit: sandbox.output_limit_bytes,
+                        timeout,
+                    },
+                    CancellationToken::new(),
+                )
+                .await
+        }
+        .await;
+        let released = resources.release().await;
+        let exec = result.map_err(|e| e.to_string())?;
+        released.map_err(|e| e.to_string())?;
+        Ok(exec)
+    }
+
+    fn labels(&self, run_id: &str, budget_seconds: f64) -> BTreeMap<String, String> {
+        let expires = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            + Duration::from_secs_f64(budget_seconds)
+            + EXPIRY_MARGIN;
+        BTreeMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_RUN.to_string(), run_id.to_string()),
+            (LABEL_INSTANCE.to_string(), self.instance.clone()),
+            (LABEL_EXPIRES.to_string(), expires.as_secs().to_string()),
+        ])
+    }
+
+    async fn stages(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        report: &mut RunReport,
+        resources: &mut RunResources,
+        cancel: &CancellationToken,
+    ) -> Result<(), SandboxFailure> {
+        let lang = &req.language;
+        let sandbox = &self.config.sandbox;
+        let image = self
+            .engine
+            .inspect_image(&lang.image.tag)
+            .await?
+            .ok_or_else(|| EngineError::ImageMissing {
+                tag: lang.image.tag.clone(),
+                image: lang.image.name.clone(),
+            })?;
+        report.image_id = Some(image.id);
+        let labels = self.labels(
+            run_id,
+            lang.compile_limits.timeout_seconds + req.limits.timeout_seconds,
+        );
+
+        let volume = format!("codebox-{run_id}");
+        resources.track_volume(&volume);
+        self.engine.create_volume(&volume, &labels).await?;
+
+        // Prepare the workspace: the compile container, or a loader that is never started.
+        let compile_limits = lang.compile_limits;
+        let prep_resources = Resources {
+            memory_mb: compile_limits.memory_mb,
+            cpus: compile_limits.cpus,
+            pids_limit: sandbox.pids_limit,
+            tmpfs_mb: sandbox.tmpfs_mb,
+            max_file_size_mb: sandbox.max_file_size_mb,
+        };
+        let prep_name = format!("codebox-{run_id}-{}", if lang.is_compiled() { "compile" } else { "load" });
+        let prep_cmd = lang.compile.clone().unwrap_or_else(|| vec!["true".to_string()]);
+        let prep = posture::locked_down(
+            &prep_name,
+            &lang.image.tag,
+            prep_cmd,
+            &lang.env,
+            Some(Workspace {
+                volume: volume.clone(),
+                writable: true,
+            }),
+            &prep_resources,
+            labels.clone(),
+            false,
+        );
+        posture::check(&prep, WorkspaceAccess::Writable)?;
+        resources.track_container(&prep_name);
+        self.engine.create_container(&prep).await?;
+        let tar = archive::workspace_tar(&lang.source_file, &req.code, &req.files);
+        self.engine.upload(&prep_name, posture::WORKSPACE, tar).await?;
+
+        if lang.is_compiled() {
+            report.stage = Some(Stage::Compile);
+            let exec = self
+                .engine
+                .start_and_wait(
+                    &prep_name,
+                    StartOptions {
+                        stdin: None,
+                        output_limit: sandbox.output_limit_bytes,
+                        timeout: Duration::from_secs_f64(compile_limits.timeout_seconds),
+                    },
+                    cancel.clone(),
+                )
+                .await?;
+            let compiled = self.finish_compile(report, &exec, compile_limits.timeout_seconds, compile_limits.memory_mb);
+            if !compiled {
+                return Ok(());
+            }
+        }
+        resources.remove_container(&prep_name).await?;
+        if cancel.is_cancelled() {
+            report.status = Status::Stopped;
+            report.message = "stopped before the program ran".into();
+            return Ok(());
+        }
+
+        report.stage = Some(Stage::Run);
+        let run_name = format!("codebox-{run_id}-run");
+        let mut cmd = lang.run.clone();
+        cmd.extend(req.args.iter().cloned());
+        let run = posture::locked_down(
+            &run_name,
+            &lang.image.tag,
+            cmd,
+            &lang.env,
+            Some(Workspace {
+                volume,
+                writable: false,
+            }),
+            &Resources {
+                memory_mb: req.limits.memory_mb,
+                cpus: req.limits.cpus,
+                pids_limit: sandbox.pids_limit,
+                tmpfs_mb: sandbox.tmpfs_mb,
+                max_file_size_mb: sandbox.max_file_size_mb,
+            },
+            labels,
+            req.stdin.is_some(),
+        );
+        posture::check(&run, WorkspaceAccess::ReadOnly)?;
+        resources.track_container(&run_name);
+        self.engine.create_container(&run).await?;
+        let exec = self
+            .engine
+            .start_and_wait(
+                &run_name,
+                StartOptions {
+                    stdin: req.stdin.clone(),
+                    output_limit: sandbox.output_limit_bytes,
+                    timeout: Duration::from_secs_f64(req.limits.timeout_seconds),
+                },
+                cancel.clone(),
+            )
+            .await?;
+        self.finish_run(report, &exec, req);
+        Ok(())
+    }
+
+    /// Record the compile stage; `true` if the run stage should follow.
+    fn finish_compile(&self, report: &mut RunReport, exec: &Execution, timeout: f64, memory_mb: u64) -> bool {
+        let o = outcome::classify(exec);
+        let (status, message) = match o.status {
+            Status::Succeeded => (Status::Succeeded, String::new()),
+            Status::Stopped => (Status::Stopped, "stopped while compiling".to_string()),
+            Status::TimedOut => (
+                Status::TimedOut,
+                format!("compilation was killed at its {} wall-clock limit", fmt_secs(timeout)),
+            ),
+            Status::OutOfMemory => (
+                Status::OutOfMemory,
+                format!("compilation was killed by the out-of-memory killer at its {memory_mb} MB limit"),
+            ),
+            _ => (
+                Status::CompileError,
+                format!(
+                    "compilation failed with exit code {}; the compiler's output is in compile.stderr",
+                    o.exit_code.unwrap_or(-1)
+                ),
+            ),
+        };
+        report.compile = Some(CompileReport {
+            status,
+            exit_code: o.exit_code,
+            stdout: exec.stdout.text(),
+            stderr: exec.stderr.text(),
+            duration_ms: ms(exec.duration),
+            usage: exec.usage.clone(),
+        });
+        if status == Status::Succeeded {
+            return true;
+        }
+        report.status = status;
+        report.exit_code = o.exit_code;
+        report.signal = if status == Status::CompileError { o.signal } else { None };
+        report.message = message;
+        false
+    }
+
+    fn finish_run(&self, report: &mut RunReport, exec: &Execution, req: &ValidRequest) {
+        let o = outcome::classify(exec);
+        report.status = o.status;
+        report.exit_code = o.exit_code;
+        report.signal = o.signal.clone();
+        report.stdout = exec.stdout.text();
+        report.stderr = exec.stderr.text();
+        report.stdout_truncated = exec.stdout.truncated();
+        report.stderr_truncated = exec.stderr.truncated();
+        report.stdout_bytes = exec.stdout.total;
+        report.stderr_bytes = exec.stderr.total;
+        report.usage = exec.usage.clone();
+        let code = o.exit_code.unwrap_or(-1);
+        report.message = match (o.status, exec.ending) {
+            (Status::Succeeded, _) => "exited with code 0".to_string(),
+            (Status::Stopped, _) => "stopped before it finished".to_string(),
+            (Status::TimedOut, _) => format!(
+                "killed at the {} wall-clock limit",
+                fmt_secs(req.limits.timeout_seconds)
+            ),
+            (Status::OutOfMemory, _) => format!(
+                "killed by the out-of-memory killer at the {} MB memory limit",
+                req.limits.memory_mb
+            ),
+            (_, Ending::Exited) => match &o.signal {
+                Some(sig) => format!("killed by {sig} (exit code {code})"),
+                None => format!("exited with code {code}"),
+            },
+            _ => format!("ended with exit code {code}"),
+        };
+    }
+}

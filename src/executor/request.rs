@@ -1,0 +1,295 @@
+//! A run request as a client sends it, and its validation. Everything is checked here, before
+//! Docker is touched; every error names the field and the allowed range.
+
+use std::path::{Component, Path};
+
+use base64::Engine as _;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::registry::{Language, Registry};
+use crate::report::RunLimits;
+
+/// Encoding of a file's `content`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+/// An extra file placed in the workspace next to the source file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileInput {
+    /// Relative path inside the workspace (e.g. `data/input.csv`); no `..`, not absolute.
+    pub path: String,
+    /// File content, as text or base64.
+    pub content: String,
+    /// `utf8` (default) or `base64`.
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+}
+
+/// Limits a client may ask for; anything left out takes the operator's default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsInput {
+    /// Memory limit in MB (whole number).
+    pub memory_mb: Option<f64>,
+    /// Wall-clock limit of the run stage in seconds.
+    pub timeout_seconds: Option<f64>,
+    /// CPU quota in cores (may be fractional, e.g. 0.5).
+    pub cpus: Option<f64>,
+}
+
+/// What a client asks to run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// Language id or alias (see `list_supported_languages`).
+    pub language: String,
+    /// The program's source code.
+    pub code: String,
+    /// Text written to the program's standard input.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Command-line arguments passed to the program.
+    #[serde(default)]
+    pub args: Option<Vec<String>>,
+    /// Extra files placed in the workspace.
+    #[serde(default)]
+    pub files: Option<Vec<FileInput>>,
+    /// Resource limits; defaults apply to what is left out.
+    #[serde(default)]
+    pub limits: Option<LimitsInput>,
+}
+
+/// A request that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub language: Language,
+    pub code: String,
+    pub stdin: Option<Vec<u8>>,
+    pub args: Vec<String>,
+    pub files: Vec<(String, Vec<u8>)>,
+    pub limits: RunLimits,
+}
+
+/// A rejected request: which field, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct RequestError {
+    pub field: String,
+    pub message: String,
+}
+
+fn reject<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, RequestError> {
+    Err(RequestError {
+        field: field.into(),
+        message: message.into(),
+    })
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Check one client-set limit: finite, positive, not over the ceiling. Never clamped.
+fn limit(
+    field: &str,
+    requested: Option<f64>,
+    default: f64,
+    ceiling: f64,
+    what: &str,
+    unit: &str,
+) -> Result<f64, RequestError> {
+    let Some(v) = requested else {
+        return Ok(default);
+    };
+    if !v.is_finite() {
+        return reject(field, format!("must be a finite number (1 to {} {unit})", fmt_num(ceiling)));
+    }
+    if v <= 0.0 {
+        return reject(
+            field,
+            format!(
+                "must be positive; requested {}{unit_sep}{unit} (allowed: up to {} {unit})",
+                fmt_num(v),
+                fmt_num(ceiling),
+                unit_sep = if unit.is_empty() { "" } else { " " }
+            ),
+        );
+    }
+    if v > ceiling {
+        return reject(
+            field,
+            format!(
+                "requested {} {unit} of {what}; the maximum is {} {unit}",
+                fmt_num(v),
+                fmt_num(ceiling)
+            ),
+        );
+    }
+    Ok(v)
+}
+
+/// Check a workspace-relative file path.
+fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, RequestError> {
+    if path.is_empty() || path.len() > 255 {
+        return reject(field, "must be a relative path of 1 to 255 bytes");
+    }
+    if path.contains('\0') || path.contains('\\') {
+        return reject(field, format!("`{path}` contains a forbidden character"));
+    }
+    let p = Path::new(path);
+    if p.is_absolute() {
+        return reject(field, format!("`{path}` is absolute; use a path relative to the workspace"));
+    }
+    for c in p.components() {
+        match c {
+            Component::Normal(_) => {}
+            Component::ParentDir => {
+                return reject(field, format!("`{path}` contains `..`; paths must stay inside the workspace"))
+            }
+            _ => return reject(field, format!("`{path}` must be a plain relative path")),
+        }
+    }
+    let normal: Vec<&str> = p
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap_or(""))
+        .collect();
+    let joined = normal.join("/");
+    if joined == source_file {
+        return reject(field, format!("`{path}` clashes with the source file `{source_file}`"));
+    }
+    Ok(joined)
+}
+
+impl ValidRequest {
+    /// Validate a request against the registry and the operator's limits.
+    pub fn new(req: RunRequest, registry: &Registry, config: &Config) -> Result<ValidRequest, RequestError> {
+        let Some(language) = registry.resolve(&req.language) else {
+            let known: Vec<&str> = registry.languages.keys().map(String::as_str).collect();
+            return reject(
+                "language",
+                format!("unknown language `{}`; supported: {}", req.language, known.join(", ")),
+            );
+        };
+        let s = &config.sandbox;
+        if req.code.trim().is_empty() {
+            return reject("code", "must not be empty");
+        }
+        if req.code.len() > s.max_code_bytes {
+            return reject(
+                "code",
+                format!("is {} bytes; the maximum is {} bytes", req.code.len(), s.max_code_bytes),
+            );
+        }
+        let stdin = match req.stdin {
+            Some(text) if text.len() > s.max_stdin_bytes => {
+                return reject(
+                    "stdin",
+                    format!("is {} bytes; the maximum is {} bytes", text.len(), s.max_stdin_bytes),
+                )
+            }
+            Some(text) if !text.is_empty() => Some(text.into_bytes()),
+            _ => None,
+        };
+        let args = req.args.unwrap_or_default();
+        if args.len() > s.max_args {
+            return reject("args", format!("has {} items; the maximum is {}", args.len(), s.max_args));
+        }
+        for (i, a) in args.iter().enumerate() {
+            if a.len() > s.max_arg_bytes || a.contains('\0') {
+                return reject(
+                    format!("args[{i}]"),
+                    format!("must be at most {} bytes with no NUL character", s.max_arg_bytes),
+                );
+            }
+        }
+        let raw_files = req.files.unwrap_or_default();
+        if raw_files.len() > s.max_files {
+            return reject(
+                "files",
+                format!("has {} files; the maximum is {}", raw_files.len(), s.max_files),
+            );
+        }
+        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut total = 0usize;
+        for (i, f) in raw_files.into_iter().enumerate() {
+            let field = format!("files[{i}].path");
+            let path = check_path(&field, &f.path, &language.source_file)?;
+            if files.iter().any(|(p, _)| *p == path) {
+                return reject(field, format!("`{path}` appears twice"));
+            }
+            // A file may not be both a file and a directory of another file.
+            if files.iter().any(|(p, _)| p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/"))) {
+                return reject(field, format!("`{path}` clashes with another file's directory"));
+            }
+            let content = match f.encoding.unwrap_or_default() {
+                Encoding::Utf8 => f.content.into_bytes(),
+                Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                    .decode(f.content.trim())
+                    .map_err(|e| RequestError {
+                        field: format!("files[{i}].content"),
+                        message: format!("is not valid base64: {e}"),
+                    })?,
+            };
+            total += content.len();
+            if total > s.max_files_bytes {
+                return reject(
+                    "files",
+                    format!("total {total}+ bytes; the maximum is {} bytes", s.max_files_bytes),
+                );
+            }
+            files.push((path, content));
+        }
+        let l = req.limits.unwrap_or_default();
+        let (d, c) = (config.limits.defaults, config.limits.ceilings);
+        let memory = limit(
+            "limits.memory_mb",
+            l.memory_mb,
+            d.memory_mb as f64,
+            c.memory_mb as f64,
+            "memory",
+            "MB",
+        )?;
+        if memory.fract() != 0.0 {
+            return reject("limits.memory_mb", format!("must be a whole number of MB; requested {memory}"));
+        }
+        if memory < 6.0 {
+            return reject("limits.memory_mb", format!("requested {memory} MB; the minimum is 6 MB"));
+        }
+        let timeout = limit(
+            "limits.timeout_seconds",
+            l.timeout_seconds,
+            d.timeout_seconds,
+            c.timeout_seconds,
+            "wall-clock time",
+            "s",
+        )?;
+        let cpus = limit("limits.cpus", l.cpus, d.cpus, c.cpus, "CPU", "cpus")?;
+        if cpus < 0.01 {
+            return reject("limits.cpus", format!("requested {cpus} cpus; the minimum is 0.01"));
+        }
+        Ok(ValidRequest {
+            language: language.clone(),
+            code: req.code,
+            stdin,
+            args,
+            files,
+            limits: RunLimits {
+                memory_mb: memory as u64,
+                timeout_seconds: timeout,
+                cpus,
+            },
+        })
+    }
+}

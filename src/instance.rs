@@ -1,0 +1,89 @@
+//! This process's identity on the Docker daemon, and whether another instance is still alive.
+//!
+//! Each codebox process holds an exclusive lock on `<data dir>/instances/<id>.lock` while it
+//! lives. The reaper removes containers of an instance whose lock is free (it died), or whose
+//! containers are past their expiry label (another machine, or no lock file).
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+/// This process's instance id and the lock that proves it is alive.
+pub struct Instance {
+    pub id: String,
+    lock: Option<(File, PathBuf)>,
+}
+
+/// What is known of another instance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Liveness {
+    Alive,
+    Dead,
+    Unknown,
+}
+
+fn lock_path(data_dir: &Path, id: &str) -> PathBuf {
+    data_dir.join("instances").join(format!("{id}.lock"))
+}
+
+impl Instance {
+    /// A new instance id, registered under `data_dir` when it is writable.
+    pub fn register(data_dir: &Path) -> Instance {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let path = lock_path(data_dir, &id);
+        let lock = std::fs::create_dir_all(path.parent().unwrap_or(data_dir))
+            .and_then(|_| OpenOptions::new().create(true).write(true).truncate(true).open(&path))
+            .and_then(|f| f.try_lock().map_err(std::io::Error::other).map(|_| f));
+        match lock {
+            Ok(f) => Instance {
+                id,
+                lock: Some((f, path)),
+            },
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot register this instance; other instances will only reap its containers after they expire");
+                Instance { id, lock: None }
+            }
+        }
+    }
+
+    /// Whether the instance `id` still runs, judged by its lock file.
+    pub fn liveness(data_dir: &Path, id: &str) -> Liveness {
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return Liveness::Unknown;
+        }
+        let path = lock_path(data_dir, id);
+        let Ok(f) = OpenOptions::new().write(true).open(&path) else {
+            return Liveness::Unknown;
+        };
+        match f.try_lock() {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&path);
+                Liveness::Dead
+            }
+            Err(_) => Liveness::Alive,
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some((_, path)) = self.lock.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registered_instance_is_alive_until_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = Instance::register(dir.path());
+        assert_eq!(Instance::liveness(dir.path(), &me.id), Liveness::Alive);
+        let id = me.id.clone();
+        drop(me);
+        assert_eq!(Instance::liveness(dir.path(), &id), Liveness::Unknown);
+        assert_eq!(Instance::liveness(dir.path(), "../etc"), Liveness::Unknown);
+    }
+}

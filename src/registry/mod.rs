@@ -1,0 +1,456 @@
+//! The language registry, loaded from `languages.toml` in two steps: raw serde types that
+//! reject unknown fields, then validated types whose errors name the file, the language and
+//! the field.
+
+mod raw;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::config::{
+    DEFAULT_COMPILE_CPUS, DEFAULT_COMPILE_MEMORY_MB, DEFAULT_COMPILE_TIMEOUT_SECONDS,
+};
+use crate::report::Status;
+
+/// An image languages run in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub name: String,
+    /// Docker tag containers are created from.
+    pub tag: String,
+    /// Dockerfile folder, relative to the registry file's folder.
+    pub context: PathBuf,
+}
+
+/// Limits of a compile stage, set by the operator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompileLimits {
+    pub timeout_seconds: f64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+}
+
+/// What a smoke sample expects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expect {
+    pub status: Status,
+    pub stdout: Option<String>,
+    pub stderr_contains: Option<String>,
+    pub exit_code: Option<i64>,
+}
+
+/// A smoke sample run by `codebox smoke` and CI.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub code: String,
+    pub stdin: Option<String>,
+    pub args: Vec<String>,
+    pub expect: Expect,
+}
+
+/// One language, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Language {
+    pub id: String,
+    pub display_name: String,
+    pub aliases: Vec<String>,
+    pub extensions: Vec<String>,
+    pub image: Image,
+    pub source_file: String,
+    pub compile: Option<Vec<String>>,
+    pub run: Vec<String>,
+    pub version: Option<Vec<String>>,
+    pub env: BTreeMap<String, String>,
+    pub compile_limits: CompileLimits,
+    pub tests: Vec<Sample>,
+}
+
+impl Language {
+    pub fn is_compiled(&self) -> bool {
+        self.compile.is_some()
+    }
+}
+
+/// All languages and images of one registry file.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    pub path: PathBuf,
+    pub images: BTreeMap<String, Image>,
+    pub languages: BTreeMap<String, Language>,
+}
+
+/// A problem in the registry file, naming the file, the language (or image) and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("{path}: {section} `{name}`: field `{field}`: {message}")]
+    Field {
+        path: PathBuf,
+        section: &'static str,
+        name: String,
+        field: String,
+        message: String,
+    },
+}
+
+/// File the shipped registry lives in, relative to the project root.
+pub const DEFAULT_REGISTRY_FILE: &str = "languages.toml";
+
+impl Registry {
+    /// Read and validate a registry file.
+    pub fn load(path: &Path) -> Result<Registry, RegistryError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RegistryError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Registry::parse(path, &text)
+    }
+
+    /// Validate registry text; `path` is used in messages only.
+    pub fn parse(path: &Path, text: &str) -> Result<Registry, RegistryError> {
+        let syntax = |message: String| RegistryError::Syntax {
+            path: path.to_path_buf(),
+            message,
+        };
+        let table: toml::Table = toml::from_str(text).map_err(|e| syntax(e.to_string()))?;
+        let mut images_raw = toml::Table::new();
+        let mut languages_raw = toml::Table::new();
+        for (key, value) in table {
+            let target = match key.as_str() {
+                "images" => &mut images_raw,
+                "languages" => &mut languages_raw,
+                _ => {
+                    return Err(syntax(format!(
+                        "unknown top-level table `{key}`; expected `images` or `languages`"
+                    )))
+                }
+            };
+            match value {
+                toml::Value::Table(t) => *target = t,
+                _ => return Err(syntax(format!("`{key}` must be a table"))),
+            }
+        }
+        let field = |section: &'static str, name: &str, field: &str, message: String| {
+            RegistryError::Field {
+                path: path.to_path_buf(),
+                section,
+                name: name.to_string(),
+                field: field.to_string(),
+                message,
+            }
+        };
+
+        let mut images = BTreeMap::new();
+        for (name, value) in images_raw {
+            let raw = raw::RawImage::deserialize(value)
+                .map_err(|e| field("image", &name, &serde_field(&e), e.message().to_string()))?;
+            if !is_identifier(&name) {
+                return Err(field("image", &name, "name", IDENT_RULE.to_string()));
+            }
+            if raw.tag.trim().is_empty() || raw.tag.contains(char::is_whitespace) {
+                return Err(field("image", &name, "tag", "must be a Docker tag".into()));
+            }
+            let context = PathBuf::from(&raw.context);
+            if !is_safe_relative(&raw.context) {
+                return Err(field(
+                    "image",
+                    &name,
+                    "context",
+                    "must be a relative path inside the project, without `..`".into(),
+                ));
+            }
+            images.insert(
+                name.clone(),
+                Image {
+                    name,
+                    tag: raw.tag,
+                    context,
+                },
+            );
+        }
+
+        let mut languages = BTreeMap::new();
+        let mut names: BTreeMap<String, String> = BTreeMap::new();
+        for (id, value) in languages_raw {
+            let raw = raw::RawLanguage::deserialize(value)
+                .map_err(|e| field("language", &id, &serde_field(&e), e.message().to_string()))?;
+            let lang = validate_language(&id, raw, &images)
+                .map_err(|(f, m)| field("language", &id, &f, m))?;
+            for name in std::iter::once(&lang.id).chain(&lang.aliases) {
+                if let Some(other) = names.insert(name.clone(), lang.id.clone()) {
+                    return Err(field(
+                        "language",
+                        &id,
+                        "aliases",
+                        format!("`{name}` is already used by language `{other}`"),
+                    ));
+                }
+            }
+            languages.insert(id, lang);
+        }
+        Ok(Registry {
+            path: path.to_path_buf(),
+            images,
+            languages,
+        })
+    }
+
+    /// Find a language by id or alias (case-insensitive).
+    pub fn resolve(&self, name: &str) -> Option<&Language> {
+        let name = name.trim().to_ascii_lowercase();
+        self.languages.get(&name).or_else(|| {
+            self.languages
+                .values()
+                .find(|l| l.aliases.iter().any(|a| *a == name))
+        })
+    }
+
+    /// Guess a language from a file name's extension.
+    pub fn for_file(&self, file: &Path) -> Option<&Language> {
+        let ext = file.extension()?.to_str()?.to_ascii_lowercase();
+        self.languages
+            .values()
+            .find(|l| l.extensions.iter().any(|e| *e == ext))
+    }
+
+    /// The folder image contexts are relative to.
+    pub fn root(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// Languages served by one image.
+    pub fn languages_of_image<'a>(&'a self, image: &'a str) -> impl Iterator<Item = &'a Language> {
+        self.languages.values().filter(move |l| l.image.name == image)
+    }
+}
+
+const IDENT_RULE: &str = "must be lowercase letters, digits, `_`, `-` or `+`, starting with a letter";
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-+".contains(c))
+}
+
+/// A plain file name: letters, digits, `_`, `-`, `.`; not hidden, no directories.
+pub fn is_safe_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+}
+
+fn is_safe_relative(s: &str) -> bool {
+    let p = Path::new(s);
+    !s.is_empty()
+        && p.is_relative()
+        && p
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
+/// The field a serde error is about, when it says (e.g. "unknown field `x`" or "missing field `y`").
+fn serde_field(e: &toml::de::Error) -> String {
+    let msg = e.message();
+    for marker in ["unknown field `", "missing field `"] {
+        if let Some(rest) = msg.split(marker).nth(1) {
+            if let Some(name) = rest.split('`').next() {
+                return name.to_string();
+            }
+        }
+    }
+    "?".to_string()
+}
+
+fn validate_language(
+    id: &str,
+    raw: raw::RawLanguage,
+    images: &BTreeMap<String, Image>,
+) -> Result<Language, (String, String)> {
+    let err = |f: &str, m: String| Err((f.to_string(), m));
+    if !is_identifier(id) {
+        return err("id", IDENT_RULE.into());
+    }
+    if raw.display_name.trim().is_empty() {
+        return err("display_name", "must not be empty".into());
+    }
+    for a in &raw.aliases {
+        if !is_identifier(a) {
+            return err("aliases", format!("alias `{a}` {IDENT_RULE}"));
+        }
+    }
+    let Some(image) = images.get(&raw.image) else {
+        let known: Vec<&str> = images.keys().map(String::as_str).collect();
+        return err(
+            "image",
+            format!(
+                "`{}` is not a key of [images] (known: {})",
+                raw.image,
+                known.join(", ")
+            ),
+        );
+    };
+    if !is_safe_file_name(&raw.source_file) {
+        return err(
+            "source_file",
+            format!(
+                "`{}` must be a plain file name (letters, digits, `_`, `-`, `.`; not hidden)",
+                raw.source_file
+            ),
+        );
+    }
+    if raw.run.is_empty() || raw.run[0].is_empty() {
+        return err("run", "must be a non-empty command (a list of strings)".into());
+    }
+    if let Some(c) = &raw.compile {
+        if c.is_empty() || c[0].is_empty() {
+            return err("compile", "must be a non-empty command when present".into());
+        }
+    }
+    if let Some(v) = &raw.version {
+        if v.is_empty() {
+            return err("version", "must be a non-empty command when present".into());
+        }
+    }
+    for (k, v) in &raw.env {
+        let ok_key = !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok_key || v.contains('\0') {
+            return err("env", format!("`{k}` is not a valid environment variable"));
+        }
+    }
+    let mut compile_limits = CompileLimits {
+        timeout_seconds: DEFAULT_COMPILE_TIMEOUT_SECONDS,
+        memory_mb: DEFAULT_COMPILE_MEMORY_MB,
+        cpus: DEFAULT_COMPILE_CPUS,
+    };
+    if let Some(l) = raw.compile_limits {
+        if let Some(t) = l.timeout_seconds {
+            if !(t.is_finite() && t > 0.0) {
+                return err("compile_limits.timeout_seconds", "must be positive".into());
+            }
+            compile_limits.timeout_seconds = t;
+        }
+        if let Some(m) = l.memory_mb {
+            if m == 0 {
+                return err("compile_limits.memory_mb", "must be positive".into());
+            }
+            compile_limits.memory_mb = m;
+        }
+        if let Some(c) = l.cpus {
+            if !(c.is_finite() && c > 0.0) {
+                return err("compile_limits.cpus", "must be positive".into());
+            }
+            compile_limits.cpus = c;
+        }
+    }
+    let mut extensions = raw.extensions;
+    if extensions.is_empty() {
+        if let Some(ext) = Path::new(&raw.source_file).extension().and_then(|e| e.to_str()) {
+            extensions.push(ext.to_ascii_lowercase());
+        }
+    }
+    let mut tests = Vec::new();
+    for t in raw.tests {
+        let Some(status) = Status::parse(&t.expect.status).filter(|s| s.is_terminal()) else {
+            return err(
+                "tests.expect.status",
+                format!("`{}` is not a terminal status (sample `{}`)", t.expect.status, t.name),
+            );
+        };
+        if tests.iter().any(|s: &Sample| s.name == t.name) {
+            return err("tests.name", format!("sample `{}` appears twice", t.name));
+        }
+        tests.push(Sample {
+            name: t.name,
+            code: t.code,
+            stdin: t.stdin,
+            args: t.args,
+            expect: Expect {
+                status,
+                stdout: t.expect.stdout,
+                stderr_contains: t.expect.stderr_contains,
+                exit_code: t.expect.exit_code,
+            },
+        });
+    }
+    Ok(Language {
+        id: id.to_string(),
+        display_name: raw.display_name,
+        aliases: raw.aliases,
+        extensions,
+        image: image.clone(),
+        source_file: raw.source_file,
+        compile: raw.compile,
+        run: raw.run,
+        version: raw.version,
+        env: raw.env,
+        compile_limits,
+        tests,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINI: &str = r#"
+[images.python]
+tag = "codebox/python:3.11"
+context = "images/python"
+
+[languages.python]
+display_name = "Python 3"
+aliases = ["py"]
+image = "python"
+source_file = "main.py"
+run = ["python3", "main.py"]
+"#;
+
+    #[test]
+    fn minimal_registry_loads_and_resolves_aliases() {
+        let r = Registry::parse(Path::new("x.toml"), MINI).unwrap();
+        assert_eq!(r.resolve("PY").unwrap().id, "python");
+        assert_eq!(r.for_file(Path::new("a/b.py")).unwrap().id, "python");
+        assert!(r.resolve("cobol").is_none());
+    }
+
+    #[test]
+    fn unknown_field_error_names_file_language_and_field() {
+        let text = MINI.replace("run = [", "color = \"red\"\nrun = [");
+        let msg = Registry::parse(Path::new("langs.toml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("langs.toml"), "{msg}");
+        assert!(msg.contains("`python`"), "{msg}");
+        assert!(msg.contains("color"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_image_key_is_rejected_with_the_field() {
+        let text = MINI.replace("image = \"python\"", "image = \"pyth\"");
+        let msg = Registry::parse(Path::new("l.toml"), &text).unwrap_err().to_string();
+        assert!(msg.contains("field `image`"), "{msg}");
+        assert!(msg.contains("pyth"), "{msg}");
+    }
+
+    #[test]
+    fn unsafe_source_file_is_rejected() {
+        for bad in ["../x.py", "/etc/x", ".hidden", "a/b.py", ""] {
+            let text = MINI.replace("\"main.py\"", &format!("{bad:?}"));
+            let msg = Registry::parse(Path::new("l.toml"), &text).unwrap_err().to_string();
+            assert!(msg.contains("source_file"), "{bad}: {msg}");
+        }
+    }
+}

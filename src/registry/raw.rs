@@ -1,0 +1,63 @@
+//! The on-disk shape of `languages.toml`, as written. Unknown fields are rejected here;
+//! meaning is checked in `super::validate`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawImage {
+    pub tag: String,
+    pub context: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    pub timeout_seconds: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub cpus: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawExpect {
+    pub status: String,
+    pub stdout: Option<String>,
+    pub stderr_contains: Option<String>,
+    pub exit_code: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSample {
+    pub name: String,
+    pub code: String,
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    pub expect: RawExpect,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLanguage {
+    pub display_name: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// File extensions `codebox run` recognises; defaults to the source file's.
+    #[serde(default)]
+    pub extensions: Vec<String>,
+    pub image: String,
+    pub source_file: String,
+    pub compile: Option<Vec<String>>,
+    pub run: Vec<String>,
+    /// Command printing the toolchain version, run once when the image is built.
+    pub version: Option<Vec<String>>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub compile_limits: Option<RawLimits>,
+    #[serde(default)]
+    pub tests: Vec<RawSample>,
+}

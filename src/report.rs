@@ -1,0 +1,156 @@
+//! The run report: one shape everywhere (MCP, CLI `--json`, history).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where a run stands, or how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting for an admission slot.
+    Queued,
+    /// Compiling or running.
+    Running,
+    /// The program exited with status 0.
+    Succeeded,
+    /// The program exited non-zero or was killed by a signal.
+    Failed,
+    /// The compile step exited non-zero.
+    CompileError,
+    /// The wall-clock limit was reached; the program was killed.
+    TimedOut,
+    /// The memory cgroup killed the program.
+    OutOfMemory,
+    /// Stopped by `stop_run` or an MCP cancellation.
+    Stopped,
+    /// codebox or Docker failed; not the program's fault. `message` says what broke.
+    SandboxError,
+}
+
+impl Status {
+    pub const ALL: [Status; 9] = [
+        Status::Queued,
+        Status::Running,
+        Status::Succeeded,
+        Status::Failed,
+        Status::CompileError,
+        Status::TimedOut,
+        Status::OutOfMemory,
+        Status::Stopped,
+        Status::SandboxError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Running => "running",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::CompileError => "compile_error",
+            Status::TimedOut => "timed_out",
+            Status::OutOfMemory => "out_of_memory",
+            Status::Stopped => "stopped",
+            Status::SandboxError => "sandbox_error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Status::Queued | Status::Running)
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The stage a terminal status came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    Compile,
+    Run,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Compile => "compile",
+            Stage::Run => "run",
+        }
+    }
+}
+
+/// Resources a stage used, sampled from the container's cgroup while it ran. `null` when the
+/// stage ended before a sample could be taken.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Usage {
+    /// CPU time (user + system) in milliseconds, at the last sample.
+    pub cpu_time_ms: Option<u64>,
+    /// Highest memory use of the container's cgroup, in KiB.
+    pub peak_memory_kb: Option<u64>,
+}
+
+/// The limits a run was given.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunLimits {
+    /// Memory limit in MB (swap is disabled: memory+swap equals this).
+    pub memory_mb: u64,
+    /// Wall-clock limit of the run stage, in seconds.
+    pub timeout_seconds: f64,
+    /// CPU quota, in cores.
+    pub cpus: f64,
+}
+
+/// What the compile stage did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CompileReport {
+    /// `succeeded`, `compile_error`, `timed_out`, `out_of_memory`, `stopped` or `sandbox_error`.
+    pub status: Status,
+    pub exit_code: Option<i64>,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: u64,
+    pub usage: Usage,
+}
+
+/// The account of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunReport {
+    pub run_id: String,
+    /// The language id (after alias resolution).
+    pub language: String,
+    pub status: Status,
+    /// Which stage the status comes from: `compile` or `run`; null if no stage started.
+    pub stage: Option<Stage>,
+    /// Exit code of the run stage (or of the compile stage when it failed).
+    pub exit_code: Option<i64>,
+    /// Name of the signal that killed the program (e.g. `SIGSEGV`), if one did.
+    pub signal: Option<String>,
+    /// Standard output (UTF-8; invalid bytes replaced), at most the output cap.
+    pub stdout: String,
+    pub stderr: String,
+    /// True when stdout was longer than the cap and was cut.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Bytes the program wrote to stdout, including any beyond the cap.
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// The compile stage, for compiled languages; null otherwise or if it never started.
+    pub compile: Option<CompileReport>,
+    /// Wall time from admission to the end of the run, in milliseconds.
+    pub duration_ms: u64,
+    /// Time spent waiting for admission, in milliseconds.
+    pub queued_ms: u64,
+    pub usage: Usage,
+    pub limits: RunLimits,
+    /// Docker image id the containers were created from.
+    pub image_id: Option<String>,
+    /// One sentence on what happened.
+    pub message: String,
+}
