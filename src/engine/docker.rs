@@ -45,23 +45,57 @@ pub struct DockerEngine {
     /// Image builds can take many minutes; they get a client with a long timeout.
     builder: Docker,
     address: String,
+    /// Set when the client could not even be set up (e.g. the socket does not exist); every
+    /// operation then reports the daemon unreachable.
+    broken: Option<String>,
 }
 
 impl DockerEngine {
     /// Connect as the docker CLI would: `DOCKER_HOST`, else the local socket. Connecting does
     /// not talk to the daemon yet; [`ContainerEngine::ping`] does.
     pub fn connect() -> Result<DockerEngine, EngineError> {
-        let address =
-            std::env::var("DOCKER_HOST").unwrap_or_else(|_| DEFAULT_DOCKER_HOST.to_string());
-        let docker = Docker::connect_with_defaults().map_err(|e| EngineError::Unreachable {
-            address: address.clone(),
-            detail: e.to_string(),
-        })?;
+        let address = std::env::var("DOCKER_HOST")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| DEFAULT_DOCKER_HOST.to_string());
+        DockerEngine::connect_to(&address)
+    }
+
+    /// Connect to an explicit address (`unix:///path`, `tcp://host:port`).
+    ///
+    /// A client that cannot be set up (a socket that does not exist) is not an error here:
+    /// the engine is returned and every operation reports the daemon unreachable, so callers
+    /// get a `sandbox_error` that says where codebox looked.
+    pub fn connect_to(address: &str) -> Result<DockerEngine, EngineError> {
+        let address = address.to_string();
+        let (docker, broken) = match Docker::connect_with_host(&address) {
+            Ok(d) => (d, None),
+            // A placeholder client that is never used while `broken` is set.
+            Err(e) => (
+                Docker::connect_with_http("http://127.0.0.1:9", 1, bollard::API_DEFAULT_VERSION)
+                    .map_err(|e2| EngineError::Unreachable {
+                        address: address.clone(),
+                        detail: format!("{e}; {e2}"),
+                    })?,
+                Some(e.to_string()),
+            ),
+        };
         Ok(DockerEngine {
             builder: docker.clone().with_timeout(Duration::from_secs(3 * 3600)),
             docker,
             address,
+            broken,
         })
+    }
+
+    fn usable(&self) -> Result<(), EngineError> {
+        match &self.broken {
+            None => Ok(()),
+            Some(detail) => Err(EngineError::Unreachable {
+                address: self.address.clone(),
+                detail: detail.clone(),
+            }),
+        }
     }
 
     pub fn address(&self) -> &str {
@@ -173,6 +207,7 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
 #[async_trait]
 impl ContainerEngine for DockerEngine {
     async fn ping(&self) -> Result<EngineInfo, EngineError> {
+        self.usable()?;
         let v = self
             .docker
             .version()
@@ -189,6 +224,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
+        self.usable()?;
         match self.docker.inspect_image(tag).await {
             Ok(img) => Ok(Some(ImageInfo {
                 id: img.id.unwrap_or_default(),
@@ -212,6 +248,7 @@ impl ContainerEngine for DockerEngine {
         labels: BTreeMap<String, String>,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
+        self.usable()?;
         let options = BuildImageOptionsBuilder::new()
             .t(tag)
             .rm(true)
@@ -265,6 +302,7 @@ impl ContainerEngine for DockerEngine {
         name: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), EngineError> {
+        self.usable()?;
         self.docker
             .create_volume(VolumeCreateRequest {
                 name: Some(name.to_string()),
@@ -277,6 +315,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.usable()?;
         let options = RemoveVolumeOptionsBuilder::new().force(true).build();
         match self.docker.remove_volume(name, Some(options)).await {
             Err(e) if is_status(&e, 404) => Ok(()),
@@ -285,6 +324,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        self.usable()?;
         let options = CreateContainerOptionsBuilder::new().name(&spec.name).build();
         match self.docker.create_container(Some(options), create_body(spec)).await {
             Ok(r) => Ok(r.id),
@@ -297,6 +337,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError> {
+        self.usable()?;
         let options = UploadToContainerOptionsBuilder::new().path(path).build();
         self.docker
             .upload_to_container(id, Some(options), bollard::body_full(tar.into()))
@@ -310,6 +351,7 @@ impl ContainerEngine for DockerEngine {
         options: StartOptions,
         cancel: CancellationToken,
     ) -> Result<Execution, EngineError> {
+        self.usable()?;
         let attach = self
             .docker
             .attach_container(
@@ -456,6 +498,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
+        self.usable()?;
         let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
         match self.docker.remove_container(id, Some(options)).await {
             Err(e) if is_status(&e, 404) => Ok(()),
@@ -466,6 +509,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn list_managed_containers(&self) -> Result<Vec<Leftover>, EngineError> {
+        self.usable()?;
         let options = ListContainersOptionsBuilder::new()
             .all(true)
             .filters(&managed_filter())
@@ -485,6 +529,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError> {
+        self.usable()?;
         let options = ListVolumesOptionsBuilder::new()
             .filters(&managed_filter())
             .build();

@@ -154,7 +154,7 @@ fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, Requ
     }
     for c in p.components() {
         match c {
-            Component::Normal(_) => {}
+            Component::Normal(_) | Component::CurDir => {}
             Component::ParentDir => {
                 return reject(field, format!("`{path}` contains `..`; paths must stay inside the workspace"))
             }
@@ -163,8 +163,12 @@ fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, Requ
     }
     let normal: Vec<&str> = p
         .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
         .map(|c| c.as_os_str().to_str().unwrap_or(""))
         .collect();
+    if normal.is_empty() {
+        return reject(field, format!("`{path}` names no file"));
+    }
     let joined = normal.join("/");
     if joined == source_file {
         return reject(field, format!("`{path}` clashes with the source file `{source_file}`"));

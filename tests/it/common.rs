@@ -1,0 +1,84 @@
+//! Shared fixtures: the shipped registry, a Docker-backed executor, label checks.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use codebox::config::Config;
+use codebox::engine::docker::DockerEngine;
+use codebox::executor::{new_run_id, Executor, RunRequest, ValidRequest};
+use codebox::registry::Registry;
+use codebox::report::RunReport;
+use tokio_util::sync::CancellationToken;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn registry() -> Arc<Registry> {
+    static R: OnceLock<Arc<Registry>> = OnceLock::new();
+    R.get_or_init(|| Arc::new(Registry::load(&root().join("languages.toml")).expect("shipped registry loads")))
+        .clone()
+}
+
+/// An instance id shared by every test of this process.
+pub fn instance() -> &'static str {
+    static I: OnceLock<String> = OnceLock::new();
+    I.get_or_init(|| format!("test{}", uuid::Uuid::new_v4().simple()))
+}
+
+pub fn docker_executor() -> Executor {
+    docker_executor_with(Config::default())
+}
+
+pub fn docker_executor_with(config: Config) -> Executor {
+    let engine = DockerEngine::connect().expect("docker client");
+    Executor::new(Arc::new(engine), Arc::new(config), instance().to_string())
+}
+
+pub fn request(language: &str, code: &str) -> RunRequest {
+    RunRequest {
+        language: language.into(),
+        code: code.into(),
+        ..Default::default()
+    }
+}
+
+/// Run a request on real Docker, then check nothing labelled with its run id is left.
+pub async fn run(req: RunRequest) -> RunReport {
+    run_with(&docker_executor(), req).await
+}
+
+pub async fn run_with(exec: &Executor, req: RunRequest) -> RunReport {
+    let valid = ValidRequest::new(req, &registry(), exec.config()).expect("valid request");
+    let id = new_run_id();
+    let report = exec.execute(&id, &valid, 0, CancellationToken::new()).await;
+    assert_no_leftovers(&id);
+    report
+}
+
+/// Objects (containers and volumes) labelled with this run id that still exist.
+pub fn leftovers(run_id: &str) -> Vec<String> {
+    let filter = format!("label=codebox.run={run_id}");
+    let mut found = Vec::new();
+    for args in [
+        vec!["ps", "-aq", "--filter", filter.as_str()],
+        vec!["volume", "ls", "-q", "--filter", filter.as_str()],
+    ] {
+        let out = Command::new("docker").args(&args).output().expect("docker CLI");
+        assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        found.extend(String::from_utf8_lossy(&out.stdout).lines().map(str::to_string));
+    }
+    found
+}
+
+pub fn assert_no_leftovers(run_id: &str) {
+    let left = leftovers(run_id);
+    assert!(left.is_empty(), "run {run_id} left containers or volumes behind: {left:?}");
+}
+
+pub fn codebox_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_codebox"))
+}

@@ -1,0 +1,406 @@
+//! Real Docker: the posture proven from inside a run, every outcome for Python and C++,
+//! files, stdin, args, output caps, and cleanup.
+
+use codebox::config::Config;
+use codebox::engine::docker::DockerEngine;
+use codebox::executor::{Encoding, FileInput, LimitsInput, RunRequest, ValidRequest, Executor};
+use codebox::report::{Stage, Status};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{self, request, run, run_with};
+
+fn py(code: &str) -> RunRequest {
+    request("python", code)
+}
+
+fn cpp(code: &str) -> RunRequest {
+    request("cpp", code)
+}
+
+fn limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>) -> Option<LimitsInput> {
+    Some(LimitsInput {
+        memory_mb,
+        timeout_seconds,
+        cpus: None,
+    })
+}
+
+// ---- posture, one test per guarantee ------------------------------------------------------
+
+#[tokio::test]
+async fn programs_run_as_a_non_root_user() {
+    let r = run(py("import os; print(os.getuid(), os.getgid(), os.geteuid())")).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.stdout, "10001 10001 10001\n");
+}
+
+#[tokio::test]
+async fn programs_have_no_capabilities() {
+    let r = run(py(
+        "for l in open('/proc/self/status'):\n    if l.startswith(('CapEff','CapPrm','CapBnd','CapAmb')): print(l.split()[1])",
+    ))
+    .await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    let caps: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(caps.len(), 4, "{}", r.stdout);
+    assert!(caps.iter().all(|c| c.chars().all(|d| d == '0')), "capabilities: {caps:?}");
+}
+
+#[tokio::test]
+async fn programs_cannot_gain_privileges() {
+    let r = run(py(
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('NoNewPrivs')][0])",
+    ))
+    .await;
+    assert_eq!(r.stdout, "1\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn only_loopback_exists_and_connecting_fails_at_once() {
+    // Only loopback is ever addressed here.
+    let code = r#"
+import os, socket
+print(sorted(os.listdir('/sys/class/net')))
+routes = [l for l in open('/proc/net/route').read().splitlines()[1:] if l.strip()]
+print('routes', len(routes))
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(('127.0.0.1', 9))
+    print('connected')
+except ConnectionRefusedError:
+    print('refused')
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.stdout, "['lo']\nroutes 0\nrefused\n");
+}
+
+#[tokio::test]
+async fn root_filesystem_is_read_only() {
+    let code = r#"
+import errno
+for path in ['/probe', '/usr/probe', '/etc/probe']:
+    try:
+        open(path, 'w').close()
+        print(path, 'writable')
+    except OSError as e:
+        print(path, errno.errorcode[e.errno])
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.stdout, "/probe EROFS\n/usr/probe EROFS\n/etc/probe EROFS\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn workspace_is_read_only_in_the_run_stage() {
+    let code = r#"
+import errno, os
+print(os.getcwd())
+try:
+    open('/workspace/new.txt', 'w').close()
+    print('writable')
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.stdout, "/workspace\nEROFS\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn files_in_tmp_cannot_be_executed() {
+    let code = r#"
+import os, subprocess
+open('/tmp/x.sh', 'w').write('#!/bin/sh\necho ran\n')
+os.chmod('/tmp/x.sh', 0o755)
+try:
+    subprocess.run(['/tmp/x.sh'])
+    print('executed')
+except PermissionError:
+    print('denied')
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.stdout, "denied\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn tmp_is_writable_but_size_capped() {
+    let code = r#"
+import errno
+f = open('/tmp/big', 'wb')
+try:
+    for _ in range(200):
+        f.write(b'x' * 1024 * 1024)
+        f.flush()
+    print('wrote 200 MB')
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.stdout, "ENOSPC\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn fork_bomb_is_stopped_by_the_pids_limit() {
+    let code = r#"
+import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+print('forked', n)
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    let n: i64 = r.stdout.trim().strip_prefix("forked ").unwrap().parse().unwrap();
+    assert!(n > 0 && n < 256, "forked {n} processes; the pids limit is 256");
+}
+
+#[tokio::test]
+async fn shell_fork_bomb_run_ends_and_is_cleaned_up() {
+    let mut req = request("bash", ":(){ :|:& };:");
+    req.limits = limits(None, Some(3.0));
+    let r = run(req).await; // run() also checks that nothing is left behind
+    assert!(
+        matches!(r.status, Status::TimedOut | Status::Failed | Status::Succeeded),
+        "{r:?}"
+    );
+}
+
+// ---- outcomes ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn python_hello_succeeds() {
+    let r = run(py("print('hello')")).await;
+    assert_eq!((r.status, r.stage, r.exit_code), (Status::Succeeded, Some(Stage::Run), Some(0)));
+    assert_eq!(r.stdout, "hello\n");
+    assert_eq!(r.compile.as_ref().unwrap().status, Status::Succeeded);
+    assert!(r.image_id.as_deref().unwrap().starts_with("sha256:"));
+    assert_eq!(r.limits.memory_mb, 512);
+}
+
+#[tokio::test]
+async fn cpp_hello_succeeds() {
+    let r = run(cpp("#include <iostream>\nint main() { std::cout << \"hello\\n\"; }")).await;
+    assert_eq!((r.status, r.exit_code), (Status::Succeeded, Some(0)), "{r:?}");
+    assert_eq!(r.stdout, "hello\n");
+}
+
+#[tokio::test]
+async fn python_exit_code_is_reported() {
+    let r = run(py("import sys; sys.exit(3)")).await;
+    assert_eq!((r.status, r.exit_code, r.signal.as_deref()), (Status::Failed, Some(3), None));
+}
+
+#[tokio::test]
+async fn cpp_exit_code_is_reported() {
+    let r = run(cpp("int main() { return 3; }")).await;
+    assert_eq!((r.status, r.exit_code), (Status::Failed, Some(3)), "{r:?}");
+}
+
+#[tokio::test]
+async fn cpp_segfault_is_failed_with_sigsegv() {
+    let r = run(cpp("int main() { volatile int *p = nullptr; *p = 42; return 0; }")).await;
+    assert_eq!(r.status, Status::Failed, "{r:?}");
+    assert_eq!(r.signal.as_deref(), Some("SIGSEGV"));
+    assert_eq!(r.exit_code, Some(139));
+}
+
+#[tokio::test]
+async fn python_segfault_is_failed_with_sigsegv() {
+    let r = run(py("import ctypes; ctypes.string_at(0)")).await;
+    assert_eq!((r.status, r.signal.as_deref()), (Status::Failed, Some("SIGSEGV")), "{r:?}");
+}
+
+#[tokio::test]
+async fn python_syntax_error_is_a_compile_error() {
+    let r = run(py("print('unclosed'")).await;
+    assert_eq!((r.status, r.stage), (Status::CompileError, Some(Stage::Compile)), "{r:?}");
+    let c = r.compile.unwrap();
+    assert_eq!(c.status, Status::CompileError);
+    assert!(c.stderr.contains("SyntaxError"), "{}", c.stderr);
+    assert_ne!(c.exit_code, Some(0));
+}
+
+#[tokio::test]
+async fn cpp_compile_error_carries_the_compiler_message() {
+    let r = run(cpp("int main() { return undeclared_name; }")).await;
+    assert_eq!((r.status, r.stage), (Status::CompileError, Some(Stage::Compile)), "{r:?}");
+    let c = r.compile.unwrap();
+    assert!(c.stderr.contains("undeclared_name"), "{}", c.stderr);
+    assert!(c.stderr.contains("was not declared in this scope"), "{}", c.stderr);
+}
+
+#[tokio::test]
+async fn python_infinite_loop_times_out_and_keeps_earlier_output() {
+    let mut req = py("print('before', flush=True)\nwhile True: pass");
+    req.limits = limits(None, Some(2.0));
+    let r = run(req).await;
+    assert_eq!((r.status, r.stage), (Status::TimedOut, Some(Stage::Run)), "{r:?}");
+    assert_eq!(r.stdout, "before\n");
+    assert_eq!(r.signal.as_deref(), Some("SIGKILL"));
+    // A correctness bound, not a speed check: the program was killed at its deadline,
+    // not left to run (it never ends by itself).
+    assert!(r.duration_ms < 2_000 + 15_000, "took {} ms", r.duration_ms);
+}
+
+#[tokio::test]
+async fn cpp_infinite_loop_times_out() {
+    let mut req = cpp("#include <cstdio>\nint main() { std::puts(\"before\"); std::fflush(stdout); volatile unsigned long i = 0; for (;;) i++; }");
+    req.limits = limits(None, Some(2.0));
+    let r = run(req).await;
+    assert_eq!(r.status, Status::TimedOut, "{r:?}");
+    assert_eq!(r.stdout, "before\n");
+}
+
+#[tokio::test]
+async fn python_memory_bomb_is_out_of_memory() {
+    let mut req = py("print('start', flush=True)\na = []\nwhile True: a.append(bytearray(10**7))");
+    req.limits = limits(Some(128.0), Some(20.0));
+    let r = run(req).await;
+    assert_eq!((r.status, r.stage), (Status::OutOfMemory, Some(Stage::Run)), "{r:?}");
+    assert_eq!(r.stdout, "start\n");
+    assert_eq!(r.exit_code, Some(137));
+}
+
+#[tokio::test]
+async fn cpp_memory_bomb_is_out_of_memory() {
+    let code = r#"
+#include <cstring>
+#include <vector>
+int main() {
+    std::vector<char*> keep;
+    for (;;) { char* p = new char[1 << 24]; std::memset(p, 1, 1 << 24); keep.push_back(p); }
+}
+"#;
+    let mut req = cpp(code);
+    req.limits = limits(Some(128.0), Some(20.0));
+    let r = run(req).await;
+    assert_eq!(r.status, Status::OutOfMemory, "{r:?}");
+}
+
+#[tokio::test]
+async fn python_stdin_is_echoed() {
+    let mut req = py("import sys; sys.stdout.write(sys.stdin.read())");
+    req.stdin = Some("line one\nline two\n".into());
+    let r = run(req).await;
+    assert_eq!(r.stdout, "line one\nline two\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn cpp_stdin_is_echoed() {
+    let mut req = cpp("#include <iostream>\n#include <string>\nint main() { std::string l; while (std::getline(std::cin, l)) std::cout << l << '\\n'; }");
+    req.stdin = Some("a\nb\n".into());
+    let r = run(req).await;
+    assert_eq!(r.stdout, "a\nb\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn program_without_stdin_sees_end_of_file() {
+    let r = run(py("import sys; print(repr(sys.stdin.read()))")).await;
+    assert_eq!(r.stdout, "''\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn extra_files_are_readable_by_the_program() {
+    let mut req = py("print(open('data/in.txt').read(), open('blob.bin','rb').read())");
+    req.files = Some(vec![
+        FileInput {
+            path: "data/in.txt".into(),
+            content: "from a file".into(),
+            encoding: None,
+        },
+        FileInput {
+            path: "blob.bin".into(),
+            content: "AAEC".into(),
+            encoding: Some(Encoding::Base64),
+        },
+    ]);
+    let r = run(req).await;
+    assert_eq!(r.stdout, "from a file b'\\x00\\x01\\x02'\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn cpp_reads_extra_files() {
+    let mut req = cpp("#include <fstream>\n#include <iostream>\nint main() { std::ifstream f(\"in.txt\"); std::string s; f >> s; std::cout << s << '\\n'; }");
+    req.files = Some(vec![FileInput {
+        path: "in.txt".into(),
+        content: "payload".into(),
+        encoding: None,
+    }]);
+    let r = run(req).await;
+    assert_eq!(r.stdout, "payload\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn args_are_passed_to_the_program() {
+    let mut req = py("import sys; print(sys.argv[1:])");
+    req.args = Some(vec!["one".into(), "two words".into(), "--flag".into()]);
+    let r = run(req).await;
+    assert_eq!(r.stdout, "['one', 'two words', '--flag']\n", "{r:?}");
+    let mut req = cpp("#include <cstdio>\nint main(int c, char** v) { for (int i = 1; i < c; i++) std::printf(\"%s;\", v[i]); }");
+    req.args = Some(vec!["a".into(), "b c".into()]);
+    assert_eq!(run(req).await.stdout, "a;b c;");
+}
+
+#[tokio::test]
+async fn output_beyond_the_cap_is_counted_and_cut() {
+    let mut config = Config::default();
+    config.sandbox.output_limit_bytes = 1000;
+    let exec = common::docker_executor_with(config);
+    let r = run_with(
+        &exec,
+        py("import sys\nsys.stdout.write('x' * 50_000_000)\nsys.stderr.write('e' * 10)"),
+    )
+    .await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    assert_eq!(r.stdout.len(), 1000);
+    assert!(r.stdout_truncated);
+    assert_eq!(r.stdout_bytes, 50_000_000);
+    assert_eq!((r.stderr.as_str(), r.stderr_truncated, r.stderr_bytes), ("eeeeeeeeee", false, 10));
+}
+
+#[tokio::test]
+async fn invalid_utf8_output_is_replaced_and_counted_raw() {
+    let r = run(py("import sys; sys.stdout.buffer.write(b'ok\\xff\\n')")).await;
+    assert_eq!(r.stdout, "ok\u{fffd}\n");
+    assert_eq!(r.stdout_bytes, 4);
+}
+
+#[tokio::test]
+async fn cancelling_a_run_stops_it_and_removes_its_containers() {
+    let exec = common::docker_executor();
+    let valid = ValidRequest::new(py("import time; print('up', flush=True); time.sleep(60)"), &common::registry(), exec.config()).unwrap();
+    let id = codebox::executor::new_run_id();
+    let cancel = CancellationToken::new();
+    let stopper = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        stopper.cancel();
+    });
+    let r = exec.execute(&id, &valid, 0, cancel).await;
+    assert_eq!(r.status, Status::Stopped, "{r:?}");
+    common::assert_no_leftovers(&id);
+}
+
+#[tokio::test]
+async fn unreachable_docker_is_a_sandbox_error_that_says_where() {
+    let engine = DockerEngine::connect_to("unix:///nonexistent/codebox-test.sock").unwrap();
+    let exec = Executor::new(Arc::new(engine), Arc::new(Config::default()), "t".into());
+    let valid = ValidRequest::new(py("print(1)"), &common::registry(), exec.config()).unwrap();
+    let r = exec
+        .execute("unreachable", &valid, 0, CancellationToken::new())
+        .await;
+    assert_eq!(r.status, Status::SandboxError);
+    assert!(
+        r.message.contains("Docker is not reachable at unix:///nonexistent/codebox-test.sock"),
+        "{}",
+        r.message
+    );
+    assert!(r.message.contains("start the daemon or set DOCKER_HOST"), "{}", r.message);
+}
