@@ -57,6 +57,10 @@ pub enum Command {
     },
     /// Check Docker, the images and the sandbox posture from inside a container.
     Doctor,
+    /// Serve the MCP tools over stdio (default) or Streamable HTTP.
+    Serve(crate::transport::ServeArgs),
+    /// Show the latest runs recorded by `codebox serve`.
+    History(crate::history::command::HistoryArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -219,6 +223,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Images { action } => images_cmd(&ctx, action).await,
         Command::Smoke { languages, build } => smoke(&ctx, &languages, build).await,
         Command::Doctor => doctor(&ctx).await,
+        Command::Serve(args) => Ok(crate::transport::serve(&ctx, args).await?),
+        Command::History(args) => {
+            let mut config = (*ctx.config).clone();
+            config.apply_env(|k| std::env::var(k).ok())?;
+            Ok(crate::history::command::run(&config, &ctx.registry, &ctx.instance.id, args).await?)
+        }
     }
 }
 

@@ -606,6 +606,13 @@ impl Config {
                 "must be an IP address and port, e.g. 127.0.0.1:8765",
             ));
         }
+        if h.allowed_hosts.is_empty() {
+            return Err(invalid(
+                "http.allowed_hosts",
+                "[]",
+                "must list at least one host name; the Host check is the defence against DNS rebinding",
+            ));
+        }
         if h.max_body_bytes < 1024 {
             return Err(invalid("http.max_body_bytes", h.max_body_bytes, "must be at least 1024"));
         }

@@ -9,6 +9,9 @@
 //! - [`report`]: the run report, one shape everywhere.
 //! - [`config`]: operator settings and `DEFAULT_*` constants.
 //! - [`images`]: building and listing images; [`reaper`]: removing what a dead instance left.
+//! - [`runs`]: the run manager (admission queue, concurrency cap, memory budget, stop, retention).
+//! - [`history`]: the SQLite run history on its own thread, with migrations.
+//! - [`mcp`]: the six MCP tools; [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`).
 //! - [`cli`]: the `codebox` commands (with `main.rs`, the only place that uses anyhow).
 
 pub mod catalog;
@@ -16,8 +19,12 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod executor;
+pub mod history;
 pub mod images;
 pub mod instance;
+pub mod mcp;
 pub mod reaper;
 pub mod registry;
 pub mod report;
+pub mod runs;
+pub mod transport;

@@ -1,0 +1,315 @@
+//! The MCP tool server: the six tools of the contract, typed parameters and results (their
+//! JSON schemas are derived from the Rust types), descriptions written from the running
+//! configuration.
+//!
+//! A run that executed and failed is a normal result. Bad arguments, an unknown run id and a
+//! full queue are tool errors (`isError: true`) whose text names the field.
+
+pub mod params;
+
+use std::time::Duration;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Json;
+use rmcp::model::{
+    Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
+
+use crate::catalog::{catalog, Catalog};
+use crate::executor::RunRequest;
+use crate::history::{Query, MAX_QUERY_LIMIT};
+use crate::report::{RunReport, Status};
+use crate::runs::{Accepted, RunManager, SubmitError};
+pub use params::{GetResultParams, HistoryParams, HistoryResult, Parameters, StopRunParams};
+
+/// Longest `get_result` long-poll.
+pub const MAX_WAIT_SECONDS: f64 = 60.0;
+/// How often `run_code` reports progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The tool server. One per MCP session; all share the run manager.
+#[derive(Clone)]
+pub struct CodeboxServer {
+    manager: RunManager,
+    tool_router: ToolRouter<Self>,
+}
+
+fn submit_error(e: SubmitError) -> String {
+    match e {
+        SubmitError::Invalid(e) => format!("invalid argument {e}"),
+        other => other.to_string(),
+    }
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
+impl CodeboxServer {
+    /// The run-related argument text shared by `run_code` and `start_run`.
+    fn run_arguments_text(manager: &RunManager) -> String {
+        let c = manager.config();
+        let (d, m) = (c.limits.defaults, c.limits.ceilings);
+        let ids: Vec<&str> = manager.registry().languages.keys().map(String::as_str).collect();
+        let s = &c.sandbox;
+        format!(
+            "{n} languages: {ids}. Each run gets fresh containers with no network, a read-only root \
+             filesystem and a non-root user; compiled languages compile first (a compiler failure is \
+             status compile_error). Limits (optional `limits` object): memory_mb default {dm} (max {mm}), \
+             timeout_seconds default {dt} (max {mt}), cpus default {dc} (max {mc}); over a maximum is \
+             rejected, never clamped. stdout and stderr are kept up to {out} bytes each. Code at most \
+             {code} bytes; stdin at most {stdin} bytes; `files` at most {files} files, {fbytes} bytes in \
+             all, relative paths only. At most {conc} runs execute at once and the rest wait in a queue \
+             of {queue}; when it is full the call fails and can be retried.",
+            n = ids.len(),
+            ids = ids.join(", "),
+            dm = d.memory_mb,
+            mm = m.memory_mb.min(c.runs.memory_budget_mb),
+            dt = fmt_num(d.timeout_seconds),
+            mt = fmt_num(m.timeout_seconds),
+            dc = fmt_num(d.cpus),
+            mc = fmt_num(m.cpus),
+            out = s.output_limit_bytes,
+            code = s.max_code_bytes,
+            stdin = s.max_stdin_bytes,
+            files = s.max_files,
+            fbytes = s.max_files_bytes,
+            conc = c.runs.max_concurrent_runs,
+            queue = c.runs.max_queued_runs,
+        )
+    }
+
+    pub fn new(manager: RunManager) -> CodeboxServer {
+        let mut tool_router = Self::tool_router();
+        let args = Self::run_arguments_text(&manager);
+        let retention = manager.config().runs.result_retention_seconds;
+        let descriptions = [
+            (
+                "run_code",
+                format!(
+                    "Run a program in a locked-down, throwaway Docker container and wait for the end. \
+                     Returns the run report: status (succeeded, failed, compile_error, timed_out, \
+                     out_of_memory, stopped, sandbox_error), exit_code, signal, stdout, stderr, compile \
+                     output, durations and resource usage. A program that fails is a normal result, \
+                     not an error. Sends progress notifications while it runs if the request carries a \
+                     progress token; cancelling the call stops the run. {args} For long runs use \
+                     start_run and get_result."
+                ),
+                ToolAnnotations::new().read_only(false).destructive(false).idempotent(false).open_world(false),
+            ),
+            (
+                "start_run",
+                format!(
+                    "Start a program like run_code but return at once with {{run_id, status, limits}}; \
+                     poll get_result (with wait_seconds up to {MAX_WAIT_SECONDS:.0}) for the report and \
+                     stop it with stop_run. {args}"
+                ),
+                ToolAnnotations::new().read_only(false).destructive(false).idempotent(false).open_world(false),
+            ),
+            (
+                "get_result",
+                format!(
+                    "Get the report of a run started with start_run. While it is unfinished the report \
+                     has status queued or running (with the time so far); with wait_seconds (0 to \
+                     {MAX_WAIT_SECONDS:.0}, default 0) the call waits for the end, answering as soon as \
+                     it comes. Reports are kept for {retention} s after a run ends; an unknown run_id is \
+                     an error."
+                ),
+                ToolAnnotations::new().read_only(true).destructive(false).idempotent(true).open_world(false),
+            ),
+            (
+                "stop_run",
+                "Stop a run: a queued run ends at once, a running one is killed and its containers \
+                 removed; returns the final report (status stopped, with the output produced so far). \
+                 On a run that already finished it returns that run's report unchanged, without error."
+                    .to_string(),
+                ToolAnnotations::new().read_only(false).destructive(true).idempotent(true).open_world(false),
+            ),
+            (
+                "list_supported_languages",
+                format!(
+                    "List the {} supported languages (id, display name, aliases, Docker image, whether \
+                     the image is present, source file name, whether it compiles, toolchain version) and \
+                     the default and maximum limits a run may ask for.",
+                    manager.registry().languages.len()
+                ),
+                ToolAnnotations::new().read_only(true).destructive(false).idempotent(true).open_world(false),
+            ),
+            (
+                "get_execution_history",
+                format!(
+                    "List past runs of this server, newest first: status, language, limits, durations, \
+                     output sizes, code sha256 and code preview (no output text). Filters: limit (1 to \
+                     {MAX_QUERY_LIMIT}, default 20), status, language."
+                ),
+                ToolAnnotations::new().read_only(true).destructive(false).idempotent(true).open_world(false),
+            ),
+        ];
+        for (name, description, annotations) in descriptions {
+            if let Some(route) = tool_router.map.get_mut(name) {
+                route.attr.description = Some(description.into());
+                route.attr.annotations = Some(annotations);
+            }
+        }
+        CodeboxServer {
+            manager,
+            tool_router,
+        }
+    }
+
+    pub fn manager(&self) -> &RunManager {
+        &self.manager
+    }
+
+    fn unknown_run(&self, run_id: &str) -> String {
+        format!(
+            "run_id: no run `{run_id}` is known to this server (reports are kept for {} s after a run ends; \
+             see get_execution_history for older runs)",
+            self.manager.config().runs.result_retention_seconds
+        )
+    }
+}
+
+#[tool_router]
+impl CodeboxServer {
+    #[tool(description = "Run a program and wait for its report.")]
+    async fn run_code(
+        &self,
+        Parameters(request): Parameters<RunRequest>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<RunReport>, String> {
+        let accepted = self.manager.submit(request).map_err(submit_error)?;
+        let run_id = accepted.run_id;
+        let token = ctx.meta.get_progress_token();
+        let mut notified = 0.0_f64;
+        loop {
+            if let (Some(token), Some(p)) = (&token, self.manager.progress(&run_id)) {
+                if !p.status.is_terminal() {
+                    let done = (p.elapsed.as_secs_f64() * 10.0).round() / 10.0;
+                    let done = if done > notified { done } else { notified + 0.1 };
+                    notified = done;
+                    let message = match (p.status, p.queue_position) {
+                        (Status::Queued, Some(pos)) => format!("queued: number {pos} waiting for a slot"),
+                        _ => format!("running for {:.0} s", p.elapsed.as_secs_f64()),
+                    };
+                    let _ = ctx
+                        .peer
+                        .notify_progress(
+                            ProgressNotificationParam::new(token.clone(), done)
+                                .with_total(p.budget.as_secs_f64().max(done))
+                                .with_message(message),
+                        )
+                        .await;
+                }
+            }
+            tokio::select! {
+                _ = ctx.ct.cancelled() => {
+                    tracing::info!(run_id, "run_code was cancelled by the client; stopping the run");
+                    return self.manager.stop(&run_id).await.map(Json).ok_or_else(|| self.unknown_run(&run_id));
+                }
+                report = self.manager.wait(&run_id, PROGRESS_INTERVAL) => match report {
+                    Some(r) if r.status.is_terminal() => return Ok(Json(r)),
+                    Some(_) => {}
+                    None => return Err(self.unknown_run(&run_id)),
+                }
+            }
+        }
+    }
+
+    #[tool(description = "Start a program and return its run id at once.")]
+    async fn start_run(&self, Parameters(request): Parameters<RunRequest>) -> Result<Json<Accepted>, String> {
+        self.manager.submit(request).map(Json).map_err(submit_error)
+    }
+
+    #[tool(description = "Get a run's report, optionally waiting for the end.")]
+    async fn get_result(
+        &self,
+        Parameters(p): Parameters<GetResultParams>,
+        ct: tokio_util::sync::CancellationToken,
+    ) -> Result<Json<RunReport>, String> {
+        let wait = p.wait_seconds.unwrap_or(0.0);
+        if !(wait.is_finite() && (0.0..=MAX_WAIT_SECONDS).contains(&wait)) {
+            return Err(format!(
+                "invalid argument wait_seconds: must be between 0 and {MAX_WAIT_SECONDS:.0}; got {wait}"
+            ));
+        }
+        let wait = Duration::from_secs_f64(wait);
+        tokio::select! {
+            _ = ct.cancelled() => Err("the call was cancelled".to_string()),
+            r = self.manager.wait(&p.run_id, wait) => r.map(Json).ok_or_else(|| self.unknown_run(&p.run_id)),
+        }
+    }
+
+    #[tool(description = "Stop a run.")]
+    async fn stop_run(&self, Parameters(p): Parameters<StopRunParams>) -> Result<Json<RunReport>, String> {
+        self.manager.stop(&p.run_id).await.map(Json).ok_or_else(|| self.unknown_run(&p.run_id))
+    }
+
+    #[tool(description = "List the supported languages and limits.")]
+    async fn list_supported_languages(&self) -> Result<Json<Catalog>, String> {
+        let m = &self.manager;
+        catalog(m.executor().engine().as_ref(), m.registry(), m.config())
+            .await
+            .map(Json)
+            .map_err(|e| format!("listing the languages failed: {e}"))
+    }
+
+    #[tool(description = "List past runs, newest first.")]
+    async fn get_execution_history(
+        &self,
+        Parameters(p): Parameters<HistoryParams>,
+    ) -> Result<Json<HistoryResult>, String> {
+        let limit = match p.limit {
+            None => None,
+            Some(n) if (1..=MAX_QUERY_LIMIT as i64).contains(&n) => Some(n as usize),
+            Some(n) => {
+                return Err(format!(
+                    "invalid argument limit: must be between 1 and {MAX_QUERY_LIMIT}; got {n}"
+                ))
+            }
+        };
+        let status = match p.status.as_deref() {
+            None => None,
+            Some(s) => Some(Status::parse(s).ok_or_else(|| {
+                let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+                format!("invalid argument status: `{s}` is not a status; use one of {}", all.join(", "))
+            })?),
+        };
+        let language = p.language.map(|l| match self.manager.registry().resolve(&l) {
+            Some(lang) => lang.id.clone(),
+            None => l,
+        });
+        let Some(history) = self.manager.history() else {
+            return Err("history: this server keeps no history".to_string());
+        };
+        history
+            .query(Query {
+                limit,
+                status,
+                language,
+            })
+            .await
+            .map(|runs| Json(HistoryResult { runs }))
+            .map_err(|e| format!("history: {e}"))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CodeboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("codebox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "codebox runs code in locked-down, throwaway Docker containers. Call \
+                 list_supported_languages to see languages and limits; run_code runs a program and \
+                 waits for its report; start_run + get_result(wait_seconds) + stop_run handle long runs; \
+                 get_execution_history lists past runs.",
+            )
+    }
+}

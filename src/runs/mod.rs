@@ -1,0 +1,497 @@
+//! The run manager: ids, a bounded FIFO admission queue, a concurrency cap and a memory
+//! budget, stop, and retention of finished reports.
+//!
+//! Admission is strictly first in, first out: only the head of the queue may start, and it
+//! starts when both a slot is free (`runs.max_concurrent_runs`) and the memory of the running
+//! runs plus its own stays within `runs.memory_budget_mb`. A large request at the head is
+//! therefore never starved by small ones behind it. A run is charged the larger of its memory
+//! limit and its language's compile-stage limit, since the stages run one after the other.
+//!
+//! Each run executes in its own tokio task, watched by a second task: if the first panics,
+//! the run still ends, as `sandbox_error` (the executor's guards remove its containers).
+
+pub mod metrics;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::executor::{new_run_id, Executor, RequestError, RunRequest, ValidRequest};
+use crate::history::{History, NewRun};
+use crate::registry::{Language, Registry};
+use crate::report::{RunLimits, RunReport, Status};
+pub use metrics::Metrics;
+
+/// How long `stop` waits for a running run's containers to be killed and removed.
+const STOP_WAIT: Duration = Duration::from_secs(120);
+/// How often finished reports past their retention are dropped.
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A run accepted by [`RunManager::submit`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Accepted {
+    /// Id to pass to `get_result` and `stop_run`.
+    pub run_id: String,
+    /// `queued` (waiting for a slot) or `running`.
+    pub status: Status,
+    /// The limits the run was given (defaults filled in).
+    pub limits: RunLimits,
+}
+
+/// Why a run was not accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// The request itself is wrong; the error names the field.
+    #[error(transparent)]
+    Invalid(#[from] RequestError),
+    /// Too many runs are waiting. Retryable.
+    #[error("the server is busy: {waiting} runs are already waiting for a slot (the queue holds at most {max}); retry in a few seconds")]
+    QueueFull { waiting: usize, max: usize },
+    /// The server is shutting down.
+    #[error("the server is shutting down and accepts no new runs")]
+    ShuttingDown,
+}
+
+impl SubmitError {
+    /// Whether the same request may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, SubmitError::QueueFull { .. })
+    }
+}
+
+/// Where an unfinished run stands, for progress notifications.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    pub status: Status,
+    /// Time since the run was accepted.
+    pub elapsed: Duration,
+    /// 1-based place in the queue while `queued`.
+    pub queue_position: Option<usize>,
+    /// Wall-clock limit of the whole run (compile and run stages).
+    pub budget: Duration,
+}
+
+/// Counts for tests, `/metrics` and the logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stats {
+    pub queued: usize,
+    pub active: usize,
+    pub active_memory_mb: u64,
+    /// The most runs that were ever executing at once.
+    pub peak_active: usize,
+    /// Finished runs whose reports are still kept.
+    pub retained: usize,
+}
+
+enum Phase {
+    Queued { request: Box<ValidRequest> },
+    Running { started: Instant },
+    Done { report: Arc<RunReport>, ended: Instant },
+}
+
+struct Run {
+    /// The report before anything happened (status `queued`).
+    base: RunReport,
+    charge_mb: u64,
+    budget: Duration,
+    accepted: Instant,
+    phase: Phase,
+    cancel: CancellationToken,
+    done: watch::Sender<Option<Arc<RunReport>>>,
+}
+
+#[derive(Default)]
+struct State {
+    runs: HashMap<String, Run>,
+    queue: VecDeque<String>,
+    active: usize,
+    active_memory_mb: u64,
+    peak_active: usize,
+    shutting_down: bool,
+}
+
+struct Inner {
+    executor: Arc<Executor>,
+    registry: Arc<Registry>,
+    config: Arc<Config>,
+    history: Option<History>,
+    metrics: Metrics,
+    state: Mutex<State>,
+}
+
+/// The run manager. Cheap to clone; all clones share the same runs.
+#[derive(Clone)]
+pub struct RunManager {
+    inner: Arc<Inner>,
+}
+
+/// Memory a run holds while admitted: its own limit, or its compile stage's if larger.
+pub fn memory_charge(language: &Language, limits: &RunLimits) -> u64 {
+    if language.is_compiled() {
+        limits.memory_mb.max(language.compile_limits.memory_mb)
+    } else {
+        limits.memory_mb
+    }
+}
+
+/// Check that every language's compile stage fits the memory budget (at start).
+pub fn check_budget(registry: &Registry, config: &Config) -> Result<(), String> {
+    let budget = config.runs.memory_budget_mb;
+    for lang in registry.languages.values() {
+        if lang.is_compiled() && lang.compile_limits.memory_mb > budget {
+            return Err(format!(
+                "setting `runs.memory_budget_mb` = {budget} is invalid: language `{}` compiles with {} MB, which would never fit",
+                lang.id, lang.compile_limits.memory_mb
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl RunManager {
+    /// A manager running requests on `executor`. `history`, when given, gets one row per run.
+    /// Must be called inside a tokio runtime (it starts the purge of expired reports).
+    pub fn new(
+        executor: Arc<Executor>,
+        registry: Arc<Registry>,
+        config: Arc<Config>,
+        history: Option<History>,
+    ) -> RunManager {
+        let inner = Arc::new(Inner {
+            executor,
+            registry,
+            config,
+            history,
+            metrics: Metrics::default(),
+            state: Mutex::new(State::default()),
+        });
+        let weak = Arc::downgrade(&inner);
+        tokio::spawn(purge_loop(weak));
+        RunManager { inner }
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.config
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
+    }
+
+    pub fn executor(&self) -> &Arc<Executor> {
+        &self.inner.executor
+    }
+
+    pub fn history(&self) -> Option<&History> {
+        self.inner.history.as_ref()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent data (every update is a few
+        // assignments), so a poisoned lock is used as is.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Validate a request and queue it. Returns at once; the run starts when admitted.
+    pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
+        let code_for_history = req.code.clone();
+        let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
+        let policy = &self.inner.config.runs;
+        let charge_mb = memory_charge(&valid.language, &valid.limits);
+        if charge_mb > policy.memory_budget_mb {
+            return Err(SubmitError::Invalid(RequestError {
+                field: "limits.memory_mb".into(),
+                message: format!(
+                    "requested {} MB of memory; this server runs at most {} MB of runs at once, so the maximum here is {} MB",
+                    valid.limits.memory_mb, policy.memory_budget_mb, policy.memory_budget_mb
+                ),
+            }));
+        }
+        self.purge_expired();
+        let run_id = new_run_id();
+        let mut st = self.lock();
+        if st.shutting_down {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let starts_now = st.queue.is_empty()
+            && st.active < policy.max_concurrent_runs
+            && st.active_memory_mb + charge_mb <= policy.memory_budget_mb;
+        if !starts_now && st.queue.len() >= policy.max_queued_runs {
+            self.inner.metrics.rejected_queue_full();
+            return Err(SubmitError::QueueFull {
+                waiting: st.queue.len(),
+                max: policy.max_queued_runs,
+            });
+        }
+        let base = Executor::blank_report(&run_id, &valid);
+        let limits = valid.limits;
+        let budget = Duration::from_secs_f64(
+            limits.timeout_seconds
+                + if valid.language.is_compiled() { valid.language.compile_limits.timeout_seconds } else { 0.0 },
+        );
+        if let Some(h) = &self.inner.history {
+            h.insert(NewRun::new(
+                &run_id,
+                &valid.language.id,
+                limits,
+                &code_for_history,
+                self.inner.config.history.code,
+                self.inner.executor.instance(),
+            ));
+        }
+        let (done, _) = watch::channel(None);
+        st.runs.insert(
+            run_id.clone(),
+            Run {
+                base,
+                charge_mb,
+                budget,
+                accepted: Instant::now(),
+                phase: Phase::Queued {
+                    request: Box::new(valid),
+                },
+                cancel: CancellationToken::new(),
+                done,
+            },
+        );
+        st.queue.push_back(run_id.clone());
+        self.pump(&mut st);
+        let status = match st.runs.get(&run_id).map(|r| &r.phase) {
+            Some(Phase::Queued { .. }) => Status::Queued,
+            _ => Status::Running,
+        };
+        Ok(Accepted {
+            run_id,
+            status,
+            limits,
+        })
+    }
+
+    /// Start runs from the head of the queue while a slot and memory are free.
+    fn pump(&self, st: &mut State) {
+        let policy = &self.inner.config.runs;
+        while let Some(head) = st.queue.front() {
+            let Some(run) = st.runs.get(head) else {
+                st.queue.pop_front();
+                continue;
+            };
+            if st.active >= policy.max_concurrent_runs
+                || st.active_memory_mb + run.charge_mb > policy.memory_budget_mb
+            {
+                break;
+            }
+            let run_id = st.queue.pop_front().expect("head exists");
+            let run = st.runs.get_mut(&run_id).expect("queued run exists");
+            let now = Instant::now();
+            let Phase::Queued { request } = std::mem::replace(&mut run.phase, Phase::Running { started: now }) else {
+                continue;
+            };
+            let queued_ms = now.duration_since(run.accepted).as_millis() as u64;
+            let cancel = run.cancel.clone();
+            st.active += 1;
+            st.active_memory_mb += run.charge_mb;
+            st.peak_active = st.peak_active.max(st.active);
+            if let Some(h) = &self.inner.history {
+                h.started(&run_id);
+            }
+            self.launch(run_id, *request, queued_ms, cancel);
+        }
+    }
+
+    fn launch(&self, run_id: String, request: ValidRequest, queued_ms: u64, cancel: CancellationToken) {
+        let executor = self.inner.executor.clone();
+        let id = run_id.clone();
+        let task = tokio::spawn(async move { executor.execute(&id, &request, queued_ms, cancel).await });
+        let manager = self.clone();
+        tokio::spawn(async move {
+            let outcome = task.await.map_err(|e| {
+                if e.is_panic() {
+                    let payload = e.into_panic();
+                    let why = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    format!("codebox failed while carrying out the run (a task panicked: {why}); its containers are being removed")
+                } else {
+                    "codebox was shutting down and abandoned the run; its containers are being removed".to_string()
+                }
+            });
+            manager.finish(&run_id, outcome);
+        });
+    }
+
+    /// Record a run's end, free its slot and memory, wake waiters, start what can start.
+    fn finish(&self, run_id: &str, outcome: Result<RunReport, String>) {
+        let mut st = self.lock();
+        let Some(run) = st.runs.get_mut(run_id) else {
+            return;
+        };
+        let report = match outcome {
+            Ok(r) => r,
+            Err(message) => {
+                tracing::error!(run_id, %message, "a run's task failed");
+                let mut r = run.base.clone();
+                r.status = Status::SandboxError;
+                r.message = message;
+                if let Phase::Running { started } = run.phase {
+                    r.duration_ms = started.elapsed().as_millis() as u64;
+                }
+                r
+            }
+        };
+        let was_running = matches!(run.phase, Phase::Running { .. });
+        let report = Arc::new(report);
+        run.phase = Phase::Done {
+            report: report.clone(),
+            ended: Instant::now(),
+        };
+        let charge = run.charge_mb;
+        if let Some(h) = &self.inner.history {
+            h.finish(&report);
+        }
+        self.inner.metrics.record(&report);
+        run.done.send_replace(Some(report));
+        if was_running {
+            st.active -= 1;
+            st.active_memory_mb -= charge;
+        }
+        self.pump(&mut st);
+    }
+
+    /// The run's report: final, or in progress (`queued`/`running`, with times so far).
+    /// `None` for an unknown (or expired) run id.
+    pub fn report(&self, run_id: &str) -> Option<RunReport> {
+        let st = self.lock();
+        let run = st.runs.get(run_id)?;
+        Some(match &run.phase {
+            Phase::Done { report, .. } => (**report).clone(),
+            Phase::Queued { .. } => {
+                let mut r = run.base.clone();
+                let pos = st.queue.iter().position(|id| id == run_id).map_or(0, |p| p + 1);
+                r.queued_ms = run.accepted.elapsed().as_millis() as u64;
+                r.message = format!("waiting for a free slot: number {pos} of {} in the queue", st.queue.len());
+                r
+            }
+            Phase::Running { started } => {
+                let mut r = run.base.clone();
+                r.status = Status::Running;
+                r.queued_ms = started.duration_since(run.accepted).as_millis() as u64;
+                r.duration_ms = started.elapsed().as_millis() as u64;
+                r.message = format!("running for {:.1} s", started.elapsed().as_secs_f64());
+                r
+            }
+        })
+    }
+
+    /// Where an unfinished run stands; `None` when unknown.
+    pub fn progress(&self, run_id: &str) -> Option<Progress> {
+        let st = self.lock();
+        let run = st.runs.get(run_id)?;
+        let (status, queue_position) = match &run.phase {
+            Phase::Queued { .. } => (Status::Queued, st.queue.iter().position(|id| id == run_id).map(|p| p + 1)),
+            Phase::Running { .. } => (Status::Running, None),
+            Phase::Done { report, .. } => (report.status, None),
+        };
+        Some(Progress {
+            status,
+            elapsed: run.accepted.elapsed(),
+            queue_position,
+            budget: run.budget,
+        })
+    }
+
+    /// Wait up to `timeout` for the run to end, then return its report as it stands.
+    pub async fn wait(&self, run_id: &str, timeout: Duration) -> Option<RunReport> {
+        let mut rx = self.lock().runs.get(run_id)?.done.subscribe();
+        if !timeout.is_zero() {
+            let _ = tokio::time::timeout(timeout, rx.wait_for(|r| r.is_some())).await;
+        }
+        self.report(run_id)
+    }
+
+    /// Stop a run: a queued one ends `stopped` at once; a running one is killed and its
+    /// containers removed before this returns. A finished run keeps its final report.
+    pub async fn stop(&self, run_id: &str) -> Option<RunReport> {
+        {
+            let mut st = self.lock();
+            let run = st.runs.get_mut(run_id)?;
+            match run.phase {
+                Phase::Done { ref report, .. } => return Some((**report).clone()),
+                Phase::Running { .. } => run.cancel.cancel(),
+                Phase::Queued { .. } => {
+                    let mut r = run.base.clone();
+                    r.status = Status::Stopped;
+                    r.queued_ms = run.accepted.elapsed().as_millis() as u64;
+                    r.message = "stopped while waiting in the queue; it never started".into();
+                    st.queue.retain(|id| id != run_id);
+                    drop(st);
+                    self.finish(run_id, Ok(r));
+                    return self.report(run_id);
+                }
+            }
+        }
+        self.wait(run_id, STOP_WAIT).await
+    }
+
+    pub fn stats(&self) -> Stats {
+        let st = self.lock();
+        Stats {
+            queued: st.queue.len(),
+            active: st.active,
+            active_memory_mb: st.active_memory_mb,
+            peak_active: st.peak_active,
+            retained: st.runs.values().filter(|r| matches!(r.phase, Phase::Done { .. })).count(),
+        }
+    }
+
+    /// Forget finished runs whose retention passed.
+    pub fn purge_expired(&self) {
+        let keep = Duration::from_secs(self.inner.config.runs.result_retention_seconds);
+        self.lock().runs.retain(|_, r| match r.phase {
+            Phase::Done { ended, .. } => ended.elapsed() < keep,
+            _ => true,
+        });
+    }
+
+    /// Refuse new runs, stop every queued and running one, and wait (up to `grace`) until
+    /// their containers are gone.
+    pub async fn shutdown(&self, grace: Duration) {
+        let ids: Vec<String> = {
+            let mut st = self.lock();
+            st.shutting_down = true;
+            st.runs
+                .iter()
+                .filter(|(_, r)| !matches!(r.phase, Phase::Done { .. }))
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        if ids.is_empty() {
+            return;
+        }
+        tracing::info!(runs = ids.len(), "stopping unfinished runs");
+        let stops = ids.iter().map(|id| self.stop(id));
+        let _ = tokio::time::timeout(grace, futures_util::future::join_all(stops)).await;
+    }
+}
+
+async fn purge_loop(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(PURGE_INTERVAL);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        RunManager { inner }.purge_expired();
+    }
+}
