@@ -50,7 +50,8 @@ pub enum Command {
     /// Run every language's smoke samples; ends with `N passed, M failed`.
     Smoke {
         /// Languages to test (default: all).
-        languages: Vec<String>,
+        #[arg(value_name = "LANG")]
+        only: Vec<String>,
         /// Build missing images first.
         #[arg(long)]
         build: bool,
@@ -221,7 +222,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run_file(&ctx, args).await,
         Command::Languages { json } => languages(&ctx, json).await,
         Command::Images { action } => images_cmd(&ctx, action).await,
-        Command::Smoke { languages, build } => smoke(&ctx, &languages, build).await,
+        Command::Smoke { only, build } => smoke(&ctx, &only, build).await,
         Command::Doctor => doctor(&ctx).await,
         Command::Serve(args) => Ok(crate::transport::serve(&ctx, args).await?),
         Command::History(args) => {

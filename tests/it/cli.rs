@@ -1,0 +1,207 @@
+//! The `codebox` binary as a person (or CI) uses it.
+
+use std::process::{Command, Output};
+
+use codebox::report::{RunReport, Status};
+
+use crate::common::{codebox_bin, root};
+
+fn codebox(args: &[&str]) -> Output {
+    Command::new(codebox_bin())
+        .args(args)
+        .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+        .env_remove("CODEBOX_CONFIG")
+        .output()
+        .expect("run codebox")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write_temp(dir: &tempfile::TempDir, name: &str, content: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, content).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn run_prints_output_and_mirrors_the_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write_temp(&dir, "ok.py", "import sys\nprint('hi', sys.argv[1:])");
+    let out = codebox(&["run", &ok, "--", "x", "y"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi ['x', 'y']\n");
+
+    let three = write_temp(&dir, "three.cpp", "int main() { return 3; }");
+    let out = codebox(&["run", &three]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("failed (exited with code 3)"));
+}
+
+#[test]
+fn run_json_prints_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_temp(&dir, "echo.txt", "import sys; print(sys.stdin.read().upper(), end='')");
+    let input = write_temp(&dir, "in.txt", "shout\n");
+    let out = codebox(&["run", &file, "--language", "py", "--stdin", &input, "--json", "--memory-mb", "128"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: RunReport = serde_json::from_slice(&out.stdout).expect("report JSON");
+    assert_eq!(report.status, Status::Succeeded);
+    assert_eq!(report.stdout, "SHOUT\n");
+    assert_eq!(report.limits.memory_mb, 128);
+}
+
+#[test]
+fn run_reports_compile_errors_and_timeouts_by_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write_temp(&dir, "bad.py", "def f(:\n");
+    let out = codebox(&["run", &bad]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("SyntaxError"), "{}", text(&out.stderr));
+    let slow = write_temp(&dir, "slow.py", "while True: pass");
+    let out = codebox(&["run", &slow, "--timeout-seconds", "1"]);
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+}
+
+#[test]
+fn run_rejects_limits_over_the_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write_temp(&dir, "ok.py", "print(1)");
+    let out = codebox(&["run", &ok, "--memory-mb", "32768"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("limits.memory_mb: requested 32768 MB of memory; the maximum is 16384 MB"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn unreachable_docker_is_one_clear_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write_temp(&dir, "ok.py", "print(1)");
+    let out = Command::new(codebox_bin())
+        .args(["run", &ok, "--json"])
+        .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let report: RunReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report.status, Status::SandboxError);
+    assert!(report.message.starts_with("Docker is not reachable at unix:///nonexistent/docker.sock: start the daemon or set DOCKER_HOST"), "{}", report.message);
+
+    let out = Command::new(codebox_bin())
+        .arg("doctor")
+        .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("Docker is not reachable at unix:///nonexistent/docker.sock"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn doctor_verifies_the_posture_from_inside() {
+    let out = codebox(&["doctor"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for line in [
+        "runs as uid 10001, not root",
+        "no capabilities (CapEff 0000000000000000)",
+        "no new privileges (NoNewPrivs 1)",
+        "network interfaces: lo (only lo allowed)",
+        "root filesystem is readonly",
+    ] {
+        assert!(stdout.contains(line), "missing `{line}` in:\n{stdout}");
+    }
+}
+
+#[test]
+fn languages_json_lists_every_language_with_its_image() {
+    let out = codebox(&["languages", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let langs = v["languages"].as_array().unwrap();
+    assert!(langs.len() >= 14);
+    let py = langs.iter().find(|l| l["language"] == "python").unwrap();
+    assert_eq!(py["image"], "codebox/python:3.11");
+    assert_eq!(py["image_present"], true);
+    assert_eq!(py["compiled"], true);
+    assert_eq!(v["limits"]["ceilings"]["memory_mb"], 16384);
+}
+
+const AWK_REGISTRY: &str = r#"
+[images.bash]
+tag = "codebox/bash:5.2"
+context = "images/bash"
+
+[languages.awk]
+display_name = "AWK (mawk)"
+aliases = ["mawk"]
+image = "bash"
+source_file = "main.awk"
+run = ["awk", "-f", "main.awk"]
+version = ["awk", "-W", "version"]
+
+[[languages.awk.tests]]
+name = "hello"
+code = 'BEGIN { print "hello" }'
+expect = { status = "succeeded", stdout = "hello\n" }
+
+[[languages.awk.tests]]
+name = "stdin"
+code = '{ print "got " $0 }'
+stdin = "abc\n"
+expect = { status = "succeeded", stdout = "got abc\n" }
+
+[[languages.awk.tests]]
+name = "exit"
+code = 'BEGIN { exit 3 }'
+expect = { status = "failed", exit_code = 3 }
+
+[[languages.awk.tests]]
+name = "runtime_error"
+code = 'BEGIN { print "x" > "/workspace/out" }'
+expect = { status = "failed", stderr_contains = "out" }
+"#;
+
+#[test]
+fn adding_a_language_needs_no_rust_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = write_temp(&dir, "languages.toml", AWK_REGISTRY);
+    let run = |args: &[&str]| {
+        Command::new(codebox_bin())
+            .args(args)
+            .env("CODEBOX_LANGUAGES", &registry)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["smoke", "awk"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.ends_with("4 passed, 0 failed\n"), "{stdout}");
+
+    let prog = write_temp(&dir, "sum.awk", "{ s += $1 } END { print s }");
+    let input = write_temp(&dir, "nums.txt", "1\n2\n39\n");
+    let out = run(&["run", &prog, "--stdin", &input]);
+    assert_eq!(text(&out.stdout), "42\n", "{}", text(&out.stderr));
+
+    let out = run(&["languages"]);
+    assert!(text(&out.stdout).contains("AWK (mawk)"));
+}
+
+#[test]
+fn a_registry_with_an_unknown_field_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = write_temp(&dir, "languages.toml", &AWK_REGISTRY.replace("source_file", "colour = 1\nsource_file"));
+    let out = Command::new(codebox_bin())
+        .arg("languages")
+        .env("CODEBOX_LANGUAGES", &registry)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("languages.toml") && err.contains("`awk`") && err.contains("colour"), "{err}");
+}
