@@ -131,6 +131,27 @@ fn managed_filter() -> HashMap<String, Vec<String>> {
     HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])])
 }
 
+/// Read the container's cgroup once and fold it into `usage` (peak memory, CPU time so far).
+async fn sample_usage(docker: &Docker, id: &str, usage: &Mutex<Usage>) {
+    let opts = StatsOptionsBuilder::new().stream(false).one_shot(true).build();
+    let Some(Ok(s)) = docker.stats(id, Some(opts)).next().await else {
+        return;
+    };
+    let mut u = usage.lock().unwrap();
+    if let Some(peak) = s.memory_stats.as_ref().and_then(|m| m.max_usage).filter(|p| *p > 0) {
+        u.peak_memory_kb = Some(u.peak_memory_kb.unwrap_or(0).max(peak / 1024));
+    }
+    if let Some(cpu) = s
+        .cpu_stats
+        .as_ref()
+        .and_then(|c| c.cpu_usage.as_ref())
+        .and_then(|c| c.total_usage)
+        .filter(|c| *c > 0)
+    {
+        u.cpu_time_ms = Some(u.cpu_time_ms.unwrap_or(0).max(cpu / 1_000_000));
+    }
+}
+
 /// The create body for a spec. Every field that matters for isolation is set explicitly.
 fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
     let mounts = spec
@@ -410,25 +431,7 @@ impl ContainerEngine for DockerEngine {
             let usage = usage.clone();
             tokio::spawn(async move {
                 loop {
-                    let opts = StatsOptionsBuilder::new().stream(false).one_shot(true).build();
-                    if let Some(Ok(s)) = docker.stats(&id, Some(opts)).next().await {
-                        let mut u = usage.lock().unwrap();
-                        if let Some(peak) = s.memory_stats.as_ref().and_then(|m| m.max_usage) {
-                            if peak > 0 {
-                                u.peak_memory_kb = Some(u.peak_memory_kb.unwrap_or(0).max(peak / 1024));
-                            }
-                        }
-                        if let Some(cpu) = s
-                            .cpu_stats
-                            .as_ref()
-                            .and_then(|c| c.cpu_usage.as_ref())
-                            .and_then(|c| c.total_usage)
-                        {
-                            if cpu > 0 {
-                                u.cpu_time_ms = Some(cpu / 1_000_000);
-                            }
-                        }
-                    }
+                    sample_usage(&docker, &id, &usage).await;
                     tokio::time::sleep(SAMPLE_EVERY).await;
                 }
             })
@@ -456,6 +459,9 @@ impl ContainerEngine for DockerEngine {
             _ = cancel.cancelled() => Ending::Cancelled,
         };
         if ending != Ending::Exited {
+            // One last sample: the container is still running, so its cgroup can be read.
+            sampler.abort();
+            sample_usage(&self.docker, id, &usage).await;
             let kill = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
             match self.docker.kill_container(id, Some(kill)).await {
                 Ok(()) => {}

@@ -34,6 +34,8 @@ struct State {
     script: VecDeque<Execution>,
     /// When set, `start_and_wait` blocks until cancelled.
     hang: bool,
+    /// When set, `start_and_wait` panics (a bug in a run task).
+    panic: bool,
     started: usize,
 }
 
@@ -54,6 +56,10 @@ impl FakeEngine {
 
     pub fn hang_on_start(&self) {
         self.state.lock().unwrap().hang = true;
+    }
+
+    pub fn panic_on_start(&self) {
+        self.state.lock().unwrap().panic = true;
     }
 
     /// Queue the result of the next `start_and_wait`.
@@ -174,11 +180,14 @@ impl ContainerEngine for FakeEngine {
         cancel: CancellationToken,
     ) -> Result<Execution, EngineError> {
         self.check(Step::Start)?;
-        let (hang, next) = {
+        let (hang, panic, next) = {
             let mut s = self.state.lock().unwrap();
             s.started += 1;
-            (s.hang, s.script.pop_front())
+            (s.hang, s.panic, s.script.pop_front())
         };
+        if panic {
+            panic!("fake engine told to panic on start");
+        }
         if hang {
             cancel.cancelled().await;
             let mut e = exited(137, "");

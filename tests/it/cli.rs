@@ -205,3 +205,35 @@ fn a_registry_with_an_unknown_field_is_refused_naming_it() {
     let err = text(&out.stderr);
     assert!(err.contains("languages.toml") && err.contains("`awk`") && err.contains("colour"), "{err}");
 }
+
+#[test]
+fn printing_a_gigabyte_keeps_codebox_memory_bounded() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let big = write_temp(
+        &dir,
+        "big.py",
+        "import sys\nchunk = b'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.buffer.write(chunk)\n",
+    );
+    let mut child = Command::new(codebox_bin())
+        .args(["run", &big, "--json", "--timeout-seconds", "300"])
+        .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    // wait4 gives this one child's peak resident set size.
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let report: RunReport = serde_json::from_str(&out).unwrap();
+    assert_eq!(report.status, Status::Succeeded, "{}", report.message);
+    assert_eq!(report.stdout_bytes, 1 << 30);
+    assert!(report.stdout_truncated);
+    assert_eq!(report.stdout.len(), 1 << 20);
+    let peak_mb = usage.ru_maxrss / 1024;
+    assert!(peak_mb < 64, "codebox peaked at {peak_mb} MB while relaying 1 GiB (cap 1 MiB)");
+}

@@ -156,6 +156,23 @@ async fn containers_removed_when_the_run_task_is_aborted() {
 }
 
 #[tokio::test]
+async fn containers_removed_when_the_run_task_panics() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.panic_on_start();
+    let exec = Arc::new(executor(&fake));
+    let task = {
+        let exec = exec.clone();
+        tokio::spawn(async move {
+            exec.execute("r8", &valid(request("bash", "true")), 0, CancellationToken::new())
+                .await
+        })
+    };
+    assert!(task.await.unwrap_err().is_panic());
+    assert_eq!(fake.specs().len(), 2, "the loader and the run container had been created");
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
 async fn compile_failure_skips_the_run_stage() {
     let fake = Arc::new(FakeEngine::new());
     fake.script(codebox::engine::fake::exited(1, ""));
