@@ -5,4 +5,5 @@ mod cli;
 mod common;
 mod docker_runs;
 mod fake_engine;
+mod reaper;
 mod registry_file;
