@@ -7,3 +7,5 @@ mod docker_runs;
 mod fake_engine;
 mod reaper;
 mod registry_file;
+mod mcp_support;
+mod runs;

@@ -1,0 +1,303 @@
+//! The run manager's guarantees, on the fake engine (fast, no Docker): admission queue bound,
+//! concurrency cap, memory budget with strict FIFO, stop of queued and running runs,
+//! retention, panics, history rows.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use codebox::engine::fake::FakeEngine;
+use codebox::engine::{
+    BuildProgress, ContainerEngine, ContainerSpec, EngineError, EngineInfo, Execution, ImageInfo, Leftover,
+    StartOptions,
+};
+use codebox::executor::{LimitsInput, RunRequest};
+use codebox::history::Query;
+use codebox::report::Status;
+use codebox::runs::{RunManager, SubmitError};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::request;
+use crate::mcp_support::{eventually, fake_manager, manager_on, temp_history};
+
+fn with_memory(language: &str, mb: f64) -> RunRequest {
+    RunRequest {
+        limits: Some(LimitsInput {
+            memory_mb: Some(mb),
+            ..Default::default()
+        }),
+        ..request(language, "print(1)")
+    }
+}
+
+fn status(m: &RunManager, id: &str) -> Status {
+    m.report(id).expect("known run").status
+}
+
+#[tokio::test]
+async fn a_full_queue_is_a_clear_retryable_rejection() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let m = fake_manager(&fake, |c| {
+        c.runs.max_concurrent_runs = 1;
+        c.runs.max_queued_runs = 2;
+    });
+    let ids: Vec<String> = (0..3).map(|_| m.submit(request("python", "print(1)")).unwrap().run_id).collect();
+    let err = m.submit(request("python", "print(1)")).unwrap_err();
+    assert!(err.is_retryable());
+    assert!(matches!(err, SubmitError::QueueFull { waiting: 2, max: 2 }), "{err:?}");
+    assert!(err.to_string().contains("retry"), "{err}");
+    // Stopping a queued run frees a place in the queue.
+    assert_eq!(m.stop(&ids[2]).await.unwrap().status, Status::Stopped);
+    m.submit(request("python", "print(1)")).unwrap();
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn never_more_than_max_concurrent_runs_execute_and_the_rest_wait_in_order() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let m = fake_manager(&fake, |c| c.runs.max_concurrent_runs = 3);
+    let ids: Vec<String> = (0..10).map(|_| m.submit(request("python", "print(1)")).unwrap().run_id).collect();
+    eventually(10, "three runs started", || fake.started() == 3).await;
+    let s = m.stats();
+    assert_eq!((s.active, s.queued, s.peak_active), (3, 7, 3));
+    assert_eq!(status(&m, &ids[0]), Status::Running);
+    assert_eq!(status(&m, &ids[3]), Status::Queued);
+    assert!(m.report(&ids[3]).unwrap().message.contains("number 1 of 7"));
+    // Stopping a running run admits the head of the queue, not a later one.
+    assert_eq!(m.stop(&ids[0]).await.unwrap().status, Status::Stopped);
+    eventually(10, "the head of the queue started", || status(&m, &ids[3]) == Status::Running).await;
+    assert_eq!(status(&m, &ids[4]), Status::Queued);
+    m.shutdown(Duration::from_secs(10)).await;
+    for id in &ids {
+        assert_eq!(status(&m, id), Status::Stopped, "run {id}");
+    }
+    assert_eq!(m.stats().peak_active, 3);
+    eventually(10, "containers removed", || fake.live_containers().is_empty()).await;
+}
+
+#[tokio::test]
+async fn memory_budget_bounds_admission_and_a_big_request_at_the_head_is_not_starved() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let m = fake_manager(&fake, |c| {
+        c.runs.max_concurrent_runs = 10;
+        c.runs.memory_budget_mb = 1024;
+    });
+    let a = m.submit(with_memory("python", 512.0)).unwrap();
+    let b = m.submit(with_memory("python", 1024.0)).unwrap();
+    let c = m.submit(with_memory("python", 256.0)).unwrap();
+    assert_eq!(a.status, Status::Running);
+    assert_eq!(b.status, Status::Queued);
+    // c would fit next to a, but b is first in line.
+    assert_eq!(c.status, Status::Queued);
+    assert_eq!(m.stats().active_memory_mb, 512);
+    m.stop(&a.run_id).await.unwrap();
+    eventually(10, "b started", || status(&m, &b.run_id) == Status::Running).await;
+    assert_eq!(status(&m, &c.run_id), Status::Queued);
+    assert_eq!(m.stats().active_memory_mb, 1024);
+    m.stop(&b.run_id).await.unwrap();
+    eventually(10, "c started", || status(&m, &c.run_id) == Status::Running).await;
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_request_larger_than_the_whole_budget_is_rejected_naming_limits_memory_mb() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| c.runs.memory_budget_mb = 2048);
+    let err = m.submit(with_memory("python", 4096.0)).unwrap_err();
+    assert!(!err.is_retryable());
+    let msg = err.to_string();
+    assert!(msg.starts_with("limits.memory_mb:"), "{msg}");
+    assert!(msg.contains("2048"), "{msg}");
+    // Compiled languages are charged their compile stage's memory (1024 MB by default).
+    let m = fake_manager(&fake, |c| c.runs.memory_budget_mb = 1000);
+    assert!(m.submit(with_memory("cpp", 256.0)).is_err());
+    assert!(fake.specs().is_empty(), "nothing reached the engine");
+}
+
+#[tokio::test]
+async fn stopping_a_queued_run_ends_it_stopped_at_once_without_touching_the_engine() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let m = fake_manager(&fake, |c| c.runs.max_concurrent_runs = 1);
+    let first = m.submit(request("python", "print(1)")).unwrap();
+    let queued = m.submit(request("python", "print(2)")).unwrap();
+    eventually(10, "first started", || fake.started() == 1).await;
+    let specs_before = fake.specs().len();
+    let r = m.stop(&queued.run_id).await.unwrap();
+    assert_eq!(r.status, Status::Stopped);
+    assert!(r.message.contains("queue"), "{}", r.message);
+    assert_eq!(fake.specs().len(), specs_before);
+    m.stop(&first.run_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn stopping_a_running_run_kills_it_and_removes_its_containers() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let m = fake_manager(&fake, |_| {});
+    let run = m.submit(request("python", "print(1)")).unwrap();
+    eventually(10, "started", || fake.started() == 1).await;
+    assert!(!fake.live_containers().is_empty());
+    let r = m.stop(&run.run_id).await.unwrap();
+    assert_eq!(r.status, Status::Stopped);
+    assert!(fake.live_containers().is_empty(), "{:?}", fake.live_containers());
+    assert!(fake.live_volumes().is_empty());
+    assert_eq!(m.stats().active, 0);
+}
+
+#[tokio::test]
+async fn stop_on_a_finished_run_returns_its_final_report_unchanged() {
+    let fake = Arc::new(FakeEngine::new());
+    // Python has a compile stage (py_compile): it succeeds, then the program exits 3.
+    fake.script(codebox::engine::fake::exited(0, ""));
+    fake.script(codebox::engine::fake::exited(3, "out\n"));
+    let m = fake_manager(&fake, |_| {});
+    let run = m.submit(request("python", "print(1)")).unwrap();
+    let done = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(done.status, Status::Failed);
+    assert_eq!(m.stop(&run.run_id).await.unwrap(), done);
+    assert_eq!(m.stop(&run.run_id).await.unwrap(), done);
+    assert!(m.stop("no-such-run").await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reports_are_kept_for_the_retention_then_forgotten() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| c.runs.result_retention_seconds = 3600);
+    let run = m.submit(request("python", "print(1)")).unwrap();
+    let done = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(done.status, Status::Succeeded);
+    tokio::time::sleep(Duration::from_secs(3590)).await;
+    m.purge_expired();
+    assert_eq!(m.report(&run.run_id).unwrap(), done, "kept for the whole retention");
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    m.purge_expired();
+    assert!(m.report(&run.run_id).is_none(), "forgotten after the retention");
+}
+
+/// An engine whose `start_and_wait` panics; everything else is the fake's.
+struct PanickingEngine(Arc<FakeEngine>);
+
+#[async_trait]
+impl ContainerEngine for PanickingEngine {
+    async fn ping(&self) -> Result<EngineInfo, EngineError> {
+        self.0.ping().await
+    }
+    async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
+        self.0.inspect_image(tag).await
+    }
+    async fn build_image(
+        &self,
+        tag: &str,
+        context_tar: Vec<u8>,
+        labels: BTreeMap<String, String>,
+        progress: BuildProgress<'_>,
+    ) -> Result<String, EngineError> {
+        self.0.build_image(tag, context_tar, labels, progress).await
+    }
+    async fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<(), EngineError> {
+        self.0.create_volume(name, labels).await
+    }
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.0.remove_volume(name).await
+    }
+    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        self.0.create_container(spec).await
+    }
+    async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError> {
+        self.0.upload(id, path, tar).await
+    }
+    async fn start_and_wait(&self, _: &str, _: StartOptions, _: CancellationToken) -> Result<Execution, EngineError> {
+        panic!("engine exploded")
+    }
+    async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
+        self.0.remove_container(id).await
+    }
+    async fn list_managed_containers(&self) -> Result<Vec<Leftover>, EngineError> {
+        self.0.list_managed_containers().await
+    }
+    async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError> {
+        self.0.list_managed_volumes().await
+    }
+}
+
+#[tokio::test]
+async fn a_panic_in_a_run_task_becomes_a_sandbox_error_report_and_frees_the_slot() {
+    let fake = Arc::new(FakeEngine::new());
+    let (history, _dir) = temp_history();
+    let m = manager_on(Arc::new(PanickingEngine(fake.clone())), |c| c.runs.max_concurrent_runs = 1, Some(history.clone()));
+    let run = m.submit(request("python", "print(1)")).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::SandboxError);
+    assert!(r.message.contains("engine exploded"), "{}", r.message);
+    assert_eq!(m.stats().active, 0);
+    eventually(10, "the panicked run's containers are removed", || fake.live_containers().is_empty()).await;
+    // The slot is free again.
+    let next = m.submit(request("python", "print(1)")).unwrap();
+    assert_eq!(next.status, Status::Running);
+    m.wait(&next.run_id, Duration::from_secs(10)).await.unwrap();
+    let row = history.get(&run.run_id).await.unwrap().unwrap();
+    assert_eq!(row.status, Status::SandboxError);
+}
+
+#[tokio::test]
+async fn each_run_gets_one_history_row_inserted_at_admission_and_completed_at_the_end() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let (history, _dir) = temp_history();
+    let m = manager_on(fake.clone(), |c| c.runs.max_concurrent_runs = 1, Some(history.clone()));
+    m.submit(request("python", "print('running')")).unwrap();
+    let queued = m.submit(request("py", "print('queued')")).unwrap();
+    eventually(10, "started", || fake.started() == 1).await;
+    let rows = history.query(Query::default()).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].run_id, queued.run_id, "newest first");
+    assert_eq!(rows[0].status, Status::Queued);
+    assert_eq!(rows[1].status, Status::Running);
+    assert_eq!(rows[1].code_preview.as_deref(), Some("print('running')"));
+    assert_eq!(rows[1].code_sha256, codebox::history::sha256_hex("print('running')"));
+    m.shutdown(Duration::from_secs(10)).await;
+    let rows = history.query(Query::default()).await.unwrap();
+    assert!(rows.iter().all(|r| r.status == Status::Stopped && r.ended_at.is_some()), "{rows:?}");
+    let only = history
+        .query(Query {
+            status: Some(Status::Stopped),
+            language: Some("python".into()),
+            limit: Some(1),
+        })
+        .await
+        .unwrap();
+    assert_eq!(only.len(), 1);
+    assert!(history
+        .query(Query {
+            language: Some("cpp".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn the_code_policy_decides_how_much_code_history_keeps() {
+    for (policy, expect) in [
+        (codebox::config::CodePolicy::None, None),
+        (codebox::config::CodePolicy::Full, Some(600)),
+        (codebox::config::CodePolicy::Preview, Some(500)),
+    ] {
+        let fake = Arc::new(FakeEngine::new());
+        let (history, _dir) = temp_history();
+        let m = manager_on(fake.clone(), |c| c.history.code = policy, Some(history.clone()));
+        let code = format!("print(1)#{}", "x".repeat(591));
+        let run = m.submit(request("python", &code)).unwrap();
+        m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+        let row = history.get(&run.run_id).await.unwrap().unwrap();
+        assert_eq!(row.code_preview.map(|p| p.chars().count()), expect, "{policy:?}");
+        assert_eq!(row.code_bytes, 600);
+        assert_eq!(row.status, Status::Succeeded);
+    }
+}
