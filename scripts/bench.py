@@ -3,6 +3,8 @@
 image and sandbox flags (median of N). Prints a Markdown table. Cleans up by label.
 
   scripts/bench.py [N] [LANG...]     (default 20 runs; python cpp)
+  scripts/bench.py --languages [N]   codebox run of every language's hello sample, with its
+                                     version and image size
 """
 import json
 import os
@@ -60,7 +62,30 @@ def docker_two_stage(lang, spec, code):
         subprocess.run(["docker", "volume", "rm", "-f", vol], stdout=subprocess.DEVNULL)
 
 
+def languages_table(n):
+    reg, samples = registry(), load_samples()
+    sizes = {}
+    out = subprocess.run([CODEBOX, "images", "list", "--json"], check=True, capture_output=True, text=True)
+    for image in json.loads(out.stdout):
+        sizes[image["tag"]] = image["size_bytes"]
+    print(f"| language | version | image | image size | codebox run hello (median of {n}) |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as d:
+        for name, spec in samples.items():
+            code = next(t["code"] for t in spec["tests"] if t["name"] == "hello")
+            path = os.path.join(d, spec["source_file"])
+            with open(path, "w") as f:
+                f.write(code)
+            times = [timed([CODEBOX, "run", path, "--language", name]) for _ in range(n)]
+            tag = reg[name]["image"]
+            size = sizes.get(tag) or 0
+            print(f"| {name} | {reg[name]['version'] or '-'} | {tag} | {size / 1e6:.0f} MB | {statistics.median(times):.0f} ms |")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--languages":
+        languages_table(int(sys.argv[2]) if len(sys.argv) > 2 else 20)
+        return
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     langs = sys.argv[2:] or ["python", "cpp"]
     reg, samples = registry(), load_samples()
