@@ -9,3 +9,4 @@ mod reaper;
 mod registry_file;
 mod mcp_support;
 mod runs;
+mod mcp_tools;
