@@ -37,6 +37,8 @@ struct State {
     /// When set, `start_and_wait` panics (a bug in a run task).
     panic: bool,
     started: usize,
+    /// How many container removals still fail (a flaky or briefly lost daemon).
+    failing_removals: usize,
 }
 
 /// The fake engine.
@@ -56,6 +58,11 @@ impl FakeEngine {
 
     pub fn hang_on_start(&self) {
         self.state.lock().unwrap().hang = true;
+    }
+
+    /// Make the next `n` container removals fail.
+    pub fn fail_removals(&self, n: usize) {
+        self.state.lock().unwrap().failing_removals = n;
     }
 
     pub fn panic_on_start(&self) {
@@ -198,7 +205,12 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
-        self.state.lock().unwrap().live_containers.remove(id);
+        let mut s = self.state.lock().unwrap();
+        if s.failing_removals > 0 {
+            s.failing_removals -= 1;
+            return Err(EngineError::RemoveContainer("fake failure at remove".into()));
+        }
+        s.live_containers.remove(id);
         Ok(())
     }
 

@@ -43,31 +43,53 @@ impl RunResources {
         Ok(())
     }
 
-    /// Remove everything, containers first (a volume in use cannot be removed).
+    /// Remove everything, containers first (a volume in use cannot be removed). What could
+    /// not be removed is retried in the background (by `Drop`), and the error returned.
     pub async fn release(mut self) -> Result<(), EngineError> {
         let containers = std::mem::take(&mut self.containers);
         let volume = self.volume.take();
-        remove_all(self.engine.as_ref(), containers, volume).await
+        let left = remove_all(self.engine.as_ref(), containers, volume).await;
+        match left.error {
+            None => Ok(()),
+            Some(e) => {
+                self.containers = left.containers;
+                self.volume = left.volume;
+                Err(e)
+            }
+        }
     }
+}
+
+/// What a removal pass could not remove.
+struct Left {
+    containers: Vec<String>,
+    volume: Option<String>,
+    error: Option<EngineError>,
 }
 
 async fn remove_all(
     engine: &dyn ContainerEngine,
     containers: Vec<String>,
     volume: Option<String>,
-) -> Result<(), EngineError> {
-    let mut first_error = None;
-    for c in &containers {
-        if let Err(e) = engine.remove_container(c).await {
-            first_error.get_or_insert(e);
+) -> Left {
+    let mut left = Left {
+        containers: Vec::new(),
+        volume: None,
+        error: None,
+    };
+    for c in containers {
+        if let Err(e) = engine.remove_container(&c).await {
+            left.error.get_or_insert(e);
+            left.containers.push(c);
         }
     }
-    if let Some(v) = &volume {
-        if let Err(e) = engine.remove_volume(v).await {
-            first_error.get_or_insert(e);
+    if let Some(v) = volume {
+        if let Err(e) = engine.remove_volume(&v).await {
+            left.error.get_or_insert(e);
+            left.volume = Some(v);
         }
     }
-    first_error.map_or(Ok(()), Err)
+    left
 }
 
 impl Drop for RunResources {
@@ -83,14 +105,16 @@ impl Drop for RunResources {
         };
         let engine = self.engine.clone();
         handle.spawn(async move {
+            let (mut containers, mut volume) = (containers, volume);
             for attempt in 1..=CLEANUP_ATTEMPTS {
-                match remove_all(engine.as_ref(), containers.clone(), volume.clone()).await {
-                    Ok(()) => return,
-                    Err(e) if attempt == CLEANUP_ATTEMPTS => {
-                        tracing::warn!(error = %e, ?containers, "cleanup failed; the objects will be reaped at the next start");
-                    }
-                    Err(_) => tokio::time::sleep(CLEANUP_BACKOFF * attempt).await,
+                let left = remove_all(engine.as_ref(), containers, volume).await;
+                let Some(e) = left.error else { return };
+                if attempt == CLEANUP_ATTEMPTS {
+                    tracing::warn!(error = %e, containers = ?left.containers, volume = ?left.volume, "cleanup failed; the objects will be reaped at the next start");
+                    return;
                 }
+                (containers, volume) = (left.containers, left.volume);
+                tokio::time::sleep(CLEANUP_BACKOFF * attempt).await;
             }
         });
     }

@@ -28,7 +28,7 @@ fn reject(req: RunRequest) -> String {
 }
 
 async fn wait_until_clean(fake: &FakeEngine) {
-    for _ in 0..100 {
+    for _ in 0..250 {
         if fake.live_containers().is_empty() && fake.live_volumes().is_empty() {
             return;
         }
@@ -169,6 +169,20 @@ async fn containers_removed_when_the_run_task_panics() {
     };
     assert!(task.await.unwrap_err().is_panic());
     assert_eq!(fake.specs().len(), 2, "the loader and the run container had been created");
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn failed_removals_are_retried_in_the_background() {
+    let fake = Arc::new(FakeEngine::new());
+    let exec = executor(&fake);
+    // The compile container's removal fails once mid-run: a sandbox error, then cleanup.
+    fake.fail_removals(2);
+    let r = exec
+        .execute("r9", &valid(request("python", "print(1)")), 0, CancellationToken::new())
+        .await;
+    assert_eq!(r.status, Status::SandboxError);
+    assert!(r.message.contains("removing the container failed"), "{}", r.message);
     wait_until_clean(&fake).await;
 }
 
