@@ -93,10 +93,18 @@ fn context_tar(dir: &Path) -> std::io::Result<Vec<u8>> {
 
 /// Look up an image by its registry name.
 pub fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageError> {
-    registry.images.get(name).ok_or_else(|| ImageError::Unknown {
-        name: name.to_string(),
-        known: registry.images.keys().cloned().collect::<Vec<_>>().join(", "),
-    })
+    registry
+        .images
+        .get(name)
+        .ok_or_else(|| ImageError::Unknown {
+            name: name.to_string(),
+            known: registry
+                .images
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 /// Build one image and record its languages' versions. Returns the final image id.
@@ -129,7 +137,11 @@ pub async fn build(
     let mut labels = base_labels;
     for lang in registry.languages_of_image(&image.name) {
         let Some(cmd) = &lang.version else { continue };
-        progress(&format!("recording the {} version: {}", lang.id, cmd.join(" ")));
+        progress(&format!(
+            "recording the {} version: {}",
+            lang.id,
+            cmd.join(" ")
+        ));
         let exec = executor
             .probe(&image.tag, cmd.clone(), VERSION_TIMEOUT)
             .await
@@ -146,7 +158,10 @@ pub async fn build(
                 detail: format!("it printed nothing (exit code {:?})", exec.exit_code),
             });
         };
-        labels.insert(format!("{VERSION_LABEL_PREFIX}{}", lang.id), version.to_string());
+        labels.insert(
+            format!("{VERSION_LABEL_PREFIX}{}", lang.id),
+            version.to_string(),
+        );
     }
     if labels.len() == 1 {
         return Ok(id);

@@ -31,7 +31,13 @@ impl Instance {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let path = lock_path(data_dir, &id);
         let lock = std::fs::create_dir_all(path.parent().unwrap_or(data_dir))
-            .and_then(|_| OpenOptions::new().create(true).write(true).truncate(true).open(&path))
+            .and_then(|_| {
+                OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(true)
+                    .open(&path)
+            })
             .and_then(|f| f.try_lock().map_err(std::io::Error::other).map(|_| f));
         match lock {
             Ok(f) => Instance {

@@ -13,7 +13,11 @@ pub struct Reaped {
 }
 
 fn abandoned(obj: &Leftover, own: &str, data_dir: &Path, now: u64) -> bool {
-    let instance = obj.labels.get(LABEL_INSTANCE).map(String::as_str).unwrap_or("");
+    let instance = obj
+        .labels
+        .get(LABEL_INSTANCE)
+        .map(String::as_str)
+        .unwrap_or("");
     if instance == own {
         return false;
     }
@@ -53,7 +57,11 @@ pub async fn reap(
         }
     }
     if reaped != Reaped::default() {
-        tracing::info!(containers = reaped.containers, volumes = reaped.volumes, "removed what earlier instances left behind");
+        tracing::info!(
+            containers = reaped.containers,
+            volumes = reaped.volumes,
+            "removed what earlier instances left behind"
+        );
     }
     Ok(reaped)
 }

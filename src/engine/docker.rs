@@ -23,7 +23,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BuildProgress, Captured, ContainerEngine, ContainerSpec, EngineError, EngineInfo, Ending,
+    BuildProgress, Captured, ContainerEngine, ContainerSpec, Ending, EngineError, EngineInfo,
     Execution, ImageInfo, Leftover, MountKind, StartOptions, LABEL_MANAGED,
 };
 use crate::report::Usage;
@@ -133,12 +133,20 @@ fn managed_filter() -> HashMap<String, Vec<String>> {
 
 /// Read the container's cgroup once and fold it into `usage` (peak memory, CPU time so far).
 async fn sample_usage(docker: &Docker, id: &str, usage: &Mutex<Usage>) {
-    let opts = StatsOptionsBuilder::new().stream(false).one_shot(true).build();
+    let opts = StatsOptionsBuilder::new()
+        .stream(false)
+        .one_shot(true)
+        .build();
     let Some(Ok(s)) = docker.stats(id, Some(opts)).next().await else {
         return;
     };
     let mut u = usage.lock().unwrap();
-    if let Some(peak) = s.memory_stats.as_ref().and_then(|m| m.max_usage).filter(|p| *p > 0) {
+    if let Some(peak) = s
+        .memory_stats
+        .as_ref()
+        .and_then(|m| m.max_usage)
+        .filter(|p| *p > 0)
+    {
         u.peak_memory_kb = Some(u.peak_memory_kb.unwrap_or(0).max(peak / 1024));
     }
     if let Some(cpu) = s
@@ -280,11 +288,9 @@ impl ContainerEngine for DockerEngine {
             tag: tag.to_string(),
             detail,
         };
-        let mut stream = self.builder.build_image(
-            options,
-            None,
-            Some(bollard::body_full(context_tar.into())),
-        );
+        let mut stream =
+            self.builder
+                .build_image(options, None, Some(bollard::body_full(context_tar.into())));
         let mut image_id = None;
         while let Some(item) = stream.next().await {
             let info = item.map_err(|e| match self.fail(EngineError::CreateContainer, e) {
@@ -346,8 +352,14 @@ impl ContainerEngine for DockerEngine {
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
         self.usable()?;
-        let options = CreateContainerOptionsBuilder::new().name(&spec.name).build();
-        match self.docker.create_container(Some(options), create_body(spec)).await {
+        let options = CreateContainerOptionsBuilder::new()
+            .name(&spec.name)
+            .build();
+        match self
+            .docker
+            .create_container(Some(options), create_body(spec))
+            .await
+        {
             Ok(r) => Ok(r.id),
             Err(e) if is_status(&e, 404) => Err(EngineError::ImageMissing {
                 tag: spec.image.clone(),
@@ -441,9 +453,15 @@ impl ContainerEngine for DockerEngine {
             let docker = self.docker.clone();
             let id = id.to_string();
             async move {
-                match docker.wait_container(&id, None::<bollard::query_parameters::WaitContainerOptions>).next().await {
+                match docker
+                    .wait_container(&id, None::<bollard::query_parameters::WaitContainerOptions>)
+                    .next()
+                    .await
+                {
                     Some(Ok(r)) => Ok(Some(r.status_code)),
-                    Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(Some(code)),
+                    Some(Err(BollardError::DockerContainerWaitError { code, .. })) => {
+                        Ok(Some(code))
+                    }
                     Some(Err(e)) => Err(e),
                     None => Ok(None),
                 }
@@ -479,13 +497,19 @@ impl ContainerEngine for DockerEngine {
         let duration = started.elapsed();
         sampler.abort();
         writer.abort();
-        if tokio::time::timeout(DRAIN_GRACE, &mut reader).await.is_err() {
+        if tokio::time::timeout(DRAIN_GRACE, &mut reader)
+            .await
+            .is_err()
+        {
             reader.abort();
         }
 
         let state = self
             .docker
-            .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
             .await
             .map_err(|e| self.fail(EngineError::InspectContainer, e))?
             .state
@@ -505,7 +529,10 @@ impl ContainerEngine for DockerEngine {
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
         self.usable()?;
-        let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
         match self.docker.remove_container(id, Some(options)).await {
             Err(e) if is_status(&e, 404) => Ok(()),
             // "removal already in progress"

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BuildProgress, Captured, ContainerEngine, ContainerSpec, EngineError, EngineInfo, Ending,
+    BuildProgress, Captured, ContainerEngine, ContainerSpec, Ending, EngineError, EngineInfo,
     Execution, ImageInfo, Leftover, StartOptions,
 };
 use crate::report::Usage;
@@ -80,11 +80,23 @@ impl FakeEngine {
     }
 
     pub fn live_containers(&self) -> Vec<String> {
-        self.state.lock().unwrap().live_containers.iter().cloned().collect()
+        self.state
+            .lock()
+            .unwrap()
+            .live_containers
+            .iter()
+            .cloned()
+            .collect()
     }
 
     pub fn live_volumes(&self) -> Vec<String> {
-        self.state.lock().unwrap().live_volumes.iter().cloned().collect()
+        self.state
+            .lock()
+            .unwrap()
+            .live_volumes
+            .iter()
+            .cloned()
+            .collect()
     }
 
     pub fn started(&self) -> usize {
@@ -159,7 +171,11 @@ impl ContainerEngine for FakeEngine {
         _labels: &BTreeMap<String, String>,
     ) -> Result<(), EngineError> {
         self.check(Step::CreateVolume)?;
-        self.state.lock().unwrap().live_volumes.insert(name.to_string());
+        self.state
+            .lock()
+            .unwrap()
+            .live_volumes
+            .insert(name.to_string());
         Ok(())
     }
 
@@ -208,7 +224,9 @@ impl ContainerEngine for FakeEngine {
         let mut s = self.state.lock().unwrap();
         if s.failing_removals > 0 {
             s.failing_removals -= 1;
-            return Err(EngineError::RemoveContainer("fake failure at remove".into()));
+            return Err(EngineError::RemoveContainer(
+                "fake failure at remove".into(),
+            ));
         }
         s.live_containers.remove(id);
         Ok(())

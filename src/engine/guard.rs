@@ -100,7 +100,11 @@ impl Drop for RunResources {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(?containers, ?volume, "no runtime to remove containers; they will be reaped at the next start");
+            tracing::warn!(
+                ?containers,
+                ?volume,
+                "no runtime to remove containers; they will be reaped at the next start"
+            );
             return;
         };
         let engine = self.engine.clone();

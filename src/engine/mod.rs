@@ -165,7 +165,9 @@ pub struct EngineInfo {
 /// A failed engine operation. Each variant names the step that failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
-    #[error("Docker is not reachable at {address}: start the daemon or set DOCKER_HOST ({detail})")]
+    #[error(
+        "Docker is not reachable at {address}: start the daemon or set DOCKER_HOST ({detail})"
+    )]
     Unreachable { address: String, detail: String },
     #[error("image {tag} is not present: build it with `codebox images build {image}`")]
     ImageMissing { tag: String, image: String },

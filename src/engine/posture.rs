@@ -119,7 +119,10 @@ pub enum WorkspaceAccess {
 pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), PostureViolation> {
     let fail = |m: String| Err(PostureViolation(m));
     if spec.network_mode != "none" {
-        return fail(format!("network mode is `{}`, not `none`", spec.network_mode));
+        return fail(format!(
+            "network mode is `{}`, not `none`",
+            spec.network_mode
+        ));
     }
     if !spec.readonly_rootfs {
         return fail("root filesystem is writable".into());
@@ -130,16 +133,26 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
         return fail(format!("user `{user}` is root or unset"));
     }
     if spec.cap_drop != ["ALL"] {
-        return fail(format!("capabilities dropped are {:?}, not [\"ALL\"]", spec.cap_drop));
+        return fail(format!(
+            "capabilities dropped are {:?}, not [\"ALL\"]",
+            spec.cap_drop
+        ));
     }
     if !spec.cap_add.is_empty() {
         return fail(format!("capabilities added: {:?}", spec.cap_add));
     }
-    if !spec.security_opt.iter().any(|o| o == "no-new-privileges" || o == "no-new-privileges:true") {
+    if !spec
+        .security_opt
+        .iter()
+        .any(|o| o == "no-new-privileges" || o == "no-new-privileges:true")
+    {
         return fail("no-new-privileges is not set".into());
     }
     if spec.security_opt.iter().any(|o| o.contains("unconfined")) {
-        return fail(format!("security options weaken confinement: {:?}", spec.security_opt));
+        return fail(format!(
+            "security options weaken confinement: {:?}",
+            spec.security_opt
+        ));
     }
     if spec.privileged {
         return fail("privileged mode".into());
@@ -260,7 +273,10 @@ mod tests {
         for (name, weaken) in weakenings {
             let mut s = spec();
             weaken(&mut s);
-            assert!(check(&s, WorkspaceAccess::ReadOnly).is_err(), "{name} was accepted");
+            assert!(
+                check(&s, WorkspaceAccess::ReadOnly).is_err(),
+                "{name} was accepted"
+            );
         }
     }
 

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use crate::config::SANDBOX_USER;
 
 fn sandbox_ids() -> (u64, u64) {
-    let mut parts = SANDBOX_USER.split(':').map(|p| p.parse::<u64>().unwrap_or(10001));
+    let mut parts = SANDBOX_USER
+        .split(':')
+        .map(|p| p.parse::<u64>().unwrap_or(10001));
     let uid = parts.next().unwrap_or(10001);
     (uid, parts.next().unwrap_or(uid))
 }
@@ -22,7 +24,14 @@ pub fn workspace_tar(source_file: &str, code: &str, files: &[(String, Vec<u8>)])
     let mut dirs = BTreeSet::new();
     for (path, _) in files {
         let mut prefix = String::new();
-        for part in path.split('/').collect::<Vec<_>>().iter().rev().skip(1).rev() {
+        for part in path
+            .split('/')
+            .collect::<Vec<_>>()
+            .iter()
+            .rev()
+            .skip(1)
+            .rev()
+        {
             if !prefix.is_empty() {
                 prefix.push('/');
             }
@@ -64,7 +73,11 @@ mod tests {
 
     #[test]
     fn workspace_tar_holds_source_files_and_their_directories() {
-        let tar = workspace_tar("main.py", "print(1)", &[("data/in.txt".into(), b"x".to_vec())]);
+        let tar = workspace_tar(
+            "main.py",
+            "print(1)",
+            &[("data/in.txt".into(), b"x".to_vec())],
+        );
         let mut archive = tar::Archive::new(tar.as_slice());
         let mut names = Vec::new();
         for e in archive.entries().unwrap() {

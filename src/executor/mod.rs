@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::engine::guard::RunResources;
 use crate::engine::posture::{self, PostureViolation, Resources, Workspace, WorkspaceAccess};
 use crate::engine::{
-    ContainerEngine, EngineError, Ending, Execution, StartOptions, LABEL_EXPIRES, LABEL_INSTANCE,
+    ContainerEngine, Ending, EngineError, Execution, StartOptions, LABEL_EXPIRES, LABEL_INSTANCE,
     LABEL_MANAGED, LABEL_RUN,
 };
 use crate::report::{CompileReport, RunReport, Stage, Status, Usage};
@@ -239,8 +239,18 @@ impl Executor {
             tmpfs_mb: sandbox.tmpfs_mb,
             max_file_size_mb: sandbox.max_file_size_mb,
         };
-        let prep_name = format!("codebox-{run_id}-{}", if lang.is_compiled() { "compile" } else { "load" });
-        let prep_cmd = lang.compile.clone().unwrap_or_else(|| vec!["true".to_string()]);
+        let prep_name = format!(
+            "codebox-{run_id}-{}",
+            if lang.is_compiled() {
+                "compile"
+            } else {
+                "load"
+            }
+        );
+        let prep_cmd = lang
+            .compile
+            .clone()
+            .unwrap_or_else(|| vec!["true".to_string()]);
         let prep = posture::locked_down(
             &prep_name,
             &lang.image.tag,
@@ -258,7 +268,9 @@ impl Executor {
         resources.track_container(&prep_name);
         self.engine.create_container(&prep).await?;
         let tar = archive::workspace_tar(&lang.source_file, &req.code, &req.files);
-        self.engine.upload(&prep_name, posture::WORKSPACE, tar).await?;
+        self.engine
+            .upload(&prep_name, posture::WORKSPACE, tar)
+            .await?;
 
         if lang.is_compiled() {
             report.stage = Some(Stage::Compile);
@@ -274,7 +286,12 @@ impl Executor {
                     cancel.clone(),
                 )
                 .await?;
-            let compiled = self.finish_compile(report, &exec, compile_limits.timeout_seconds, compile_limits.memory_mb);
+            let compiled = self.finish_compile(
+                report,
+                &exec,
+                compile_limits.timeout_seconds,
+                compile_limits.memory_mb,
+            );
             if !compiled {
                 return Ok(());
             }
@@ -329,7 +346,13 @@ impl Executor {
     }
 
     /// Record the compile stage; `true` if the run stage should follow.
-    fn finish_compile(&self, report: &mut RunReport, exec: &Execution, timeout: f64, memory_mb: u64) -> bool {
+    fn finish_compile(
+        &self,
+        report: &mut RunReport,
+        exec: &Execution,
+        timeout: f64,
+        memory_mb: u64,
+    ) -> bool {
         let o = outcome::classify(exec);
         let (status, message) = match o.status {
             Status::Succeeded => (Status::Succeeded, String::new()),
@@ -363,7 +386,11 @@ impl Executor {
         }
         report.status = status;
         report.exit_code = o.exit_code;
-        report.signal = if status == Status::CompileError { o.signal } else { None };
+        report.signal = if status == Status::CompileError {
+            o.signal
+        } else {
+            None
+        };
         report.message = message;
         false
     }

@@ -6,10 +6,37 @@ use crate::report::Status;
 /// Name of a Linux signal number.
 pub fn signal_name(n: i64) -> Option<&'static str> {
     const NAMES: [&str; 31] = [
-        "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
-        "SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT",
-        "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU",
-        "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR", "SIGSYS",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
     ];
     usize::try_from(n)
         .ok()
@@ -75,7 +102,10 @@ mod tests {
     fn exit_codes_map_to_statuses_and_signals() {
         assert_eq!(classify(&exited(0, "")).status, Status::Succeeded);
         let o = classify(&exited(3, ""));
-        assert_eq!((o.status, o.exit_code, o.signal), (Status::Failed, Some(3), None));
+        assert_eq!(
+            (o.status, o.exit_code, o.signal),
+            (Status::Failed, Some(3), None)
+        );
         let o = classify(&exited(139, ""));
         assert_eq!(o.signal.as_deref(), Some("SIGSEGV"));
         assert_eq!(o.status, Status::Failed);
@@ -85,7 +115,10 @@ mod tests {
     fn oom_needs_the_engine_flag_not_just_exit_137() {
         let plain_kill = exited(137, "");
         let o = classify(&plain_kill);
-        assert_eq!((o.status, o.signal.as_deref()), (Status::Failed, Some("SIGKILL")));
+        assert_eq!(
+            (o.status, o.signal.as_deref()),
+            (Status::Failed, Some("SIGKILL"))
+        );
         let mut oom = exited(137, "");
         oom.oom_killed = true;
         assert_eq!(classify(&oom).status, Status::OutOfMemory);

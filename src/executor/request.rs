@@ -114,7 +114,10 @@ fn limit(
         return Ok(default);
     };
     if !v.is_finite() {
-        return reject(field, format!("must be a finite number (1 to {} {unit})", fmt_num(ceiling)));
+        return reject(
+            field,
+            format!("must be a finite number (1 to {} {unit})", fmt_num(ceiling)),
+        );
     }
     if v <= 0.0 {
         return reject(
@@ -150,13 +153,19 @@ fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, Requ
     }
     let p = Path::new(path);
     if p.is_absolute() {
-        return reject(field, format!("`{path}` is absolute; use a path relative to the workspace"));
+        return reject(
+            field,
+            format!("`{path}` is absolute; use a path relative to the workspace"),
+        );
     }
     for c in p.components() {
         match c {
             Component::Normal(_) | Component::CurDir => {}
             Component::ParentDir => {
-                return reject(field, format!("`{path}` contains `..`; paths must stay inside the workspace"))
+                return reject(
+                    field,
+                    format!("`{path}` contains `..`; paths must stay inside the workspace"),
+                )
             }
             _ => return reject(field, format!("`{path}` must be a plain relative path")),
         }
@@ -171,19 +180,30 @@ fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, Requ
     }
     let joined = normal.join("/");
     if joined == source_file {
-        return reject(field, format!("`{path}` clashes with the source file `{source_file}`"));
+        return reject(
+            field,
+            format!("`{path}` clashes with the source file `{source_file}`"),
+        );
     }
     Ok(joined)
 }
 
 impl ValidRequest {
     /// Validate a request against the registry and the operator's limits.
-    pub fn new(req: RunRequest, registry: &Registry, config: &Config) -> Result<ValidRequest, RequestError> {
+    pub fn new(
+        req: RunRequest,
+        registry: &Registry,
+        config: &Config,
+    ) -> Result<ValidRequest, RequestError> {
         let Some(language) = registry.resolve(&req.language) else {
             let known: Vec<&str> = registry.languages.keys().map(String::as_str).collect();
             return reject(
                 "language",
-                format!("unknown language `{}`; supported: {}", req.language, known.join(", ")),
+                format!(
+                    "unknown language `{}`; supported: {}",
+                    req.language,
+                    known.join(", ")
+                ),
             );
         };
         let s = &config.sandbox;
@@ -193,14 +213,22 @@ impl ValidRequest {
         if req.code.len() > s.max_code_bytes {
             return reject(
                 "code",
-                format!("is {} bytes; the maximum is {} bytes", req.code.len(), s.max_code_bytes),
+                format!(
+                    "is {} bytes; the maximum is {} bytes",
+                    req.code.len(),
+                    s.max_code_bytes
+                ),
             );
         }
         let stdin = match req.stdin {
             Some(text) if text.len() > s.max_stdin_bytes => {
                 return reject(
                     "stdin",
-                    format!("is {} bytes; the maximum is {} bytes", text.len(), s.max_stdin_bytes),
+                    format!(
+                        "is {} bytes; the maximum is {} bytes",
+                        text.len(),
+                        s.max_stdin_bytes
+                    ),
                 )
             }
             Some(text) if !text.is_empty() => Some(text.into_bytes()),
@@ -208,13 +236,19 @@ impl ValidRequest {
         };
         let args = req.args.unwrap_or_default();
         if args.len() > s.max_args {
-            return reject("args", format!("has {} items; the maximum is {}", args.len(), s.max_args));
+            return reject(
+                "args",
+                format!("has {} items; the maximum is {}", args.len(), s.max_args),
+            );
         }
         for (i, a) in args.iter().enumerate() {
             if a.len() > s.max_arg_bytes || a.contains('\0') {
                 return reject(
                     format!("args[{i}]"),
-                    format!("must be at most {} bytes with no NUL character", s.max_arg_bytes),
+                    format!(
+                        "must be at most {} bytes with no NUL character",
+                        s.max_arg_bytes
+                    ),
                 );
             }
         }
@@ -222,7 +256,11 @@ impl ValidRequest {
         if raw_files.len() > s.max_files {
             return reject(
                 "files",
-                format!("has {} files; the maximum is {}", raw_files.len(), s.max_files),
+                format!(
+                    "has {} files; the maximum is {}",
+                    raw_files.len(),
+                    s.max_files
+                ),
             );
         }
         let mut files: Vec<(String, Vec<u8>)> = Vec::new();
@@ -234,8 +272,13 @@ impl ValidRequest {
                 return reject(field, format!("`{path}` appears twice"));
             }
             // A file may not be both a file and a directory of another file.
-            if files.iter().any(|(p, _)| p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/"))) {
-                return reject(field, format!("`{path}` clashes with another file's directory"));
+            if files.iter().any(|(p, _)| {
+                p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/"))
+            }) {
+                return reject(
+                    field,
+                    format!("`{path}` clashes with another file's directory"),
+                );
             }
             let content = match f.encoding.unwrap_or_default() {
                 Encoding::Utf8 => f.content.into_bytes(),
@@ -250,7 +293,10 @@ impl ValidRequest {
             if total > s.max_files_bytes {
                 return reject(
                     "files",
-                    format!("total {total}+ bytes; the maximum is {} bytes", s.max_files_bytes),
+                    format!(
+                        "total {total}+ bytes; the maximum is {} bytes",
+                        s.max_files_bytes
+                    ),
                 );
             }
             files.push((path, content));
@@ -266,10 +312,16 @@ impl ValidRequest {
             "MB",
         )?;
         if memory.fract() != 0.0 {
-            return reject("limits.memory_mb", format!("must be a whole number of MB; requested {memory}"));
+            return reject(
+                "limits.memory_mb",
+                format!("must be a whole number of MB; requested {memory}"),
+            );
         }
         if memory < 6.0 {
-            return reject("limits.memory_mb", format!("requested {memory} MB; the minimum is 6 MB"));
+            return reject(
+                "limits.memory_mb",
+                format!("requested {memory} MB; the minimum is 6 MB"),
+            );
         }
         let timeout = limit(
             "limits.timeout_seconds",
@@ -281,7 +333,10 @@ impl ValidRequest {
         )?;
         let cpus = limit("limits.cpus", l.cpus, d.cpus, c.cpus, "CPU", "cpus")?;
         if cpus < 0.01 {
-            return reject("limits.cpus", format!("requested {cpus} cpus; the minimum is 0.01"));
+            return reject(
+                "limits.cpus",
+                format!("requested {cpus} cpus; the minimum is 0.01"),
+            );
         }
         Ok(ValidRequest {
             language: language.clone(),

@@ -229,11 +229,14 @@ impl Registry {
 
     /// Languages served by one image.
     pub fn languages_of_image<'a>(&'a self, image: &'a str) -> impl Iterator<Item = &'a Language> {
-        self.languages.values().filter(move |l| l.image.name == image)
+        self.languages
+            .values()
+            .filter(move |l| l.image.name == image)
     }
 }
 
-const IDENT_RULE: &str = "must be lowercase letters, digits, `_`, `-` or `+`, starting with a letter";
+const IDENT_RULE: &str =
+    "must be lowercase letters, digits, `_`, `-` or `+`, starting with a letter";
 
 fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
@@ -254,8 +257,7 @@ fn is_safe_relative(s: &str) -> bool {
     let p = Path::new(s);
     !s.is_empty()
         && p.is_relative()
-        && p
-            .components()
+        && p.components()
             .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
@@ -310,7 +312,10 @@ fn validate_language(
         );
     }
     if raw.run.is_empty() || raw.run[0].is_empty() {
-        return err("run", "must be a non-empty command (a list of strings)".into());
+        return err(
+            "run",
+            "must be a non-empty command (a list of strings)".into(),
+        );
     }
     if let Some(c) = &raw.compile {
         if c.is_empty() || c[0].is_empty() {
@@ -357,7 +362,10 @@ fn validate_language(
     }
     let mut extensions = raw.extensions;
     if extensions.is_empty() {
-        if let Some(ext) = Path::new(&raw.source_file).extension().and_then(|e| e.to_str()) {
+        if let Some(ext) = Path::new(&raw.source_file)
+            .extension()
+            .and_then(|e| e.to_str())
+        {
             extensions.push(ext.to_ascii_lowercase());
         }
     }
@@ -366,7 +374,10 @@ fn validate_language(
         let Some(status) = Status::parse(&t.expect.status).filter(|s| s.is_terminal()) else {
             return err(
                 "tests.expect.status",
-                format!("`{}` is not a terminal status (sample `{}`)", t.expect.status, t.name),
+                format!(
+                    "`{}` is not a terminal status (sample `{}`)",
+                    t.expect.status, t.name
+                ),
             );
         };
         if tests.iter().any(|s: &Sample| s.name == t.name) {
@@ -440,7 +451,9 @@ run = ["python3", "main.py"]
     #[test]
     fn unknown_image_key_is_rejected_with_the_field() {
         let text = MINI.replace("image = \"python\"", "image = \"pyth\"");
-        let msg = Registry::parse(Path::new("l.toml"), &text).unwrap_err().to_string();
+        let msg = Registry::parse(Path::new("l.toml"), &text)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("field `image`"), "{msg}");
         assert!(msg.contains("pyth"), "{msg}");
     }
@@ -449,7 +462,9 @@ run = ["python3", "main.py"]
     fn unsafe_source_file_is_rejected() {
         for bad in ["../x.py", "/etc/x", ".hidden", "a/b.py", ""] {
             let text = MINI.replace("\"main.py\"", &format!("{bad:?}"));
-            let msg = Registry::parse(Path::new("l.toml"), &text).unwrap_err().to_string();
+            let msg = Registry::parse(Path::new("l.toml"), &text)
+                .unwrap_err()
+                .to_string();
             assert!(msg.contains("source_file"), "{bad}: {msg}");
         }
     }

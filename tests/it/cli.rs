@@ -42,9 +42,23 @@ fn run_prints_output_and_mirrors_the_exit_status() {
 #[test]
 fn run_json_prints_the_report() {
     let dir = tempfile::tempdir().unwrap();
-    let file = write_temp(&dir, "echo.txt", "import sys; print(sys.stdin.read().upper(), end='')");
+    let file = write_temp(
+        &dir,
+        "echo.txt",
+        "import sys; print(sys.stdin.read().upper(), end='')",
+    );
     let input = write_temp(&dir, "in.txt", "shout\n");
-    let out = codebox(&["run", &file, "--language", "py", "--stdin", &input, "--json", "--memory-mb", "128"]);
+    let out = codebox(&[
+        "run",
+        &file,
+        "--language",
+        "py",
+        "--stdin",
+        &input,
+        "--json",
+        "--memory-mb",
+        "128",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let report: RunReport = serde_json::from_slice(&out.stdout).expect("report JSON");
     assert_eq!(report.status, Status::Succeeded);
@@ -58,7 +72,11 @@ fn run_reports_compile_errors_and_timeouts_by_exit_status() {
     let bad = write_temp(&dir, "bad.py", "def f(:\n");
     let out = codebox(&["run", &bad]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("SyntaxError"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("SyntaxError"),
+        "{}",
+        text(&out.stderr)
+    );
     let slow = write_temp(&dir, "slow.py", "while True: pass");
     let out = codebox(&["run", &slow, "--timeout-seconds", "1"]);
     assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
@@ -71,7 +89,8 @@ fn run_rejects_limits_over_the_ceiling() {
     let out = codebox(&["run", &ok, "--memory-mb", "32768"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stderr).contains("limits.memory_mb: requested 32768 MB of memory; the maximum is 16384 MB"),
+        text(&out.stderr)
+            .contains("limits.memory_mb: requested 32768 MB of memory; the maximum is 16384 MB"),
         "{}",
         text(&out.stderr)
     );
@@ -99,7 +118,11 @@ fn unreachable_docker_is_one_clear_sentence() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stdout).contains("Docker is not reachable at unix:///nonexistent/docker.sock"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("Docker is not reachable at unix:///nonexistent/docker.sock"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
@@ -195,7 +218,11 @@ fn adding_a_language_needs_no_rust_change() {
 #[test]
 fn a_registry_with_an_unknown_field_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = write_temp(&dir, "languages.toml", &AWK_REGISTRY.replace("source_file", "colour = 1\nsource_file"));
+    let registry = write_temp(
+        &dir,
+        "languages.toml",
+        &AWK_REGISTRY.replace("source_file", "colour = 1\nsource_file"),
+    );
     let out = Command::new(codebox_bin())
         .arg("languages")
         .env("CODEBOX_LANGUAGES", &registry)
@@ -203,7 +230,10 @@ fn a_registry_with_an_unknown_field_is_refused_naming_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
-    assert!(err.contains("languages.toml") && err.contains("`awk`") && err.contains("colour"), "{err}");
+    assert!(
+        err.contains("languages.toml") && err.contains("`awk`") && err.contains("colour"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -223,7 +253,12 @@ fn printing_a_gigabyte_keeps_codebox_memory_bounded() {
         .spawn()
         .unwrap();
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     // wait4 gives this one child's peak resident set size.
     let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -235,5 +270,8 @@ fn printing_a_gigabyte_keeps_codebox_memory_bounded() {
     assert!(report.stdout_truncated);
     assert_eq!(report.stdout.len(), 1 << 20);
     let peak_mb = usage.ru_maxrss / 1024;
-    assert!(peak_mb < 64, "codebox peaked at {peak_mb} MB while relaying 1 GiB (cap 1 MiB)");
+    assert!(
+        peak_mb < 64,
+        "codebox peaked at {peak_mb} MB while relaying 1 GiB (cap 1 MiB)"
+    );
 }

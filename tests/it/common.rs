@@ -19,8 +19,10 @@ pub fn root() -> PathBuf {
 
 pub fn registry() -> Arc<Registry> {
     static R: OnceLock<Arc<Registry>> = OnceLock::new();
-    R.get_or_init(|| Arc::new(Registry::load(&root().join("languages.toml")).expect("shipped registry loads")))
-        .clone()
+    R.get_or_init(|| {
+        Arc::new(Registry::load(&root().join("languages.toml")).expect("shipped registry loads"))
+    })
+    .clone()
 }
 
 /// An instance id shared by every test of this process.
@@ -67,16 +69,30 @@ pub fn leftovers(run_id: &str) -> Vec<String> {
         vec!["ps", "-aq", "--filter", filter.as_str()],
         vec!["volume", "ls", "-q", "--filter", filter.as_str()],
     ] {
-        let out = Command::new("docker").args(&args).output().expect("docker CLI");
-        assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        found.extend(String::from_utf8_lossy(&out.stdout).lines().map(str::to_string));
+        let out = Command::new("docker")
+            .args(&args)
+            .output()
+            .expect("docker CLI");
+        assert!(
+            out.status.success(),
+            "docker {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        found.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string),
+        );
     }
     found
 }
 
 pub fn assert_no_leftovers(run_id: &str) {
     let left = leftovers(run_id);
-    assert!(left.is_empty(), "run {run_id} left containers or volumes behind: {left:?}");
+    assert!(
+        left.is_empty(),
+        "run {run_id} left containers or volumes behind: {left:?}"
+    );
 }
 
 pub fn codebox_bin() -> &'static Path {

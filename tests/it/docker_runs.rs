@@ -3,7 +3,7 @@
 
 use codebox::config::Config;
 use codebox::engine::docker::DockerEngine;
-use codebox::executor::{Encoding, FileInput, LimitsInput, RunRequest, ValidRequest, Executor};
+use codebox::executor::{Encoding, Executor, FileInput, LimitsInput, RunRequest, ValidRequest};
 use codebox::report::{Stage, Status};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,10 @@ fn limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>) -> Option<Limits
 
 #[tokio::test]
 async fn programs_run_as_a_non_root_user() {
-    let r = run(py("import os; print(os.getuid(), os.getgid(), os.geteuid())")).await;
+    let r = run(py(
+        "import os; print(os.getuid(), os.getgid(), os.geteuid())",
+    ))
+    .await;
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
     assert_eq!(r.stdout, "10001 10001 10001\n");
 }
@@ -44,7 +47,10 @@ async fn programs_have_no_capabilities() {
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
     let caps: Vec<&str> = r.stdout.lines().collect();
     assert_eq!(caps.len(), 4, "{}", r.stdout);
-    assert!(caps.iter().all(|c| c.chars().all(|d| d == '0')), "capabilities: {caps:?}");
+    assert!(
+        caps.iter().all(|c| c.chars().all(|d| d == '0')),
+        "capabilities: {caps:?}"
+    );
 }
 
 #[tokio::test]
@@ -89,7 +95,10 @@ for path in ['/probe', '/usr/probe', '/etc/probe']:
         print(path, errno.errorcode[e.errno])
 "#;
     let r = run(py(code)).await;
-    assert_eq!(r.stdout, "/probe EROFS\n/usr/probe EROFS\n/etc/probe EROFS\n", "{r:?}");
+    assert_eq!(
+        r.stdout, "/probe EROFS\n/usr/probe EROFS\n/etc/probe EROFS\n",
+        "{r:?}"
+    );
 }
 
 #[tokio::test]
@@ -157,8 +166,17 @@ print('forked', n)
 "#;
     let r = run(py(code)).await;
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
-    let n: i64 = r.stdout.trim().strip_prefix("forked ").unwrap().parse().unwrap();
-    assert!(n > 0 && n < 256, "forked {n} processes; the pids limit is 256");
+    let n: i64 = r
+        .stdout
+        .trim()
+        .strip_prefix("forked ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        n > 0 && n < 256,
+        "forked {n} processes; the pids limit is 256"
+    );
 }
 
 #[tokio::test]
@@ -167,7 +185,10 @@ async fn shell_fork_bomb_run_ends_and_is_cleaned_up() {
     req.limits = limits(None, Some(3.0));
     let r = run(req).await; // run() also checks that nothing is left behind
     assert!(
-        matches!(r.status, Status::TimedOut | Status::Failed | Status::Succeeded),
+        matches!(
+            r.status,
+            Status::TimedOut | Status::Failed | Status::Succeeded
+        ),
         "{r:?}"
     );
 }
@@ -177,7 +198,10 @@ async fn shell_fork_bomb_run_ends_and_is_cleaned_up() {
 #[tokio::test]
 async fn python_hello_succeeds() {
     let r = run(py("print('hello')")).await;
-    assert_eq!((r.status, r.stage, r.exit_code), (Status::Succeeded, Some(Stage::Run), Some(0)));
+    assert_eq!(
+        (r.status, r.stage, r.exit_code),
+        (Status::Succeeded, Some(Stage::Run), Some(0))
+    );
     assert_eq!(r.stdout, "hello\n");
     assert_eq!(r.compile.as_ref().unwrap().status, Status::Succeeded);
     assert!(r.image_id.as_deref().unwrap().starts_with("sha256:"));
@@ -186,15 +210,25 @@ async fn python_hello_succeeds() {
 
 #[tokio::test]
 async fn cpp_hello_succeeds() {
-    let r = run(cpp("#include <iostream>\nint main() { std::cout << \"hello\\n\"; }")).await;
-    assert_eq!((r.status, r.exit_code), (Status::Succeeded, Some(0)), "{r:?}");
+    let r = run(cpp(
+        "#include <iostream>\nint main() { std::cout << \"hello\\n\"; }",
+    ))
+    .await;
+    assert_eq!(
+        (r.status, r.exit_code),
+        (Status::Succeeded, Some(0)),
+        "{r:?}"
+    );
     assert_eq!(r.stdout, "hello\n");
 }
 
 #[tokio::test]
 async fn python_exit_code_is_reported() {
     let r = run(py("import sys; sys.exit(3)")).await;
-    assert_eq!((r.status, r.exit_code, r.signal.as_deref()), (Status::Failed, Some(3), None));
+    assert_eq!(
+        (r.status, r.exit_code, r.signal.as_deref()),
+        (Status::Failed, Some(3), None)
+    );
 }
 
 #[tokio::test]
@@ -205,7 +239,10 @@ async fn cpp_exit_code_is_reported() {
 
 #[tokio::test]
 async fn cpp_segfault_is_failed_with_sigsegv() {
-    let r = run(cpp("int main() { volatile int *p = nullptr; *p = 42; return 0; }")).await;
+    let r = run(cpp(
+        "int main() { volatile int *p = nullptr; *p = 42; return 0; }",
+    ))
+    .await;
     assert_eq!(r.status, Status::Failed, "{r:?}");
     assert_eq!(r.signal.as_deref(), Some("SIGSEGV"));
     assert_eq!(r.exit_code, Some(139));
@@ -214,13 +251,21 @@ async fn cpp_segfault_is_failed_with_sigsegv() {
 #[tokio::test]
 async fn python_segfault_is_failed_with_sigsegv() {
     let r = run(py("import ctypes; ctypes.string_at(0)")).await;
-    assert_eq!((r.status, r.signal.as_deref()), (Status::Failed, Some("SIGSEGV")), "{r:?}");
+    assert_eq!(
+        (r.status, r.signal.as_deref()),
+        (Status::Failed, Some("SIGSEGV")),
+        "{r:?}"
+    );
 }
 
 #[tokio::test]
 async fn python_syntax_error_is_a_compile_error() {
     let r = run(py("print('unclosed'")).await;
-    assert_eq!((r.status, r.stage), (Status::CompileError, Some(Stage::Compile)), "{r:?}");
+    assert_eq!(
+        (r.status, r.stage),
+        (Status::CompileError, Some(Stage::Compile)),
+        "{r:?}"
+    );
     let c = r.compile.unwrap();
     assert_eq!(c.status, Status::CompileError);
     assert!(c.stderr.contains("SyntaxError"), "{}", c.stderr);
@@ -230,10 +275,18 @@ async fn python_syntax_error_is_a_compile_error() {
 #[tokio::test]
 async fn cpp_compile_error_carries_the_compiler_message() {
     let r = run(cpp("int main() { return undeclared_name; }")).await;
-    assert_eq!((r.status, r.stage), (Status::CompileError, Some(Stage::Compile)), "{r:?}");
+    assert_eq!(
+        (r.status, r.stage),
+        (Status::CompileError, Some(Stage::Compile)),
+        "{r:?}"
+    );
     let c = r.compile.unwrap();
     assert!(c.stderr.contains("undeclared_name"), "{}", c.stderr);
-    assert!(c.stderr.contains("was not declared in this scope"), "{}", c.stderr);
+    assert!(
+        c.stderr.contains("was not declared in this scope"),
+        "{}",
+        c.stderr
+    );
 }
 
 #[tokio::test]
@@ -241,7 +294,11 @@ async fn python_infinite_loop_times_out_and_keeps_earlier_output() {
     let mut req = py("print('before', flush=True)\nwhile True: pass");
     req.limits = limits(None, Some(2.0));
     let r = run(req).await;
-    assert_eq!((r.status, r.stage), (Status::TimedOut, Some(Stage::Run)), "{r:?}");
+    assert_eq!(
+        (r.status, r.stage),
+        (Status::TimedOut, Some(Stage::Run)),
+        "{r:?}"
+    );
     assert_eq!(r.stdout, "before\n");
     assert_eq!(r.signal.as_deref(), Some("SIGKILL"));
     // A correctness bound, not a speed check: the program was killed at its deadline,
@@ -263,7 +320,11 @@ async fn python_memory_bomb_is_out_of_memory() {
     let mut req = py("print('start', flush=True)\na = []\nwhile True: a.append(bytearray(10**7))");
     req.limits = limits(Some(128.0), Some(20.0));
     let r = run(req).await;
-    assert_eq!((r.status, r.stage), (Status::OutOfMemory, Some(Stage::Run)), "{r:?}");
+    assert_eq!(
+        (r.status, r.stage),
+        (Status::OutOfMemory, Some(Stage::Run)),
+        "{r:?}"
+    );
     assert_eq!(r.stdout, "start\n");
     assert_eq!(r.exit_code, Some(137));
 }
@@ -362,7 +423,10 @@ async fn output_beyond_the_cap_is_counted_and_cut() {
     assert_eq!(r.stdout.len(), 1000);
     assert!(r.stdout_truncated);
     assert_eq!(r.stdout_bytes, 50_000_000);
-    assert_eq!((r.stderr.as_str(), r.stderr_truncated, r.stderr_bytes), ("eeeeeeeeee", false, 10));
+    assert_eq!(
+        (r.stderr.as_str(), r.stderr_truncated, r.stderr_bytes),
+        ("eeeeeeeeee", false, 10)
+    );
 }
 
 #[tokio::test]
@@ -375,7 +439,12 @@ async fn invalid_utf8_output_is_replaced_and_counted_raw() {
 #[tokio::test]
 async fn cancelling_a_run_stops_it_and_removes_its_containers() {
     let exec = common::docker_executor();
-    let valid = ValidRequest::new(py("import time; print('up', flush=True); time.sleep(60)"), &common::registry(), exec.config()).unwrap();
+    let valid = ValidRequest::new(
+        py("import time; print('up', flush=True); time.sleep(60)"),
+        &common::registry(),
+        exec.config(),
+    )
+    .unwrap();
     let id = codebox::executor::new_run_id();
     let cancel = CancellationToken::new();
     let stopper = cancel.clone();
@@ -398,9 +467,14 @@ async fn unreachable_docker_is_a_sandbox_error_that_says_where() {
         .await;
     assert_eq!(r.status, Status::SandboxError);
     assert!(
-        r.message.contains("Docker is not reachable at unix:///nonexistent/codebox-test.sock"),
+        r.message
+            .contains("Docker is not reachable at unix:///nonexistent/codebox-test.sock"),
         "{}",
         r.message
     );
-    assert!(r.message.contains("start the daemon or set DOCKER_HOST"), "{}", r.message);
+    assert!(
+        r.message.contains("start the daemon or set DOCKER_HOST"),
+        "{}",
+        r.message
+    );
 }

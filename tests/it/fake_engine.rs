@@ -45,7 +45,12 @@ async fn wait_until_clean(fake: &FakeEngine) {
 async fn every_container_spec_is_locked_down() {
     let fake = Arc::new(FakeEngine::new());
     let r = executor(&fake)
-        .execute("r1", &valid(request("python", "print(1)")), 0, CancellationToken::new())
+        .execute(
+            "r1",
+            &valid(request("python", "print(1)")),
+            0,
+            CancellationToken::new(),
+        )
         .await;
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     let specs = fake.specs();
@@ -67,8 +72,14 @@ async fn every_container_spec_is_locked_down() {
         assert_eq!(s.env.len(), 6, "minimal environment: {:?}", s.env);
     }
     let (compile, run) = (&specs[0], &specs[1]);
-    assert!(!compile.mounts[0].read_only, "compile stage writes the workspace");
-    assert!(run.mounts[0].read_only, "run stage must not write the workspace");
+    assert!(
+        !compile.mounts[0].read_only,
+        "compile stage writes the workspace"
+    );
+    assert!(
+        run.mounts[0].read_only,
+        "run stage must not write the workspace"
+    );
     assert_eq!(run.memory_bytes, 512 * 1024 * 1024);
     assert_eq!(run.nano_cpus, 1_000_000_000);
     assert_eq!(run.cmd, ["python3", "main.py"]);
@@ -79,7 +90,12 @@ async fn every_container_spec_is_locked_down() {
 async fn interpreted_languages_load_the_workspace_without_starting_a_loader() {
     let fake = Arc::new(FakeEngine::new());
     let r = executor(&fake)
-        .execute("r2", &valid(request("bash", "echo hi")), 0, CancellationToken::new())
+        .execute(
+            "r2",
+            &valid(request("bash", "echo hi")),
+            0,
+            CancellationToken::new(),
+        )
         .await;
     assert_eq!(r.status, Status::Succeeded);
     assert_eq!(fake.started(), 1, "only the run container is started");
@@ -92,10 +108,20 @@ async fn container_removed_when_upload_fails() {
     let fake = Arc::new(FakeEngine::new());
     fake.fail_at(Step::Upload);
     let r = executor(&fake)
-        .execute("r3", &valid(request("python", "print(1)")), 0, CancellationToken::new())
+        .execute(
+            "r3",
+            &valid(request("python", "print(1)")),
+            0,
+            CancellationToken::new(),
+        )
         .await;
     assert_eq!(r.status, Status::SandboxError);
-    assert!(r.message.contains("copying the code into the container failed"), "{}", r.message);
+    assert!(
+        r.message
+            .contains("copying the code into the container failed"),
+        "{}",
+        r.message
+    );
     assert_eq!(fake.specs().len(), 1);
     assert!(fake.live_containers().is_empty() && fake.live_volumes().is_empty());
 }
@@ -105,10 +131,19 @@ async fn container_removed_when_create_fails() {
     let fake = Arc::new(FakeEngine::new());
     fake.fail_at(Step::CreateContainer);
     let r = executor(&fake)
-        .execute("r4", &valid(request("python", "print(1)")), 0, CancellationToken::new())
+        .execute(
+            "r4",
+            &valid(request("python", "print(1)")),
+            0,
+            CancellationToken::new(),
+        )
         .await;
     assert_eq!(r.status, Status::SandboxError);
-    assert!(r.message.contains("creating the container failed"), "{}", r.message);
+    assert!(
+        r.message.contains("creating the container failed"),
+        "{}",
+        r.message
+    );
     assert!(fake.live_volumes().is_empty());
 }
 
@@ -122,7 +157,8 @@ async fn cancelled_token_stops_the_run_and_removes_containers() {
         let exec = exec.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            exec.execute("r5", &valid(request("bash", "sleep 100")), 0, cancel).await
+            exec.execute("r5", &valid(request("bash", "sleep 100")), 0, cancel)
+                .await
         })
     };
     while fake.started() == 0 {
@@ -142,8 +178,13 @@ async fn containers_removed_when_the_run_task_is_aborted() {
     let task = {
         let exec = exec.clone();
         tokio::spawn(async move {
-            exec.execute("r6", &valid(request("python", "x")), 0, CancellationToken::new())
-                .await
+            exec.execute(
+                "r6",
+                &valid(request("python", "x")),
+                0,
+                CancellationToken::new(),
+            )
+            .await
         })
     };
     while fake.started() == 0 {
@@ -163,12 +204,21 @@ async fn containers_removed_when_the_run_task_panics() {
     let task = {
         let exec = exec.clone();
         tokio::spawn(async move {
-            exec.execute("r8", &valid(request("bash", "true")), 0, CancellationToken::new())
-                .await
+            exec.execute(
+                "r8",
+                &valid(request("bash", "true")),
+                0,
+                CancellationToken::new(),
+            )
+            .await
         })
     };
     assert!(task.await.unwrap_err().is_panic());
-    assert_eq!(fake.specs().len(), 2, "the loader and the run container had been created");
+    assert_eq!(
+        fake.specs().len(),
+        2,
+        "the loader and the run container had been created"
+    );
     wait_until_clean(&fake).await;
 }
 
@@ -179,10 +229,19 @@ async fn failed_removals_are_retried_in_the_background() {
     // The compile container's removal fails once mid-run: a sandbox error, then cleanup.
     fake.fail_removals(2);
     let r = exec
-        .execute("r9", &valid(request("python", "print(1)")), 0, CancellationToken::new())
+        .execute(
+            "r9",
+            &valid(request("python", "print(1)")),
+            0,
+            CancellationToken::new(),
+        )
         .await;
     assert_eq!(r.status, Status::SandboxError);
-    assert!(r.message.contains("removing the container failed"), "{}", r.message);
+    assert!(
+        r.message.contains("removing the container failed"),
+        "{}",
+        r.message
+    );
     wait_until_clean(&fake).await;
 }
 
@@ -191,16 +250,32 @@ async fn compile_failure_skips_the_run_stage() {
     let fake = Arc::new(FakeEngine::new());
     fake.script(codebox::engine::fake::exited(1, ""));
     let r = executor(&fake)
-        .execute("r7", &valid(request("cpp", "int main(")), 0, CancellationToken::new())
+        .execute(
+            "r7",
+            &valid(request("cpp", "int main(")),
+            0,
+            CancellationToken::new(),
+        )
         .await;
-    assert_eq!((r.status, r.stage, r.exit_code), (Status::CompileError, Some(Stage::Compile), Some(1)));
-    assert_eq!(fake.specs().len(), 1, "no run container after a compile error");
+    assert_eq!(
+        (r.status, r.stage, r.exit_code),
+        (Status::CompileError, Some(Stage::Compile), Some(1))
+    );
+    assert_eq!(
+        fake.specs().len(),
+        1,
+        "no run container after a compile error"
+    );
     wait_until_clean(&fake).await;
 }
 
 // ---- rejections -----------------------------------------------------------------------------
 
-fn with_limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>, cpus: Option<f64>) -> RunRequest {
+fn with_limits(
+    memory_mb: Option<f64>,
+    timeout_seconds: Option<f64>,
+    cpus: Option<f64>,
+) -> RunRequest {
     RunRequest {
         limits: Some(LimitsInput {
             memory_mb,
@@ -214,7 +289,10 @@ fn with_limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>, cpus: Optio
 #[test]
 fn unknown_language_is_rejected_naming_the_choices() {
     let msg = reject(request("cobol", "x"));
-    assert!(msg.starts_with("language: unknown language `cobol`"), "{msg}");
+    assert!(
+        msg.starts_with("language: unknown language `cobol`"),
+        "{msg}"
+    );
     assert!(msg.contains("python"), "{msg}");
 }
 
@@ -233,7 +311,10 @@ fn empty_code_is_rejected() {
 fn oversized_code_is_rejected() {
     let big = "#".repeat(Config::default().sandbox.max_code_bytes + 1);
     let msg = reject(request("python", &big));
-    assert!(msg.starts_with("code: is 524289 bytes; the maximum is 524288 bytes"), "{msg}");
+    assert!(
+        msg.starts_with("code: is 524289 bytes; the maximum is 524288 bytes"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -282,8 +363,14 @@ fn non_positive_and_non_finite_limits_are_rejected() {
         (with_limits(Some(0.0), None, None), "limits.memory_mb"),
         (with_limits(Some(-5.0), None, None), "limits.memory_mb"),
         (with_limits(None, Some(0.0), None), "limits.timeout_seconds"),
-        (with_limits(None, Some(f64::NAN), None), "limits.timeout_seconds"),
-        (with_limits(None, Some(f64::INFINITY), None), "limits.timeout_seconds"),
+        (
+            with_limits(None, Some(f64::NAN), None),
+            "limits.timeout_seconds",
+        ),
+        (
+            with_limits(None, Some(f64::INFINITY), None),
+            "limits.timeout_seconds",
+        ),
         (with_limits(None, None, Some(-1.0)), "limits.cpus"),
         (with_limits(Some(100.5), None, None), "limits.memory_mb"),
     ] {
@@ -295,9 +382,15 @@ fn non_positive_and_non_finite_limits_are_rejected() {
 #[test]
 fn limits_within_ceilings_are_kept_exactly() {
     let v = valid(with_limits(Some(16384.0), Some(0.5), Some(4.0)));
-    assert_eq!((v.limits.memory_mb, v.limits.timeout_seconds, v.limits.cpus), (16384, 0.5, 4.0));
+    assert_eq!(
+        (v.limits.memory_mb, v.limits.timeout_seconds, v.limits.cpus),
+        (16384, 0.5, 4.0)
+    );
     let d = valid(request("python", "print(1)"));
-    assert_eq!((d.limits.memory_mb, d.limits.timeout_seconds, d.limits.cpus), (512, 30.0, 1.0));
+    assert_eq!(
+        (d.limits.memory_mb, d.limits.timeout_seconds, d.limits.cpus),
+        (512, 30.0, 1.0)
+    );
 }
 
 #[test]
@@ -331,7 +424,8 @@ fn too_many_files_are_rejected() {
 
 #[test]
 fn unknown_request_fields_are_rejected() {
-    let err = serde_json::from_str::<RunRequest>(r#"{"language":"python","code":"1","network":true}"#)
-        .unwrap_err();
+    let err =
+        serde_json::from_str::<RunRequest>(r#"{"language":"python","code":"1","network":true}"#)
+            .unwrap_err();
     assert!(err.to_string().contains("unknown field `network`"), "{err}");
 }

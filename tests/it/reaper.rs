@@ -52,7 +52,13 @@ async fn containers_of_dead_or_expired_instances_are_reaped_and_live_ones_kept()
     let alive = Instance::register(data.path());
     // A dead instance: its lock file is there but nobody holds the lock, as after SIGKILL.
     let dead_id = "deadinstance0000";
-    std::fs::write(data.path().join("instances").join(format!("{dead_id}.lock")), b"").unwrap();
+    std::fs::write(
+        data.path()
+            .join("instances")
+            .join(format!("{dead_id}.lock")),
+        b"",
+    )
+    .unwrap();
     let dead_run = create(&engine, dead_id, now() + 3600).await;
     let live_run = create(&engine, &alive.id, now() + 3600).await;
     let expired_run = create(&engine, "someotherhost", now() - 1).await;

@@ -10,8 +10,19 @@ use crate::common::{registry, root};
 fn shipped_registry_has_the_promised_languages() {
     let r = registry();
     for id in [
-        "python", "cpp", "c", "javascript", "typescript", "go", "rust", "java", "bash", "ruby",
-        "php", "lua", "perl",
+        "python",
+        "cpp",
+        "c",
+        "javascript",
+        "typescript",
+        "go",
+        "rust",
+        "java",
+        "bash",
+        "ruby",
+        "php",
+        "lua",
+        "perl",
     ] {
         assert!(r.languages.contains_key(id), "missing language {id}");
     }
@@ -45,11 +56,23 @@ fn every_image_has_a_locked_down_dockerfile() {
             .filter(|l| !l.starts_with('#'))
             .collect();
         let has = |p: &str| instructions.iter().any(|l| l.starts_with(p));
-        assert!(has("FROM debian:bookworm"), "{}: not Debian bookworm based", image.name);
+        assert!(
+            has("FROM debian:bookworm"),
+            "{}: not Debian bookworm based",
+            image.name
+        );
         assert!(has("USER 10001"), "{}: no non-root USER 10001", image.name);
         assert!(text.contains("/workspace"), "{}: no /workspace", image.name);
-        assert!(!has("CMD") && !has("ENTRYPOINT"), "{}: has CMD or ENTRYPOINT", image.name);
-        assert!(text.contains("rm -rf /var/lib/apt/lists"), "{}: keeps apt lists", image.name);
+        assert!(
+            !has("CMD") && !has("ENTRYPOINT"),
+            "{}: has CMD or ENTRYPOINT",
+            image.name
+        );
+        assert!(
+            text.contains("rm -rf /var/lib/apt/lists"),
+            "{}: keeps apt lists",
+            image.name
+        );
         assert!(image.tag.starts_with("codebox/"), "{}", image.tag);
     }
 }
@@ -57,9 +80,17 @@ fn every_image_has_a_locked_down_dockerfile() {
 #[test]
 fn every_language_entry_is_complete() {
     for lang in registry().languages.values() {
-        assert!(is_safe_file_name(&lang.source_file), "{}: source file", lang.id);
+        assert!(
+            is_safe_file_name(&lang.source_file),
+            "{}: source file",
+            lang.id
+        );
         assert!(lang.version.is_some(), "{}: no version command", lang.id);
-        assert!(!lang.extensions.is_empty(), "{}: no file extension", lang.id);
+        assert!(
+            !lang.extensions.is_empty(),
+            "{}: no file extension",
+            lang.id
+        );
         // Compiled languages run their artifact, not the source; interpreted ones run the source.
         if let Some(compile) = &lang.compile {
             assert!(!compile.is_empty());
@@ -92,11 +123,18 @@ fn every_language_has_the_four_kinds_of_smoke_sample() {
             s.expect.status == Status::Failed && matches!(s.expect.exit_code, Some(c) if c != 0)
         });
         let error = if lang.is_compiled() {
-            t.iter().any(|s| s.expect.status == Status::CompileError && s.expect.stderr_contains.is_some())
+            t.iter().any(|s| {
+                s.expect.status == Status::CompileError && s.expect.stderr_contains.is_some()
+            })
         } else {
-            t.iter().any(|s| s.expect.status == Status::Failed && s.expect.stderr_contains.is_some())
+            t.iter()
+                .any(|s| s.expect.status == Status::Failed && s.expect.stderr_contains.is_some())
         };
-        assert!(hello && stdin && exit && error, "{}: hello {hello}, stdin {stdin}, exit {exit}, error {error}", lang.id);
+        assert!(
+            hello && stdin && exit && error,
+            "{}: hello {hello}, stdin {stdin}, exit {exit}, error {error}",
+            lang.id
+        );
     }
 }
 
