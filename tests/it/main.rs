@@ -10,3 +10,4 @@ mod registry_file;
 mod mcp_support;
 mod runs;
 mod mcp_tools;
+mod http;

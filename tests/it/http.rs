@@ -1,0 +1,183 @@
+//! The Streamable HTTP transport in-process (axum on 127.0.0.1, port 0): bearer token, Host
+//! check, body cap, `/healthz`, `/metrics`, and the start-up rules for authentication.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use codebox::config::{Config, HttpPolicy};
+use codebox::engine::fake::FakeEngine;
+use codebox::mcp::CodeboxServer;
+use codebox::runs::RunManager;
+use codebox::transport::http::{resolve_auth, router, Token};
+use codebox::transport::ServeError;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp_support::{fake_manager, params};
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+const BODY_CAP: usize = 64 * 1024;
+
+struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn start(manager: RunManager, token: Option<&str>) -> Server {
+    let policy = HttpPolicy {
+        max_body_bytes: BODY_CAP,
+        ..HttpPolicy::default()
+    };
+    let stop = CancellationToken::new();
+    let app = router(CodeboxServer::new(manager), token.map(Token::new), &policy, stop.child_token());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ct = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { ct.cancelled().await })
+            .await
+    });
+    Server { addr, stop }
+}
+
+fn initialize() -> serde_json::Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+}
+
+async fn post(addr: SocketAddr, auth: Option<&str>, host: Option<&str>, body: String) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(format!("http://{addr}/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body);
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    if let Some(h) = host {
+        req = req.header("host", h);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn mcp_over_http_requires_the_bearer_token() {
+    let fake = Arc::new(FakeEngine::new());
+    let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
+    let body = initialize().to_string();
+    let r = post(s.addr, None, None, body.clone()).await;
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().get("www-authenticate").is_some());
+    for wrong in ["Bearer nope", &format!("Basic {TOKEN}"), &format!("Bearer {TOKEN}x"), "Bearer"] {
+        assert_eq!(post(s.addr, Some(wrong), None, body.clone()).await.status(), 401, "{wrong}");
+    }
+    assert_eq!(post(s.addr, Some(&format!("Bearer {TOKEN}")), None, body).await.status(), 200);
+
+    // A real MCP client with the token gets the tools and runs code.
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", s.addr)).auth_header(TOKEN),
+    );
+    let client = ().serve(transport).await.expect("client with token connects");
+    assert_eq!(client.list_all_tools().await.unwrap().len(), 6);
+    let res = client
+        .call_tool(params("run_code", json!({"language": "python", "code": "print(1)"})))
+        .await
+        .unwrap();
+    assert_eq!(res.structured_content.unwrap()["status"], "succeeded");
+    // Without it, the client cannot even initialize.
+    let transport = StreamableHttpClientTransport::from_uri(format!("http://{}/mcp", s.addr));
+    assert!(().serve(transport).await.is_err());
+}
+
+#[tokio::test]
+async fn a_wrong_host_header_is_refused_with_403() {
+    let fake = Arc::new(FakeEngine::new());
+    let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
+    let auth = format!("Bearer {TOKEN}");
+    let r = post(s.addr, Some(&auth), Some("evil.example.com"), initialize().to_string()).await;
+    assert_eq!(r.status(), 403);
+    let r = post(s.addr, Some(&auth), Some(&format!("localhost:{}", s.addr.port())), initialize().to_string()).await;
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_refused_with_413() {
+    let fake = Arc::new(FakeEngine::new());
+    let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
+    let mut big = initialize();
+    big["params"]["padding"] = json!("x".repeat(BODY_CAP + 1));
+    let r = post(s.addr, Some(&format!("Bearer {TOKEN}")), None, big.to_string()).await;
+    assert_eq!(r.status(), 413);
+}
+
+#[tokio::test]
+async fn healthz_needs_no_token_and_metrics_do() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let id = m.submit(codebox::executor::RunRequest {
+        language: "python".into(),
+        code: "print(1)".into(),
+        ..Default::default()
+    });
+    m.wait(&id.unwrap().run_id, std::time::Duration::from_secs(10)).await.unwrap();
+    let s = start(m, Some(TOKEN)).await;
+    let http = reqwest::Client::new();
+    let h = http.get(format!("http://{}/healthz", s.addr)).send().await.unwrap();
+    assert_eq!(h.status(), 200);
+    assert_eq!(h.json::<serde_json::Value>().await.unwrap()["status"], "ok");
+    let unauth = http.get(format!("http://{}/metrics", s.addr)).send().await.unwrap();
+    assert_eq!(unauth.status(), 401);
+    let m = http.get(format!("http://{}/metrics", s.addr)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(m.status(), 200);
+    let text = m.text().await.unwrap();
+    for needle in [
+        "codebox_runs_total{status=\"succeeded\",language=\"python\"} 1",
+        "codebox_queue_depth 0",
+        "codebox_active_runs 0",
+        "codebox_run_latency_seconds_bucket{le=\"+Inf\"} 1",
+        "codebox_run_latency_seconds_count 1",
+        "codebox_containers_reaped_total 0",
+        "# TYPE codebox_run_latency_seconds histogram",
+    ] {
+        assert!(text.contains(needle), "metrics lack `{needle}`:\n{text}");
+    }
+}
+
+#[test]
+fn http_refuses_to_start_without_a_token_unless_no_auth_on_loopback() {
+    let on = |listen: &str| {
+        let mut c = Config::default();
+        c.http.listen = listen.into();
+        c
+    };
+    assert!(matches!(resolve_auth(&on("127.0.0.1:0"), false, None), Err(ServeError::NoToken)));
+    assert!(matches!(resolve_auth(&on("0.0.0.0:8765"), false, None), Err(ServeError::NoToken)));
+    assert!(matches!(
+        resolve_auth(&on("0.0.0.0:8765"), true, None),
+        Err(ServeError::NoAuthOnPublicAddress(_))
+    ));
+    assert!(matches!(resolve_auth(&on("127.0.0.1:0"), true, None), Ok(None)));
+    assert!(matches!(resolve_auth(&on("[::1]:0"), true, None), Ok(None)));
+    assert!(resolve_auth(&on("127.0.0.1:0"), true, Some(TOKEN.into())).is_err(), "--no-auth with a token is ambiguous");
+    assert!(matches!(resolve_auth(&on("0.0.0.0:8765"), false, Some(TOKEN.into())), Ok(Some(_))));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let mut c = on("0.0.0.0:8765");
+    c.http.token_file = Some(file);
+    let token = resolve_auth(&c, false, None).unwrap().unwrap();
+    let header = reqwest::header::HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap();
+    assert!(token.accepts(Some(&header)), "the file's trailing newline is trimmed");
+    c.http.token_file = Some(dir.path().join("missing"));
+    assert!(matches!(resolve_auth(&c, false, None), Err(ServeError::TokenFile { .. })));
+}
