@@ -11,3 +11,4 @@ mod mcp_support;
 mod runs;
 mod mcp_tools;
 mod http;
+mod mcp_stdio;
