@@ -422,11 +422,13 @@ impl ContainerEngine for DockerEngine {
         });
 
         let started = Instant::now();
+        tracing::debug!(id, "attached");
         self.docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
             .map_err(|e| self.fail(EngineError::StartContainer, e))?;
 
+        tracing::debug!(id, ms = started.elapsed().as_millis() as u64, "started");
         let writer = tokio::spawn(async move {
             if let Some(data) = options.stdin {
                 let _ = input.write_all(&data).await;
@@ -495,6 +497,7 @@ impl ContainerEngine for DockerEngine {
             let _ = tokio::time::timeout(KILL_GRACE, &mut wait).await;
         }
         let duration = started.elapsed();
+        tracing::debug!(id, ms = duration.as_millis() as u64, ?ending, "ended");
         sampler.abort();
         writer.abort();
         if tokio::time::timeout(DRAIN_GRACE, &mut reader)

@@ -36,11 +36,9 @@ impl RunResources {
         self.volume = Some(name.to_string());
     }
 
-    /// Remove one container now (it stays tracked if removal fails).
-    pub async fn remove_container(&mut self, name: &str) -> Result<(), EngineError> {
-        self.engine.remove_container(name).await?;
+    /// Stop owning a container that was removed by other means.
+    pub fn untrack_container(&mut self, name: &str) {
         self.containers.retain(|c| c != name);
-        Ok(())
     }
 
     /// Remove everything, containers first (a volume in use cannot be removed). What could

@@ -296,7 +296,6 @@ impl Executor {
                 return Ok(());
             }
         }
-        resources.remove_container(&prep_name).await?;
         if cancel.is_cancelled() {
             report.status = Status::Stopped;
             report.message = "stopped before the program ran".into();
@@ -328,19 +327,27 @@ impl Executor {
         );
         posture::check(&run, WorkspaceAccess::ReadOnly)?;
         resources.track_container(&run_name);
-        self.engine.create_container(&run).await?;
-        let exec = self
-            .engine
-            .start_and_wait(
-                &run_name,
-                StartOptions {
-                    stdin: req.stdin.clone(),
-                    output_limit: sandbox.output_limit_bytes,
-                    timeout: Duration::from_secs_f64(req.limits.timeout_seconds),
-                },
-                cancel.clone(),
-            )
-            .await?;
+        // The finished compile (or loader) container is removed while the run goes on: off
+        // the critical path, still owned by the guard until it is gone.
+        let run_stage = async {
+            self.engine.create_container(&run).await?;
+            self.engine
+                .start_and_wait(
+                    &run_name,
+                    StartOptions {
+                        stdin: req.stdin.clone(),
+                        output_limit: sandbox.output_limit_bytes,
+                        timeout: Duration::from_secs_f64(req.limits.timeout_seconds),
+                    },
+                    cancel.clone(),
+                )
+                .await
+        };
+        let (removed, exec) = tokio::join!(self.engine.remove_container(&prep_name), run_stage);
+        if removed.is_ok() {
+            resources.untrack_container(&prep_name);
+        }
+        let exec = exec?;
         self.finish_run(report, &exec, req);
         Ok(())
     }

@@ -226,7 +226,8 @@ async fn containers_removed_when_the_run_task_panics() {
 async fn failed_removals_are_retried_in_the_background() {
     let fake = Arc::new(FakeEngine::new());
     let exec = executor(&fake);
-    // The compile container's removal fails once mid-run: a sandbox error, then cleanup.
+    // The compile container's removal fails twice (during the run, then at release): the
+    // run is unaffected and the container is removed by the background retry.
     fake.fail_removals(2);
     let r = exec
         .execute(
@@ -236,12 +237,7 @@ async fn failed_removals_are_retried_in_the_background() {
             CancellationToken::new(),
         )
         .await;
-    assert_eq!(r.status, Status::SandboxError);
-    assert!(
-        r.message.contains("removing the container failed"),
-        "{}",
-        r.message
-    );
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     wait_until_clean(&fake).await;
 }
 
