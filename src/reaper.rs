@@ -12,7 +12,15 @@ pub struct Reaped {
     pub volumes: usize,
 }
 
-fn abandoned(obj: &Leftover, own: &str, data_dir: &Path, now: u64) -> bool {
+/// `Instance::liveness` removes a dead instance's lock file, so a second look at the same
+/// instance would say `Unknown`: judge each instance once per sweep.
+fn abandoned(
+    obj: &Leftover,
+    own: &str,
+    data_dir: &Path,
+    now: u64,
+    seen: &mut std::collections::HashMap<String, Liveness>,
+) -> bool {
     let instance = obj
         .labels
         .get(LABEL_INSTANCE)
@@ -26,7 +34,11 @@ fn abandoned(obj: &Leftover, own: &str, data_dir: &Path, now: u64) -> bool {
         .get(LABEL_EXPIRES)
         .and_then(|e| e.parse::<u64>().ok())
         .is_none_or(|e| e <= now);
-    expired || Instance::liveness(data_dir, instance) == Liveness::Dead
+    expired
+        || *seen
+            .entry(instance.to_string())
+            .or_insert_with(|| Instance::liveness(data_dir, instance))
+            == Liveness::Dead
 }
 
 /// Remove every managed container and volume whose instance is dead or whose expiry passed.
@@ -41,14 +53,15 @@ pub async fn reap(
         .unwrap_or_default()
         .as_secs();
     let mut reaped = Reaped::default();
+    let mut seen = std::collections::HashMap::new();
     for c in engine.list_managed_containers().await? {
-        if abandoned(&c, own_instance, data_dir, now) {
+        if abandoned(&c, own_instance, data_dir, now, &mut seen) {
             engine.remove_container(&c.id).await?;
             reaped.containers += 1;
         }
     }
     for v in engine.list_managed_volumes().await? {
-        if abandoned(&v, own_instance, data_dir, now) {
+        if abandoned(&v, own_instance, data_dir, now, &mut seen) {
             match engine.remove_volume(&v.id).await {
                 Ok(()) => reaped.volumes += 1,
                 // Still used by a container of a live instance.

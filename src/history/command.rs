@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::registry::Registry;
 use crate::report::Status;
 
-use super::{History, HistoryError, Owner, Query, MAX_QUERY_LIMIT};
+use super::{History, HistoryError, Query, MAX_QUERY_LIMIT};
 
 /// `codebox history` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -55,13 +55,8 @@ pub async fn run(config: &Config, registry: &Registry, instance: &str, args: His
         }
         return Ok(0);
     }
-    let history = History::open(
-        &path,
-        Owner {
-            instance: instance.to_string(),
-            data_dir: config.data_dir.clone(),
-        },
-    );
+    let _ = instance;
+    let history = History::open_for_reading(&path);
     let runs = history
         .query(Query {
             limit: Some(args.limit),

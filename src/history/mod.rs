@@ -184,6 +184,16 @@ impl History {
     /// missing). Never fails: if the database cannot be opened, a warning is logged and
     /// every later write is dropped; queries then answer [`HistoryError::Unavailable`].
     pub fn open(path: &Path, owner: Owner) -> History {
+        History::start(path, Some(owner))
+    }
+
+    /// Open for queries only (`codebox history`): rows are not marked interrupted, since
+    /// judging another instance dead removes its lock file, which the server's reaper uses.
+    pub fn open_for_reading(path: &Path) -> History {
+        History::start(path, None)
+    }
+
+    fn start(path: &Path, owner: Option<Owner>) -> History {
         let (tx, rx) = mpsc::channel();
         let thread_path = path.to_path_buf();
         let spawned = std::thread::Builder::new()
@@ -255,7 +265,7 @@ impl History {
 }
 
 /// Open the database, migrate it, and mark rows of dead instances as interrupted.
-fn open_db(path: &Path, owner: &Owner) -> Result<Connection, rusqlite::Error> {
+fn open_db(path: &Path, owner: Option<&Owner>) -> Result<Connection, rusqlite::Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Err(e) = std::fs::create_dir_all(dir) {
             return Err(rusqlite::Error::ToSqlConversionFailure(Box::new(e)));
@@ -266,7 +276,9 @@ fn open_db(path: &Path, owner: &Owner) -> Result<Connection, rusqlite::Error> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     schema::migrate(&conn)?;
-    mark_interrupted(&conn, owner)?;
+    if let Some(owner) = owner {
+        mark_interrupted(&conn, owner)?;
+    }
     Ok(conn)
 }
 
@@ -292,8 +304,8 @@ fn mark_interrupted(conn: &Connection, owner: &Owner) -> Result<usize, rusqlite:
     Ok(marked)
 }
 
-fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
-    let conn = match open_db(&path, &owner) {
+fn actor(path: PathBuf, owner: Option<Owner>, rx: mpsc::Receiver<Command>) {
+    let conn = match open_db(&path, owner.as_ref()) {
         Ok(c) => Some(c),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot open the history database; runs will be served but not recorded");
@@ -318,7 +330,7 @@ fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
             continue;
         };
         let written = match cmd {
-            Command::Insert(run) => insert(conn, &run, &owner).map(|_| ()),
+            Command::Insert(run) => insert(conn, &run).map(|_| ()),
             Command::Started { run_id, at_ms } => conn
                 .execute(
                     "UPDATE runs SET status = 'running', started_at = ?2 WHERE id = ?1 AND status = 'queued'",
@@ -341,8 +353,7 @@ fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
     }
 }
 
-fn insert(conn: &Connection, r: &NewRun, owner: &Owner) -> Result<usize, rusqlite::Error> {
-    let _ = owner;
+fn insert(conn: &Connection, r: &NewRun) -> Result<usize, rusqlite::Error> {
     conn.execute(
         "INSERT OR IGNORE INTO runs (id, instance, created_at, language, memory_mb, timeout_seconds, cpus,
             status, code_sha256, code_bytes, code_preview, message)

@@ -119,6 +119,15 @@ impl Service {
         let instance_id = own.as_ref().map_or_else(|| ctx.instance.id.clone(), |i| i.id.clone());
         let config = Arc::new(config);
         let executor = Arc::new(Executor::new(ctx.engine.clone(), config.clone(), instance_id.clone()));
+        // Sweep first, then open the history: both judge whether earlier instances are dead,
+        // and that judgement removes a dead instance's lock file, so they must not race.
+        let reaped = match reaper::reap(ctx.engine.as_ref(), &instance_id, &config.data_dir).await {
+            Ok(r) => r.containers,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not sweep containers left by earlier instances");
+                0
+            }
+        };
         let history = History::open(
             &config.history_path(),
             Owner {
@@ -127,10 +136,7 @@ impl Service {
             },
         );
         let manager = RunManager::new(executor, ctx.registry.clone(), config.clone(), Some(history));
-        match reaper::reap(ctx.engine.as_ref(), &instance_id, &config.data_dir).await {
-            Ok(r) => manager.metrics().add_reaped(r.containers),
-            Err(e) => tracing::warn!(error = %e, "could not sweep containers left by earlier instances"),
-        }
+        manager.metrics().add_reaped(reaped);
         let server = CodeboxServer::new(manager.clone());
         Ok(Service {
             manager,

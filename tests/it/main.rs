@@ -12,3 +12,5 @@ mod runs;
 mod mcp_tools;
 mod http;
 mod mcp_stdio;
+mod mcp_load;
+mod mcp_crash;
