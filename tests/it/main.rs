@@ -14,3 +14,4 @@ mod http;
 mod mcp_stdio;
 mod mcp_load;
 mod mcp_crash;
+mod mcp_cli;

@@ -99,3 +99,20 @@ async fn runs_succeed_and_a_warning_is_logged_when_the_history_database_is_unwri
     stderr.read_to_string(&mut log).await.unwrap();
     assert!(log.contains("WARN") && log.contains("history"), "expected a warning about the history database:\n{log}");
 }
+
+#[tokio::test]
+async fn closing_the_stdio_session_stops_unfinished_runs_and_removes_their_containers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, _stderr) = spawn(&[("CODEBOX_DATA_DIR", dir.path().to_str().unwrap())]).await;
+    let started = client
+        .call_tool(params(
+            "start_run",
+            json!({"language": "python", "code": "import time\ntime.sleep(300)", "limits": {"timeout_seconds": 600}}),
+        ))
+        .await
+        .unwrap();
+    let id = started.structured_content.unwrap()["run_id"].as_str().unwrap().to_string();
+    crate::mcp_support::eventually(60, "the run's container exists", || !crate::common::leftovers(&id).is_empty()).await;
+    client.cancel().await.unwrap();
+    crate::mcp_support::eventually(60, "the run's containers are removed", || crate::common::leftovers(&id).is_empty()).await;
+}
