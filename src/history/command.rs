@@ -35,13 +35,23 @@ pub enum HistoryCommandError {
 }
 
 /// Print the history; returns the exit status.
-pub async fn run(config: &Config, registry: &Registry, instance: &str, args: HistoryArgs) -> Result<i32, HistoryCommandError> {
+pub async fn run(
+    config: &Config,
+    registry: &Registry,
+    instance: &str,
+    args: HistoryArgs,
+) -> Result<i32, HistoryCommandError> {
     if !(1..=MAX_QUERY_LIMIT).contains(&args.limit) {
-        return Err(HistoryCommandError::Argument(format!("limit: must be between 1 and {MAX_QUERY_LIMIT}; got {}", args.limit)));
+        return Err(HistoryCommandError::Argument(format!(
+            "limit: must be between 1 and {MAX_QUERY_LIMIT}; got {}",
+            args.limit
+        )));
     }
     let status = match args.status.as_deref() {
         None => None,
-        Some(s) => Some(Status::parse(s).ok_or_else(|| HistoryCommandError::Argument(format!("status: `{s}` is not a status")))?),
+        Some(s) => Some(Status::parse(s).ok_or_else(|| {
+            HistoryCommandError::Argument(format!("status: `{s}` is not a status"))
+        })?),
     };
     let language = args
         .language
@@ -65,7 +75,10 @@ pub async fn run(config: &Config, registry: &Registry, instance: &str, args: His
         })
         .await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&super::super::mcp::HistoryResult { runs })?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&super::super::mcp::HistoryResult { runs })?
+        );
         return Ok(0);
     }
     println!(
@@ -74,12 +87,23 @@ pub async fn run(config: &Config, registry: &Registry, instance: &str, args: His
     );
     for r in &runs {
         let created: String = r.created_at.chars().take(23).collect();
-        let duration = r.duration_ms.map_or_else(|| "-".to_string(), |d| format!("{:.2} s", d as f64 / 1000.0));
-        let exit = r.exit_code.map_or_else(|| "-".to_string(), |c| c.to_string());
+        let duration = r.duration_ms.map_or_else(
+            || "-".to_string(),
+            |d| format!("{:.2} s", d as f64 / 1000.0),
+        );
+        let exit = r
+            .exit_code
+            .map_or_else(|| "-".to_string(), |c| c.to_string());
         let message: String = r.message.chars().take(60).collect();
         println!(
             "{:<32}  {:<24}  {:<10}  {:<13}  {:>9}  {:>5}  {}",
-            r.run_id, created, r.language, r.status.as_str(), duration, exit, message
+            r.run_id,
+            created,
+            r.language,
+            r.status.as_str(),
+            duration,
+            exit,
+            message
         );
     }
     if runs.is_empty() {

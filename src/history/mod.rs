@@ -115,7 +115,14 @@ pub struct NewRun {
 
 impl NewRun {
     /// Describe a run about to be queued; the code is hashed and cut to the policy here.
-    pub fn new(run_id: &str, language: &str, limits: RunLimits, code: &str, policy: CodePolicy, instance: &str) -> NewRun {
+    pub fn new(
+        run_id: &str,
+        language: &str,
+        limits: RunLimits,
+        code: &str,
+        policy: CodePolicy,
+        instance: &str,
+    ) -> NewRun {
         NewRun {
             run_id: run_id.to_string(),
             language: language.to_string(),
@@ -157,10 +164,22 @@ type Reply<T> = oneshot::Sender<Result<T, HistoryError>>;
 
 enum Command {
     Insert(NewRun),
-    Started { run_id: String, at_ms: i64 },
-    Finish { report: Box<RunReport>, at_ms: i64 },
-    Query { query: Query, reply: Reply<Vec<HistoryRow>> },
-    Get { run_id: String, reply: Reply<Option<HistoryRow>> },
+    Started {
+        run_id: String,
+        at_ms: i64,
+    },
+    Finish {
+        report: Box<RunReport>,
+        at_ms: i64,
+    },
+    Query {
+        query: Query,
+        reply: Reply<Vec<HistoryRow>>,
+    },
+    Get {
+        run_id: String,
+        reply: Reply<Option<HistoryRow>>,
+    },
 }
 
 /// Handle to the history thread. Cheap to clone; every method returns at once except queries.
@@ -243,7 +262,8 @@ impl History {
     pub async fn query(&self, query: Query) -> Result<Vec<HistoryRow>, HistoryError> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Query { query, reply });
-        rx.await.unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
+        rx.await
+            .unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
     }
 
     /// One run's row.
@@ -253,7 +273,8 @@ impl History {
             run_id: run_id.to_string(),
             reply,
         });
-        rx.await.unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
+        rx.await
+            .unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
     }
 
     fn unavailable(&self, detail: &str) -> HistoryError {
@@ -283,13 +304,16 @@ fn open_db(path: &Path, owner: Option<&Owner>) -> Result<Connection, rusqlite::E
 }
 
 fn mark_interrupted(conn: &Connection, owner: &Owner) -> Result<usize, rusqlite::Error> {
-    let mut stmt = conn.prepare("SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')")?;
+    let mut stmt =
+        conn.prepare("SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')")?;
     let instances: Vec<String> = stmt
         .query_map([], |r| r.get::<_, String>(0))?
         .collect::<Result<_, _>>()?;
     let mut marked = 0;
     for instance in instances {
-        if instance == owner.instance || Instance::liveness(&owner.data_dir, &instance) == Liveness::Alive {
+        if instance == owner.instance
+            || Instance::liveness(&owner.data_dir, &instance) == Liveness::Alive
+        {
             continue;
         }
         marked += conn.execute(
@@ -299,7 +323,10 @@ fn mark_interrupted(conn: &Connection, owner: &Owner) -> Result<usize, rusqlite:
         )?;
     }
     if marked > 0 {
-        tracing::warn!(runs = marked, "marked runs of a crashed server as sandbox_error ({INTERRUPTED_MESSAGE})");
+        tracing::warn!(
+            runs = marked,
+            "marked runs of a crashed server as sandbox_error ({INTERRUPTED_MESSAGE})"
+        );
     }
     Ok(marked)
 }
@@ -407,7 +434,9 @@ const COLUMNS: &str = "id, created_at, started_at, ended_at, language, image_id,
 fn row(r: &rusqlite::Row<'_>) -> Result<HistoryRow, rusqlite::Error> {
     let status: String = r.get(9)?;
     let stage: Option<String> = r.get(10)?;
-    let opt_u64 = |i: usize| -> Result<Option<u64>, rusqlite::Error> { Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64)) };
+    let opt_u64 = |i: usize| -> Result<Option<u64>, rusqlite::Error> {
+        Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
+    };
     Ok(HistoryRow {
         run_id: r.get(0)?,
         created_at: rfc3339(r.get(1)?),
@@ -443,14 +472,20 @@ fn row(r: &rusqlite::Row<'_>) -> Result<HistoryRow, rusqlite::Error> {
 }
 
 fn select(conn: &Connection, q: &Query) -> Result<Vec<HistoryRow>, rusqlite::Error> {
-    let limit = q.limit.unwrap_or(DEFAULT_QUERY_LIMIT).clamp(1, MAX_QUERY_LIMIT) as i64;
+    let limit = q
+        .limit
+        .unwrap_or(DEFAULT_QUERY_LIMIT)
+        .clamp(1, MAX_QUERY_LIMIT) as i64;
     let sql = format!(
         "SELECT {COLUMNS} FROM runs
          WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR language = ?2)
          ORDER BY created_at DESC, rowid DESC LIMIT ?3"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params![q.status.map(Status::as_str), q.language, limit], row)?;
+    let rows = stmt.query_map(
+        params![q.status.map(Status::as_str), q.language, limit],
+        row,
+    )?;
     rows.collect()
 }
 
@@ -475,9 +510,18 @@ mod tests {
     fn code_preview_follows_the_policy() {
         let code = "é".repeat(600);
         assert_eq!(code_preview(&code, CodePolicy::None), None);
-        assert_eq!(code_preview(&code, CodePolicy::Preview).unwrap().chars().count(), 500);
+        assert_eq!(
+            code_preview(&code, CodePolicy::Preview)
+                .unwrap()
+                .chars()
+                .count(),
+            500
+        );
         assert_eq!(code_preview(&code, CodePolicy::Full).unwrap(), code);
-        assert_eq!(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[tokio::test]
@@ -489,8 +533,22 @@ mod tests {
             data_dir: dir.path().to_path_buf(),
         };
         let h = History::open(&path, owner("old"));
-        h.insert(NewRun::new("r1", "python", limits(), "print(1)", CodePolicy::Preview, "old"));
-        h.insert(NewRun::new("r2", "python", limits(), "print(2)", CodePolicy::Preview, "old"));
+        h.insert(NewRun::new(
+            "r1",
+            "python",
+            limits(),
+            "print(1)",
+            CodePolicy::Preview,
+            "old",
+        ));
+        h.insert(NewRun::new(
+            "r2",
+            "python",
+            limits(),
+            "print(2)",
+            CodePolicy::Preview,
+            "old",
+        ));
         h.started("r2");
         assert_eq!(h.query(Query::default()).await.unwrap().len(), 2);
         drop(h);
@@ -517,7 +575,14 @@ mod tests {
                 data_dir: dir.path().to_path_buf(),
             },
         );
-        h.insert(NewRun::new("r1", "python", limits(), "print(1)", CodePolicy::Preview, "x"));
+        h.insert(NewRun::new(
+            "r1",
+            "python",
+            limits(),
+            "print(1)",
+            CodePolicy::Preview,
+            "x",
+        ));
         let err = h.query(Query::default()).await.unwrap_err();
         assert!(matches!(err, HistoryError::Unavailable { .. }), "{err}");
     }

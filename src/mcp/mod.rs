@@ -56,7 +56,12 @@ impl CodeboxServer {
     fn run_arguments_text(manager: &RunManager) -> String {
         let c = manager.config();
         let (d, m) = (c.limits.defaults, c.limits.ceilings);
-        let ids: Vec<&str> = manager.registry().languages.keys().map(String::as_str).collect();
+        let ids: Vec<&str> = manager
+            .registry()
+            .languages
+            .keys()
+            .map(String::as_str)
+            .collect();
         let s = &c.sandbox;
         format!(
             "{n} languages: {ids}. Each run gets fresh containers with no network, a read-only root \
@@ -192,10 +197,16 @@ impl CodeboxServer {
             if let (Some(token), Some(p)) = (&token, self.manager.progress(&run_id)) {
                 if !p.status.is_terminal() {
                     let done = (p.elapsed.as_secs_f64() * 10.0).round() / 10.0;
-                    let done = if done > notified { done } else { notified + 0.1 };
+                    let done = if done > notified {
+                        done
+                    } else {
+                        notified + 0.1
+                    };
                     notified = done;
                     let message = match (p.status, p.queue_position) {
-                        (Status::Queued, Some(pos)) => format!("queued: number {pos} waiting for a slot"),
+                        (Status::Queued, Some(pos)) => {
+                            format!("queued: number {pos} waiting for a slot")
+                        }
                         _ => format!("running for {:.0} s", p.elapsed.as_secs_f64()),
                     };
                     let _ = ctx
@@ -223,7 +234,10 @@ impl CodeboxServer {
     }
 
     #[tool(description = "Start a program and return its run id at once.")]
-    async fn start_run(&self, Parameters(request): Parameters<RunRequest>) -> Result<Json<Accepted>, String> {
+    async fn start_run(
+        &self,
+        Parameters(request): Parameters<RunRequest>,
+    ) -> Result<Json<Accepted>, String> {
         self.manager.submit(request).map(Json).map_err(submit_error)
     }
 
@@ -247,8 +261,15 @@ impl CodeboxServer {
     }
 
     #[tool(description = "Stop a run.")]
-    async fn stop_run(&self, Parameters(p): Parameters<StopRunParams>) -> Result<Json<RunReport>, String> {
-        self.manager.stop(&p.run_id).await.map(Json).ok_or_else(|| self.unknown_run(&p.run_id))
+    async fn stop_run(
+        &self,
+        Parameters(p): Parameters<StopRunParams>,
+    ) -> Result<Json<RunReport>, String> {
+        self.manager
+            .stop(&p.run_id)
+            .await
+            .map(Json)
+            .ok_or_else(|| self.unknown_run(&p.run_id))
     }
 
     #[tool(description = "List the supported languages and limits.")]
@@ -278,13 +299,18 @@ impl CodeboxServer {
             None => None,
             Some(s) => Some(Status::parse(s).ok_or_else(|| {
                 let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
-                format!("invalid argument status: `{s}` is not a status; use one of {}", all.join(", "))
+                format!(
+                    "invalid argument status: `{s}` is not a status; use one of {}",
+                    all.join(", ")
+                )
             })?),
         };
-        let language = p.language.map(|l| match self.manager.registry().resolve(&l) {
-            Some(lang) => lang.id.clone(),
-            None => l,
-        });
+        let language = p
+            .language
+            .map(|l| match self.manager.registry().resolve(&l) {
+                Some(lang) => lang.id.clone(),
+                None => l,
+            });
         let Some(history) = self.manager.history() else {
             return Err("history: this server keeps no history".to_string());
         };

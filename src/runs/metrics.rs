@@ -11,7 +11,9 @@ use crate::report::RunReport;
 use super::Stats;
 
 /// Upper bounds (seconds) of the run latency histogram buckets.
-pub const LATENCY_BUCKETS: [f64; 11] = [0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
+pub const LATENCY_BUCKETS: [f64; 11] = [
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
 
 #[derive(Default)]
 struct Histogram {
@@ -34,7 +36,12 @@ pub struct Metrics {
 impl Metrics {
     pub(super) fn record(&self, report: &RunReport) {
         let key = (report.status.as_str().to_string(), report.language.clone());
-        *self.finished.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_default() += 1;
+        *self
+            .finished
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default() += 1;
         let seconds = (report.queued_ms + report.duration_ms) as f64 / 1000.0;
         let mut h = self.latency.lock().unwrap_or_else(|p| p.into_inner());
         for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
@@ -52,7 +59,8 @@ impl Metrics {
 
     /// Count containers the reaper removed (left by crashed instances).
     pub fn add_reaped(&self, containers: usize) {
-        self.containers_reaped.fetch_add(containers as u64, Ordering::Relaxed);
+        self.containers_reaped
+            .fetch_add(containers as u64, Ordering::Relaxed);
     }
 
     /// Finished runs with this status, all languages.
@@ -70,24 +78,49 @@ impl Metrics {
     pub fn render(&self, stats: &Stats) -> String {
         let mut out = String::new();
         let w = &mut out;
-        let _ = writeln!(w, "# HELP codebox_runs_total Runs that reached a final status, by status and language.");
+        let _ = writeln!(
+            w,
+            "# HELP codebox_runs_total Runs that reached a final status, by status and language."
+        );
         let _ = writeln!(w, "# TYPE codebox_runs_total counter");
-        for ((status, language), n) in self.finished.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(w, "codebox_runs_total{{status=\"{status}\",language=\"{}\"}} {n}", escape(language));
+        for ((status, language), n) in self
+            .finished
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                w,
+                "codebox_runs_total{{status=\"{status}\",language=\"{}\"}} {n}",
+                escape(language)
+            );
         }
-        let _ = writeln!(w, "# HELP codebox_runs_rejected_total Runs refused because the queue was full.");
+        let _ = writeln!(
+            w,
+            "# HELP codebox_runs_rejected_total Runs refused because the queue was full."
+        );
         let _ = writeln!(w, "# TYPE codebox_runs_rejected_total counter");
-        let _ = writeln!(w, "codebox_runs_rejected_total{{reason=\"queue_full\"}} {}", self.rejected_queue_full.load(Ordering::Relaxed));
+        let _ = writeln!(
+            w,
+            "codebox_runs_rejected_total{{reason=\"queue_full\"}} {}",
+            self.rejected_queue_full.load(Ordering::Relaxed)
+        );
         let _ = writeln!(w, "# HELP codebox_queue_depth Runs waiting for a slot.");
         let _ = writeln!(w, "# TYPE codebox_queue_depth gauge");
         let _ = writeln!(w, "codebox_queue_depth {}", stats.queued);
         let _ = writeln!(w, "# HELP codebox_active_runs Runs executing now.");
         let _ = writeln!(w, "# TYPE codebox_active_runs gauge");
         let _ = writeln!(w, "codebox_active_runs {}", stats.active);
-        let _ = writeln!(w, "# HELP codebox_active_runs_peak The most runs that executed at once since start.");
+        let _ = writeln!(
+            w,
+            "# HELP codebox_active_runs_peak The most runs that executed at once since start."
+        );
         let _ = writeln!(w, "# TYPE codebox_active_runs_peak gauge");
         let _ = writeln!(w, "codebox_active_runs_peak {}", stats.peak_active);
-        let _ = writeln!(w, "# HELP codebox_active_memory_mb Memory charged to executing runs, in MB.");
+        let _ = writeln!(
+            w,
+            "# HELP codebox_active_memory_mb Memory charged to executing runs, in MB."
+        );
         let _ = writeln!(w, "# TYPE codebox_active_memory_mb gauge");
         let _ = writeln!(w, "codebox_active_memory_mb {}", stats.active_memory_mb);
         let _ = writeln!(w, "# HELP codebox_run_latency_seconds Time from acceptance to the final status (queue wait included).");
@@ -95,19 +128,34 @@ impl Metrics {
         {
             let h = self.latency.lock().unwrap_or_else(|p| p.into_inner());
             for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-                let _ = writeln!(w, "codebox_run_latency_seconds_bucket{{le=\"{bound}\"}} {}", h.buckets[i]);
+                let _ = writeln!(
+                    w,
+                    "codebox_run_latency_seconds_bucket{{le=\"{bound}\"}} {}",
+                    h.buckets[i]
+                );
             }
-            let _ = writeln!(w, "codebox_run_latency_seconds_bucket{{le=\"+Inf\"}} {}", h.count);
+            let _ = writeln!(
+                w,
+                "codebox_run_latency_seconds_bucket{{le=\"+Inf\"}} {}",
+                h.count
+            );
             let _ = writeln!(w, "codebox_run_latency_seconds_sum {}", h.sum);
             let _ = writeln!(w, "codebox_run_latency_seconds_count {}", h.count);
         }
         let _ = writeln!(w, "# HELP codebox_containers_reaped_total Containers left by crashed instances that this server removed.");
         let _ = writeln!(w, "# TYPE codebox_containers_reaped_total counter");
-        let _ = writeln!(w, "codebox_containers_reaped_total {}", self.containers_reaped.load(Ordering::Relaxed));
+        let _ = writeln!(
+            w,
+            "codebox_containers_reaped_total {}",
+            self.containers_reaped.load(Ordering::Relaxed)
+        );
         out
     }
 }
 
 fn escape(label: &str) -> String {
-    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

@@ -91,9 +91,16 @@ pub struct Stats {
 }
 
 enum Phase {
-    Queued { request: Box<ValidRequest> },
-    Running { started: Instant },
-    Done { report: Arc<RunReport>, ended: Instant },
+    Queued {
+        request: Box<ValidRequest>,
+    },
+    Running {
+        started: Instant,
+    },
+    Done {
+        report: Arc<RunReport>,
+        ended: Instant,
+    },
 }
 
 struct Run {
@@ -238,7 +245,11 @@ impl RunManager {
         let limits = valid.limits;
         let budget = Duration::from_secs_f64(
             limits.timeout_seconds
-                + if valid.language.is_compiled() { valid.language.compile_limits.timeout_seconds } else { 0.0 },
+                + if valid.language.is_compiled() {
+                    valid.language.compile_limits.timeout_seconds
+                } else {
+                    0.0
+                },
         );
         if let Some(h) = &self.inner.history {
             h.insert(NewRun::new(
@@ -294,7 +305,9 @@ impl RunManager {
             let run_id = st.queue.pop_front().expect("head exists");
             let run = st.runs.get_mut(&run_id).expect("queued run exists");
             let now = Instant::now();
-            let Phase::Queued { request } = std::mem::replace(&mut run.phase, Phase::Running { started: now }) else {
+            let Phase::Queued { request } =
+                std::mem::replace(&mut run.phase, Phase::Running { started: now })
+            else {
                 continue;
             };
             let queued_ms = now.duration_since(run.accepted).as_millis() as u64;
@@ -309,10 +322,17 @@ impl RunManager {
         }
     }
 
-    fn launch(&self, run_id: String, request: ValidRequest, queued_ms: u64, cancel: CancellationToken) {
+    fn launch(
+        &self,
+        run_id: String,
+        request: ValidRequest,
+        queued_ms: u64,
+        cancel: CancellationToken,
+    ) {
         let executor = self.inner.executor.clone();
         let id = run_id.clone();
-        let task = tokio::spawn(async move { executor.execute(&id, &request, queued_ms, cancel).await });
+        let task =
+            tokio::spawn(async move { executor.execute(&id, &request, queued_ms, cancel).await });
         let manager = self.clone();
         tokio::spawn(async move {
             let outcome = task.await.map_err(|e| {
@@ -379,9 +399,16 @@ impl RunManager {
             Phase::Done { report, .. } => (**report).clone(),
             Phase::Queued { .. } => {
                 let mut r = run.base.clone();
-                let pos = st.queue.iter().position(|id| id == run_id).map_or(0, |p| p + 1);
+                let pos = st
+                    .queue
+                    .iter()
+                    .position(|id| id == run_id)
+                    .map_or(0, |p| p + 1);
                 r.queued_ms = run.accepted.elapsed().as_millis() as u64;
-                r.message = format!("waiting for a free slot: number {pos} of {} in the queue", st.queue.len());
+                r.message = format!(
+                    "waiting for a free slot: number {pos} of {} in the queue",
+                    st.queue.len()
+                );
                 r
             }
             Phase::Running { started } => {
@@ -400,7 +427,10 @@ impl RunManager {
         let st = self.lock();
         let run = st.runs.get(run_id)?;
         let (status, queue_position) = match &run.phase {
-            Phase::Queued { .. } => (Status::Queued, st.queue.iter().position(|id| id == run_id).map(|p| p + 1)),
+            Phase::Queued { .. } => (
+                Status::Queued,
+                st.queue.iter().position(|id| id == run_id).map(|p| p + 1),
+            ),
             Phase::Running { .. } => (Status::Running, None),
             Phase::Done { report, .. } => (report.status, None),
         };
@@ -452,7 +482,11 @@ impl RunManager {
             active: st.active,
             active_memory_mb: st.active_memory_mb,
             peak_active: st.peak_active,
-            retained: st.runs.values().filter(|r| matches!(r.phase, Phase::Done { .. })).count(),
+            retained: st
+                .runs
+                .values()
+                .filter(|r| matches!(r.phase, Phase::Done { .. }))
+                .count(),
         }
     }
 

@@ -66,13 +66,21 @@ impl std::fmt::Debug for Token {
 
 /// Decide how `/mcp` is protected: `CODEBOX_TOKEN` (the `env_token` argument) or the token
 /// file, or nothing with `--no-auth` on a loopback address.
-pub fn resolve_auth(config: &Config, no_auth: bool, env_token: Option<String>) -> Result<Option<Token>, ServeError> {
-    let addr: SocketAddr = config
-        .http
-        .listen
-        .parse()
-        .map_err(|_| ServeError::Invalid(format!("setting `http.listen` = {:?} is not an address", config.http.listen)))?;
-    let secret = match (&config.http.token_file, env_token.filter(|t| !t.trim().is_empty())) {
+pub fn resolve_auth(
+    config: &Config,
+    no_auth: bool,
+    env_token: Option<String>,
+) -> Result<Option<Token>, ServeError> {
+    let addr: SocketAddr = config.http.listen.parse().map_err(|_| {
+        ServeError::Invalid(format!(
+            "setting `http.listen` = {:?} is not an address",
+            config.http.listen
+        ))
+    })?;
+    let secret = match (
+        &config.http.token_file,
+        env_token.filter(|t| !t.trim().is_empty()),
+    ) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path).map_err(|source| ServeError::TokenFile {
                 path: path.clone(),
@@ -80,7 +88,10 @@ pub fn resolve_auth(config: &Config, no_auth: bool, env_token: Option<String>) -
             })?;
             let t = text.trim().to_string();
             if t.is_empty() {
-                return Err(ServeError::Invalid(format!("the token file {} is empty", path.display())));
+                return Err(ServeError::Invalid(format!(
+                    "the token file {} is empty",
+                    path.display()
+                )));
             }
             Some(t)
         }
@@ -141,11 +152,23 @@ async fn healthz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let body = state.manager.metrics().render(&state.manager.stats());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 /// The whole HTTP application. `ct` ends open MCP streams at shutdown.
-pub fn router(server: CodeboxServer, token: Option<Token>, policy: &HttpPolicy, ct: CancellationToken) -> Router {
+pub fn router(
+    server: CodeboxServer,
+    token: Option<Token>,
+    policy: &HttpPolicy,
+    ct: CancellationToken,
+) -> Router {
     let manager = server.manager().clone();
     let mcp_config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(policy.allowed_hosts.clone())
@@ -162,7 +185,10 @@ pub fn router(server: CodeboxServer, token: Option<Token>, policy: &HttpPolicy, 
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state.clone());
-    Router::new().route("/healthz", get(healthz)).with_state(state).merge(protected)
+    Router::new()
+        .route("/healthz", get(healthz))
+        .with_state(state)
+        .merge(protected)
 }
 
 /// Bind the listen address and serve until `shutdown` resolves.
@@ -175,14 +201,29 @@ pub async fn serve(
     let addr = config.http.listen.clone();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
-        .map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
-    let local = listener.local_addr().map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
+        .map_err(|source| ServeError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: addr.clone(),
+        source,
+    })?;
     let ct = CancellationToken::new();
-    let app = router(service.server.clone(), token.clone(), &config.http, ct.child_token());
+    let app = router(
+        service.server.clone(),
+        token.clone(),
+        &config.http,
+        ct.child_token(),
+    );
     // The one line on stderr a supervisor (or a test using port 0) reads to find the port.
     eprintln!(
         "codebox: serving MCP at http://{local}/mcp ({})",
-        if token.is_some() { "bearer token required" } else { "no authentication" }
+        if token.is_some() {
+            "bearer token required"
+        } else {
+            "no authentication"
+        }
     );
     let stop = ct.clone();
     axum::serve(listener, app)

@@ -60,12 +60,20 @@ pub enum ServeError {
     Invalid(String),
     #[error("the HTTP transport needs a bearer token: set CODEBOX_TOKEN or pass --token-file FILE (on a loopback address, --no-auth serves without one)")]
     NoToken,
-    #[error("--no-auth is only allowed on a loopback address; {0} is not one. Set a token instead")]
+    #[error(
+        "--no-auth is only allowed on a loopback address; {0} is not one. Set a token instead"
+    )]
     NoAuthOnPublicAddress(String),
     #[error("cannot read the token file {path}: {source}")]
-    TokenFile { path: PathBuf, source: std::io::Error },
+    TokenFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("the MCP session failed: {0}")]
     Session(String),
 }
@@ -82,7 +90,9 @@ pub fn effective_config(
     let mut sets: Vec<(String, String)> = Vec::new();
     for item in &args.set {
         let Some((k, v)) = item.split_once('=') else {
-            return Err(ServeError::Invalid(format!("--set {item}: expected SETTING=VALUE")));
+            return Err(ServeError::Invalid(format!(
+                "--set {item}: expected SETTING=VALUE"
+            )));
         };
         sets.push((k.trim().to_string(), v.to_string()));
     }
@@ -93,9 +103,11 @@ pub fn effective_config(
         sets.push(("http.token_file".into(), f.display().to_string()));
     }
     for (setting, value) in sets {
-        config
-            .set(&setting, &value)
-            .map_err(|reason| ServeError::Invalid(format!("setting `{setting}` = {value:?} is invalid: {reason}")))?;
+        config.set(&setting, &value).map_err(|reason| {
+            ServeError::Invalid(format!(
+                "setting `{setting}` = {value:?} is invalid: {reason}"
+            ))
+        })?;
     }
     config.validate()?;
     Ok(config)
@@ -115,10 +127,17 @@ impl Service {
         runs::check_budget(&ctx.registry, &config).map_err(ServeError::Invalid)?;
         // The instance lock must live in the effective data directory, where other instances
         // (and the next start after a crash) look for it.
-        let own = (config.data_dir != ctx.config.data_dir).then(|| Instance::register(&config.data_dir));
-        let instance_id = own.as_ref().map_or_else(|| ctx.instance.id.clone(), |i| i.id.clone());
+        let own =
+            (config.data_dir != ctx.config.data_dir).then(|| Instance::register(&config.data_dir));
+        let instance_id = own
+            .as_ref()
+            .map_or_else(|| ctx.instance.id.clone(), |i| i.id.clone());
         let config = Arc::new(config);
-        let executor = Arc::new(Executor::new(ctx.engine.clone(), config.clone(), instance_id.clone()));
+        let executor = Arc::new(Executor::new(
+            ctx.engine.clone(),
+            config.clone(),
+            instance_id.clone(),
+        ));
         // Sweep first, then open the history: both judge whether earlier instances are dead,
         // and that judgement removes a dead instance's lock file, so they must not race.
         let reaped = match reaper::reap(ctx.engine.as_ref(), &instance_id, &config.data_dir).await {
@@ -135,7 +154,12 @@ impl Service {
                 data_dir: config.data_dir.clone(),
             },
         );
-        let manager = RunManager::new(executor, ctx.registry.clone(), config.clone(), Some(history));
+        let manager = RunManager::new(
+            executor,
+            ctx.registry.clone(),
+            config.clone(),
+            Some(history),
+        );
         manager.metrics().add_reaped(reaped);
         let server = CodeboxServer::new(manager.clone());
         Ok(Service {
@@ -154,7 +178,9 @@ pub async fn serve(ctx: &Context, args: ServeArgs) -> Result<i32, ServeError> {
         return Ok(0);
     }
     let token = match args.transport {
-        TransportKind::Http => http::resolve_auth(&config, args.no_auth, std::env::var("CODEBOX_TOKEN").ok())?,
+        TransportKind::Http => {
+            http::resolve_auth(&config, args.no_auth, std::env::var("CODEBOX_TOKEN").ok())?
+        }
         TransportKind::Stdio => None,
     };
     let service = Service::start(ctx, config.clone()).await?;
@@ -173,13 +199,14 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

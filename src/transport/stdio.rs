@@ -9,7 +9,10 @@ use super::ServeError;
 use crate::mcp::CodeboxServer;
 
 /// Serve one MCP session on stdio until the client closes stdin or `shutdown` resolves.
-pub async fn serve(server: CodeboxServer, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+pub async fn serve(
+    server: CodeboxServer,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let running = server
         .serve(rmcp::transport::stdio())
         .await

@@ -38,7 +38,12 @@ async fn start(manager: RunManager, token: Option<&str>) -> Server {
         ..HttpPolicy::default()
     };
     let stop = CancellationToken::new();
-    let app = router(CodeboxServer::new(manager), token.map(Token::new), &policy, stop.child_token());
+    let app = router(
+        CodeboxServer::new(manager),
+        token.map(Token::new),
+        &policy,
+        stop.child_token(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ct = stop.clone();
@@ -55,7 +60,12 @@ fn initialize() -> serde_json::Value {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
 }
 
-async fn post(addr: SocketAddr, auth: Option<&str>, host: Option<&str>, body: String) -> reqwest::Response {
+async fn post(
+    addr: SocketAddr,
+    auth: Option<&str>,
+    host: Option<&str>,
+    body: String,
+) -> reqwest::Response {
     let mut req = reqwest::Client::new()
         .post(format!("http://{addr}/mcp"))
         .header("content-type", "application/json")
@@ -78,19 +88,37 @@ async fn mcp_over_http_requires_the_bearer_token() {
     let r = post(s.addr, None, None, body.clone()).await;
     assert_eq!(r.status(), 401);
     assert!(r.headers().get("www-authenticate").is_some());
-    for wrong in ["Bearer nope", &format!("Basic {TOKEN}"), &format!("Bearer {TOKEN}x"), "Bearer"] {
-        assert_eq!(post(s.addr, Some(wrong), None, body.clone()).await.status(), 401, "{wrong}");
+    for wrong in [
+        "Bearer nope",
+        &format!("Basic {TOKEN}"),
+        &format!("Bearer {TOKEN}x"),
+        "Bearer",
+    ] {
+        assert_eq!(
+            post(s.addr, Some(wrong), None, body.clone()).await.status(),
+            401,
+            "{wrong}"
+        );
     }
-    assert_eq!(post(s.addr, Some(&format!("Bearer {TOKEN}")), None, body).await.status(), 200);
+    assert_eq!(
+        post(s.addr, Some(&format!("Bearer {TOKEN}")), None, body)
+            .await
+            .status(),
+        200
+    );
 
     // A real MCP client with the token gets the tools and runs code.
     let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", s.addr)).auth_header(TOKEN),
+        StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", s.addr))
+            .auth_header(TOKEN),
     );
     let client = ().serve(transport).await.expect("client with token connects");
     assert_eq!(client.list_all_tools().await.unwrap().len(), 6);
     let res = client
-        .call_tool(params("run_code", json!({"language": "python", "code": "print(1)"})))
+        .call_tool(params(
+            "run_code",
+            json!({"language": "python", "code": "print(1)"}),
+        ))
         .await
         .unwrap();
     assert_eq!(res.structured_content.unwrap()["status"], "succeeded");
@@ -104,9 +132,21 @@ async fn a_wrong_host_header_is_refused_with_403() {
     let fake = Arc::new(FakeEngine::new());
     let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
     let auth = format!("Bearer {TOKEN}");
-    let r = post(s.addr, Some(&auth), Some("evil.example.com"), initialize().to_string()).await;
+    let r = post(
+        s.addr,
+        Some(&auth),
+        Some("evil.example.com"),
+        initialize().to_string(),
+    )
+    .await;
     assert_eq!(r.status(), 403);
-    let r = post(s.addr, Some(&auth), Some(&format!("localhost:{}", s.addr.port())), initialize().to_string()).await;
+    let r = post(
+        s.addr,
+        Some(&auth),
+        Some(&format!("localhost:{}", s.addr.port())),
+        initialize().to_string(),
+    )
+    .await;
     assert_eq!(r.status(), 200);
 }
 
@@ -116,7 +156,13 @@ async fn an_oversized_body_is_refused_with_413() {
     let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
     let mut big = initialize();
     big["params"]["padding"] = json!("x".repeat(BODY_CAP + 1));
-    let r = post(s.addr, Some(&format!("Bearer {TOKEN}")), None, big.to_string()).await;
+    let r = post(
+        s.addr,
+        Some(&format!("Bearer {TOKEN}")),
+        None,
+        big.to_string(),
+    )
+    .await;
     assert_eq!(r.status(), 413);
 }
 
@@ -129,15 +175,30 @@ async fn healthz_needs_no_token_and_metrics_do() {
         code: "print(1)".into(),
         ..Default::default()
     });
-    m.wait(&id.unwrap().run_id, std::time::Duration::from_secs(10)).await.unwrap();
+    m.wait(&id.unwrap().run_id, std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
     let s = start(m, Some(TOKEN)).await;
     let http = reqwest::Client::new();
-    let h = http.get(format!("http://{}/healthz", s.addr)).send().await.unwrap();
+    let h = http
+        .get(format!("http://{}/healthz", s.addr))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(h.status(), 200);
     assert_eq!(h.json::<serde_json::Value>().await.unwrap()["status"], "ok");
-    let unauth = http.get(format!("http://{}/metrics", s.addr)).send().await.unwrap();
+    let unauth = http
+        .get(format!("http://{}/metrics", s.addr))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(unauth.status(), 401);
-    let m = http.get(format!("http://{}/metrics", s.addr)).bearer_auth(TOKEN).send().await.unwrap();
+    let m = http
+        .get(format!("http://{}/metrics", s.addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(m.status(), 200);
     let text = m.text().await.unwrap();
     for needle in [
@@ -160,16 +221,31 @@ fn http_refuses_to_start_without_a_token_unless_no_auth_on_loopback() {
         c.http.listen = listen.into();
         c
     };
-    assert!(matches!(resolve_auth(&on("127.0.0.1:0"), false, None), Err(ServeError::NoToken)));
-    assert!(matches!(resolve_auth(&on("0.0.0.0:8765"), false, None), Err(ServeError::NoToken)));
+    assert!(matches!(
+        resolve_auth(&on("127.0.0.1:0"), false, None),
+        Err(ServeError::NoToken)
+    ));
+    assert!(matches!(
+        resolve_auth(&on("0.0.0.0:8765"), false, None),
+        Err(ServeError::NoToken)
+    ));
     assert!(matches!(
         resolve_auth(&on("0.0.0.0:8765"), true, None),
         Err(ServeError::NoAuthOnPublicAddress(_))
     ));
-    assert!(matches!(resolve_auth(&on("127.0.0.1:0"), true, None), Ok(None)));
+    assert!(matches!(
+        resolve_auth(&on("127.0.0.1:0"), true, None),
+        Ok(None)
+    ));
     assert!(matches!(resolve_auth(&on("[::1]:0"), true, None), Ok(None)));
-    assert!(resolve_auth(&on("127.0.0.1:0"), true, Some(TOKEN.into())).is_err(), "--no-auth with a token is ambiguous");
-    assert!(matches!(resolve_auth(&on("0.0.0.0:8765"), false, Some(TOKEN.into())), Ok(Some(_))));
+    assert!(
+        resolve_auth(&on("127.0.0.1:0"), true, Some(TOKEN.into())).is_err(),
+        "--no-auth with a token is ambiguous"
+    );
+    assert!(matches!(
+        resolve_auth(&on("0.0.0.0:8765"), false, Some(TOKEN.into())),
+        Ok(Some(_))
+    ));
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("token");
     std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
@@ -177,7 +253,13 @@ fn http_refuses_to_start_without_a_token_unless_no_auth_on_loopback() {
     c.http.token_file = Some(file);
     let token = resolve_auth(&c, false, None).unwrap().unwrap();
     let header = reqwest::header::HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap();
-    assert!(token.accepts(Some(&header)), "the file's trailing newline is trimmed");
+    assert!(
+        token.accepts(Some(&header)),
+        "the file's trailing newline is trimmed"
+    );
     c.http.token_file = Some(dir.path().join("missing"));
-    assert!(matches!(resolve_auth(&c, false, None), Err(ServeError::TokenFile { .. })));
+    assert!(matches!(
+        resolve_auth(&c, false, None),
+        Err(ServeError::TokenFile { .. })
+    ));
 }

@@ -19,7 +19,12 @@ const TOKEN: &str = "crash-test-token-0123456789";
 /// Running run-stage containers of this run (the compile stage's do not count).
 fn running(run_id: &str) -> usize {
     let out = std::process::Command::new("docker")
-        .args(["ps", "-q", "--filter", &format!("name=codebox-{run_id}-run")])
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("name=codebox-{run_id}-run"),
+        ])
         .output()
         .expect("docker CLI");
     String::from_utf8_lossy(&out.stdout).lines().count()
@@ -76,7 +81,8 @@ impl Server {
 
     async fn client(&self) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
         let t = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr)).auth_header(TOKEN),
+            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
+                .auth_header(TOKEN),
         );
         ().serve(t).await.expect("MCP over HTTP")
     }
@@ -96,7 +102,12 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
             ))
             .await
             .unwrap();
-        ids.push(res.structured_content.unwrap()["run_id"].as_str().unwrap().to_string());
+        ids.push(
+            res.structured_content.unwrap()["run_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
     for id in &ids {
         eventually(60, "the run's program runs", || running(id) == 1).await;
@@ -104,19 +115,28 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
     drop(client);
     server.kill(libc::SIGKILL).await;
     for id in &ids {
-        assert!(!leftovers(id).is_empty(), "a killed server cannot clean up; the containers of {id} must still be there");
+        assert!(
+            !leftovers(id).is_empty(),
+            "a killed server cannot clean up; the containers of {id} must still be there"
+        );
     }
 
     let server = Server::start(dir.path()).await;
     for id in &ids {
-        eventually(30, "the dead server's containers are removed", || leftovers(id).is_empty()).await;
+        eventually(30, "the dead server's containers are removed", || {
+            leftovers(id).is_empty()
+        })
+        .await;
     }
     let client = server.client().await;
     let res = client
         .call_tool(params("get_execution_history", json!({"limit": 10})))
         .await
         .unwrap();
-    let runs = res.structured_content.unwrap()["runs"].as_array().unwrap().clone();
+    let runs = res.structured_content.unwrap()["runs"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(runs.len(), 2);
     for r in &runs {
         assert!(ids.contains(&r["run_id"].as_str().unwrap().to_string()));

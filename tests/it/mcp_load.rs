@@ -21,7 +21,12 @@ use crate::mcp_support::{call, connect, fake_manager, params, text};
 
 fn running_containers(instance: &str) -> usize {
     let out = std::process::Command::new("docker")
-        .args(["ps", "-q", "--filter", &format!("label=codebox.instance={instance}")])
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=codebox.instance={instance}"),
+        ])
         .output()
         .expect("docker CLI");
     String::from_utf8_lossy(&out.stdout).lines().count()
@@ -35,7 +40,11 @@ fn all_containers(instance: &str) -> Vec<String> {
             .args(["--filter", &format!("label=codebox.instance={instance}")])
             .output()
             .expect("docker CLI");
-        found.extend(String::from_utf8_lossy(&out.stdout).lines().map(str::to_string));
+        found.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string),
+        );
     }
     found
 }
@@ -67,7 +76,8 @@ async fn a_burst_of_100_runs_never_exceeds_4_at_once_and_all_end_recorded_and_cl
     let watching = Arc::new(AtomicBool::new(true));
     let most_seen = Arc::new(AtomicUsize::new(0));
     let watcher = {
-        let (watching, most_seen, instance) = (watching.clone(), most_seen.clone(), instance.clone());
+        let (watching, most_seen, instance) =
+            (watching.clone(), most_seen.clone(), instance.clone());
         std::thread::spawn(move || {
             while watching.load(Ordering::Relaxed) {
                 most_seen.fetch_max(running_containers(&instance), Ordering::Relaxed);
@@ -80,19 +90,34 @@ async fn a_burst_of_100_runs_never_exceeds_4_at_once_and_all_end_recorded_and_cl
     let calls = (0..100).map(|i| {
         let client = &client;
         async move {
-            let res = call(client, "start_run", json!({"language": "python", "code": format!("print({i} * 2)")})).await;
+            let res = call(
+                client,
+                "start_run",
+                json!({"language": "python", "code": format!("print({i} * 2)")}),
+            )
+            .await;
             assert_ne!(res.is_error, Some(true), "start_run {i}: {}", text(&res));
-            res.structured_content.unwrap()["run_id"].as_str().unwrap().to_string()
+            res.structured_content.unwrap()["run_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
         }
     });
     let ids: Vec<String> = join_all(calls).await;
-    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 100, "run ids are unique");
+    assert_eq!(
+        ids.iter().collect::<HashSet<_>>().len(),
+        100,
+        "run ids are unique"
+    );
     let waits = ids.iter().enumerate().map(|(i, id)| {
         let client = &client;
         async move {
             loop {
                 let res = client
-                    .call_tool(params("get_result", json!({"run_id": id, "wait_seconds": 60})))
+                    .call_tool(params(
+                        "get_result",
+                        json!({"run_id": id, "wait_seconds": 60}),
+                    ))
                     .await
                     .unwrap();
                 let r = res.structured_content.unwrap();
@@ -111,16 +136,35 @@ async fn a_burst_of_100_runs_never_exceeds_4_at_once_and_all_end_recorded_and_cl
     let elapsed = started.elapsed().as_secs_f64();
     watching.store(false, Ordering::Relaxed);
     watcher.join().unwrap();
-    println!("load: 100 python runs, max_concurrent_runs 4: {elapsed:.1} s, {:.2} runs/s", 100.0 / elapsed);
+    println!(
+        "load: 100 python runs, max_concurrent_runs 4: {elapsed:.1} s, {:.2} runs/s",
+        100.0 / elapsed
+    );
 
     let s = m.stats();
-    assert!(s.peak_active <= 4, "the manager ran {} at once", s.peak_active);
+    assert!(
+        s.peak_active <= 4,
+        "the manager ran {} at once",
+        s.peak_active
+    );
     assert_eq!((s.active, s.queued), (0, 0));
-    assert!(most_seen.load(Ordering::Relaxed) <= 4, "docker ps saw {} running", most_seen.load(Ordering::Relaxed));
+    assert!(
+        most_seen.load(Ordering::Relaxed) <= 4,
+        "docker ps saw {} running",
+        most_seen.load(Ordering::Relaxed)
+    );
     assert_eq!(m.metrics().finished_with("succeeded"), 100);
-    let rows = history.query(Query { limit: Some(1000), ..Default::default() }).await.unwrap();
+    let rows = history
+        .query(Query {
+            limit: Some(1000),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 100, "one history row per run");
-    assert!(rows.iter().all(|r| r.status == codebox::report::Status::Succeeded && ids.contains(&r.run_id)));
+    assert!(rows
+        .iter()
+        .all(|r| r.status == codebox::report::Status::Succeeded && ids.contains(&r.run_id)));
     let left = all_containers(&instance);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
@@ -134,13 +178,28 @@ async fn the_queue_bound_holds_under_a_burst() {
         c.runs.max_queued_runs = 10;
     });
     let client = connect(m.clone()).await;
-    let calls = (0..100).map(|_| call(&client, "start_run", json!({"language": "python", "code": "print(1)"})));
+    let calls = (0..100).map(|_| {
+        call(
+            &client,
+            "start_run",
+            json!({"language": "python", "code": "print(1)"}),
+        )
+    });
     let results = join_all(calls).await;
     let accepted = results.iter().filter(|r| r.is_error != Some(true)).count();
-    let refused: Vec<String> = results.iter().filter(|r| r.is_error == Some(true)).map(text).collect();
+    let refused: Vec<String> = results
+        .iter()
+        .filter(|r| r.is_error == Some(true))
+        .map(text)
+        .collect();
     assert_eq!(accepted, 14, "4 running + 10 queued");
     assert_eq!(refused.len(), 86);
-    assert!(refused.iter().all(|t| t.contains("busy") && t.contains("retry")), "{refused:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|t| t.contains("busy") && t.contains("retry")),
+        "{refused:?}"
+    );
     let s = m.stats();
     assert_eq!((s.active, s.queued), (4, 10));
     m.shutdown(Duration::from_secs(10)).await;

@@ -13,19 +13,32 @@ use tokio::io::AsyncReadExt;
 use crate::common::codebox_bin;
 use crate::mcp_support::params;
 
-async fn spawn(envs: &[(&str, &str)]) -> (RunningService<RoleClient, ()>, tokio::process::ChildStderr) {
-    let envs: Vec<(String, String)> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+async fn spawn(
+    envs: &[(&str, &str)],
+) -> (RunningService<RoleClient, ()>, tokio::process::ChildStderr) {
+    let envs: Vec<(String, String)> = envs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let cmd = tokio::process::Command::new(codebox_bin()).configure(|c| {
-        c.arg("serve").env_remove("CODEBOX_TOKEN").envs(envs.clone());
+        c.arg("serve")
+            .env_remove("CODEBOX_TOKEN")
+            .envs(envs.clone());
     });
-    let (transport, stderr) = TokioChildProcess::builder(cmd).stderr(Stdio::piped()).spawn().expect("spawn codebox serve");
+    let (transport, stderr) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn codebox serve");
     let client = ().serve(transport).await.expect("MCP handshake over stdio");
     (client, stderr.expect("stderr piped"))
 }
 
 async fn hello(client: &RunningService<RoleClient, ()>) -> serde_json::Value {
     let res = client
-        .call_tool(params("run_code", json!({"language": "python", "code": "print('hello')"})))
+        .call_tool(params(
+            "run_code",
+            json!({"language": "python", "code": "print('hello')"}),
+        ))
         .await
         .expect("run_code");
     assert_eq!(res.is_error, Some(false), "{res:?}");
@@ -61,7 +74,13 @@ async fn the_binary_serves_mcp_on_stdio_and_run_code_round_trips() {
         .call_tool(params("get_execution_history", json!({"limit": 100})))
         .await
         .unwrap();
-    assert_eq!(history.structured_content.unwrap()["runs"].as_array().unwrap().len(), 21);
+    assert_eq!(
+        history.structured_content.unwrap()["runs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        21
+    );
     client.cancel().await.unwrap();
     let mut log = String::new();
     stderr.read_to_string(&mut log).await.unwrap();
@@ -82,22 +101,37 @@ async fn runs_succeed_and_a_warning_is_logged_when_the_history_database_is_unwri
     let r = hello(&client).await;
     assert_eq!(r["status"], "succeeded", "{r}");
     let started = client
-        .call_tool(params("start_run", json!({"language": "python", "code": "print(2)"})))
+        .call_tool(params(
+            "start_run",
+            json!({"language": "python", "code": "print(2)"}),
+        ))
         .await
         .unwrap();
-    let id = started.structured_content.unwrap()["run_id"].as_str().unwrap().to_string();
+    let id = started.structured_content.unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let done = client
-        .call_tool(params("get_result", json!({"run_id": id, "wait_seconds": 30})))
+        .call_tool(params(
+            "get_result",
+            json!({"run_id": id, "wait_seconds": 30}),
+        ))
         .await
         .unwrap();
     assert_eq!(done.structured_content.unwrap()["stdout"], "2\n");
     // The history tool says what is wrong, as a tool error.
-    let h = client.call_tool(params("get_execution_history", json!({}))).await.unwrap();
+    let h = client
+        .call_tool(params("get_execution_history", json!({})))
+        .await
+        .unwrap();
     assert_eq!(h.is_error, Some(true));
     client.cancel().await.unwrap();
     let mut log = String::new();
     stderr.read_to_string(&mut log).await.unwrap();
-    assert!(log.contains("WARN") && log.contains("history"), "expected a warning about the history database:\n{log}");
+    assert!(
+        log.contains("WARN") && log.contains("history"),
+        "expected a warning about the history database:\n{log}"
+    );
 }
 
 #[tokio::test]
@@ -111,8 +145,17 @@ async fn closing_the_stdio_session_stops_unfinished_runs_and_removes_their_conta
         ))
         .await
         .unwrap();
-    let id = started.structured_content.unwrap()["run_id"].as_str().unwrap().to_string();
-    crate::mcp_support::eventually(60, "the run's container exists", || !crate::common::leftovers(&id).is_empty()).await;
+    let id = started.structured_content.unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    crate::mcp_support::eventually(60, "the run's container exists", || {
+        !crate::common::leftovers(&id).is_empty()
+    })
+    .await;
     client.cancel().await.unwrap();
-    crate::mcp_support::eventually(60, "the run's containers are removed", || crate::common::leftovers(&id).is_empty()).await;
+    crate::mcp_support::eventually(60, "the run's containers are removed", || {
+        crate::common::leftovers(&id).is_empty()
+    })
+    .await;
 }

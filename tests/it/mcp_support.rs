@@ -24,11 +24,19 @@ use crate::common::{instance, registry};
 
 /// A manager on any engine; `tweak` edits the config (not validated, so tests may use
 /// values operators cannot, like a one-second retention).
-pub fn manager_on(engine: Arc<dyn ContainerEngine>, tweak: impl FnOnce(&mut Config), history: Option<History>) -> RunManager {
+pub fn manager_on(
+    engine: Arc<dyn ContainerEngine>,
+    tweak: impl FnOnce(&mut Config),
+    history: Option<History>,
+) -> RunManager {
     let mut config = Config::default();
     tweak(&mut config);
     let config = Arc::new(config);
-    let executor = Arc::new(Executor::new(engine, config.clone(), instance().to_string()));
+    let executor = Arc::new(Executor::new(
+        engine,
+        config.clone(),
+        instance().to_string(),
+    ));
     RunManager::new(executor, registry(), config, history)
 }
 
@@ -37,7 +45,11 @@ pub fn fake_manager(fake: &Arc<FakeEngine>, tweak: impl FnOnce(&mut Config)) -> 
 }
 
 pub fn docker_manager(tweak: impl FnOnce(&mut Config), history: Option<History>) -> RunManager {
-    manager_on(Arc::new(DockerEngine::connect().expect("docker client")), tweak, history)
+    manager_on(
+        Arc::new(DockerEngine::connect().expect("docker client")),
+        tweak,
+        history,
+    )
 }
 
 /// A history database in a fresh temporary folder (kept alive by the returned guard).
@@ -60,7 +72,11 @@ pub struct Client {
 }
 
 impl ClientHandler for Client {
-    async fn on_progress(&self, p: ProgressNotificationParam, _cx: NotificationContext<RoleClient>) {
+    async fn on_progress(
+        &self,
+        p: ProgressNotificationParam,
+        _cx: NotificationContext<RoleClient>,
+    ) {
         self.progress.lock().unwrap().push(p);
     }
 }
@@ -76,7 +92,10 @@ pub async fn connect(manager: RunManager) -> Session {
             let _ = running.waiting().await;
         }
     });
-    Client::default().serve(client_io).await.expect("client connects")
+    Client::default()
+        .serve(client_io)
+        .await
+        .expect("client connects")
 }
 
 pub fn params(name: &'static str, args: Value) -> CallToolRequestParams {
@@ -86,20 +105,34 @@ pub fn params(name: &'static str, args: Value) -> CallToolRequestParams {
 
 /// Call a tool; protocol errors fail the test.
 pub async fn call(client: &Session, name: &'static str, args: Value) -> CallToolResult {
-    client.call_tool(params(name, args)).await.unwrap_or_else(|e| panic!("{name}: protocol error {e}"))
+    client
+        .call_tool(params(name, args))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: protocol error {e}"))
 }
 
 /// Call a tool that must succeed; returns its structured content.
 pub async fn ok(client: &Session, name: &'static str, args: Value) -> Value {
     let res = call(client, name, args.clone()).await;
-    assert_ne!(res.is_error, Some(true), "{name}({args}) failed: {}", text(&res));
-    res.structured_content.clone().unwrap_or_else(|| panic!("{name}: no structured content"))
+    assert_ne!(
+        res.is_error,
+        Some(true),
+        "{name}({args}) failed: {}",
+        text(&res)
+    );
+    res.structured_content
+        .clone()
+        .unwrap_or_else(|| panic!("{name}: no structured content"))
 }
 
 /// Call a tool that must fail as a tool error; returns its text.
 pub async fn tool_error(client: &Session, name: &'static str, args: Value) -> String {
     let res = call(client, name, args.clone()).await;
-    assert_eq!(res.is_error, Some(true), "{name}({args}) should fail: {res:?}");
+    assert_eq!(
+        res.is_error,
+        Some(true),
+        "{name}({args}) should fail: {res:?}"
+    );
     text(&res)
 }
 

@@ -13,7 +13,8 @@ use rmcp::service::PeerRequestOptions;
 use serde_json::{json, Value};
 
 use crate::mcp_support::{
-    call, connect, docker_manager, eventually, fake_manager, labelled, ok, params, temp_history, tool_error,
+    call, connect, docker_manager, eventually, fake_manager, labelled, ok, params, temp_history,
+    tool_error,
 };
 
 fn report(v: Value) -> RunReport {
@@ -34,7 +35,14 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
     names.sort();
     assert_eq!(
         names,
-        ["get_execution_history", "get_result", "list_supported_languages", "run_code", "start_run", "stop_run"]
+        [
+            "get_execution_history",
+            "get_result",
+            "list_supported_languages",
+            "run_code",
+            "start_run",
+            "stop_run"
+        ]
     );
     let n = crate::common::registry().languages.len();
     for t in &tools {
@@ -43,7 +51,10 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
         assert!(d.len() > 80, "{}: description too short: {d}", t.name);
         let a = t.annotations.clone().expect("annotations");
         assert_eq!(a.open_world_hint, Some(false), "{}", t.name);
-        let read_only = matches!(t.name.as_ref(), "get_result" | "list_supported_languages" | "get_execution_history");
+        let read_only = matches!(
+            t.name.as_ref(),
+            "get_result" | "list_supported_languages" | "get_execution_history"
+        );
         assert_eq!(a.read_only_hint, Some(read_only), "{}", t.name);
         assert_eq!(a.destructive_hint, Some(t.name == "stop_run"), "{}", t.name);
         if matches!(t.name.as_ref(), "run_code" | "start_run") {
@@ -57,7 +68,11 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
         // Every argument is documented.
         if let Some(props) = t.input_schema.get("properties").and_then(Value::as_object) {
             for (field, schema) in props {
-                assert!(schema.get("description").is_some(), "{}.{field} is undocumented", t.name);
+                assert!(
+                    schema.get("description").is_some(),
+                    "{}.{field} is undocumented",
+                    t.name
+                );
             }
         }
     }
@@ -71,7 +86,14 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
 #[tokio::test]
 async fn run_code_returns_the_report_of_a_python_hello() {
     let client = connect(docker_manager(|_| {}, None)).await;
-    let r = report(ok(&client, "run_code", json!({"language": "python", "code": "print('hello')"})).await);
+    let r = report(
+        ok(
+            &client,
+            "run_code",
+            json!({"language": "python", "code": "print('hello')"}),
+        )
+        .await,
+    );
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
     assert_eq!(r.stdout, "hello\n");
     assert!(labelled(&r.run_id).is_empty());
@@ -90,7 +112,14 @@ async fn a_failed_program_is_a_normal_result_not_an_error() {
     let r = report(res.structured_content.unwrap());
     assert_eq!((r.status, r.exit_code), (Status::Failed, Some(3)));
     assert_eq!(r.stderr, "x\n");
-    let r = report(ok(&client, "run_code", json!({"language": "cpp", "code": "int main() { return }"})).await);
+    let r = report(
+        ok(
+            &client,
+            "run_code",
+            json!({"language": "cpp", "code": "int main() { return }"}),
+        )
+        .await,
+    );
     assert_eq!(r.status, Status::CompileError);
 }
 
@@ -99,29 +128,82 @@ async fn invalid_arguments_are_tool_errors_that_name_the_field() {
     let fake = Arc::new(FakeEngine::new());
     let client = connect(fake_manager(&fake, |_| {})).await;
     for (tool, args, field) in [
-        ("run_code", json!({"language": "cobol", "code": "x"}), "language"),
-        ("start_run", json!({"language": "python", "code": "  "}), "code"),
+        (
+            "run_code",
+            json!({"language": "cobol", "code": "x"}),
+            "language",
+        ),
+        (
+            "start_run",
+            json!({"language": "python", "code": "  "}),
+            "code",
+        ),
         ("run_code", json!({"language": "python"}), "code"),
-        ("run_code", json!({"language": "python", "code": "1", "limits": {"memory_mb": 32768}}), "limits.memory_mb"),
-        ("start_run", json!({"language": "python", "code": "1", "limits": {"memory_mb": "lots"}}), "limits.memory_mb"),
-        ("start_run", json!({"language": "python", "code": "1", "limits": {"timeout_seconds": -1}}), "limits.timeout_seconds"),
-        ("start_run", json!({"language": "python", "code": "1", "limits": {"cpus": 64}}), "limits.cpus"),
-        ("start_run", json!({"language": "python", "code": "1", "bogus": true}), "bogus"),
-        ("start_run", json!({"language": "python", "code": "1", "files": [{"path": "../x", "content": ""}]}), "files[0].path"),
-        ("start_run", json!({"language": "python", "code": "1", "args": "not-a-list"}), "args"),
-        ("get_result", json!({"run_id": "x", "wait_seconds": MAX_WAIT_SECONDS + 1.0}), "wait_seconds"),
+        (
+            "run_code",
+            json!({"language": "python", "code": "1", "limits": {"memory_mb": 32768}}),
+            "limits.memory_mb",
+        ),
+        (
+            "start_run",
+            json!({"language": "python", "code": "1", "limits": {"memory_mb": "lots"}}),
+            "limits.memory_mb",
+        ),
+        (
+            "start_run",
+            json!({"language": "python", "code": "1", "limits": {"timeout_seconds": -1}}),
+            "limits.timeout_seconds",
+        ),
+        (
+            "start_run",
+            json!({"language": "python", "code": "1", "limits": {"cpus": 64}}),
+            "limits.cpus",
+        ),
+        (
+            "start_run",
+            json!({"language": "python", "code": "1", "bogus": true}),
+            "bogus",
+        ),
+        (
+            "start_run",
+            json!({"language": "python", "code": "1", "files": [{"path": "../x", "content": ""}]}),
+            "files[0].path",
+        ),
+        (
+            "start_run",
+            json!({"language": "python", "code": "1", "args": "not-a-list"}),
+            "args",
+        ),
+        (
+            "get_result",
+            json!({"run_id": "x", "wait_seconds": MAX_WAIT_SECONDS + 1.0}),
+            "wait_seconds",
+        ),
         ("get_result", json!({}), "run_id"),
         ("stop_run", json!({"run": "x"}), "run"),
-        ("get_execution_history", json!({"status": "exploded"}), "status"),
+        (
+            "get_execution_history",
+            json!({"status": "exploded"}),
+            "status",
+        ),
         ("get_execution_history", json!({"limit": 0}), "limit"),
         ("get_execution_history", json!({"limit": "ten"}), "limit"),
     ] {
         let msg = tool_error(&client, tool, args.clone()).await;
-        assert!(msg.contains(field), "{tool}({args}): `{msg}` does not name `{field}`");
+        assert!(
+            msg.contains(field),
+            "{tool}({args}): `{msg}` does not name `{field}`"
+        );
     }
-    assert!(fake.specs().is_empty(), "a rejected request never reaches the engine");
+    assert!(
+        fake.specs().is_empty(),
+        "a rejected request never reaches the engine"
+    );
     // An unknown tool is a protocol error.
-    assert!(client.call_tool(CallToolRequestParams::new("rm_rf")).await.is_err());
+    assert!(client
+        .call_tool(CallToolRequestParams::new("rm_rf"))
+        .await
+        .is_err());
 }
 
 #[tokio::test]
@@ -130,7 +212,10 @@ async fn an_unknown_run_id_is_a_clear_tool_error() {
     let client = connect(fake_manager(&fake, |_| {})).await;
     for tool in ["get_result", "stop_run"] {
         let msg = tool_error(&client, tool, json!({"run_id": "0123456789abcdef"})).await;
-        assert!(msg.contains("run_id") && msg.contains("0123456789abcdef") && msg.contains("no run"), "{msg}");
+        assert!(
+            msg.contains("run_id") && msg.contains("0123456789abcdef") && msg.contains("no run"),
+            "{msg}"
+        );
     }
 }
 
@@ -143,9 +228,24 @@ async fn a_full_queue_is_a_retryable_tool_error() {
         c.runs.max_queued_runs = 1;
     });
     let client = connect(m.clone()).await;
-    ok(&client, "start_run", json!({"language": "python", "code": "1"})).await;
-    ok(&client, "start_run", json!({"language": "python", "code": "1"})).await;
-    let msg = tool_error(&client, "start_run", json!({"language": "python", "code": "1"})).await;
+    ok(
+        &client,
+        "start_run",
+        json!({"language": "python", "code": "1"}),
+    )
+    .await;
+    ok(
+        &client,
+        "start_run",
+        json!({"language": "python", "code": "1"}),
+    )
+    .await;
+    let msg = tool_error(
+        &client,
+        "start_run",
+        json!({"language": "python", "code": "1"}),
+    )
+    .await;
     assert!(msg.contains("busy") && msg.contains("retry"), "{msg}");
     m.shutdown(Duration::from_secs(10)).await;
 }
@@ -160,28 +260,63 @@ async fn start_run_then_long_poll_get_result_then_stop_run_which_is_idempotent()
     )
     .await;
     let id = started["run_id"].as_str().unwrap().to_string();
-    assert!(matches!(started["status"].as_str(), Some("queued" | "running")), "{started}");
+    assert!(
+        matches!(started["status"].as_str(), Some("queued" | "running")),
+        "{started}"
+    );
     assert_eq!(started["limits"]["timeout_seconds"], json!(300.0));
     // Long-poll: the run is still going when the wait ends.
-    let r = report(ok(&client, "get_result", json!({"run_id": id, "wait_seconds": 1})).await);
+    let r = report(
+        ok(
+            &client,
+            "get_result",
+            json!({"run_id": id, "wait_seconds": 1}),
+        )
+        .await,
+    );
     assert!(!r.status.is_terminal(), "{r:?}");
-    eventually(30, "the run's container exists", || !labelled(&id).is_empty()).await;
+    eventually(30, "the run's container exists", || {
+        !labelled(&id).is_empty()
+    })
+    .await;
     let stopped = report(ok(&client, "stop_run", json!({"run_id": id})).await);
     assert_eq!(stopped.status, Status::Stopped, "{stopped:?}");
     assert_eq!(stopped.stdout, "begun\n", "output before the stop is kept");
-    assert!(labelled(&id).is_empty(), "containers removed when stop_run returns");
+    assert!(
+        labelled(&id).is_empty(),
+        "containers removed when stop_run returns"
+    );
     let again = report(ok(&client, "stop_run", json!({"run_id": id})).await);
     assert_eq!(again, stopped);
-    let polled = report(ok(&client, "get_result", json!({"run_id": id, "wait_seconds": 5})).await);
+    let polled = report(
+        ok(
+            &client,
+            "get_result",
+            json!({"run_id": id, "wait_seconds": 5}),
+        )
+        .await,
+    );
     assert_eq!(polled, stopped);
 }
 
 #[tokio::test]
 async fn get_result_long_poll_answers_as_soon_as_the_run_ends() {
     let client = connect(docker_manager(|_| {}, None)).await;
-    let started = ok(&client, "start_run", json!({"language": "python", "code": "print(6*7)"})).await;
+    let started = ok(
+        &client,
+        "start_run",
+        json!({"language": "python", "code": "print(6*7)"}),
+    )
+    .await;
     let id = started["run_id"].as_str().unwrap();
-    let r = report(ok(&client, "get_result", json!({"run_id": id, "wait_seconds": 60})).await);
+    let r = report(
+        ok(
+            &client,
+            "get_result",
+            json!({"run_id": id, "wait_seconds": 60}),
+        )
+        .await,
+    );
     assert_eq!((r.status, r.stdout.as_str()), (Status::Succeeded, "42\n"));
 }
 
@@ -197,11 +332,21 @@ async fn run_code_sends_progress_notifications_while_it_runs() {
     let r = report(res.structured_content.unwrap());
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
     let seen = client.service().progress.lock().unwrap().clone();
-    assert!(seen.len() >= 2, "expected progress notifications, got {seen:?}");
+    assert!(
+        seen.len() >= 2,
+        "expected progress notifications, got {seen:?}"
+    );
     for pair in seen.windows(2) {
-        assert!(pair[1].progress > pair[0].progress, "progress must increase: {seen:?}");
+        assert!(
+            pair[1].progress > pair[0].progress,
+            "progress must increase: {seen:?}"
+        );
     }
-    assert!(seen.iter().any(|p| p.message.as_deref().unwrap_or("").contains("running")), "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|p| p.message.as_deref().unwrap_or("").contains("running")),
+        "{seen:?}"
+    );
 }
 
 #[tokio::test]
@@ -213,16 +358,32 @@ async fn cancelling_run_code_stops_the_run_and_removes_its_containers() {
         "run_code",
         json!({"language": "python", "code": "import time\ntime.sleep(300)", "limits": {"timeout_seconds": 600}}),
     )));
-    let handle = client.send_cancellable_request(request, PeerRequestOptions::no_options()).await.unwrap();
+    let handle = client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
     eventually(30, "the run is running", || m.stats().active == 1).await;
     let rows = history.query(Default::default()).await.unwrap();
     let id = rows[0].run_id.clone();
-    eventually(30, "the run's container exists", || !labelled(&id).is_empty()).await;
-    handle.cancel(Some("user pressed stop".into())).await.unwrap();
+    eventually(30, "the run's container exists", || {
+        !labelled(&id).is_empty()
+    })
+    .await;
+    handle
+        .cancel(Some("user pressed stop".into()))
+        .await
+        .unwrap();
     let r = m.wait(&id, Duration::from_secs(60)).await.unwrap();
     assert_eq!(r.status, Status::Stopped, "{r:?}");
-    assert!(labelled(&id).is_empty(), "containers removed: {:?}", labelled(&id));
-    assert_eq!(history.get(&id).await.unwrap().unwrap().status, Status::Stopped);
+    assert!(
+        labelled(&id).is_empty(),
+        "containers removed: {:?}",
+        labelled(&id)
+    );
+    assert_eq!(
+        history.get(&id).await.unwrap().unwrap().status,
+        Status::Stopped
+    );
 }
 
 #[tokio::test]
@@ -230,11 +391,17 @@ async fn list_supported_languages_is_the_catalog() {
     let m = docker_manager(|_| {}, None);
     let client = connect(m.clone()).await;
     let v = ok(&client, "list_supported_languages", json!({})).await;
-    let expected = codebox::catalog::catalog(m.executor().engine().as_ref(), m.registry(), m.config())
-        .await
-        .unwrap();
+    let expected =
+        codebox::catalog::catalog(m.executor().engine().as_ref(), m.registry(), m.config())
+            .await
+            .unwrap();
     assert_eq!(v, serde_json::to_value(&expected).unwrap());
-    let py = v["languages"].as_array().unwrap().iter().find(|l| l["language"] == "python").unwrap();
+    let py = v["languages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["language"] == "python")
+        .unwrap();
     assert_eq!(py["image"], "codebox/python:3.11");
     assert_eq!(py["image_present"], true);
     assert_eq!(v["limits"]["defaults"]["memory_mb"], 512);
@@ -248,7 +415,11 @@ async fn get_execution_history_lists_runs_newest_first_with_filters() {
     let m = crate::mcp_support::manager_on(fake.clone(), |_| {}, Some(history));
     let client = connect(m).await;
     let mut ids = Vec::new();
-    for (lang, code) in [("python", "print(1)"), ("cpp", "int main(){}"), ("py", "print(3)")] {
+    for (lang, code) in [
+        ("python", "print(1)"),
+        ("cpp", "int main(){}"),
+        ("py", "print(3)"),
+    ] {
         let r = report(ok(&client, "run_code", json!({"language": lang, "code": code})).await);
         ids.push(r.run_id);
     }
@@ -258,9 +429,19 @@ async fn get_execution_history_lists_runs_newest_first_with_filters() {
     assert_eq!(got, [ids[2].as_str(), ids[1].as_str(), ids[0].as_str()]);
     assert_eq!(runs[0]["status"], "succeeded");
     assert_eq!(runs[0]["code_preview"], "print(3)");
-    let py = ok(&client, "get_execution_history", json!({"language": "python3", "limit": 1})).await;
+    let py = ok(
+        &client,
+        "get_execution_history",
+        json!({"language": "python3", "limit": 1}),
+    )
+    .await;
     assert_eq!(py["runs"].as_array().unwrap().len(), 1);
     assert_eq!(py["runs"][0]["run_id"], ids[2].as_str());
-    let none = ok(&client, "get_execution_history", json!({"status": "failed"})).await;
+    let none = ok(
+        &client,
+        "get_execution_history",
+        json!({"status": "failed"}),
+    )
+    .await;
     assert!(none["runs"].as_array().unwrap().is_empty());
 }

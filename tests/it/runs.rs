@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use codebox::engine::fake::FakeEngine;
 use codebox::engine::{
-    BuildProgress, ContainerEngine, ContainerSpec, EngineError, EngineInfo, Execution, ImageInfo, Leftover,
-    StartOptions,
+    BuildProgress, ContainerEngine, ContainerSpec, EngineError, EngineInfo, Execution, ImageInfo,
+    Leftover, StartOptions,
 };
 use codebox::executor::{LimitsInput, RunRequest};
 use codebox::history::Query;
@@ -43,10 +43,15 @@ async fn a_full_queue_is_a_clear_retryable_rejection() {
         c.runs.max_concurrent_runs = 1;
         c.runs.max_queued_runs = 2;
     });
-    let ids: Vec<String> = (0..3).map(|_| m.submit(request("python", "print(1)")).unwrap().run_id).collect();
+    let ids: Vec<String> = (0..3)
+        .map(|_| m.submit(request("python", "print(1)")).unwrap().run_id)
+        .collect();
     let err = m.submit(request("python", "print(1)")).unwrap_err();
     assert!(err.is_retryable());
-    assert!(matches!(err, SubmitError::QueueFull { waiting: 2, max: 2 }), "{err:?}");
+    assert!(
+        matches!(err, SubmitError::QueueFull { waiting: 2, max: 2 }),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("retry"), "{err}");
     // Stopping a queued run frees a place in the queue.
     assert_eq!(m.stop(&ids[2]).await.unwrap().status, Status::Stopped);
@@ -59,7 +64,9 @@ async fn never_more_than_max_concurrent_runs_execute_and_the_rest_wait_in_order(
     let fake = Arc::new(FakeEngine::new());
     fake.hang_on_start();
     let m = fake_manager(&fake, |c| c.runs.max_concurrent_runs = 3);
-    let ids: Vec<String> = (0..10).map(|_| m.submit(request("python", "print(1)")).unwrap().run_id).collect();
+    let ids: Vec<String> = (0..10)
+        .map(|_| m.submit(request("python", "print(1)")).unwrap().run_id)
+        .collect();
     eventually(10, "three runs started", || fake.started() == 3).await;
     let s = m.stats();
     assert_eq!((s.active, s.queued, s.peak_active), (3, 7, 3));
@@ -68,14 +75,20 @@ async fn never_more_than_max_concurrent_runs_execute_and_the_rest_wait_in_order(
     assert!(m.report(&ids[3]).unwrap().message.contains("number 1 of 7"));
     // Stopping a running run admits the head of the queue, not a later one.
     assert_eq!(m.stop(&ids[0]).await.unwrap().status, Status::Stopped);
-    eventually(10, "the head of the queue started", || status(&m, &ids[3]) == Status::Running).await;
+    eventually(10, "the head of the queue started", || {
+        status(&m, &ids[3]) == Status::Running
+    })
+    .await;
     assert_eq!(status(&m, &ids[4]), Status::Queued);
     m.shutdown(Duration::from_secs(10)).await;
     for id in &ids {
         assert_eq!(status(&m, id), Status::Stopped, "run {id}");
     }
     assert_eq!(m.stats().peak_active, 3);
-    eventually(10, "containers removed", || fake.live_containers().is_empty()).await;
+    eventually(10, "containers removed", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -144,7 +157,11 @@ async fn stopping_a_running_run_kills_it_and_removes_its_containers() {
     assert!(!fake.live_containers().is_empty());
     let r = m.stop(&run.run_id).await.unwrap();
     assert_eq!(r.status, Status::Stopped);
-    assert!(fake.live_containers().is_empty(), "{:?}", fake.live_containers());
+    assert!(
+        fake.live_containers().is_empty(),
+        "{:?}",
+        fake.live_containers()
+    );
     assert!(fake.live_volumes().is_empty());
     assert_eq!(m.stats().active, 0);
 }
@@ -173,10 +190,17 @@ async fn reports_are_kept_for_the_retention_then_forgotten() {
     assert_eq!(done.status, Status::Succeeded);
     tokio::time::sleep(Duration::from_secs(3590)).await;
     m.purge_expired();
-    assert_eq!(m.report(&run.run_id).unwrap(), done, "kept for the whole retention");
+    assert_eq!(
+        m.report(&run.run_id).unwrap(),
+        done,
+        "kept for the whole retention"
+    );
     tokio::time::sleep(Duration::from_secs(11)).await;
     m.purge_expired();
-    assert!(m.report(&run.run_id).is_none(), "forgotten after the retention");
+    assert!(
+        m.report(&run.run_id).is_none(),
+        "forgotten after the retention"
+    );
 }
 
 /// An engine whose `start_and_wait` panics; everything else is the fake's.
@@ -199,7 +223,11 @@ impl ContainerEngine for PanickingEngine {
     ) -> Result<String, EngineError> {
         self.0.build_image(tag, context_tar, labels, progress).await
     }
-    async fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<(), EngineError> {
+    async fn create_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), EngineError> {
         self.0.create_volume(name, labels).await
     }
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
@@ -211,7 +239,12 @@ impl ContainerEngine for PanickingEngine {
     async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError> {
         self.0.upload(id, path, tar).await
     }
-    async fn start_and_wait(&self, _: &str, _: StartOptions, _: CancellationToken) -> Result<Execution, EngineError> {
+    async fn start_and_wait(
+        &self,
+        _: &str,
+        _: StartOptions,
+        _: CancellationToken,
+    ) -> Result<Execution, EngineError> {
         panic!("engine exploded")
     }
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
@@ -229,13 +262,20 @@ impl ContainerEngine for PanickingEngine {
 async fn a_panic_in_a_run_task_becomes_a_sandbox_error_report_and_frees_the_slot() {
     let fake = Arc::new(FakeEngine::new());
     let (history, _dir) = temp_history();
-    let m = manager_on(Arc::new(PanickingEngine(fake.clone())), |c| c.runs.max_concurrent_runs = 1, Some(history.clone()));
+    let m = manager_on(
+        Arc::new(PanickingEngine(fake.clone())),
+        |c| c.runs.max_concurrent_runs = 1,
+        Some(history.clone()),
+    );
     let run = m.submit(request("python", "print(1)")).unwrap();
     let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(r.status, Status::SandboxError);
     assert!(r.message.contains("engine exploded"), "{}", r.message);
     assert_eq!(m.stats().active, 0);
-    eventually(10, "the panicked run's containers are removed", || fake.live_containers().is_empty()).await;
+    eventually(10, "the panicked run's containers are removed", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
     // The slot is free again.
     let next = m.submit(request("python", "print(1)")).unwrap();
     assert_eq!(next.status, Status::Running);
@@ -249,7 +289,11 @@ async fn each_run_gets_one_history_row_inserted_at_admission_and_completed_at_th
     let fake = Arc::new(FakeEngine::new());
     fake.hang_on_start();
     let (history, _dir) = temp_history();
-    let m = manager_on(fake.clone(), |c| c.runs.max_concurrent_runs = 1, Some(history.clone()));
+    let m = manager_on(
+        fake.clone(),
+        |c| c.runs.max_concurrent_runs = 1,
+        Some(history.clone()),
+    );
     m.submit(request("python", "print('running')")).unwrap();
     let queued = m.submit(request("py", "print('queued')")).unwrap();
     eventually(10, "started", || fake.started() == 1).await;
@@ -259,10 +303,17 @@ async fn each_run_gets_one_history_row_inserted_at_admission_and_completed_at_th
     assert_eq!(rows[0].status, Status::Queued);
     assert_eq!(rows[1].status, Status::Running);
     assert_eq!(rows[1].code_preview.as_deref(), Some("print('running')"));
-    assert_eq!(rows[1].code_sha256, codebox::history::sha256_hex("print('running')"));
+    assert_eq!(
+        rows[1].code_sha256,
+        codebox::history::sha256_hex("print('running')")
+    );
     m.shutdown(Duration::from_secs(10)).await;
     let rows = history.query(Query::default()).await.unwrap();
-    assert!(rows.iter().all(|r| r.status == Status::Stopped && r.ended_at.is_some()), "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r.status == Status::Stopped && r.ended_at.is_some()),
+        "{rows:?}"
+    );
     let only = history
         .query(Query {
             status: Some(Status::Stopped),
@@ -291,12 +342,20 @@ async fn the_code_policy_decides_how_much_code_history_keeps() {
     ] {
         let fake = Arc::new(FakeEngine::new());
         let (history, _dir) = temp_history();
-        let m = manager_on(fake.clone(), |c| c.history.code = policy, Some(history.clone()));
+        let m = manager_on(
+            fake.clone(),
+            |c| c.history.code = policy,
+            Some(history.clone()),
+        );
         let code = format!("print(1)#{}", "x".repeat(591));
         let run = m.submit(request("python", &code)).unwrap();
         m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
         let row = history.get(&run.run_id).await.unwrap().unwrap();
-        assert_eq!(row.code_preview.map(|p| p.chars().count()), expect, "{policy:?}");
+        assert_eq!(
+            row.code_preview.map(|p| p.chars().count()),
+            expect,
+            "{policy:?}"
+        );
         assert_eq!(row.code_bytes, 600);
         assert_eq!(row.status, Status::Succeeded);
     }
