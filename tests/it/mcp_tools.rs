@@ -445,3 +445,11 @@ async fn get_execution_history_lists_runs_newest_first_with_filters() {
     .await;
     assert!(none["runs"].as_array().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn history_without_a_database_is_a_tool_error_that_says_so() {
+    let fake = Arc::new(FakeEngine::new());
+    let client = connect(fake_manager(&fake, |_| {})).await;
+    let msg = tool_error(&client, "get_execution_history", json!({})).await;
+    assert!(msg.contains("history"), "{msg}");
+}

@@ -360,3 +360,13 @@ async fn the_code_policy_decides_how_much_code_history_keeps() {
         assert_eq!(row.status, Status::Succeeded);
     }
 }
+
+#[tokio::test]
+async fn after_shutdown_new_runs_are_refused() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    m.shutdown(Duration::from_secs(1)).await;
+    let err = m.submit(request("python", "print(1)")).unwrap_err();
+    assert_eq!(err, SubmitError::ShuttingDown);
+    assert!(!err.is_retryable());
+}
