@@ -160,12 +160,75 @@ impl CodeboxServer {
             if let Some(route) = tool_router.map.get_mut(name) {
                 route.attr.description = Some(description.into());
                 route.attr.annotations = Some(annotations);
+                if matches!(name, "run_code" | "start_run") {
+                    let schema = Self::run_schema_with_numbers(&route.attr.input_schema, &manager);
+                    route.attr.input_schema = std::sync::Arc::new(schema);
+                }
             }
         }
         CodeboxServer {
             manager,
             tool_router,
         }
+    }
+
+    /// The run argument schema with the running config's numbers and language ids written
+    /// into the field descriptions (the derived schema only has the static docs).
+    fn run_schema_with_numbers(
+        schema: &rmcp::model::JsonObject,
+        manager: &RunManager,
+    ) -> rmcp::model::JsonObject {
+        let c = manager.config();
+        let (d, m) = (c.limits.defaults, c.limits.ceilings);
+        let ids: Vec<&str> = manager
+            .registry()
+            .languages
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut schema = schema.clone();
+        let mut describe = |path: &[&str], text: String| {
+            let mut node = schema.get_mut(path[0]);
+            for key in &path[1..] {
+                node = node.and_then(|n| n.get_mut(*key));
+            }
+            if let Some(obj) = node.and_then(serde_json::Value::as_object_mut) {
+                obj.insert("description".into(), serde_json::Value::String(text));
+            }
+        };
+        describe(
+            &["properties", "language"],
+            format!(
+                "Language id or alias, one of: {} (see list_supported_languages).",
+                ids.join(", ")
+            ),
+        );
+        let limits = ["$defs", "LimitsInput", "properties"];
+        describe(
+            &[limits[0], limits[1], limits[2], "memory_mb"],
+            format!(
+                "Memory limit in MB, a whole number; default {}, at most {} (swap is disabled).",
+                d.memory_mb,
+                m.memory_mb.min(c.runs.memory_budget_mb)
+            ),
+        );
+        describe(
+            &[limits[0], limits[1], limits[2], "timeout_seconds"],
+            format!(
+                "Wall-clock limit of the run stage in seconds; default {}, at most {}.",
+                fmt_num(d.timeout_seconds),
+                fmt_num(m.timeout_seconds)
+            ),
+        );
+        describe(
+            &[limits[0], limits[1], limits[2], "cpus"],
+            format!(
+                "CPU quota in cores, may be fractional (e.g. 0.5); default {}, at most {}.",
+                fmt_num(d.cpus),
+                fmt_num(m.cpus)
+            ),
+        );
+        schema
     }
 
     pub fn manager(&self) -> &RunManager {

@@ -78,7 +78,17 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
     }
     let run_code = tools.iter().find(|t| t.name == "run_code").unwrap();
     let props = run_code.input_schema.get("properties").unwrap();
-    assert!(props.get("language").is_some() && props.get("limits").is_some());
+    assert!(props.get("limits").is_some());
+    let language = props["language"]["description"].as_str().unwrap();
+    assert!(
+        language.contains("python") && language.contains("cpp"),
+        "{language}"
+    );
+    let memory = run_code.input_schema["$defs"]["LimitsInput"]["properties"]["memory_mb"]
+        ["description"]
+        .as_str()
+        .unwrap();
+    assert!(memory.contains("default 384, at most 8192"), "{memory}");
     let info = client.peer_info().unwrap();
     assert_eq!(info.server_info.as_ref().unwrap().name, "codebox");
 }
