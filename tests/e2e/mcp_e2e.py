@@ -87,7 +87,15 @@ async def get_status(session, language, status):
     if limits:
         args["limits"] = limits
     if status != "stopped":
-        report = structured(await session.call_tool("run_code", args))
+        progress = []
+
+        async def on_progress(done, total, message):
+            progress.append((done, total, message))
+
+        report = structured(await session.call_tool("run_code", args, progress_callback=on_progress))
+        if status == "timed_out":
+            expect(progress, "no progress notifications during a 2 s run")
+            expect(all(b[0] > a[0] for a, b in zip(progress, progress[1:])), f"progress not increasing: {progress}")
         expect(report["status"] == status, f"expected {status}, got {report['status']}: {report['message']}")
         expect(report["language"] == language, f"language {report['language']}")
         if status == "succeeded":
