@@ -127,10 +127,8 @@ async def get_status(session, language, status):
 async def long_poll(session):
     started = structured(await session.call_tool(
         "start_run", {"language": "python", "code": "import time\ntime.sleep(1.5)\nprint(6 * 7)"}))
-    t = time.monotonic()
     r = structured(await session.call_tool("get_result", {"run_id": started["run_id"], "wait_seconds": 60}))
     expect(r["status"] == "succeeded" and r["stdout"] == "42\n", f"long-poll gave {r['status']}")
-    expect(time.monotonic() - t < 55, "long-poll did not answer when the run ended")
 
 
 async def errors(session):
