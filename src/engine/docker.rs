@@ -189,6 +189,7 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         memory_swappiness: Some(0),
         nano_cpus: Some(spec.nano_cpus),
         tmpfs: Some(to_hash(&spec.tmpfs)),
+        shm_size: Some(spec.shm_bytes),
         mounts: Some(mounts),
         binds: Some(Vec::new()),
         devices: Some(Vec::new()),
@@ -215,6 +216,8 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
     };
     ContainerCreateBody {
         image: Some(spec.image.clone()),
+        // Not the container id: nothing about the host or the daemon leaks through the name.
+        hostname: Some("sandbox".to_string()),
         cmd: Some(spec.cmd.clone()),
         entrypoint: Some(Vec::new()),
         env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),

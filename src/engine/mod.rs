@@ -8,6 +8,7 @@ pub mod docker;
 pub mod fake;
 pub mod guard;
 pub mod posture;
+pub mod seccomp;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -68,6 +69,8 @@ pub struct ContainerSpec {
     pub nano_cpus: i64,
     /// tmpfs mounts: path -> mount options.
     pub tmpfs: BTreeMap<String, String>,
+    /// Size of `/dev/shm` (a noexec tmpfs Docker always mounts), in bytes.
+    pub shm_bytes: i64,
     pub mounts: Vec<Mount>,
     pub devices: Vec<String>,
     /// (name, soft = hard limit)

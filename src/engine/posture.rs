@@ -55,6 +55,7 @@ pub fn locked_down(
         env.insert(k.clone(), v.clone());
     }
     let memory = (resources.memory_mb as i64) * 1024 * 1024;
+    let scratch_mb = resources.tmpfs_mb.min(resources.memory_mb.max(1));
     let file_size = (resources.max_file_size_mb as i64) * 1024 * 1024;
     ContainerSpec {
         name: name.to_string(),
@@ -68,7 +69,10 @@ pub fn locked_down(
         readonly_rootfs: true,
         cap_drop: vec!["ALL".to_string()],
         cap_add: Vec::new(),
-        security_opt: vec!["no-new-privileges".to_string()],
+        security_opt: vec![
+            "no-new-privileges".to_string(),
+            super::seccomp::security_opt(),
+        ],
         privileged: false,
         pids_limit: resources.pids_limit,
         memory_bytes: memory,
@@ -76,11 +80,9 @@ pub fn locked_down(
         nano_cpus: (resources.cpus * 1e9).round() as i64,
         tmpfs: BTreeMap::from([(
             SCRATCH.to_string(),
-            format!(
-                "rw,noexec,nosuid,nodev,size={}m,mode=1777",
-                resources.tmpfs_mb.min(resources.memory_mb.max(1))
-            ),
+            format!("rw,noexec,nosuid,nodev,size={scratch_mb}m,mode=1777"),
         )]),
+        shm_bytes: (scratch_mb as i64) * 1024 * 1024,
         mounts: workspace
             .into_iter()
             .map(|w| Mount {
@@ -148,6 +150,14 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
     {
         return fail("no-new-privileges is not set".into());
     }
+    let seccomp: Vec<&String> = spec
+        .security_opt
+        .iter()
+        .filter(|o| o.starts_with("seccomp"))
+        .collect();
+    if seccomp.len() != 1 || *seccomp[0] != super::seccomp::security_opt() {
+        return fail("the seccomp profile is not codebox's own".into());
+    }
     if spec.security_opt.iter().any(|o| o.contains("unconfined")) {
         return fail(format!(
             "security options weaken confinement: {:?}",
@@ -168,6 +178,12 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
     }
     if spec.nano_cpus <= 0 {
         return fail("no CPU quota".into());
+    }
+    if spec.shm_bytes <= 0 || spec.shm_bytes > spec.memory_bytes {
+        return fail(format!(
+            "/dev/shm size {} is not within the memory limit",
+            spec.shm_bytes
+        ));
     }
     if !spec.devices.is_empty() {
         return fail(format!("devices: {:?}", spec.devices));
@@ -252,7 +268,19 @@ mod tests {
             ("empty user", Box::new(|s| s.user = String::new())),
             ("cap_drop", Box::new(|s| s.cap_drop.clear())),
             ("cap_add", Box::new(|s| s.cap_add.push("SYS_ADMIN".into()))),
-            ("nnp", Box::new(|s| s.security_opt.clear())),
+            (
+                "nnp",
+                Box::new(|s| s.security_opt.retain(|o| o.starts_with("seccomp"))),
+            ),
+            (
+                "no seccomp",
+                Box::new(|s| s.security_opt.retain(|o| !o.starts_with("seccomp"))),
+            ),
+            (
+                "seccomp unconfined",
+                Box::new(|s| s.security_opt[1] = "seccomp=unconfined".into()),
+            ),
+            ("shm", Box::new(|s| s.shm_bytes = s.memory_bytes * 2)),
             ("privileged", Box::new(|s| s.privileged = true)),
             ("pids", Box::new(|s| s.pids_limit = 0)),
             ("memory", Box::new(|s| s.memory_bytes = 0)),

@@ -179,7 +179,7 @@ fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, Requ
         return reject(field, format!("`{path}` names no file"));
     }
     let joined = normal.join("/");
-    if joined == source_file {
+    if joined == source_file || joined.starts_with(&format!("{source_file}/")) {
         return reject(
             field,
             format!("`{path}` clashes with the source file `{source_file}`"),

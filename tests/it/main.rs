@@ -5,6 +5,7 @@ mod cli;
 mod common;
 mod docker_runs;
 mod fake_engine;
+mod hardening;
 mod reaper;
 mod registry_file;
 mod mcp_support;
