@@ -64,8 +64,10 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// Decide how `/mcp` is protected: `CODEBOX_TOKEN` (the `env_token` argument) or the token
-/// file, or nothing with `--no-auth` on a loopback address.
+/// Decide how `/mcp` is protected: the token file (`http.token_file`) if set, else
+/// `CODEBOX_TOKEN` (the `env_token` argument), or nothing with `--no-auth` on a loopback
+/// address. (`serve` drops a token file that only the config file named when the variable is
+/// set, so the order is flag, environment, file.)
 pub fn resolve_auth(
     config: &Config,
     no_auth: bool,

@@ -179,7 +179,13 @@ pub async fn serve(ctx: &Context, args: ServeArgs) -> Result<i32, ServeError> {
     }
     let token = match args.transport {
         TransportKind::Http => {
-            http::resolve_auth(&config, args.no_auth, std::env::var("CODEBOX_TOKEN").ok())?
+            // Precedence: --token-file, then CODEBOX_TOKEN, then the config file's token_file.
+            let env_token = std::env::var("CODEBOX_TOKEN").ok().filter(|t| !t.trim().is_empty());
+            let mut auth_config = config.clone();
+            if args.token_file.is_none() && env_token.is_some() {
+                auth_config.http.token_file = None;
+            }
+            http::resolve_auth(&auth_config, args.no_auth, env_token)?
         }
         TransportKind::Stdio => None,
     };
