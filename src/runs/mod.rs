@@ -355,9 +355,16 @@ impl RunManager {
     /// Record a run's end, free its slot and memory, wake waiters, start what can start.
     fn finish(&self, run_id: &str, outcome: Result<RunReport, String>) {
         let mut st = self.lock();
+        self.finish_locked(&mut st, run_id, outcome);
+    }
+
+    fn finish_locked(&self, st: &mut State, run_id: &str, outcome: Result<RunReport, String>) {
         let Some(run) = st.runs.get_mut(run_id) else {
             return;
         };
+        if matches!(run.phase, Phase::Done { .. }) {
+            return;
+        }
         let report = match outcome {
             Ok(r) => r,
             Err(message) => {
@@ -387,7 +394,7 @@ impl RunManager {
             st.active -= 1;
             st.active_memory_mb -= charge;
         }
-        self.pump(&mut st);
+        self.pump(st);
     }
 
     /// The run's report: final, or in progress (`queued`/`running`, with times so far).
@@ -466,9 +473,8 @@ impl RunManager {
                     r.queued_ms = run.accepted.elapsed().as_millis() as u64;
                     r.message = "stopped while waiting in the queue; it never started".into();
                     st.queue.retain(|id| id != run_id);
-                    drop(st);
-                    self.finish(run_id, Ok(r));
-                    return self.report(run_id);
+                    self.finish_locked(&mut st, run_id, Ok(r.clone()));
+                    return Some(r);
                 }
             }
         }
