@@ -61,11 +61,15 @@ impl Instance {
             return Liveness::Unknown;
         };
         match f.try_lock() {
-            Ok(()) => {
-                let _ = std::fs::remove_file(&path);
-                Liveness::Dead
-            }
+            Ok(()) => Liveness::Dead,
             Err(_) => Liveness::Alive,
+        }
+    }
+
+    /// Forget a dead instance once everything it left has been removed.
+    pub fn forget(data_dir: &Path, id: &str) {
+        if Instance::liveness(data_dir, id) == Liveness::Dead {
+            let _ = std::fs::remove_file(lock_path(data_dir, id));
         }
     }
 }

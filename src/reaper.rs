@@ -12,8 +12,7 @@ pub struct Reaped {
     pub volumes: usize,
 }
 
-/// `Instance::liveness` removes a dead instance's lock file, so a second look at the same
-/// instance would say `Unknown`: judge each instance once per sweep.
+/// Each instance is judged once per sweep (one lock-file check per instance).
 fn abandoned(
     obj: &Leftover,
     own: &str,
@@ -67,6 +66,13 @@ pub async fn reap(
                 // Still used by a container of a live instance.
                 Err(e) => tracing::debug!(volume = %v.id, error = %e, "volume not reaped"),
             }
+        }
+    }
+    // Only now that everything a dead instance left is gone may its lock file go: an
+    // interrupted sweep (an error above) leaves it, so the next sweep still knows it is dead.
+    for (id, liveness) in &seen {
+        if *liveness == Liveness::Dead {
+            Instance::forget(data_dir, id);
         }
     }
     if reaped != Reaped::default() {

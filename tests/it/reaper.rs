@@ -60,6 +60,17 @@ async fn containers_of_dead_or_expired_instances_are_reaped_and_live_ones_kept()
     )
     .unwrap();
     let dead_run = create(&engine, dead_id, now() + 3600).await;
+    // A dead instance usually leaves a container and a volume: both must go in one sweep.
+    let dead_labels = BTreeMap::from([
+        ("codebox.managed".to_string(), "true".to_string()),
+        ("codebox.run".to_string(), dead_run.clone()),
+        ("codebox.instance".to_string(), dead_id.to_string()),
+        ("codebox.expires".to_string(), (now() + 3600).to_string()),
+    ]);
+    engine
+        .create_volume(&format!("codebox-{dead_run}"), &dead_labels)
+        .await
+        .unwrap();
     let live_run = create(&engine, &alive.id, now() + 3600).await;
     let expired_run = create(&engine, "someotherhost", now() - 1).await;
     let mine_run = create(&engine, &me.id, now() + 3600).await;
@@ -73,11 +84,23 @@ async fn containers_of_dead_or_expired_instances_are_reaped_and_live_ones_kept()
     for run in [&dead_run, &live_run, &expired_run, &mine_run] {
         for id in crate::common::leftovers(run) {
             engine.remove_container(&id).await.unwrap();
+            engine.remove_volume(&id).await.unwrap();
         }
     }
     assert_eq!(live_left.len(), 1, "a live instance's container was reaped");
     assert_eq!(mine_left.len(), 1, "our own container was reaped");
     assert!(expired_left.is_empty(), "an expired container was kept");
-    assert!(dead_left.is_empty(), "a dead instance's container was kept");
+    assert!(
+        dead_left.is_empty(),
+        "a dead instance's container or volume was kept: {dead_left:?}"
+    );
+    assert!(
+        !data
+            .path()
+            .join("instances")
+            .join(format!("{dead_id}.lock"))
+            .exists(),
+        "the dead instance's lock file was kept after its objects were removed"
+    );
     drop(alive);
 }
