@@ -67,7 +67,12 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ImagesAction {
     /// Build images (default: all) from their folders under `images/`.
-    Build { names: Vec<String> },
+    Build {
+        names: Vec<String>,
+        /// Rebuild every layer, e.g. to pick up Debian's security updates.
+        #[arg(long)]
+        no_cache: bool,
+    },
     /// Show which images are present.
     List {
         #[arg(long)]
@@ -178,10 +183,10 @@ impl Context {
             lang.image.tag,
             lang.image.context.display()
         );
-        self.build_image(&lang.image.name).await
+        self.build_image(&lang.image.name, false).await
     }
 
-    async fn build_image(&self, name: &str) -> anyhow::Result<()> {
+    async fn build_image(&self, name: &str, no_cache: bool) -> anyhow::Result<()> {
         let image = images::find(&self.registry, name)?;
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_style(
@@ -202,7 +207,7 @@ impl Context {
                 }
             }
         };
-        let result = images::build(&self.executor, &self.registry, image, &progress).await;
+        let result = images::build(&self.executor, &self.registry, image, no_cache, &progress).await;
         bar.finish_and_clear();
         let id = result?;
         eprintln!(
@@ -340,7 +345,7 @@ async fn languages(ctx: &Context, json: bool) -> anyhow::Result<i32> {
 
 async fn images_cmd(ctx: &Context, action: ImagesAction) -> anyhow::Result<i32> {
     match action {
-        ImagesAction::Build { names } => {
+        ImagesAction::Build { names, no_cache } => {
             ctx.engine.ping().await?;
             let names: Vec<String> = if names.is_empty() {
                 ctx.registry.images.keys().cloned().collect()
@@ -351,7 +356,7 @@ async fn images_cmd(ctx: &Context, action: ImagesAction) -> anyhow::Result<i32> 
                 images::find(&ctx.registry, name)?;
             }
             for name in &names {
-                ctx.build_image(name).await?;
+                ctx.build_image(name, no_cache).await?;
             }
             Ok(0)
         }

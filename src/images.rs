@@ -108,10 +108,12 @@ pub fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageEr
 }
 
 /// Build one image and record its languages' versions. Returns the final image id.
+/// `no_cache` rebuilds every layer (to pick up the distribution's security updates).
 pub async fn build(
     executor: &Executor,
     registry: &Registry,
     image: &Image,
+    no_cache: bool,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<String, ImageError> {
     let engine = executor.engine().as_ref();
@@ -131,7 +133,7 @@ pub async fn build(
     };
     let base_labels = BTreeMap::from([("codebox.image".to_string(), image.name.clone())]);
     let id = engine
-        .build_image(&image.tag, tar, base_labels.clone(), progress)
+        .build_image(&image.tag, tar, base_labels.clone(), no_cache, progress)
         .await?;
 
     let mut labels = base_labels;
@@ -175,5 +177,7 @@ pub async fn build(
     b.append_data(&mut h, "Dockerfile", dockerfile.as_bytes())
         .expect("tar into memory");
     let tar = b.into_inner().expect("tar into memory");
-    Ok(engine.build_image(&image.tag, tar, labels, &|_| {}).await?)
+    Ok(engine
+        .build_image(&image.tag, tar, labels, false, &|_| {})
+        .await?)
 }

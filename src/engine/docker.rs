@@ -278,6 +278,7 @@ impl ContainerEngine for DockerEngine {
         tag: &str,
         context_tar: Vec<u8>,
         labels: BTreeMap<String, String>,
+        no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
         self.usable()?;
@@ -285,6 +286,7 @@ impl ContainerEngine for DockerEngine {
             .t(tag)
             .rm(true)
             .forcerm(true)
+            .nocache(no_cache)
             .labels(&to_hash(&labels))
             .build();
         let build_err = |detail: String| EngineError::BuildImage {

@@ -159,6 +159,7 @@ impl ContainerEngine for FakeEngine {
         tag: &str,
         _context_tar: Vec<u8>,
         _labels: BTreeMap<String, String>,
+        _no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
         progress("fake build");

@@ -218,6 +218,7 @@ pub trait ContainerEngine: Send + Sync + 'static {
         tag: &str,
         context_tar: Vec<u8>,
         labels: BTreeMap<String, String>,
+        no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError>;
     async fn create_volume(
