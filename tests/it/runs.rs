@@ -219,9 +219,12 @@ impl ContainerEngine for PanickingEngine {
         tag: &str,
         context_tar: Vec<u8>,
         labels: BTreeMap<String, String>,
+        no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
-        self.0.build_image(tag, context_tar, labels, progress).await
+        self.0
+            .build_image(tag, context_tar, labels, no_cache, progress)
+            .await
     }
     async fn create_volume(
         &self,
