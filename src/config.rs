@@ -55,6 +55,13 @@ pub const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 /// The uid:gid every container runs as. Images create this user and give it `/workspace`.
 pub const SANDBOX_USER: &str = "10001:10001";
 
+/// [`SANDBOX_USER`] as numbers.
+pub fn sandbox_ids() -> (u64, u64) {
+    let mut parts = SANDBOX_USER.split(':').map(|p| p.parse::<u64>().unwrap_or(10001));
+    let uid = parts.next().unwrap_or(10001);
+    (uid, parts.next().unwrap_or(uid))
+}
+
 /// Defaults and ceilings for the client-settable limits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LimitPolicy {

@@ -346,6 +346,43 @@ impl ContainerEngine for DockerEngine {
             .map_err(|e| self.fail(EngineError::CreateVolume, e))
     }
 
+    async fn create_tmpfs_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        size_mb: u64,
+    ) -> Result<(), EngineError> {
+        self.usable()?;
+        let (uid, gid) = crate::config::sandbox_ids();
+        let options = HashMap::from([
+            ("type".to_string(), "tmpfs".to_string()),
+            ("device".to_string(), "tmpfs".to_string()),
+            (
+                "o".to_string(),
+                format!("size={size_mb}m,uid={uid},gid={gid},mode=0755,nosuid,nodev"),
+            ),
+        ]);
+        self.docker
+            .create_volume(VolumeCreateRequest {
+                name: Some(name.to_string()),
+                driver: Some("local".to_string()),
+                driver_opts: Some(options),
+                labels: Some(to_hash(labels)),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(EngineError::CreateVolume, e))
+    }
+
+    async fn start(&self, id: &str) -> Result<(), EngineError> {
+        self.usable()?;
+        self.docker
+            .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
+            .await
+            .map_err(|e| self.fail(EngineError::StartContainer, e))
+    }
+
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
         self.usable()?;
         let options = RemoveVolumeOptionsBuilder::new().force(true).build();

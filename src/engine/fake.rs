@@ -180,6 +180,19 @@ impl ContainerEngine for FakeEngine {
         Ok(())
     }
 
+    async fn create_tmpfs_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        _size_mb: u64,
+    ) -> Result<(), EngineError> {
+        self.create_volume(name, labels).await
+    }
+
+    async fn start(&self, _id: &str) -> Result<(), EngineError> {
+        self.check(Step::Start)
+    }
+
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
         self.state.lock().unwrap().live_volumes.remove(name);
         Ok(())

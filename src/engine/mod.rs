@@ -226,6 +226,25 @@ pub trait ContainerEngine: Send + Sync + 'static {
         name: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), EngineError>;
+    /// Create a volume backed by a tmpfs of `size_mb`, owned by the sandbox user. Its content
+    /// lives only while some container has it mounted.
+    async fn create_tmpfs_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        size_mb: u64,
+    ) -> Result<(), EngineError> {
+        let _ = (labels, size_mb);
+        Err(EngineError::CreateVolume(format!(
+            "{name}: this engine has no tmpfs volumes"
+        )))
+    }
+    /// Start a created container and leave it running (a holder: it never exits by itself).
+    async fn start(&self, id: &str) -> Result<(), EngineError> {
+        Err(EngineError::StartContainer(format!(
+            "{id}: this engine cannot start containers without waiting"
+        )))
+    }
     /// Idempotent: removing a volume that does not exist is `Ok`.
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
     /// Create (not start) a container; returns its id.

@@ -2,15 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::SANDBOX_USER;
-
-fn sandbox_ids() -> (u64, u64) {
-    let mut parts = SANDBOX_USER
-        .split(':')
-        .map(|p| p.parse::<u64>().unwrap_or(10001));
-    let uid = parts.next().unwrap_or(10001);
-    (uid, parts.next().unwrap_or(uid))
-}
+use crate::config::sandbox_ids;
 
 /// Build a tar of the workspace: the source file and the extra files, every entry owned by
 /// the sandbox user (so the compile stage can write next to them).

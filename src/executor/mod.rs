@@ -24,6 +24,11 @@ use crate::engine::{
 use crate::report::{CompileReport, RunReport, Stage, Status, Usage};
 pub use request::{Encoding, FileInput, LimitsInput, RequestError, RunRequest, ValidRequest};
 
+/// What the idle holder of a tmpfs workspace may use.
+const HOLDER_MEMORY_MB: u64 = 16;
+const HOLDER_CPUS: f64 = 0.05;
+const HOLDER_PIDS: i64 = 8;
+
 /// Extra time before a container counts as abandoned, beyond its limits.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
 
@@ -228,10 +233,19 @@ impl Executor {
 
         let volume = format!("codebox-{run_id}");
         resources.track_volume(&volume);
-        self.engine.create_volume(&volume, &labels).await?;
+        let compile_limits = lang.compile_limits;
+        match compile_limits.workspace_mb {
+            None => self.engine.create_volume(&volume, &labels).await?,
+            Some(size_mb) => {
+                self.engine
+                    .create_tmpfs_volume(&volume, &labels, size_mb)
+                    .await?;
+                self.hold(run_id, &lang.image.tag, &volume, &labels, resources)
+                    .await?;
+            }
+        }
 
         // Prepare the workspace: the compile container, or a loader that is never started.
-        let compile_limits = lang.compile_limits;
         let prep_resources = Resources {
             memory_mb: compile_limits.memory_mb,
             cpus: compile_limits.cpus,
@@ -349,6 +363,43 @@ impl Executor {
         }
         let exec = exec?;
         self.finish_run(report, &exec, req);
+        Ok(())
+    }
+
+    /// Start an idle, locked-down container that keeps a tmpfs workspace mounted from the
+    /// upload to the end of the run (a tmpfs volume loses its content when nothing mounts it).
+    async fn hold(
+        &self,
+        run_id: &str,
+        image: &str,
+        volume: &str,
+        labels: &BTreeMap<String, String>,
+        resources: &mut RunResources,
+    ) -> Result<(), SandboxFailure> {
+        let name = format!("codebox-{run_id}-hold");
+        let spec = posture::locked_down(
+            &name,
+            image,
+            vec!["sleep".into(), "infinity".into()],
+            &BTreeMap::new(),
+            Some(Workspace {
+                volume: volume.to_string(),
+                writable: false,
+            }),
+            &Resources {
+                memory_mb: HOLDER_MEMORY_MB,
+                cpus: HOLDER_CPUS,
+                pids_limit: HOLDER_PIDS,
+                tmpfs_mb: 1,
+                max_file_size_mb: 1,
+            },
+            labels.clone(),
+            false,
+        );
+        posture::check(&spec, WorkspaceAccess::ReadOnly)?;
+        resources.track_container(&name);
+        self.engine.create_container(&spec).await?;
+        self.engine.start(&name).await?;
         Ok(())
     }
 

@@ -30,6 +30,14 @@ pub struct CompileLimits {
     pub timeout_seconds: f64,
     pub memory_mb: u64,
     pub cpus: f64,
+    /// When set, the workspace is a tmpfs of this many MB instead of a disk-backed volume.
+    ///
+    /// # Security
+    /// Set it for compilers that run user code at compile time (GHC's Template Haskell and
+    /// preprocessors named in `OPTIONS_GHC`): a disk-backed workspace caps each file
+    /// (`max_file_size_mb`) but not their number. The tmpfs caps the total; it costs a third,
+    /// idle container per run that keeps the tmpfs mounted between the stages.
+    pub workspace_mb: Option<u64>,
 }
 
 /// What a smoke sample expects.
@@ -339,6 +347,7 @@ fn validate_language(
         timeout_seconds: DEFAULT_COMPILE_TIMEOUT_SECONDS,
         memory_mb: DEFAULT_COMPILE_MEMORY_MB,
         cpus: DEFAULT_COMPILE_CPUS,
+        workspace_mb: None,
     };
     if let Some(l) = raw.compile_limits {
         if let Some(t) = l.timeout_seconds {
@@ -352,6 +361,12 @@ fn validate_language(
                 return err("compile_limits.memory_mb", "must be positive".into());
             }
             compile_limits.memory_mb = m;
+        }
+        if let Some(w) = l.workspace_mb {
+            if w == 0 {
+                return err("compile_limits.workspace_mb", "must be positive".into());
+            }
+            compile_limits.workspace_mb = Some(w);
         }
         if let Some(c) = l.cpus {
             if !(c.is_finite() && c > 0.0) {

@@ -18,6 +18,7 @@ pub struct RawLimits {
     pub timeout_seconds: Option<f64>,
     pub memory_mb: Option<u64>,
     pub cpus: Option<f64>,
+    pub workspace_mb: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -448,3 +448,56 @@ async fn the_hostname_does_not_reveal_the_container_id() {
     .await;
     assert_eq!(r.stdout, "sandbox sandbox\n", "{r:?}");
 }
+
+/// A language whose "compiler" runs the submitted script, as GHC runs Template Haskell.
+const BUILD_SCRIPT_REGISTRY: &str = r#"
+[images.bash]
+tag = "codebox/bash:5.2"
+context = "images/bash"
+
+[languages.buildscript]
+display_name = "A compile step that runs user code"
+image = "bash"
+source_file = "build.sh"
+compile = ["bash", "build.sh"]
+run = ["cat", "out.txt"]
+compile_limits = { workspace_mb = 16 }
+"#;
+
+async fn run_build_script(code: &str) -> codebox::report::RunReport {
+    let registry = codebox::registry::Registry::parse(
+        std::path::Path::new("buildscript.toml"),
+        BUILD_SCRIPT_REGISTRY,
+    )
+    .unwrap();
+    let exec = common::docker_executor();
+    let valid = ValidRequest::new(
+        common::request("buildscript", code),
+        &registry,
+        exec.config(),
+    )
+    .unwrap();
+    let id = codebox::executor::new_run_id();
+    let report = exec
+        .execute(&id, &valid, 0, tokio_util::sync::CancellationToken::new())
+        .await;
+    common::assert_no_leftovers(&id);
+    report
+}
+
+#[tokio::test]
+async fn a_tmpfs_workspace_carries_compile_output_to_the_run_stage() {
+    let r = run_build_script("echo built > out.txt").await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.stdout, "built\n");
+}
+
+#[tokio::test]
+async fn compile_time_code_cannot_write_more_than_the_tmpfs_workspace() {
+    let code =
+        "set -e\nfor i in 1 2 3; do head -c 10000000 /dev/zero > f$i; done\necho done > out.txt";
+    let r = run_build_script(code).await;
+    assert_eq!(r.status, Status::CompileError, "{r:?}");
+    let c = r.compile.unwrap();
+    assert!(c.stderr.contains("No space left on device"), "{}", c.stderr);
+}
