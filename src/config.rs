@@ -41,6 +41,9 @@ pub const DEFAULT_MEMORY_BUDGET_MB: u64 = 8192;
 pub const DEFAULT_RESULT_RETENTION_SECONDS: u64 = 3600;
 /// The contract's floor for the retention: reports are kept at least an hour.
 pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
+/// Finished reports held in memory together stay within this many MB (`[runs] retained_reports_mb`);
+/// beyond it the oldest are evicted and served from the history database.
+pub const DEFAULT_RETAINED_REPORTS_MB: u64 = 256;
 /// File name of the history database inside the data directory.
 pub const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
 /// Characters of code kept by the `preview` history policy.
@@ -136,6 +139,17 @@ pub struct RunsPolicy {
     pub memory_budget_mb: u64,
     /// How long a finished run's report stays available to `get_result`, in seconds.
     pub result_retention_seconds: u64,
+    /// Total size of the finished reports kept in memory, in MB (their stdout, stderr and
+    /// compile output, plus a small fixed overhead each). Beyond it the oldest reports leave
+    /// memory; `get_result` then reads them from the history database, which keeps full
+    /// reports for the retention period.
+    ///
+    /// # Security
+    /// This is what bounds the server's memory for results: without it, an hour of runs that
+    /// fill their output caps is tens of GiB. If the history database is unavailable, an
+    /// evicted report is lost to `get_result` (the error names this setting), but memory stays
+    /// bounded.
+    pub retained_reports_mb: u64,
 }
 
 impl Default for RunsPolicy {
@@ -145,6 +159,7 @@ impl Default for RunsPolicy {
             max_queued_runs: DEFAULT_MAX_QUEUED_RUNS,
             memory_budget_mb: DEFAULT_MEMORY_BUDGET_MB,
             result_retention_seconds: DEFAULT_RESULT_RETENTION_SECONDS,
+            retained_reports_mb: DEFAULT_RETAINED_REPORTS_MB,
         }
     }
 }
@@ -306,6 +321,7 @@ struct RawRuns {
     max_queued_runs: Option<usize>,
     memory_budget_mb: Option<u64>,
     result_retention_seconds: Option<u64>,
+    retained_reports_mb: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize, serde::Serialize)]
@@ -399,6 +415,7 @@ impl Config {
         p.max_queued_runs = r.max_queued_runs.unwrap_or(p.max_queued_runs);
         p.memory_budget_mb = r.memory_budget_mb.unwrap_or(p.memory_budget_mb);
         p.result_retention_seconds = r.result_retention_seconds.unwrap_or(p.result_retention_seconds);
+        p.retained_reports_mb = r.retained_reports_mb.unwrap_or(p.retained_reports_mb);
         if raw.history.path.is_some() {
             c.history.path = raw.history.path;
         }
@@ -455,6 +472,7 @@ impl Config {
             "runs.max_queued_runs" => self.runs.max_queued_runs = num(value)?,
             "runs.memory_budget_mb" => self.runs.memory_budget_mb = num(value)?,
             "runs.result_retention_seconds" => self.runs.result_retention_seconds = num(value)?,
+            "runs.retained_reports_mb" => self.runs.retained_reports_mb = num(value)?,
             "history.path" => self.history.path = Some(PathBuf::from(value)),
             "history.code" => {
                 self.history.code = CodePolicy::parse(value.trim())
@@ -505,6 +523,7 @@ impl Config {
                 max_queued_runs: Some(self.runs.max_queued_runs),
                 memory_budget_mb: Some(self.runs.memory_budget_mb),
                 result_retention_seconds: Some(self.runs.result_retention_seconds),
+                retained_reports_mb: Some(self.runs.retained_reports_mb),
             },
             history: RawHistory {
                 path: Some(self.history_path()),
@@ -605,6 +624,13 @@ impl Config {
                 &format!("must be at least {MIN_RESULT_RETENTION_SECONDS} (reports are kept for at least an hour)"),
             ));
         }
+        if r.retained_reports_mb == 0 {
+            return Err(invalid(
+                "runs.retained_reports_mb",
+                0,
+                "must be positive (it bounds the memory of finished reports)",
+            ));
+        }
         let h = &self.http;
         if h.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(invalid(
@@ -629,7 +655,7 @@ impl Config {
 
 /// Environment variables that override config-file settings: (variable, setting).
 /// `CODEBOX_DATA_DIR` is also read for the default data directory.
-pub const ENV_SETTINGS: [(&str, &str); 14] = [
+pub const ENV_SETTINGS: [(&str, &str); 15] = [
     ("CODEBOX_DATA_DIR", "data_dir"),
     ("CODEBOX_DEFAULT_MEMORY_MB", "limits.default_memory_mb"),
     ("CODEBOX_MAX_MEMORY_MB", "limits.max_memory_mb"),
@@ -639,6 +665,7 @@ pub const ENV_SETTINGS: [(&str, &str); 14] = [
     ("CODEBOX_MAX_QUEUED_RUNS", "runs.max_queued_runs"),
     ("CODEBOX_MEMORY_BUDGET_MB", "runs.memory_budget_mb"),
     ("CODEBOX_RESULT_RETENTION_SECONDS", "runs.result_retention_seconds"),
+    ("CODEBOX_RETAINED_REPORTS_MB", "runs.retained_reports_mb"),
     ("CODEBOX_HISTORY_PATH", "history.path"),
     ("CODEBOX_HISTORY_CODE", "history.code"),
     ("CODEBOX_LISTEN", "http.listen"),
@@ -701,5 +728,19 @@ mod tests {
         assert_eq!(again, c);
         let err = Config::from_toml("[runs]\nresult_retention_seconds = 5\n").unwrap_err();
         assert!(err.to_string().contains("runs.result_retention_seconds"), "{err}");
+    }
+
+    #[test]
+    fn retained_reports_mb_defaults_to_256_prints_and_must_be_positive() {
+        let c = Config::default();
+        assert_eq!(c.runs.retained_reports_mb, 256);
+        assert!(c.to_toml().contains("retained_reports_mb = 256"), "{}", c.to_toml());
+        let c = Config::from_toml("[runs]\nretained_reports_mb = 64\n").unwrap();
+        assert_eq!(c.runs.retained_reports_mb, 64);
+        let err = Config::from_toml("[runs]\nretained_reports_mb = 0\n").unwrap_err();
+        assert!(err.to_string().contains("runs.retained_reports_mb"), "{err}");
+        let mut c = Config::default();
+        c.apply_env(|k| (k == "CODEBOX_RETAINED_REPORTS_MB").then(|| "32".to_string())).unwrap();
+        assert_eq!(c.runs.retained_reports_mb, 32);
     }
 }

@@ -7,12 +7,17 @@
 //!
 //! At open, rows another (now dead) server instance left `queued` or `running` are marked
 //! `sandbox_error` with the message "interrupted by server restart".
+//!
+//! Besides the metadata kept forever (SPEC section 9), a row holds the run's full final report
+//! (JSON, `report` column) for the retention period only: the run manager serves reports it
+//! evicted from memory from here, and clears the column when the retention has passed
+//! ([`History::forget_reports`], [`History::forget_reports_ended_before`]).
 
 pub mod command;
 mod schema;
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use schemars::JsonSchema;
@@ -169,8 +174,19 @@ enum Command {
         at_ms: i64,
     },
     Finish {
-        report: Box<RunReport>,
+        report: Arc<RunReport>,
         at_ms: i64,
+    },
+    ForgetReports {
+        run_ids: Vec<String>,
+    },
+    ForgetReportsEndedBefore {
+        cutoff_ms: i64,
+    },
+    Report {
+        run_id: String,
+        ended_after_ms: Option<i64>,
+        reply: Reply<Option<RunReport>>,
     },
     Query {
         query: Query,
@@ -250,12 +266,43 @@ impl History {
         });
     }
 
-    /// Record a run's final report.
-    pub fn finish(&self, report: &RunReport) {
+    /// Record a run's final report: its metadata, and the whole report until
+    /// [`History::forget_reports`] clears it.
+    pub fn finish(&self, report: Arc<RunReport>) {
         self.send(Command::Finish {
-            report: Box::new(report.clone()),
+            report,
             at_ms: now_ms(),
         });
+    }
+
+    /// Drop the stored full reports of these runs (their metadata stays).
+    pub fn forget_reports(&self, run_ids: Vec<String>) {
+        if !run_ids.is_empty() {
+            self.send(Command::ForgetReports { run_ids });
+        }
+    }
+
+    /// Drop the stored full reports of every run that ended before `cutoff_ms` (Unix ms): the
+    /// backstop for runs no living manager tracks (a crash, another instance).
+    pub fn forget_reports_ended_before(&self, cutoff_ms: i64) {
+        self.send(Command::ForgetReportsEndedBefore { cutoff_ms });
+    }
+
+    /// A finished run's full report, if it is still stored (and, with `ended_after_ms`, if the
+    /// run ended at or after that Unix ms time). Sees every write sent before it.
+    pub async fn report(
+        &self,
+        run_id: &str,
+        ended_after_ms: Option<i64>,
+    ) -> Result<Option<RunReport>, HistoryError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Report {
+            run_id: run_id.to_string(),
+            ended_after_ms,
+            reply,
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
     }
 
     /// Rows matching `query`, newest first. Sees every write sent before it.
@@ -352,6 +399,9 @@ fn actor(path: PathBuf, owner: Option<Owner>, rx: mpsc::Receiver<Command>) {
                 Command::Get { reply, .. } => {
                     let _ = reply.send(Err(unavailable("it could not be opened (see the log)")));
                 }
+                Command::Report { reply, .. } => {
+                    let _ = reply.send(Err(unavailable("it could not be opened (see the log)")));
+                }
                 _ => {}
             }
             continue;
@@ -365,6 +415,17 @@ fn actor(path: PathBuf, owner: Option<Owner>, rx: mpsc::Receiver<Command>) {
                 )
                 .map(|_| ()),
             Command::Finish { report, at_ms } => finish(conn, &report, at_ms).map(|_| ()),
+            Command::ForgetReports { run_ids } => forget_reports(conn, &run_ids).map(|_| ()),
+            Command::ForgetReportsEndedBefore { cutoff_ms } => conn
+                .execute(
+                    "UPDATE runs SET report = NULL WHERE report IS NOT NULL AND ended_at < ?1",
+                    params![cutoff_ms],
+                )
+                .map(|_| ()),
+            Command::Report { run_id, ended_after_ms, reply } => {
+                let _ = reply.send(stored_report(conn, &run_id, ended_after_ms));
+                Ok(())
+            }
             Command::Query { query, reply } => {
                 let _ = reply.send(select(conn, &query).map_err(|e| HistoryError::Query(e.to_string())));
                 Ok(())
@@ -401,11 +462,14 @@ fn insert(conn: &Connection, r: &NewRun) -> Result<usize, rusqlite::Error> {
 }
 
 fn finish(conn: &Connection, r: &RunReport, at_ms: i64) -> Result<usize, rusqlite::Error> {
+    let json = serde_json::to_string(r)
+        .map_err(|e| tracing::warn!(run_id = r.run_id, error = %e, "cannot store a run's report"))
+        .ok();
     conn.execute(
         "UPDATE runs SET status = ?2, stage = ?3, exit_code = ?4, signal = ?5, image_id = ?6,
             duration_ms = ?7, queued_ms = ?8, compile_duration_ms = ?9,
             stdout_bytes = ?10, stderr_bytes = ?11, stdout_truncated = ?12, stderr_truncated = ?13,
-            message = ?14, ended_at = ?15
+            message = ?14, ended_at = ?15, report = ?16
          WHERE id = ?1",
         params![
             r.run_id,
@@ -423,8 +487,45 @@ fn finish(conn: &Connection, r: &RunReport, at_ms: i64) -> Result<usize, rusqlit
             r.stderr_truncated,
             r.message,
             at_ms,
+            json,
         ],
     )
+}
+
+fn forget_reports(conn: &Connection, run_ids: &[String]) -> Result<(), rusqlite::Error> {
+    let tx = conn.unchecked_transaction()?;
+    {
+        let mut stmt = tx
+            .prepare_cached("UPDATE runs SET report = NULL WHERE id = ?1 AND report IS NOT NULL")?;
+        for id in run_ids {
+            stmt.execute(params![id])?;
+        }
+    }
+    tx.commit()
+}
+
+fn stored_report(
+    conn: &Connection,
+    run_id: &str,
+    ended_after_ms: Option<i64>,
+) -> Result<Option<RunReport>, HistoryError> {
+    let json: Option<String> = conn
+        .query_row(
+            "SELECT report FROM runs
+             WHERE id = ?1 AND report IS NOT NULL AND (?2 IS NULL OR ended_at >= ?2)",
+            params![run_id, ended_after_ms],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| HistoryError::Query(e.to_string()))?;
+    json.map(|j| {
+        serde_json::from_str(&j).map_err(|e| {
+            HistoryError::Query(format!(
+                "the stored report of run {run_id} is unreadable: {e}"
+            ))
+        })
+    })
+    .transpose()
 }
 
 const COLUMNS: &str = "id, created_at, started_at, ended_at, language, image_id, memory_mb, timeout_seconds,
@@ -561,6 +662,79 @@ mod tests {
             assert_eq!(r.message, INTERRUPTED_MESSAGE);
             assert!(r.ended_at.is_some());
         }
+    }
+
+    fn report(run_id: &str, stdout: &str) -> RunReport {
+        RunReport {
+            run_id: run_id.to_string(),
+            language: "python".into(),
+            status: Status::Succeeded,
+            stage: Some(Stage::Run),
+            exit_code: Some(0),
+            signal: None,
+            stdout: stdout.to_string(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_bytes: stdout.len() as u64,
+            stderr_bytes: 0,
+            compile: None,
+            duration_ms: 5,
+            queued_ms: 0,
+            usage: Default::default(),
+            limits: limits(),
+            image_id: None,
+            message: "exited with code 0".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn full_reports_are_stored_at_the_end_and_cleared_by_id_or_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = History::open(
+            &dir.path().join("h.sqlite3"),
+            Owner {
+                instance: "x".into(),
+                data_dir: dir.path().to_path_buf(),
+            },
+        );
+        for id in ["r1", "r2", "r3"] {
+            h.insert(NewRun::new(
+                id,
+                "python",
+                limits(),
+                "print(1)",
+                CodePolicy::Preview,
+                "x",
+            ));
+        }
+        assert_eq!(h.report("r1", None).await.unwrap(), None, "not ended yet");
+        for id in ["r1", "r2", "r3"] {
+            h.finish(Arc::new(report(id, &format!("out of {id}\n"))));
+        }
+        assert_eq!(
+            h.report("r1", None).await.unwrap(),
+            Some(report("r1", "out of r1\n"))
+        );
+        assert_eq!(h.report("nope", None).await.unwrap(), None);
+        let later = now_ms() + 60_000;
+        assert_eq!(
+            h.report("r1", Some(later)).await.unwrap(),
+            None,
+            "ended too long ago"
+        );
+        h.forget_reports(vec!["r1".into()]);
+        assert_eq!(h.report("r1", None).await.unwrap(), None);
+        assert!(h.report("r2", None).await.unwrap().is_some());
+        h.forget_reports_ended_before(later);
+        assert_eq!(h.report("r2", None).await.unwrap(), None);
+        assert_eq!(h.report("r3", None).await.unwrap(), None);
+        let row = h.get("r2").await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.stdout_bytes),
+            (Status::Succeeded, 10),
+            "metadata stays"
+        );
     }
 
     #[tokio::test]

@@ -34,6 +34,10 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX runs_by_time ON runs (created_at);
     CREATE INDEX runs_by_status ON runs (status);",
+    // 2: the full final report (JSON), kept only for the retention period so that `get_result`
+    // can answer for reports evicted from memory; the partial index finds the rows to clear.
+    "ALTER TABLE runs ADD COLUMN report TEXT;
+    CREATE INDEX runs_with_report ON runs (ended_at) WHERE report IS NOT NULL;",
 ];
 
 /// Bring the database to the latest schema. A database newer than this binary is refused.
@@ -67,5 +71,21 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(v, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn a_version_1_database_gains_the_report_column() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        migrate(&conn).unwrap();
+        let cols: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info('runs')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(cols.iter().any(|c| c == "report"), "{cols:?}");
     }
 }

@@ -234,14 +234,6 @@ impl CodeboxServer {
     pub fn manager(&self) -> &RunManager {
         &self.manager
     }
-
-    fn unknown_run(&self, run_id: &str) -> String {
-        format!(
-            "run_id: no run `{run_id}` is known to this server (reports are kept for {} s after a run ends; \
-             see get_execution_history for older runs)",
-            self.manager.config().runs.result_retention_seconds
-        )
-    }
 }
 
 #[tool_router]
@@ -285,12 +277,12 @@ impl CodeboxServer {
             tokio::select! {
                 _ = ctx.ct.cancelled() => {
                     tracing::info!(run_id, "run_code was cancelled by the client; stopping the run");
-                    return self.manager.stop(&run_id).await.map(Json).ok_or_else(|| self.unknown_run(&run_id));
+                    return self.manager.stop(&run_id).await.map(Json).map_err(|e| e.to_string());
                 }
                 report = self.manager.wait(&run_id, PROGRESS_INTERVAL) => match report {
-                    Some(r) if r.status.is_terminal() => return Ok(Json(r)),
-                    Some(_) => {}
-                    None => return Err(self.unknown_run(&run_id)),
+                    Ok(r) if r.status.is_terminal() => return Ok(Json(r)),
+                    Ok(_) => {}
+                    Err(e) => return Err(e.to_string()),
                 }
             }
         }
@@ -319,7 +311,7 @@ impl CodeboxServer {
         let wait = Duration::from_secs_f64(wait);
         tokio::select! {
             _ = ct.cancelled() => Err("the call was cancelled".to_string()),
-            r = self.manager.wait(&p.run_id, wait) => r.map(Json).ok_or_else(|| self.unknown_run(&p.run_id)),
+            r = self.manager.wait(&p.run_id, wait) => r.map(Json).map_err(|e| e.to_string()),
         }
     }
 
@@ -332,7 +324,7 @@ impl CodeboxServer {
             .stop(&p.run_id)
             .await
             .map(Json)
-            .ok_or_else(|| self.unknown_run(&p.run_id))
+            .map_err(|e| e.to_string())
     }
 
     #[tool(description = "List the supported languages and limits.")]

@@ -31,6 +31,7 @@ pub struct Metrics {
     latency: Mutex<Histogram>,
     rejected_queue_full: AtomicU64,
     containers_reaped: AtomicU64,
+    reports_evicted: AtomicU64,
 }
 
 impl Metrics {
@@ -51,6 +52,10 @@ impl Metrics {
         }
         h.count += 1;
         h.sum += seconds;
+    }
+
+    pub(super) fn report_evicted(&self) {
+        self.reports_evicted.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn rejected_queue_full(&self) {
@@ -123,6 +128,26 @@ impl Metrics {
         );
         let _ = writeln!(w, "# TYPE codebox_active_memory_mb gauge");
         let _ = writeln!(w, "codebox_active_memory_mb {}", stats.active_memory_mb);
+        let _ = writeln!(
+            w,
+            "# HELP codebox_retained_reports_bytes Finished reports held in memory, as counted against runs.retained_reports_mb."
+        );
+        let _ = writeln!(w, "# TYPE codebox_retained_reports_bytes gauge");
+        let _ = writeln!(
+            w,
+            "codebox_retained_reports_bytes {}",
+            stats.retained_report_bytes
+        );
+        let _ = writeln!(
+            w,
+            "# HELP codebox_reports_evicted_total Finished reports moved out of memory because of runs.retained_reports_mb."
+        );
+        let _ = writeln!(w, "# TYPE codebox_reports_evicted_total counter");
+        let _ = writeln!(
+            w,
+            "codebox_reports_evicted_total {}",
+            self.reports_evicted.load(Ordering::Relaxed)
+        );
         let _ = writeln!(w, "# HELP codebox_run_latency_seconds Time from acceptance to the final status (queue wait included).");
         let _ = writeln!(w, "# TYPE codebox_run_latency_seconds histogram");
         {

@@ -9,6 +9,13 @@
 //!
 //! Each run executes in its own tokio task, watched by a second task: if the first panics,
 //! the run still ends, as `sandbox_error` (the executor's guards remove its containers).
+//!
+//! Finished reports are kept for `runs.result_retention_seconds`, but memory holds at most
+//! `runs.retained_reports_mb` of them (outputs plus [`REPORT_OVERHEAD_BYTES`] each): beyond
+//! that the oldest leave memory, and `get_result`/`stop_run` read them back from the history
+//! database, which stores every final report until its retention passes. Without a working
+//! history an evicted report is gone, and asking for it is an error naming the setting: the
+//! memory bound wins over keeping every report.
 
 pub mod metrics;
 
@@ -24,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::executor::{new_run_id, Executor, RequestError, RunRequest, ValidRequest};
-use crate::history::{History, NewRun};
+use crate::history::{now_ms, History, NewRun};
 use crate::registry::{Language, Registry};
 use crate::report::{RunLimits, RunReport, Status};
 pub use metrics::Metrics;
@@ -33,6 +40,18 @@ pub use metrics::Metrics;
 const STOP_WAIT: Duration = Duration::from_secs(120);
 /// How often finished reports past their retention are dropped.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+/// Memory charged per finished report besides its outputs: ids, message, limits, bookkeeping.
+pub const REPORT_OVERHEAD_BYTES: u64 = 1024;
+
+/// What a finished report counts against `runs.retained_reports_mb`: its stdout, stderr,
+/// compile output and message, plus [`REPORT_OVERHEAD_BYTES`].
+pub fn report_bytes(r: &RunReport) -> u64 {
+    let compile = r
+        .compile
+        .as_ref()
+        .map_or(0, |c| c.stdout.len() + c.stderr.len());
+    (r.stdout.len() + r.stderr.len() + compile + r.message.len()) as u64 + REPORT_OVERHEAD_BYTES
+}
 
 /// A run accepted by [`RunManager::submit`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -66,6 +85,25 @@ impl SubmitError {
     }
 }
 
+/// Why a run's report cannot be given.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LookupError {
+    /// Never known here, or finished longer ago than the retention.
+    #[error("run_id: no run `{run_id}` is known to this server (reports are kept for {retention_seconds} s after a run ends; see get_execution_history for older runs)")]
+    Unknown {
+        run_id: String,
+        retention_seconds: u64,
+    },
+    /// Finished within the retention, but its report left memory (the reports held exceeded
+    /// `runs.retained_reports_mb`) and the history database cannot give it back.
+    #[error("run_id: the report of run `{run_id}` was evicted from memory because finished reports exceeded `runs.retained_reports_mb` ({retained_reports_mb} MB), and the history database cannot supply it: {detail}. Its metadata may still be in get_execution_history; the operator can raise `runs.retained_reports_mb` or fix the history database")]
+    Evicted {
+        run_id: String,
+        retained_reports_mb: u64,
+        detail: String,
+    },
+}
+
 /// Where an unfinished run stands, for progress notifications.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Progress {
@@ -86,8 +124,12 @@ pub struct Stats {
     pub active_memory_mb: u64,
     /// The most runs that were ever executing at once.
     pub peak_active: usize,
-    /// Finished runs whose reports are still kept.
+    /// Finished runs whose reports are still kept in memory.
     pub retained: usize,
+    /// Their size as counted against `runs.retained_reports_mb` ([`report_bytes`]).
+    pub retained_report_bytes: u64,
+    /// Finished runs within the retention whose reports were evicted from memory.
+    pub evicted: usize,
 }
 
 enum Phase {
@@ -118,6 +160,14 @@ struct Run {
 struct State {
     runs: HashMap<String, Run>,
     queue: VecDeque<String>,
+    /// Finished runs still in `runs`, oldest end first (runs end under the lock, in order).
+    done: VecDeque<String>,
+    /// What the reports of `done` count against `runs.retained_reports_mb`.
+    retained_bytes: u64,
+    /// Runs whose report was evicted from memory, with their end, until their retention
+    /// passes: by id, and oldest end first.
+    evicted: HashMap<String, Instant>,
+    evicted_order: VecDeque<String>,
     active: usize,
     active_memory_mb: u64,
     peak_active: usize,
@@ -179,9 +229,14 @@ impl RunManager {
             metrics: Metrics::default(),
             state: Mutex::new(State::default()),
         });
-        let weak = Arc::downgrade(&inner);
-        tokio::spawn(purge_loop(weak));
-        RunManager { inner }
+        let manager = RunManager { inner };
+        manager.sweep_history();
+        tokio::spawn(purge_loop(Arc::downgrade(&manager.inner)));
+        manager
+    }
+
+    fn retention(&self) -> Duration {
+        Duration::from_secs(self.inner.config.runs.result_retention_seconds)
     }
 
     pub fn config(&self) -> &Arc<Config> {
@@ -386,19 +441,47 @@ impl RunManager {
         };
         let charge = run.charge_mb;
         if let Some(h) = &self.inner.history {
-            h.finish(&report);
+            h.finish(report.clone());
         }
         self.inner.metrics.record(&report);
+        st.retained_bytes += report_bytes(&report);
         run.done.send_replace(Some(report));
+        st.done.push_back(run_id.to_string());
         if was_running {
             st.active -= 1;
             st.active_memory_mb -= charge;
         }
+        self.evict_over_budget(st);
         self.pump(st);
     }
 
-    /// The run's report: final, or in progress (`queued`/`running`, with times so far).
-    /// `None` for an unknown (or expired) run id.
+    /// Move the oldest finished reports out of memory until the rest fit
+    /// `runs.retained_reports_mb`. Waiters already woken keep their copy (the watch channel's).
+    fn evict_over_budget(&self, st: &mut State) {
+        let budget = self
+            .inner
+            .config
+            .runs
+            .retained_reports_mb
+            .saturating_mul(1024 * 1024);
+        while st.retained_bytes > budget {
+            let Some(id) = st.done.pop_front() else { break };
+            let Some(run) = st.runs.remove(&id) else {
+                continue;
+            };
+            let Phase::Done { report, ended } = run.phase else {
+                continue;
+            };
+            st.retained_bytes = st.retained_bytes.saturating_sub(report_bytes(&report));
+            st.evicted.insert(id.clone(), ended);
+            st.evicted_order.push_back(id);
+            self.inner.metrics.report_evicted();
+        }
+    }
+
+    /// The run's report from memory: final, or in progress (`queued`/`running`, with times
+    /// so far). `None` for an unknown, expired or evicted run id ([`RunManager::wait`] also
+    /// asks the history database).
     pub fn report(&self, run_id: &str) -> Option<RunReport> {
         let st = self.lock();
         let run = st.runs.get(run_id)?;
@@ -449,36 +532,102 @@ impl RunManager {
         })
     }
 
-    /// Wait up to `timeout` for the run to end, then return its report as it stands.
-    pub async fn wait(&self, run_id: &str, timeout: Duration) -> Option<RunReport> {
-        let mut rx = self.lock().runs.get(run_id)?.done.subscribe();
+    /// Wait up to `timeout` for the run to end, then return its report as it stands. A run
+    /// not in memory is looked up in the history database (see [`LookupError`]).
+    pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunReport, LookupError> {
+        let rx = self.lock().runs.get(run_id).map(|r| r.done.subscribe());
+        let Some(mut rx) = rx else {
+            return self.stored_report(run_id).await;
+        };
         if !timeout.is_zero() {
             let _ = tokio::time::timeout(timeout, rx.wait_for(|r| r.is_some())).await;
         }
-        self.report(run_id)
+        // The final report, even if it has just been evicted from memory.
+        let finished = rx.borrow().clone();
+        if let Some(report) = finished {
+            return Ok((*report).clone());
+        }
+        match self.report(run_id) {
+            Some(r) => Ok(r),
+            None => self.stored_report(run_id).await,
+        }
     }
 
     /// Stop a run: a queued one ends `stopped` at once; a running one is killed and its
     /// containers removed before this returns. A finished run keeps its final report.
-    pub async fn stop(&self, run_id: &str) -> Option<RunReport> {
-        {
+    pub async fn stop(&self, run_id: &str) -> Result<RunReport, LookupError> {
+        let running = {
             let mut st = self.lock();
-            let run = st.runs.get_mut(run_id)?;
-            match run.phase {
-                Phase::Done { ref report, .. } => return Some((**report).clone()),
-                Phase::Running { .. } => run.cancel.cancel(),
-                Phase::Queued { .. } => {
-                    let mut r = run.base.clone();
-                    r.status = Status::Stopped;
-                    r.queued_ms = run.accepted.elapsed().as_millis() as u64;
-                    r.message = "stopped while waiting in the queue; it never started".into();
-                    st.queue.retain(|id| id != run_id);
-                    self.finish_locked(&mut st, run_id, Ok(r.clone()));
-                    return Some(r);
+            match st.runs.get_mut(run_id) {
+                None => false,
+                Some(run) => match run.phase {
+                    Phase::Done { ref report, .. } => return Ok((**report).clone()),
+                    Phase::Running { .. } => {
+                        run.cancel.cancel();
+                        true
+                    }
+                    Phase::Queued { .. } => {
+                        let mut r = run.base.clone();
+                        r.status = Status::Stopped;
+                        r.queued_ms = run.accepted.elapsed().as_millis() as u64;
+                        r.message = "stopped while waiting in the queue; it never started".into();
+                        st.queue.retain(|id| id != run_id);
+                        self.finish_locked(&mut st, run_id, Ok(r.clone()));
+                        return Ok(r);
+                    }
+                },
+            }
+        };
+        if running {
+            self.wait(run_id, STOP_WAIT).await
+        } else {
+            self.stored_report(run_id).await
+        }
+    }
+
+    /// The final report of a run that is not in memory: evicted (within the retention), or
+    /// finished by an earlier server on the same history database. Either comes from the
+    /// history while its retention lasts; anything else is unknown.
+    async fn stored_report(&self, run_id: &str) -> Result<RunReport, LookupError> {
+        let retention = self.retention();
+        let evicted_live = self
+            .lock()
+            .evicted
+            .get(run_id)
+            .map(|ended| ended.elapsed() < retention);
+        let unknown = || LookupError::Unknown {
+            run_id: run_id.to_string(),
+            retention_seconds: retention.as_secs(),
+        };
+        let evicted = |detail: String| LookupError::Evicted {
+            run_id: run_id.to_string(),
+            retained_reports_mb: self.inner.config.runs.retained_reports_mb,
+            detail,
+        };
+        let history = self.inner.history.as_ref();
+        match (evicted_live, history) {
+            (Some(false), _) | (None, None) => Err(unknown()),
+            (None, Some(h)) => {
+                let since = now_ms().saturating_sub(retention.as_millis() as i64);
+                match h.report(run_id, Some(since)).await {
+                    Ok(Some(r)) => Ok(r),
+                    Ok(None) => Err(unknown()),
+                    Err(e) => {
+                        tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
+                        Err(unknown())
+                    }
                 }
             }
+            (Some(true), None) => Err(evicted("this server keeps no history".into())),
+            (Some(true), Some(h)) => match h.report(run_id, None).await {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => Err(evicted(
+                    "the history database holds no copy of it (its write failed; see the log)"
+                        .into(),
+                )),
+                Err(e) => Err(evicted(e.to_string())),
+            },
         }
-        self.wait(run_id, STOP_WAIT).await
     }
 
     pub fn stats(&self) -> Stats {
@@ -488,21 +637,64 @@ impl RunManager {
             active: st.active,
             active_memory_mb: st.active_memory_mb,
             peak_active: st.peak_active,
-            retained: st
-                .runs
-                .values()
-                .filter(|r| matches!(r.phase, Phase::Done { .. }))
-                .count(),
+            retained: st.done.len(),
+            retained_report_bytes: st.retained_bytes,
+            evicted: st.evicted.len(),
         }
     }
 
-    /// Forget finished runs whose retention passed.
+    /// Forget finished runs whose retention passed, in memory and (their full reports; the
+    /// metadata stays) in the history database.
     pub fn purge_expired(&self) {
-        let keep = Duration::from_secs(self.inner.config.runs.result_retention_seconds);
-        self.lock().runs.retain(|_, r| match r.phase {
-            Phase::Done { ended, .. } => ended.elapsed() < keep,
-            _ => true,
-        });
+        let keep = self.retention();
+        let forgotten = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let mut gone = Vec::new();
+            while let Some(id) = st.done.front() {
+                // `done` only holds finished runs; anything else would be a stale entry.
+                let (expired, bytes) = match st.runs.get(id).map(|r| &r.phase) {
+                    Some(Phase::Done { ended, report }) => {
+                        (ended.elapsed() >= keep, Some(report_bytes(report)))
+                    }
+                    _ => (true, None),
+                };
+                if !expired {
+                    break;
+                }
+                let id = st.done.pop_front().expect("front exists");
+                if let Some(bytes) = bytes {
+                    st.runs.remove(&id);
+                    st.retained_bytes = st.retained_bytes.saturating_sub(bytes);
+                    gone.push(id);
+                }
+            }
+            while let Some(id) = st.evicted_order.front() {
+                if st
+                    .evicted
+                    .get(id)
+                    .is_some_and(|ended| ended.elapsed() < keep)
+                {
+                    break;
+                }
+                let id = st.evicted_order.pop_front().expect("front exists");
+                st.evicted.remove(&id);
+                gone.push(id);
+            }
+            gone
+        };
+        if let Some(h) = &self.inner.history {
+            h.forget_reports(forgotten);
+        }
+    }
+
+    /// Clear the full reports of every history row that ended more than the retention (and
+    /// one purge interval) ago: rows this manager does not track (an earlier server's).
+    fn sweep_history(&self) {
+        if let Some(h) = &self.inner.history {
+            let keep = self.retention() + PURGE_INTERVAL;
+            h.forget_reports_ended_before(now_ms().saturating_sub(keep.as_millis() as i64));
+        }
     }
 
     /// Refuse new runs, stop every queued and running one, and wait (up to `grace`) until
@@ -532,6 +724,8 @@ async fn purge_loop(inner: Weak<Inner>) {
     loop {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else { return };
-        RunManager { inner }.purge_expired();
+        let manager = RunManager { inner };
+        manager.purge_expired();
+        manager.sweep_history();
     }
 }

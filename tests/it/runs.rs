@@ -1,6 +1,7 @@
 //! The run manager's guarantees, on the fake engine (fast, no Docker): admission queue bound,
 //! concurrency cap, memory budget with strict FIFO, stop of queued and running runs,
-//! retention, panics, history rows.
+//! retention, the memory bound on retained reports (with the history as fallback), panics,
+//! history rows.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,12 +15,16 @@ use codebox::engine::{
 };
 use codebox::executor::{LimitsInput, RunRequest};
 use codebox::history::Query;
+use codebox::report::RunReport;
 use codebox::report::Status;
-use codebox::runs::{RunManager, SubmitError};
+use codebox::runs::{LookupError, RunManager, SubmitError};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::request;
-use crate::mcp_support::{eventually, fake_manager, manager_on, temp_history};
+use crate::mcp_support::{
+    connect, eventually, fake_manager, manager_on, ok, temp_history, tool_error,
+};
 
 fn with_memory(language: &str, mb: f64) -> RunRequest {
     RunRequest {
@@ -178,7 +183,10 @@ async fn stop_on_a_finished_run_returns_its_final_report_unchanged() {
     assert_eq!(done.status, Status::Failed);
     assert_eq!(m.stop(&run.run_id).await.unwrap(), done);
     assert_eq!(m.stop(&run.run_id).await.unwrap(), done);
-    assert!(m.stop("no-such-run").await.is_none());
+    assert!(matches!(
+        m.stop("no-such-run").await,
+        Err(LookupError::Unknown { .. })
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -372,4 +380,160 @@ async fn after_shutdown_new_runs_are_refused() {
     let err = m.submit(request("python", "print(1)")).unwrap_err();
     assert_eq!(err, SubmitError::ShuttingDown);
     assert!(!err.is_retryable());
+}
+
+/// Output of each run in the retained-reports tests: three of them exceed 1 MB.
+const BIG_OUTPUT: usize = 400 * 1024;
+
+/// Run `n` Python programs one after the other, each printing [`BIG_OUTPUT`] bytes of its own
+/// letter; returns their final reports, oldest first.
+async fn big_runs(fake: &FakeEngine, m: &RunManager, n: usize) -> Vec<RunReport> {
+    let mut done = Vec::new();
+    for letter in ["a", "b", "c", "d"].into_iter().take(n) {
+        // Python has a compile stage (py_compile), then the program runs.
+        fake.script(codebox::engine::fake::exited(0, ""));
+        fake.script(codebox::engine::fake::exited(0, &letter.repeat(BIG_OUTPUT)));
+        let run = m.submit(request("python", "print(1)")).unwrap();
+        let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+        assert_eq!((r.status, r.stdout.len()), (Status::Succeeded, BIG_OUTPUT));
+        done.push(r);
+    }
+    done
+}
+
+#[tokio::test]
+async fn a_tiny_retained_reports_budget_evicts_the_oldest_reports_which_stay_answerable_from_history(
+) {
+    let fake = Arc::new(FakeEngine::new());
+    let (history, _dir) = temp_history();
+    let m = manager_on(
+        fake.clone(),
+        |c| {
+            c.runs.retained_reports_mb = 1;
+            c.runs.max_concurrent_runs = 1;
+        },
+        Some(history.clone()),
+    );
+    let done = big_runs(&fake, &m, 3).await;
+    let s = m.stats();
+    assert_eq!((s.retained, s.evicted), (2, 1), "{s:?}");
+    assert!(s.retained_report_bytes <= 1024 * 1024, "{s:?}");
+    assert!(
+        m.report(&done[0].run_id).is_none(),
+        "the oldest left memory"
+    );
+    assert_eq!(m.report(&done[2].run_id).as_ref(), Some(&done[2]));
+    // get_result and stop_run still answer with the whole final report, from the history.
+    assert_eq!(
+        m.wait(&done[0].run_id, Duration::ZERO).await.unwrap(),
+        done[0]
+    );
+    assert_eq!(m.stop(&done[0].run_id).await.unwrap(), done[0]);
+    let client = connect(m.clone()).await;
+    let got = ok(&client, "get_result", json!({"run_id": done[0].run_id})).await;
+    assert_eq!(got, serde_json::to_value(&done[0]).unwrap());
+    // A fourth run evicts the second; the first two come from the history, the rest from memory.
+    let more = big_runs(&fake, &m, 1).await;
+    assert_eq!(m.stats().evicted, 2);
+    for r in done.iter().chain(&more) {
+        assert_eq!(&m.wait(&r.run_id, Duration::ZERO).await.unwrap(), r);
+    }
+    client.cancel().await.unwrap();
+    // A server started later on the same database answers too, within the retention.
+    let restarted = manager_on(fake.clone(), |_| {}, Some(history.clone()));
+    assert_eq!(
+        restarted
+            .wait(&more[0].run_id, Duration::ZERO)
+            .await
+            .unwrap(),
+        more[0]
+    );
+}
+
+#[tokio::test]
+async fn evicted_reports_without_history_give_a_clear_error_naming_the_setting() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        c.runs.retained_reports_mb = 1;
+        c.runs.max_concurrent_runs = 1;
+    });
+    let done = big_runs(&fake, &m, 3).await;
+    let s = m.stats();
+    assert_eq!((s.retained, s.evicted), (2, 1), "memory bound holds: {s:?}");
+    let err = m.wait(&done[0].run_id, Duration::ZERO).await.unwrap_err();
+    assert!(matches!(err, LookupError::Evicted { .. }), "{err:?}");
+    let client = connect(m.clone()).await;
+    for tool in ["get_result", "stop_run"] {
+        let msg = tool_error(&client, tool, json!({"run_id": done[0].run_id})).await;
+        assert!(
+            msg.contains("run_id")
+                && msg.contains(&done[0].run_id)
+                && msg.contains("evicted")
+                && msg.contains("`runs.retained_reports_mb`")
+                && msg.contains("no history"),
+            "{msg}"
+        );
+    }
+    // Reports still in memory answer as before; an id never seen is still just unknown.
+    let got = ok(&client, "get_result", json!({"run_id": done[2].run_id})).await;
+    assert_eq!(got, serde_json::to_value(&done[2]).unwrap());
+    let msg = tool_error(&client, "get_result", json!({"run_id": "0123456789abcdef"})).await;
+    assert!(msg.contains("no run"), "{msg}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn full_reports_are_cleared_from_history_after_the_retention() {
+    let fake = Arc::new(FakeEngine::new());
+    let (history, _dir) = temp_history();
+    let m = manager_on(
+        fake.clone(),
+        |c| {
+            c.runs.retained_reports_mb = 1;
+            c.runs.max_concurrent_runs = 1;
+            c.runs.result_retention_seconds = 3600;
+        },
+        Some(history.clone()),
+    );
+    let done = big_runs(&fake, &m, 3).await;
+    assert!(
+        m.report(&done[0].run_id).is_none(),
+        "the oldest was evicted"
+    );
+    for r in &done {
+        assert_eq!(
+            history.report(&r.run_id, None).await.unwrap().as_ref(),
+            Some(r)
+        );
+    }
+    // Time is paused only now: while paused, awaiting the history thread lets tokio jump to
+    // the next timer, which must not expire the reports before the checks above.
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(3590)).await;
+    m.purge_expired();
+    assert_eq!(
+        m.wait(&done[0].run_id, Duration::ZERO).await.unwrap(),
+        done[0]
+    );
+    tokio::time::advance(Duration::from_secs(11)).await;
+    m.purge_expired();
+    assert_eq!(m.stats().evicted, 0);
+    for r in &done {
+        assert_eq!(
+            history.report(&r.run_id, None).await.unwrap(),
+            None,
+            "full report cleared"
+        );
+        let row = history
+            .get(&r.run_id)
+            .await
+            .unwrap()
+            .expect("the row stays");
+        assert_eq!(
+            (row.status, row.stdout_bytes),
+            (Status::Succeeded, BIG_OUTPUT as u64)
+        );
+        let err = m.wait(&r.run_id, Duration::ZERO).await.unwrap_err();
+        assert!(matches!(err, LookupError::Unknown { .. }), "{err:?}");
+    }
 }
