@@ -20,7 +20,11 @@ use crate::registry::{Language, Registry, DEFAULT_REGISTRY_FILE};
 use crate::report::{RunReport, Status};
 
 #[derive(Debug, Parser)]
-#[command(name = "codebox", version, about = "Run untrusted code in locked-down Docker containers, for AI agents (MCP) and people.")]
+#[command(
+    name = "codebox",
+    version,
+    about = "Run untrusted code in locked-down Docker containers, for AI agents (MCP) and people."
+)]
 pub struct Cli {
     /// Operator config file (TOML).
     #[arg(long, global = true, env = "CODEBOX_CONFIG")]
@@ -132,7 +136,11 @@ pub struct Context {
 /// `languages.toml`: the flag or env, else the config file's, else the current folder's,
 /// else the one next to the sources this binary was built from.
 fn registry_path(cli: &Cli, config: &Config) -> PathBuf {
-    if let Some(p) = cli.languages.clone().or_else(|| config.languages_path.clone()) {
+    if let Some(p) = cli
+        .languages
+        .clone()
+        .or_else(|| config.languages_path.clone())
+    {
         return p;
     }
     let here = PathBuf::from(DEFAULT_REGISTRY_FILE);
@@ -168,7 +176,13 @@ impl Context {
 
     /// Remove what crashed instances left; a failure here is only logged.
     pub async fn reap(&self) {
-        if let Err(e) = reaper::reap(self.engine.as_ref(), &self.instance.id, &self.config.data_dir).await {
+        if let Err(e) = reaper::reap(
+            self.engine.as_ref(),
+            &self.instance.id,
+            &self.config.data_dir,
+        )
+        .await
+        {
             tracing::warn!(error = %e, "could not sweep containers left by earlier instances");
         }
     }
@@ -207,7 +221,8 @@ impl Context {
                 }
             }
         };
-        let result = images::build(&self.executor, &self.registry, image, no_cache, &progress).await;
+        let result =
+            images::build(&self.executor, &self.registry, image, no_cache, &progress).await;
         bar.finish_and_clear();
         let id = result?;
         eprintln!(
@@ -233,7 +248,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::History(args) => {
             let mut config = (*ctx.config).clone();
             config.apply_env(|k| std::env::var(k).ok())?;
-            Ok(crate::history::command::run(&config, &ctx.registry, &ctx.instance.id, args).await?)
+            Ok(
+                crate::history::command::run(&config, &ctx.registry, &ctx.instance.id, args)
+                    .await?,
+            )
         }
     }
 }
@@ -259,7 +277,9 @@ async fn run_file(ctx: &Context, args: RunArgs) -> anyhow::Result<i32> {
         },
     };
     let stdin = match &args.stdin {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?),
+        Some(p) => Some(
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+        ),
         None => None,
     };
     let req = RunRequest {
@@ -323,7 +343,10 @@ async fn languages(ctx: &Context, json: bool) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&cat)?);
         return Ok(0);
     }
-    println!("{:<12} {:<22} {:<24} {:<8} {:<9} VERSION", "LANGUAGE", "NAME", "IMAGE", "PRESENT", "COMPILED");
+    println!(
+        "{:<12} {:<22} {:<24} {:<8} {:<9} VERSION",
+        "LANGUAGE", "NAME", "IMAGE", "PRESENT", "COMPILED"
+    );
     for l in &cat.languages {
         println!(
             "{:<12} {:<22} {:<24} {:<8} {:<9} {}",
@@ -366,15 +389,24 @@ async fn images_cmd(ctx: &Context, action: ImagesAction) -> anyhow::Result<i32> 
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(0);
             }
-            println!("{:<10} {:<24} {:<8} {:>9}  VERSIONS", "IMAGE", "TAG", "PRESENT", "SIZE");
+            println!(
+                "{:<10} {:<24} {:<8} {:>9}  VERSIONS",
+                "IMAGE", "TAG", "PRESENT", "SIZE"
+            );
             for i in &list {
-                let versions: Vec<String> = i.versions.iter().map(|(l, v)| format!("{l}: {v}")).collect();
+                let versions: Vec<String> = i
+                    .versions
+                    .iter()
+                    .map(|(l, v)| format!("{l}: {v}"))
+                    .collect();
                 println!(
                     "{:<10} {:<24} {:<8} {:>9}  {}",
                     i.name,
                     i.tag,
                     if i.present { "yes" } else { "missing" },
-                    i.size_bytes.map(|s| format!("{} MB", s / 1_000_000)).unwrap_or_else(|| "-".into()),
+                    i.size_bytes
+                        .map(|s| format!("{} MB", s / 1_000_000))
+                        .unwrap_or_else(|| "-".into()),
                     versions.join("; ")
                 );
             }
@@ -404,7 +436,10 @@ pub fn smoke_mismatch(report: &RunReport, expect: &crate::registry::Expect) -> O
     }
     if let Some(code) = expect.exit_code {
         if report.exit_code != Some(code) {
-            return Some(format!("expected exit code {code}, got {:?}", report.exit_code));
+            return Some(format!(
+                "expected exit code {code}, got {:?}",
+                report.exit_code
+            ));
         }
     }
     if let Some(needle) = &expect.stderr_contains {
@@ -413,7 +448,9 @@ pub fn smoke_mismatch(report: &RunReport, expect: &crate::registry::Expect) -> O
             _ => report.stderr.clone(),
         };
         if !stderr.contains(needle.as_str()) {
-            return Some(format!("expected stderr to contain {needle:?}, got {stderr:?}"));
+            return Some(format!(
+                "expected stderr to contain {needle:?}, got {stderr:?}"
+            ));
         }
     }
     None
@@ -424,7 +461,11 @@ async fn smoke(ctx: &Context, only: &[String], build: bool) -> anyhow::Result<i3
         ctx.registry.languages.values().collect()
     } else {
         only.iter()
-            .map(|l| ctx.registry.resolve(l).with_context(|| format!("unknown language `{l}`")))
+            .map(|l| {
+                ctx.registry
+                    .resolve(l)
+                    .with_context(|| format!("unknown language `{l}`"))
+            })
             .collect::<anyhow::Result<_>>()?
     };
     ctx.engine.ping().await?;
@@ -450,7 +491,10 @@ async fn smoke(ctx: &Context, only: &[String], build: bool) -> anyhow::Result<i3
             match smoke_mismatch(&report, &sample.expect) {
                 None => {
                     passed += 1;
-                    println!("ok   {}/{} ({} ms)", lang.id, sample.name, report.duration_ms);
+                    println!(
+                        "ok   {}/{} ({} ms)",
+                        lang.id, sample.name, report.duration_ms
+                    );
                 }
                 Some(why) => {
                     failed += 1;
@@ -474,7 +518,11 @@ async fn doctor(ctx: &Context) -> anyhow::Result<i32> {
     let (mut ok, mut bad) = (0, 0);
     let mut check = |pass: bool, what: String| {
         println!("  {} {what}", if pass { "ok  " } else { "FAIL" });
-        if pass { ok += 1 } else { bad += 1 }
+        if pass {
+            ok += 1
+        } else {
+            bad += 1
+        }
     };
     println!("Docker:");
     let info = match ctx.engine.ping().await {
@@ -485,7 +533,13 @@ async fn doctor(ctx: &Context) -> anyhow::Result<i32> {
             return Ok(1);
         }
     };
-    check(true, format!("reachable at {} (Docker {}, API {})", info.address, info.version, info.api_version));
+    check(
+        true,
+        format!(
+            "reachable at {} (Docker {}, API {})",
+            info.address, info.version, info.api_version
+        ),
+    );
     println!("Images:");
     let list = images::status(ctx.engine.as_ref(), &ctx.registry).await?;
     for i in &list {
@@ -493,7 +547,10 @@ async fn doctor(ctx: &Context) -> anyhow::Result<i32> {
             let v: Vec<&str> = i.versions.values().map(String::as_str).collect();
             check(true, format!("{} present ({})", i.tag, v.join("; ")));
         } else {
-            check(false, format!("{} missing: run `codebox images build {}`", i.tag, i.name));
+            check(
+                false,
+                format!("{} missing: run `codebox images build {}`", i.tag, i.name),
+            );
         }
     }
     let Some(probe_image) = list.iter().find(|i| i.present) else {
@@ -501,10 +558,17 @@ async fn doctor(ctx: &Context) -> anyhow::Result<i32> {
         println!("{ok} passed, {} failed", bad + 1);
         return Ok(1);
     };
-    println!("Posture probe (a locked-down container from {}):", probe_image.tag);
+    println!(
+        "Posture probe (a locked-down container from {}):",
+        probe_image.tag
+    );
     match ctx
         .executor
-        .probe(&probe_image.tag, vec!["sh".into(), "-c".into(), PROBE.into()], Duration::from_secs(30))
+        .probe(
+            &probe_image.tag,
+            vec!["sh".into(), "-c".into(), PROBE.into()],
+            Duration::from_secs(30),
+        )
         .await
     {
         Err(e) => check(false, format!("the probe container failed: {e}")),
@@ -518,13 +582,22 @@ async fn doctor(ctx: &Context) -> anyhow::Result<i32> {
                     .to_string()
             };
             let uid = get("uid");
-            check(uid != "0" && uid != "?", format!("runs as uid {uid}, not root"));
+            check(
+                uid != "0" && uid != "?",
+                format!("runs as uid {uid}, not root"),
+            );
             let cap = get("capeff");
-            check(cap.chars().all(|c| c == '0') && !cap.is_empty() && cap != "?", format!("no capabilities (CapEff {cap})"));
+            check(
+                cap.chars().all(|c| c == '0') && !cap.is_empty() && cap != "?",
+                format!("no capabilities (CapEff {cap})"),
+            );
             let nnp = get("nnp");
             check(nnp == "1", format!("no new privileges (NoNewPrivs {nnp})"));
             let net = get("net");
-            check(net == "lo", format!("network interfaces: {net} (only lo allowed)"));
+            check(
+                net == "lo",
+                format!("network interfaces: {net} (only lo allowed)"),
+            );
             let rootfs = get("rootfs");
             check(rootfs == "readonly", format!("root filesystem is {rootfs}"));
         }

@@ -60,7 +60,9 @@ pub const SANDBOX_USER: &str = "10001:10001";
 
 /// [`SANDBOX_USER`] as numbers.
 pub fn sandbox_ids() -> (u64, u64) {
-    let mut parts = SANDBOX_USER.split(':').map(|p| p.parse::<u64>().unwrap_or(10001));
+    let mut parts = SANDBOX_USER
+        .split(':')
+        .map(|p| p.parse::<u64>().unwrap_or(10001));
     let uid = parts.next().unwrap_or(10001);
     (uid, parts.next().unwrap_or(uid))
 }
@@ -233,7 +235,10 @@ impl Default for HttpPolicy {
     fn default() -> Self {
         HttpPolicy {
             listen: DEFAULT_LISTEN.to_string(),
-            allowed_hosts: DEFAULT_ALLOWED_HOSTS.iter().map(|h| h.to_string()).collect(),
+            allowed_hosts: DEFAULT_ALLOWED_HOSTS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             token_file: None,
         }
@@ -414,7 +419,9 @@ impl Config {
         p.max_concurrent_runs = r.max_concurrent_runs.unwrap_or(p.max_concurrent_runs);
         p.max_queued_runs = r.max_queued_runs.unwrap_or(p.max_queued_runs);
         p.memory_budget_mb = r.memory_budget_mb.unwrap_or(p.memory_budget_mb);
-        p.result_retention_seconds = r.result_retention_seconds.unwrap_or(p.result_retention_seconds);
+        p.result_retention_seconds = r
+            .result_retention_seconds
+            .unwrap_or(p.result_retention_seconds);
         p.retained_reports_mb = r.retained_reports_mb.unwrap_or(p.retained_reports_mb);
         if raw.history.path.is_some() {
             c.history.path = raw.history.path;
@@ -422,7 +429,9 @@ impl Config {
         c.history.code = raw.history.code.unwrap_or(c.history.code);
         let (h, r) = (&mut c.http, raw.http);
         h.listen = r.listen.unwrap_or(std::mem::take(&mut h.listen));
-        h.allowed_hosts = r.allowed_hosts.unwrap_or(std::mem::take(&mut h.allowed_hosts));
+        h.allowed_hosts = r
+            .allowed_hosts
+            .unwrap_or(std::mem::take(&mut h.allowed_hosts));
         h.max_body_bytes = r.max_body_bytes.unwrap_or(h.max_body_bytes);
         if r.token_file.is_some() {
             h.token_file = r.token_file;
@@ -444,11 +453,12 @@ impl Config {
     pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         for (var, setting) in ENV_SETTINGS {
             if let Some(value) = get(var).filter(|v| !v.is_empty()) {
-                self.set(setting, &value).map_err(|reason| ConfigError::Invalid {
-                    setting,
-                    value: format!("{value:?} (from {var})"),
-                    reason,
-                })?;
+                self.set(setting, &value)
+                    .map_err(|reason| ConfigError::Invalid {
+                        setting,
+                        value: format!("{value:?} (from {var})"),
+                        reason,
+                    })?;
             }
         }
         self.validate()
@@ -457,7 +467,9 @@ impl Config {
     /// Set one setting from text, by its config-file name (`runs.max_concurrent_runs`).
     pub fn set(&mut self, setting: &str, value: &str) -> Result<(), String> {
         fn num<T: std::str::FromStr>(v: &str) -> Result<T, String> {
-            v.trim().parse().map_err(|_| "is not a valid number".to_string())
+            v.trim()
+                .parse()
+                .map_err(|_| "is not a valid number".to_string())
         }
         match setting {
             "data_dir" => self.data_dir = PathBuf::from(value),
@@ -550,13 +562,20 @@ impl Config {
         }
         let (d, c) = (self.limits.defaults, self.limits.ceilings);
         if c.memory_mb == 0 || c.memory_mb > MAX_MEMORY_MB * 64 {
-            return Err(invalid("limits.max_memory_mb", c.memory_mb, "must be positive"));
+            return Err(invalid(
+                "limits.max_memory_mb",
+                c.memory_mb,
+                "must be positive",
+            ));
         }
         if d.memory_mb == 0 || d.memory_mb > c.memory_mb {
             return Err(invalid(
                 "limits.default_memory_mb",
                 d.memory_mb,
-                &format!("must be between 1 and limits.max_memory_mb ({})", c.memory_mb),
+                &format!(
+                    "must be between 1 and limits.max_memory_mb ({})",
+                    c.memory_mb
+                ),
             ));
         }
         for (name, v) in [
@@ -589,7 +608,11 @@ impl Config {
         }
         let s = &self.sandbox;
         if s.pids_limit < 8 {
-            return Err(invalid("sandbox.pids_limit", s.pids_limit, "must be at least 8"));
+            return Err(invalid(
+                "sandbox.pids_limit",
+                s.pids_limit,
+                "must be at least 8",
+            ));
         }
         if s.output_limit_bytes == 0 {
             return Err(invalid("sandbox.output_limit_bytes", 0, "must be positive"));
@@ -602,19 +625,34 @@ impl Config {
         }
         let r = &self.runs;
         if r.max_concurrent_runs == 0 || r.max_concurrent_runs > 1024 {
-            return Err(invalid("runs.max_concurrent_runs", r.max_concurrent_runs, "must be between 1 and 1024"));
+            return Err(invalid(
+                "runs.max_concurrent_runs",
+                r.max_concurrent_runs,
+                "must be between 1 and 1024",
+            ));
         }
         if r.max_queued_runs > 100_000 {
-            return Err(invalid("runs.max_queued_runs", r.max_queued_runs, "must be at most 100000"));
+            return Err(invalid(
+                "runs.max_queued_runs",
+                r.max_queued_runs,
+                "must be at most 100000",
+            ));
         }
         if r.memory_budget_mb < 6 {
-            return Err(invalid("runs.memory_budget_mb", r.memory_budget_mb, "must be at least 6 MB"));
+            return Err(invalid(
+                "runs.memory_budget_mb",
+                r.memory_budget_mb,
+                "must be at least 6 MB",
+            ));
         }
         if r.memory_budget_mb < d.memory_mb {
             return Err(invalid(
                 "runs.memory_budget_mb",
                 r.memory_budget_mb,
-                &format!("must be at least limits.default_memory_mb ({})", d.memory_mb),
+                &format!(
+                    "must be at least limits.default_memory_mb ({})",
+                    d.memory_mb
+                ),
             ));
         }
         if r.result_retention_seconds < MIN_RESULT_RETENTION_SECONDS {
@@ -647,7 +685,11 @@ impl Config {
             ));
         }
         if h.max_body_bytes < 1024 {
-            return Err(invalid("http.max_body_bytes", h.max_body_bytes, "must be at least 1024"));
+            return Err(invalid(
+                "http.max_body_bytes",
+                h.max_body_bytes,
+                "must be at least 1024",
+            ));
         }
         Ok(())
     }
@@ -659,12 +701,18 @@ pub const ENV_SETTINGS: [(&str, &str); 15] = [
     ("CODEBOX_DATA_DIR", "data_dir"),
     ("CODEBOX_DEFAULT_MEMORY_MB", "limits.default_memory_mb"),
     ("CODEBOX_MAX_MEMORY_MB", "limits.max_memory_mb"),
-    ("CODEBOX_DEFAULT_TIMEOUT_SECONDS", "limits.default_timeout_seconds"),
+    (
+        "CODEBOX_DEFAULT_TIMEOUT_SECONDS",
+        "limits.default_timeout_seconds",
+    ),
     ("CODEBOX_MAX_TIMEOUT_SECONDS", "limits.max_timeout_seconds"),
     ("CODEBOX_MAX_CONCURRENT_RUNS", "runs.max_concurrent_runs"),
     ("CODEBOX_MAX_QUEUED_RUNS", "runs.max_queued_runs"),
     ("CODEBOX_MEMORY_BUDGET_MB", "runs.memory_budget_mb"),
-    ("CODEBOX_RESULT_RETENTION_SECONDS", "runs.result_retention_seconds"),
+    (
+        "CODEBOX_RESULT_RETENTION_SECONDS",
+        "runs.result_retention_seconds",
+    ),
     ("CODEBOX_RETAINED_REPORTS_MB", "runs.retained_reports_mb"),
     ("CODEBOX_HISTORY_PATH", "history.path"),
     ("CODEBOX_HISTORY_CODE", "history.code"),
@@ -715,9 +763,16 @@ mod tests {
         c.apply_env(env).unwrap();
         assert_eq!(c.runs.max_concurrent_runs, 2);
         assert_eq!(c.history.code, CodePolicy::Full);
-        let err = c.apply_env(|k| (k == "CODEBOX_MAX_CONCURRENT_RUNS").then(|| "lots".to_string())).unwrap_err();
+        let err = c
+            .apply_env(|k| (k == "CODEBOX_MAX_CONCURRENT_RUNS").then(|| "lots".to_string()))
+            .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("runs.max_concurrent_runs") && msg.contains("lots") && msg.contains("CODEBOX_MAX_CONCURRENT_RUNS"), "{msg}");
+        assert!(
+            msg.contains("runs.max_concurrent_runs")
+                && msg.contains("lots")
+                && msg.contains("CODEBOX_MAX_CONCURRENT_RUNS"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -727,20 +782,31 @@ mod tests {
         let again = Config::from_toml(&c.to_toml()).unwrap();
         assert_eq!(again, c);
         let err = Config::from_toml("[runs]\nresult_retention_seconds = 5\n").unwrap_err();
-        assert!(err.to_string().contains("runs.result_retention_seconds"), "{err}");
+        assert!(
+            err.to_string().contains("runs.result_retention_seconds"),
+            "{err}"
+        );
     }
 
     #[test]
     fn retained_reports_mb_defaults_to_256_prints_and_must_be_positive() {
         let c = Config::default();
         assert_eq!(c.runs.retained_reports_mb, 256);
-        assert!(c.to_toml().contains("retained_reports_mb = 256"), "{}", c.to_toml());
+        assert!(
+            c.to_toml().contains("retained_reports_mb = 256"),
+            "{}",
+            c.to_toml()
+        );
         let c = Config::from_toml("[runs]\nretained_reports_mb = 64\n").unwrap();
         assert_eq!(c.runs.retained_reports_mb, 64);
         let err = Config::from_toml("[runs]\nretained_reports_mb = 0\n").unwrap_err();
-        assert!(err.to_string().contains("runs.retained_reports_mb"), "{err}");
+        assert!(
+            err.to_string().contains("runs.retained_reports_mb"),
+            "{err}"
+        );
         let mut c = Config::default();
-        c.apply_env(|k| (k == "CODEBOX_RETAINED_REPORTS_MB").then(|| "32".to_string())).unwrap();
+        c.apply_env(|k| (k == "CODEBOX_RETAINED_REPORTS_MB").then(|| "32".to_string()))
+            .unwrap();
         assert_eq!(c.runs.retained_reports_mb, 32);
     }
 }

@@ -180,7 +180,9 @@ pub async fn serve(ctx: &Context, args: ServeArgs) -> Result<i32, ServeError> {
     let token = match args.transport {
         TransportKind::Http => {
             // Precedence: --token-file, then CODEBOX_TOKEN, then the config file's token_file.
-            let env_token = std::env::var("CODEBOX_TOKEN").ok().filter(|t| !t.trim().is_empty());
+            let env_token = std::env::var("CODEBOX_TOKEN")
+                .ok()
+                .filter(|t| !t.trim().is_empty());
             let mut auth_config = config.clone();
             if args.token_file.is_none() && env_token.is_some() {
                 auth_config.http.token_file = None;
