@@ -258,9 +258,11 @@ mod tests {
         assert!(s.tmpfs["/tmp"].contains("noexec"));
     }
 
+    type Weakening = Box<dyn Fn(&mut ContainerSpec)>;
+
     #[test]
     fn every_weakened_flag_is_refused() {
-        let weakenings: Vec<(&str, Box<dyn Fn(&mut ContainerSpec)>)> = vec![
+        let weakenings: Vec<(&str, Weakening)> = vec![
             ("network", Box::new(|s| s.network_mode = "bridge".into())),
             ("rootfs", Box::new(|s| s.readonly_rootfs = false)),
             ("root user", Box::new(|s| s.user = "0:0".into())),

@@ -218,7 +218,7 @@ impl Registry {
         self.languages.get(&name).or_else(|| {
             self.languages
                 .values()
-                .find(|l| l.aliases.iter().any(|a| *a == name))
+                .find(|l| l.aliases.contains(&name))
         })
     }
 
@@ -227,7 +227,7 @@ impl Registry {
         let ext = file.extension()?.to_str()?.to_ascii_lowercase();
         self.languages
             .values()
-            .find(|l| l.extensions.iter().any(|e| *e == ext))
+            .find(|l| l.extensions.contains(&ext))
     }
 
     /// The folder image contexts are relative to.

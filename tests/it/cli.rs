@@ -237,6 +237,8 @@ fn a_registry_with_an_unknown_field_is_refused_naming_it() {
 }
 
 #[test]
+// The child is reaped by wait4 below, which also reports its peak memory.
+#[allow(clippy::zombie_processes)]
 fn printing_a_gigabyte_keeps_codebox_memory_bounded() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
