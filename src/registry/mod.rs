@@ -215,11 +215,9 @@ impl Registry {
     /// Find a language by id or alias (case-insensitive).
     pub fn resolve(&self, name: &str) -> Option<&Language> {
         let name = name.trim().to_ascii_lowercase();
-        self.languages.get(&name).or_else(|| {
-            self.languages
-                .values()
-                .find(|l| l.aliases.contains(&name))
-        })
+        self.languages
+            .get(&name)
+            .or_else(|| self.languages.values().find(|l| l.aliases.contains(&name)))
     }
 
     /// Guess a language from a file name's extension.

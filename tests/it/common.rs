@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use codebox::config::Config;
 use codebox::engine::docker::DockerEngine;
-use codebox::executor::{new_run_id, Executor, RunRequest, ValidRequest};
+use codebox::executor::{new_run_id, Executor, LimitsInput, RunRequest, ValidRequest};
 use codebox::registry::Registry;
 use codebox::report::RunReport;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +46,23 @@ pub fn request(language: &str, code: &str) -> RunRequest {
         code: code.into(),
         ..Default::default()
     }
+}
+
+pub fn py(code: &str) -> RunRequest {
+    request("python", code)
+}
+
+pub fn cpp(code: &str) -> RunRequest {
+    request("cpp", code)
+}
+
+/// Limits with the given memory and timeout, the default CPU.
+pub fn limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>) -> Option<LimitsInput> {
+    Some(LimitsInput {
+        memory_mb,
+        timeout_seconds,
+        cpus: None,
+    })
 }
 
 /// Run a request on real Docker, then check nothing labelled with its run id is left.

@@ -3,28 +3,12 @@
 
 use codebox::config::Config;
 use codebox::engine::docker::DockerEngine;
-use codebox::executor::{Encoding, Executor, FileInput, LimitsInput, RunRequest, ValidRequest};
+use codebox::executor::{Encoding, Executor, FileInput, ValidRequest};
 use codebox::report::{Stage, Status};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{self, request, run, run_with};
-
-fn py(code: &str) -> RunRequest {
-    request("python", code)
-}
-
-fn cpp(code: &str) -> RunRequest {
-    request("cpp", code)
-}
-
-fn limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>) -> Option<LimitsInput> {
-    Some(LimitsInput {
-        memory_mb,
-        timeout_seconds,
-        cpus: None,
-    })
-}
+use crate::common::{self, cpp, limits, py, request, run, run_with};
 
 // ---- posture, one test per guarantee ------------------------------------------------------
 

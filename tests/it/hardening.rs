@@ -2,23 +2,11 @@
 //! not already covered by `docker_runs.rs`. Only loopback is ever addressed.
 
 use codebox::config::Config;
-use codebox::executor::{FileInput, LimitsInput, RunRequest, ValidRequest};
+use codebox::executor::{FileInput, RunRequest, ValidRequest};
 use codebox::report::{Stage, Status};
 use std::process::Command;
 
-use crate::common::{self, request, run, run_with};
-
-fn py(code: &str) -> RunRequest {
-    request("python", code)
-}
-
-fn limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>) -> Option<LimitsInput> {
-    Some(LimitsInput {
-        memory_mb,
-        timeout_seconds,
-        cpus: None,
-    })
-}
+use crate::common::{self, limits, py, request, run, run_with};
 
 #[tokio::test]
 async fn no_directory_outside_the_scratch_space_is_writable() {
