@@ -16,6 +16,7 @@ if timeout 20 docker pull -q "$base" >/dev/null 2>&1; then
 fi
 
 echo "bootstrap-base: no registry reachable; building $base with debootstrap"
+started=$(date +%s)
 if ! command -v debootstrap >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -30,4 +31,4 @@ rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache
 tar -C "$root" -c . | docker import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   - "$base" >/dev/null
-echo "bootstrap-base: imported $base"
+echo "bootstrap-base: imported $base in $(( $(date +%s) - started )) s"
