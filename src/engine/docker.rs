@@ -521,9 +521,9 @@ impl ContainerEngine for DockerEngine {
             _ = cancel.cancelled() => Ending::Cancelled,
         };
         if ending != Ending::Exited {
-            // One last sample: the container is still running, so its cgroup can be read.
+            // Kill first, at the deadline: a stats read can take up to a second on this API
+            // (the daemon answers at its next collection tick), so no last sample here.
             sampler.abort();
-            sample_usage(&self.docker, id, &usage).await;
             let kill = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
             match self.docker.kill_container(id, Some(kill)).await {
                 Ok(()) => {}
@@ -536,6 +536,7 @@ impl ContainerEngine for DockerEngine {
                     return Err(self.fail(EngineError::KillContainer, e));
                 }
             }
+            tracing::debug!(id, ms = started.elapsed().as_millis() as u64, "killed");
             let _ = tokio::time::timeout(KILL_GRACE, &mut wait).await;
         }
         let duration = started.elapsed();
