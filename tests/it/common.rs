@@ -65,6 +65,18 @@ pub fn limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>) -> Option<Li
     })
 }
 
+/// Run a Python program that creates processes or threads until the pids limit stops it and
+/// prints `<word> N`; return N.
+pub async fn count_until_the_pids_limit(code: &str, word: &str) -> i64 {
+    let r = run(py(code)).await;
+    assert_eq!(r.status, codebox::report::Status::Succeeded, "{r:?}");
+    r.stdout
+        .trim()
+        .strip_prefix(&format!("{word} "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output {:?}", r.stdout))
+}
+
 /// Run a request on real Docker, then check nothing labelled with its run id is left.
 pub async fn run(req: RunRequest) -> RunReport {
     run_with(&docker_executor(), req).await

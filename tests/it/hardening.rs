@@ -243,15 +243,7 @@ except RuntimeError:
 ev.set()
 print('threads', n)
 "#;
-    let r = run(py(code)).await;
-    assert_eq!(r.status, Status::Succeeded, "{r:?}");
-    let n: i64 = r
-        .stdout
-        .trim()
-        .strip_prefix("threads ")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let n = common::count_until_the_pids_limit(code, "threads").await;
     assert!(
         n > 0 && n < 256,
         "started {n} threads; the pids limit is 256"
