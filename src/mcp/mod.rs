@@ -51,17 +51,22 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// The ids of the languages the server runs, sorted.
+fn language_ids(manager: &RunManager) -> Vec<&str> {
+    manager
+        .registry()
+        .languages
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
 impl CodeboxServer {
     /// The run-related argument text shared by `run_code` and `start_run`.
     fn run_arguments_text(manager: &RunManager) -> String {
         let c = manager.config();
         let (d, m) = (c.limits.defaults, c.limits.ceilings);
-        let ids: Vec<&str> = manager
-            .registry()
-            .languages
-            .keys()
-            .map(String::as_str)
-            .collect();
+        let ids = language_ids(manager);
         let s = &c.sandbox;
         format!(
             "{n} languages: {ids}. Each run gets fresh containers with no network, a read-only root \
@@ -180,12 +185,7 @@ impl CodeboxServer {
     ) -> rmcp::model::JsonObject {
         let c = manager.config();
         let (d, m) = (c.limits.defaults, c.limits.ceilings);
-        let ids: Vec<&str> = manager
-            .registry()
-            .languages
-            .keys()
-            .map(String::as_str)
-            .collect();
+        let ids = language_ids(manager);
         let mut schema = schema.clone();
         let mut describe = |path: &[&str], text: String| {
             let mut node = schema.get_mut(path[0]);
