@@ -198,10 +198,16 @@ enum Command {
     },
 }
 
+/// Why a query got no answer.
+const NO_ANSWER: &str = "the history thread did not answer (it stopped, or is too far behind)";
+
+/// How many commands may wait for the history thread.
+const QUEUE_CAPACITY: usize = 4096;
+
 /// Handle to the history thread. Cheap to clone; every method returns at once except queries.
 #[derive(Clone)]
 pub struct History {
-    tx: mpsc::Sender<Command>,
+    tx: mpsc::SyncSender<Command>,
     path: PathBuf,
 }
 
@@ -229,7 +235,7 @@ impl History {
     }
 
     fn start(path: &Path, owner: Option<Owner>) -> History {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
         let thread_path = path.to_path_buf();
         let spawned = std::thread::Builder::new()
             .name("codebox-history".into())
@@ -247,9 +253,18 @@ impl History {
         &self.path
     }
 
+    /// Never blocks: when the database falls behind by [`QUEUE_CAPACITY`] commands, the
+    /// command is dropped with a warning (a history failure never holds up or fails a run,
+    /// and the queue never holds an unbounded number of reports).
     fn send(&self, cmd: Command) {
-        if self.tx.send(cmd).is_err() {
-            tracing::warn!(path = %self.path.display(), "the history thread has stopped; a run was not recorded");
+        match self.tx.try_send(cmd) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(_)) => {
+                tracing::warn!(path = %self.path.display(), "the history database is behind by {QUEUE_CAPACITY} writes; one was dropped");
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => {
+                tracing::warn!(path = %self.path.display(), "the history thread has stopped; a run was not recorded");
+            }
         }
     }
 
@@ -302,7 +317,7 @@ impl History {
             reply,
         });
         rx.await
-            .unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
+            .unwrap_or_else(|_| Err(self.unavailable(NO_ANSWER)))
     }
 
     /// Rows matching `query`, newest first. Sees every write sent before it.
@@ -310,7 +325,7 @@ impl History {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Query { query, reply });
         rx.await
-            .unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
+            .unwrap_or_else(|_| Err(self.unavailable(NO_ANSWER)))
     }
 
     /// One run's row.
@@ -321,7 +336,7 @@ impl History {
             reply,
         });
         rx.await
-            .unwrap_or_else(|_| Err(self.unavailable("the history thread has stopped")))
+            .unwrap_or_else(|_| Err(self.unavailable(NO_ANSWER)))
     }
 
     fn unavailable(&self, detail: &str) -> HistoryError {
