@@ -55,17 +55,10 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Host header values accepted by `/mcp` (any port) unless the operator sets `[http] allowed_hosts`.
 pub const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
-/// The uid:gid every container runs as. Images create this user and give it `/workspace`.
-pub const SANDBOX_USER: &str = "10001:10001";
-
-/// [`SANDBOX_USER`] as numbers.
-pub fn sandbox_ids() -> (u64, u64) {
-    let mut parts = SANDBOX_USER
-        .split(':')
-        .map(|p| p.parse::<u64>().unwrap_or(10001));
-    let uid = parts.next().unwrap_or(10001);
-    (uid, parts.next().unwrap_or(uid))
-}
+/// The first of the sandbox users images create (`sandbox`, then `sandbox2` ...).
+pub const SANDBOX_UID_FIRST: u32 = 10001;
+/// How many sandbox users images create: each concurrent run gets its own.
+pub const SANDBOX_UIDS: u32 = 64;
 
 /// Defaults and ceilings for the client-settable limits.
 #[derive(Debug, Clone, Copy, PartialEq)]

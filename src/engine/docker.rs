@@ -351,9 +351,10 @@ impl ContainerEngine for DockerEngine {
         name: &str,
         labels: &BTreeMap<String, String>,
         size_mb: u64,
+        uid: u32,
     ) -> Result<(), EngineError> {
         self.usable()?;
-        let (uid, gid) = crate::config::sandbox_ids();
+        let gid = uid;
         let options = HashMap::from([
             ("type".to_string(), "tmpfs".to_string()),
             ("device".to_string(), "tmpfs".to_string()),

@@ -185,6 +185,7 @@ impl ContainerEngine for FakeEngine {
         name: &str,
         labels: &BTreeMap<String, String>,
         _size_mb: u64,
+        _uid: u32,
     ) -> Result<(), EngineError> {
         self.create_volume(name, labels).await
     }

@@ -226,15 +226,16 @@ pub trait ContainerEngine: Send + Sync + 'static {
         name: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), EngineError>;
-    /// Create a volume backed by a tmpfs of `size_mb`, owned by the sandbox user. Its content
-    /// lives only while some container has it mounted.
+    /// Create a volume backed by a tmpfs of `size_mb`, owned by `uid`. Its content lives
+    /// only while some container has it mounted.
     async fn create_tmpfs_volume(
         &self,
         name: &str,
         labels: &BTreeMap<String, String>,
         size_mb: u64,
+        uid: u32,
     ) -> Result<(), EngineError> {
-        let _ = (labels, size_mb);
+        let _ = (labels, size_mb, uid);
         Err(EngineError::CreateVolume(format!(
             "{name}: this engine has no tmpfs volumes"
         )))

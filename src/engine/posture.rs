@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::{ContainerSpec, Mount, MountKind};
-use crate::config::SANDBOX_USER;
+use crate::config::{SANDBOX_UIDS, SANDBOX_UID_FIRST};
 
 /// Where the workspace volume is mounted in every container.
 pub const WORKSPACE: &str = "/workspace";
@@ -20,6 +20,8 @@ pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 /// What one container may use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resources {
+    /// The sandbox user (and group) the container runs as.
+    pub uid: u32,
     pub memory_mb: u64,
     pub cpus: f64,
     pub pids_limit: i64,
@@ -62,7 +64,7 @@ pub fn locked_down(
         image: image.to_string(),
         cmd,
         env,
-        user: SANDBOX_USER.to_string(),
+        user: format!("{0}:{0}", resources.uid),
         working_dir: WORKSPACE.to_string(),
         labels,
         network_mode: "none".to_string(),
@@ -131,8 +133,13 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
     }
     let user = spec.user.trim();
     let uid = user.split(':').next().unwrap_or("");
-    if uid.is_empty() || uid == "root" || uid.parse::<u32>().map(|u| u == 0).unwrap_or(false) {
-        return fail(format!("user `{user}` is root or unset"));
+    let sandbox_users = SANDBOX_UID_FIRST..SANDBOX_UID_FIRST + SANDBOX_UIDS;
+    if !uid.parse::<u32>().is_ok_and(|u| sandbox_users.contains(&u)) {
+        return fail(format!(
+            "user `{user}` is not one of the sandbox users ({}..{})",
+            sandbox_users.start,
+            sandbox_users.end - 1
+        ));
     }
     if spec.cap_drop != ["ALL"] {
         return fail(format!(
@@ -237,6 +244,7 @@ mod tests {
                 writable: false,
             }),
             &Resources {
+                uid: 10001,
                 memory_mb: 256,
                 cpus: 1.0,
                 pids_limit: 64,
@@ -254,7 +262,7 @@ mod tests {
         let s = spec();
         assert_eq!(s.network_mode, "none");
         assert_eq!(s.memory_bytes, s.memory_swap_bytes);
-        assert_eq!(s.user, SANDBOX_USER);
+        assert_eq!(s.user, "10001:10001");
         assert!(s.tmpfs["/tmp"].contains("noexec"));
     }
 
@@ -268,6 +276,7 @@ mod tests {
             ("root user", Box::new(|s| s.user = "0:0".into())),
             ("root name", Box::new(|s| s.user = "root".into())),
             ("empty user", Box::new(|s| s.user = String::new())),
+            ("host user", Box::new(|s| s.user = "1000:1000".into())),
             ("cap_drop", Box::new(|s| s.cap_drop.clear())),
             ("cap_add", Box::new(|s| s.cap_add.push("SYS_ADMIN".into()))),
             (

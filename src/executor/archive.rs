@@ -2,12 +2,15 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::sandbox_ids;
-
 /// Build a tar of the workspace: the source file and the extra files, every entry owned by
 /// the sandbox user (so the compile stage can write next to them).
-pub fn workspace_tar(source_file: &str, code: &str, files: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let (uid, gid) = sandbox_ids();
+pub fn workspace_tar(
+    source_file: &str,
+    code: &str,
+    files: &[(String, Vec<u8>)],
+    uid: u32,
+) -> Vec<u8> {
+    let (uid, gid) = (u64::from(uid), u64::from(uid));
     let mtime = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -69,6 +72,7 @@ mod tests {
             "main.py",
             "print(1)",
             &[("data/in.txt".into(), b"x".to_vec())],
+            10001,
         );
         let mut archive = tar::Archive::new(tar.as_slice());
         let mut names = Vec::new();

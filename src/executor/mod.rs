@@ -7,6 +7,7 @@
 pub mod archive;
 pub mod outcome;
 pub mod request;
+pub mod uids;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub struct Executor {
     engine: Arc<dyn ContainerEngine>,
     config: Arc<Config>,
     instance: String,
+    uids: Arc<uids::UidPool>,
 }
 
 /// A new run id: 32 lowercase hex digits.
@@ -71,6 +73,7 @@ impl Executor {
             engine,
             config,
             instance,
+            uids: uids::UidPool::new(),
         }
     }
 
@@ -125,9 +128,11 @@ impl Executor {
         let mut report = Executor::blank_report(run_id, req);
         report.status = Status::Running;
         report.queued_ms = queued_ms;
+        // The run's own uid, held until its containers are gone.
+        let lease = self.uids.lease();
         let mut resources = RunResources::new(self.engine.clone());
         if let Err(e) = self
-            .stages(run_id, req, &mut report, &mut resources, &cancel)
+            .stages(run_id, req, lease.uid, &mut report, &mut resources, &cancel)
             .await
         {
             report.status = Status::SandboxError;
@@ -136,6 +141,7 @@ impl Executor {
         if let Err(e) = resources.release().await {
             tracing::warn!(run_id, error = %e, "removing the run's containers failed; they will be reaped");
         }
+        drop(lease);
         report.duration_ms = ms(started.elapsed());
         report
     }
@@ -153,6 +159,7 @@ impl Executor {
         labels.insert("codebox.probe".into(), "true".into());
         let sandbox = &self.config.sandbox;
         let name = format!("codebox-{run_id}-probe");
+        let lease = self.uids.lease();
         let spec = posture::locked_down(
             &name,
             image_tag,
@@ -160,6 +167,7 @@ impl Executor {
             &BTreeMap::new(),
             None,
             &Resources {
+                uid: lease.uid,
                 memory_mb: self.config.limits.defaults.memory_mb,
                 cpus: self.config.limits.defaults.cpus,
                 pids_limit: sandbox.pids_limit,
@@ -188,6 +196,7 @@ impl Executor {
         }
         .await;
         let released = resources.release().await;
+        drop(lease);
         let exec = result.map_err(|e| e.to_string())?;
         released.map_err(|e| e.to_string())?;
         Ok(exec)
@@ -211,6 +220,7 @@ impl Executor {
         &self,
         run_id: &str,
         req: &ValidRequest,
+        uid: u32,
         report: &mut RunReport,
         resources: &mut RunResources,
         cancel: &CancellationToken,
@@ -238,15 +248,16 @@ impl Executor {
             None => self.engine.create_volume(&volume, &labels).await?,
             Some(size_mb) => {
                 self.engine
-                    .create_tmpfs_volume(&volume, &labels, size_mb)
+                    .create_tmpfs_volume(&volume, &labels, size_mb, uid)
                     .await?;
-                self.hold(run_id, &lang.image.tag, &volume, &labels, resources)
+                self.hold(run_id, &lang.image.tag, &volume, &labels, uid, resources)
                     .await?;
             }
         }
 
         // Prepare the workspace: the compile container, or a loader that is never started.
         let prep_resources = Resources {
+            uid,
             memory_mb: compile_limits.memory_mb,
             cpus: compile_limits.cpus,
             pids_limit: sandbox.pids_limit,
@@ -281,7 +292,7 @@ impl Executor {
         posture::check(&prep, WorkspaceAccess::Writable)?;
         resources.track_container(&prep_name);
         self.engine.create_container(&prep).await?;
-        let tar = archive::workspace_tar(&lang.source_file, &req.code, &req.files);
+        let tar = archive::workspace_tar(&lang.source_file, &req.code, &req.files, uid);
         self.engine
             .upload(&prep_name, posture::WORKSPACE, tar)
             .await?;
@@ -330,6 +341,7 @@ impl Executor {
                 writable: false,
             }),
             &Resources {
+                uid,
                 memory_mb: req.limits.memory_mb,
                 cpus: req.limits.cpus,
                 pids_limit: sandbox.pids_limit,
@@ -374,6 +386,7 @@ impl Executor {
         image: &str,
         volume: &str,
         labels: &BTreeMap<String, String>,
+        uid: u32,
         resources: &mut RunResources,
     ) -> Result<(), SandboxFailure> {
         let name = format!("codebox-{run_id}-hold");
@@ -387,6 +400,7 @@ impl Executor {
                 writable: false,
             }),
             &Resources {
+                uid,
                 memory_mb: HOLDER_MEMORY_MB,
                 cpus: HOLDER_CPUS,
                 pids_limit: HOLDER_PIDS,

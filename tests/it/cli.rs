@@ -131,7 +131,7 @@ fn doctor_verifies_the_posture_from_inside() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     for line in [
-        "runs as uid 10001, not root",
+        "runs as uid 100",
         "no capabilities (CapEff 0000000000000000)",
         "no new privileges (NoNewPrivs 1)",
         "network interfaces: lo (only lo allowed)",

@@ -19,7 +19,37 @@ async fn programs_run_as_a_non_root_user() {
     ))
     .await;
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
-    assert_eq!(r.stdout, "10001 10001 10001\n");
+    let ids: Vec<u32> = r
+        .stdout
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert!(
+        ids.iter().all(|id| *id == ids[0]),
+        "uid, gid, euid differ: {ids:?}"
+    );
+    assert!(
+        (10001..=10064).contains(&ids[0]),
+        "not a sandbox user: {ids:?}"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_runs_get_different_uids() {
+    // Per-user kernel limits (inotify instances, message queues, pipe buffers) are then
+    // never shared between runs that execute at the same time.
+    let code = "import os, time; print(os.getuid(), flush=True); time.sleep(2)";
+    let runs: Vec<_> = (0..4).map(|_| tokio::spawn(run(py(code)))).collect();
+    let mut uids = Vec::new();
+    for r in runs {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, Status::Succeeded, "{r:?}");
+        uids.push(r.stdout.trim().parse::<u32>().unwrap());
+    }
+    uids.sort();
+    uids.dedup();
+    assert_eq!(uids.len(), 4, "runs shared a uid: {uids:?}");
 }
 
 #[tokio::test]

@@ -145,10 +145,12 @@ print(ids)
 "#;
     let r = run(py(code)).await;
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
-    assert_eq!(
-        r.stdout, "[['10001', '10001', '10001', '10001'], ['10001', '10001', '10001', '10001']]\n",
-        "{r:?}"
-    );
+    // su ran with the run's own uid and gid in all four slots (real, effective, saved, fs).
+    let uid = r.stdout.split('\'').nth(1).unwrap().to_string();
+    let q = format!("'{uid}'");
+    let four = [q.as_str(); 4].join(", ");
+    assert_eq!(r.stdout, format!("[[{four}], [{four}]]\n"), "{r:?}");
+    assert!(uid.starts_with("100") && uid != "0", "{uid}");
 }
 
 #[tokio::test]

@@ -31,6 +31,7 @@ async fn create(engine: &DockerEngine, instance: &str, expires: u64) -> String {
         &BTreeMap::new(),
         None,
         &Resources {
+            uid: 10001,
             memory_mb: 64,
             cpus: 1.0,
             pids_limit: 16,

@@ -63,6 +63,18 @@ fn every_image_has_a_locked_down_dockerfile() {
         );
         assert!(has("USER 10001"), "{}: no non-root USER 10001", image.name);
         assert!(text.contains("/workspace"), "{}: no /workspace", image.name);
+        // Runs lease uids 10001..=10064: whichever they get must be able to write the
+        // compile-stage workspace, and should have a passwd entry.
+        assert!(
+            text.contains("-m 1777 /workspace"),
+            "{}: /workspace is not 1777",
+            image.name
+        );
+        assert!(
+            text.contains("seq 2 64"),
+            "{}: no sandbox2..sandbox64 users",
+            image.name
+        );
         assert!(
             !has("CMD") && !has("ENTRYPOINT"),
             "{}: has CMD or ENTRYPOINT",
