@@ -5,7 +5,8 @@
 //! starts when both a slot is free (`runs.max_concurrent_runs`) and the memory of the running
 //! runs plus its own stays within `runs.memory_budget_mb`. A large request at the head is
 //! therefore never starved by small ones behind it. A run is charged the larger of its memory
-//! limit and its language's compile-stage limit, since the stages run one after the other.
+//! limit and its language's compile-stage limit, since the stages run one after the other,
+//! plus its tmpfs workspace if the language has one (it is memory, for the whole run).
 //!
 //! Each run executes in its own tokio task, watched by a second task: if the first panics,
 //! the run still ends, as `sandbox_error` (the executor's guards remove its containers).
@@ -189,23 +190,27 @@ pub struct RunManager {
     inner: Arc<Inner>,
 }
 
-/// Memory a run holds while admitted: its own limit, or its compile stage's if larger.
+/// Memory a run holds while admitted: its own limit, or its compile stage's if larger, plus
+/// its tmpfs workspace (`compile_limits.workspace_mb`), which lives for the whole run.
 pub fn memory_charge(language: &Language, limits: &RunLimits) -> u64 {
-    if language.is_compiled() {
+    let stages = if language.is_compiled() {
         limits.memory_mb.max(language.compile_limits.memory_mb)
     } else {
         limits.memory_mb
-    }
+    };
+    stages + language.compile_limits.workspace_mb.unwrap_or(0)
 }
 
 /// Check that every language's compile stage fits the memory budget (at start).
 pub fn check_budget(registry: &Registry, config: &Config) -> Result<(), String> {
     let budget = config.runs.memory_budget_mb;
     for lang in registry.languages.values() {
-        if lang.is_compiled() && lang.compile_limits.memory_mb > budget {
+        let compile_mb =
+            lang.compile_limits.memory_mb + lang.compile_limits.workspace_mb.unwrap_or(0);
+        if lang.is_compiled() && compile_mb > budget {
             return Err(format!(
-                "setting `runs.memory_budget_mb` = {budget} is invalid: language `{}` compiles with {} MB, which would never fit",
-                lang.id, lang.compile_limits.memory_mb
+                "setting `runs.memory_budget_mb` = {budget} is invalid: language `{}` compiles with {compile_mb} MB (memory and tmpfs workspace), which would never fit",
+                lang.id
             ));
         }
     }
@@ -727,5 +732,49 @@ async fn purge_loop(inner: Weak<Inner>) {
         let manager = RunManager { inner };
         manager.purge_expired();
         manager.sweep_history();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_tmpfs_workspace_is_charged_to_the_memory_budget() {
+        let registry = Registry::parse(
+            Path::new("t.toml"),
+            r#"
+[images.i]
+tag = "t"
+context = "images/i"
+
+[languages.plain]
+display_name = "P"
+image = "i"
+source_file = "main.p"
+compile = ["cc"]
+run = ["./main"]
+
+[languages.heavy]
+display_name = "H"
+image = "i"
+source_file = "main.h"
+compile = ["cc"]
+run = ["./main"]
+compile_limits = { memory_mb = 1024, workspace_mb = 256 }
+"#,
+        )
+        .unwrap();
+        let limits = RunLimits {
+            memory_mb: 512,
+            timeout_seconds: 1.0,
+            cpus: 1.0,
+        };
+        assert_eq!(memory_charge(&registry.languages["plain"], &limits), 1024);
+        assert_eq!(
+            memory_charge(&registry.languages["heavy"], &limits),
+            1024 + 256
+        );
     }
 }
