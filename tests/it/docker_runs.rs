@@ -40,7 +40,14 @@ async fn concurrent_runs_get_different_uids() {
     // Per-user kernel limits (inotify instances, message queues, pipe buffers) are then
     // never shared between runs that execute at the same time.
     let code = "import os, time; print(os.getuid(), flush=True); time.sleep(2)";
-    let runs: Vec<_> = (0..4).map(|_| tokio::spawn(run(py(code)))).collect();
+    // One executor, as in a server: its runs lease from one pool of uids.
+    let exec = std::sync::Arc::new(common::docker_executor());
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let exec = exec.clone();
+            tokio::spawn(async move { run_with(&exec, py(code)).await })
+        })
+        .collect();
     let mut uids = Vec::new();
     for r in runs {
         let r = r.await.unwrap();
