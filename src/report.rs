@@ -154,3 +154,12 @@ pub struct RunReport {
     /// One sentence on what happened.
     pub message: String,
 }
+
+/// A number for people: `30` rather than `30.0`, `0.5` as is.
+pub fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}

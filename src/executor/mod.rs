@@ -22,7 +22,7 @@ use crate::engine::{
     ContainerEngine, Ending, EngineError, Execution, StartOptions, LABEL_EXPIRES, LABEL_INSTANCE,
     LABEL_MANAGED, LABEL_RUN,
 };
-use crate::report::{CompileReport, RunReport, Stage, Status, Usage};
+use crate::report::{fmt_num, CompileReport, RunReport, Stage, Status, Usage};
 pub use request::{Encoding, FileInput, LimitsInput, RequestError, RunRequest, ValidRequest};
 
 /// What the idle holder of a tmpfs workspace may use.
@@ -57,14 +57,6 @@ pub fn new_run_id() -> String {
 
 fn ms(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
-}
-
-fn fmt_secs(s: f64) -> String {
-    if s.fract() == 0.0 {
-        format!("{s:.0} s")
-    } else {
-        format!("{s} s")
-    }
 }
 
 impl Executor {
@@ -431,7 +423,7 @@ impl Executor {
             Status::Stopped => (Status::Stopped, "stopped while compiling".to_string()),
             Status::TimedOut => (
                 Status::TimedOut,
-                format!("compilation was killed at its {} wall-clock limit", fmt_secs(timeout)),
+                format!("compilation was killed at its {} s wall-clock limit", fmt_num(timeout)),
             ),
             Status::OutOfMemory => (
                 Status::OutOfMemory,
@@ -484,8 +476,8 @@ impl Executor {
             (Status::Succeeded, _) => "exited with code 0".to_string(),
             (Status::Stopped, _) => "stopped before it finished".to_string(),
             (Status::TimedOut, _) => format!(
-                "killed at the {} wall-clock limit",
-                fmt_secs(req.limits.timeout_seconds)
+                "killed at the {} s wall-clock limit",
+                fmt_num(req.limits.timeout_seconds)
             ),
             (Status::OutOfMemory, _) => format!(
                 "killed by the out-of-memory killer at the {} MB memory limit",

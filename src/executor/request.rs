@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::registry::{Language, Registry};
-use crate::report::RunLimits;
+use crate::report::{fmt_num, RunLimits};
 
 /// Encoding of a file's `content`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -91,14 +91,6 @@ fn reject<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, 
         field: field.into(),
         message: message.into(),
     })
-}
-
-fn fmt_num(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
-    }
 }
 
 /// Check one client-set limit: finite, positive, not over the ceiling. Never clamped.

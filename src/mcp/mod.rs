@@ -20,7 +20,7 @@ use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use crate::catalog::{catalog, Catalog};
 use crate::executor::RunRequest;
 use crate::history::{Query, MAX_QUERY_LIMIT};
-use crate::report::{RunReport, Status};
+use crate::report::{fmt_num, RunReport, Status};
 use crate::runs::{Accepted, RunManager, SubmitError};
 pub use params::{GetResultParams, HistoryParams, HistoryResult, Parameters, StopRunParams};
 
@@ -40,14 +40,6 @@ fn submit_error(e: SubmitError) -> String {
     match e {
         SubmitError::Invalid(e) => format!("invalid argument {e}"),
         other => other.to_string(),
-    }
-}
-
-fn fmt_num(v: f64) -> String {
-    if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v}")
     }
 }
 
