@@ -158,14 +158,11 @@ impl Executor {
             cmd,
             &BTreeMap::new(),
             None,
-            &Resources {
-                uid: lease.uid,
-                memory_mb: self.config.limits.defaults.memory_mb,
-                cpus: self.config.limits.defaults.cpus,
-                pids_limit: sandbox.pids_limit,
-                tmpfs_mb: sandbox.tmpfs_mb,
-                max_file_size_mb: sandbox.max_file_size_mb,
-            },
+            &self.resources(
+                lease.uid,
+                self.config.limits.defaults.memory_mb,
+                self.config.limits.defaults.cpus,
+            ),
             labels,
             false,
         );
@@ -192,6 +189,20 @@ impl Executor {
         let exec = result.map_err(|e| e.to_string())?;
         released.map_err(|e| e.to_string())?;
         Ok(exec)
+    }
+
+    /// What a probe, compile or run container may use: the given memory and CPU, the
+    /// operator's fixed sandbox limits for the rest.
+    fn resources(&self, uid: u32, memory_mb: u64, cpus: f64) -> Resources {
+        let sandbox = &self.config.sandbox;
+        Resources {
+            uid,
+            memory_mb,
+            cpus,
+            pids_limit: sandbox.pids_limit,
+            tmpfs_mb: sandbox.tmpfs_mb,
+            max_file_size_mb: sandbox.max_file_size_mb,
+        }
     }
 
     fn labels(&self, run_id: &str, budget_seconds: f64) -> BTreeMap<String, String> {
@@ -248,14 +259,7 @@ impl Executor {
         }
 
         // Prepare the workspace: the compile container, or a loader that is never started.
-        let prep_resources = Resources {
-            uid,
-            memory_mb: compile_limits.memory_mb,
-            cpus: compile_limits.cpus,
-            pids_limit: sandbox.pids_limit,
-            tmpfs_mb: sandbox.tmpfs_mb,
-            max_file_size_mb: sandbox.max_file_size_mb,
-        };
+        let prep_resources = self.resources(uid, compile_limits.memory_mb, compile_limits.cpus);
         let prep_name = format!(
             "codebox-{run_id}-{}",
             if lang.is_compiled() {
@@ -332,14 +336,7 @@ impl Executor {
                 volume,
                 writable: false,
             }),
-            &Resources {
-                uid,
-                memory_mb: req.limits.memory_mb,
-                cpus: req.limits.cpus,
-                pids_limit: sandbox.pids_limit,
-                tmpfs_mb: sandbox.tmpfs_mb,
-                max_file_size_mb: sandbox.max_file_size_mb,
-            },
+            &self.resources(uid, req.limits.memory_mb, req.limits.cpus),
             labels,
             req.stdin.is_some(),
         );
