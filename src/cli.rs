@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::catalog;
 use crate::config::Config;
 use crate::engine::docker::DockerEngine;
-use crate::engine::{ContainerEngine, EngineError};
+use crate::engine::ContainerEngine;
 use crate::executor::{new_run_id, Executor, LimitsInput, RunRequest, ValidRequest};
 use crate::images;
 use crate::instance::Instance;
@@ -604,9 +604,4 @@ async fn doctor(ctx: &Context) -> anyhow::Result<i32> {
     }
     println!("{ok} passed, {bad} failed");
     Ok(if bad == 0 { 0 } else { 1 })
-}
-
-/// Turn an engine error into a one-sentence message for people.
-pub fn engine_message(e: &EngineError) -> String {
-    e.to_string()
 }
