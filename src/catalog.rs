@@ -80,8 +80,8 @@ pub async fn catalog(
     Ok(Catalog {
         languages,
         limits: LimitsInfo {
-            defaults: config.limits.defaults,
-            ceilings: config.limits.ceilings,
+            defaults: config.limits.defaults(),
+            ceilings: config.limits.ceilings(),
         },
     })
 }

@@ -1,166 +1,155 @@
-//! Operator settings: the `DEFAULT_*` constants, and the limits every request is checked against.
+//! Operator settings: one struct per section, each field written once with its default and
+//! its documentation (the [`section!`] macro), and checked once in [`Config::validate`].
 //!
-//! Configuration is injected: nothing here reads global state except [`Config::load`], which
-//! reads an optional TOML file and is called once at start.
+//! Configuration is resolved once per process by [`Config::resolve`], in one order: the
+//! config file, then `CODEBOX_*` environment variables, then `--set SETTING=VALUE` flags. The
+//! result is validated and never changed afterwards. Every setting has three spellings,
+//! derived by rule from its place in these structs rather than written out:
+//!
+//! - in the file: `[runs]` then `max_concurrent_runs = 2`;
+//! - as a flag: `--set runs.max_concurrent_runs=2`;
+//! - as a variable: `CODEBOX_RUNS_MAX_CONCURRENT_RUNS=2`, or `CODEBOX_MAX_CONCURRENT_RUNS=2`
+//!   when the key has several words and names one setting only (the section-qualified form
+//!   wins when both are set); `CODEBOX_LISTEN` is also kept for `http.listen`.
+//!
+//! Lists accept `a,b,c` from a variable or a flag; tables accept TOML inline tables
+//! (`{ python = 2 }`). [`Config::settings`] lists them all with their documentation
+//! (`codebox config --list`), and printing a configuration (`codebox config`) then reading it
+//! back gives the same configuration.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::report::RunLimits;
 
-pub const DEFAULT_MEMORY_MB: u64 = 512;
-pub const MAX_MEMORY_MB: u64 = 16384;
-pub const DEFAULT_TIMEOUT_SECONDS: f64 = 30.0;
-pub const MAX_TIMEOUT_SECONDS: f64 = 3600.0;
-pub const DEFAULT_CPUS: f64 = 1.0;
-pub const MAX_CPUS: f64 = 4.0;
+/// Declares a settings section: the struct, its serde shape (every field optional in the
+/// file, unknown fields rejected) and its defaults, with each field written exactly once.
+macro_rules! section {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty = $default:expr, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: $ty, )*
+        }
 
-pub const DEFAULT_PIDS_LIMIT: i64 = 256;
-pub const DEFAULT_OUTPUT_LIMIT_BYTES: u64 = 1024 * 1024;
-pub const DEFAULT_TMPFS_MB: u64 = 64;
-pub const DEFAULT_MAX_FILE_SIZE_MB: u64 = 256;
-pub const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
-pub const DEFAULT_COMPILE_MEMORY_MB: u64 = 1024;
-pub const DEFAULT_COMPILE_CPUS: f64 = 1.0;
-
-pub const DEFAULT_MAX_CODE_BYTES: usize = 512 * 1024;
-pub const DEFAULT_MAX_STDIN_BYTES: usize = 1024 * 1024;
-pub const DEFAULT_MAX_FILES: usize = 32;
-pub const DEFAULT_MAX_FILES_BYTES: usize = 4 * 1024 * 1024;
-pub const DEFAULT_MAX_ARGS: usize = 64;
-pub const DEFAULT_MAX_ARG_BYTES: usize = 4096;
-
-/// At most this many runs execute at once (`[runs] max_concurrent_runs`).
-pub const DEFAULT_MAX_CONCURRENT_RUNS: usize = 4;
-/// At most this many runs wait for a slot; one more is refused as retryable (`[runs] max_queued_runs`).
-pub const DEFAULT_MAX_QUEUED_RUNS: usize = 256;
-/// The memory of all running runs together stays within this (`[runs] memory_budget_mb`).
-pub const DEFAULT_MEMORY_BUDGET_MB: u64 = 8192;
-/// Reports stay available to `get_result` this long after a run ends (`[runs] result_retention_seconds`).
-pub const DEFAULT_RESULT_RETENTION_SECONDS: u64 = 3600;
-/// The contract's floor for the retention: reports are kept at least an hour.
-pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
-/// Finished reports held in memory together stay within this many MB (`[runs] retained_reports_mb`);
-/// beyond it the oldest are evicted and served from the history database.
-pub const DEFAULT_RETAINED_REPORTS_MB: u64 = 256;
-/// File name of the history database inside the data directory.
-pub const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
-/// Characters of code kept by the `preview` history policy.
-pub const CODE_PREVIEW_CHARS: usize = 500;
-/// Address `codebox serve --transport http` listens on.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
-/// Largest HTTP request body accepted at `/mcp` (larger: 413).
-pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
-/// Host header values accepted by `/mcp` (any port) unless the operator sets `[http] allowed_hosts`.
-pub const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
-
-/// The first of the sandbox users images create (`sandbox`, then `sandbox2` ...).
-pub const SANDBOX_UID_FIRST: u32 = 10001;
-/// How many sandbox users images create: each concurrent run gets its own.
-pub const SANDBOX_UIDS: u32 = 64;
-
-/// Defaults and ceilings for the client-settable limits.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimitPolicy {
-    pub defaults: RunLimits,
-    pub ceilings: RunLimits,
+        impl Default for $name {
+            fn default() -> Self {
+                $name { $( $field: $default, )* }
+            }
+        }
+    };
 }
 
-impl Default for LimitPolicy {
-    fn default() -> Self {
-        LimitPolicy {
-            defaults: RunLimits {
-                memory_mb: DEFAULT_MEMORY_MB,
-                timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
-                cpus: DEFAULT_CPUS,
-            },
-            ceilings: RunLimits {
-                memory_mb: MAX_MEMORY_MB,
-                timeout_seconds: MAX_TIMEOUT_SECONDS,
-                cpus: MAX_CPUS,
-            },
+section! {
+    /// Defaults and ceilings of the limits a request may set (`limits` in `run_code`).
+    /// A request over a ceiling is rejected, never clamped.
+    pub struct LimitSettings {
+        /// Memory of a run when the request sets none, in MB.
+        pub default_memory_mb: u64 = 512,
+        /// Most memory a request may ask for, in MB.
+        pub max_memory_mb: u64 = 16384,
+        /// Wall-clock limit of the run stage when the request sets none, in seconds.
+        pub default_timeout_seconds: f64 = 30.0,
+        /// Longest wall-clock limit a request may ask for, in seconds.
+        pub max_timeout_seconds: f64 = 3600.0,
+        /// CPU quota when the request sets none, in cores.
+        pub default_cpus: f64 = 1.0,
+        /// Largest CPU quota a request may ask for, in cores.
+        pub max_cpus: f64 = 4.0,
+    }
+}
+
+impl LimitSettings {
+    pub fn defaults(&self) -> RunLimits {
+        RunLimits {
+            memory_mb: self.default_memory_mb,
+            timeout_seconds: self.default_timeout_seconds,
+            cpus: self.default_cpus,
+        }
+    }
+
+    pub fn ceilings(&self) -> RunLimits {
+        RunLimits {
+            memory_mb: self.max_memory_mb,
+            timeout_seconds: self.max_timeout_seconds,
+            cpus: self.max_cpus,
         }
     }
 }
 
-/// Limits no client can change.
-///
-/// # Security
-/// Each of these bounds what one run can take from the host: raising `pids_limit` weakens the
-/// fork-bomb defence, `output_limit_bytes` bounds the server's memory per run, `tmpfs_mb` counts
-/// against the run's memory, `max_file_size_mb` bounds any single file a program or compiler
-/// writes (the compile workspace is a Docker volume with no size limit of its own).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SandboxPolicy {
-    pub pids_limit: i64,
-    pub output_limit_bytes: u64,
-    pub tmpfs_mb: u64,
-    pub max_file_size_mb: u64,
-    pub max_code_bytes: usize,
-    pub max_stdin_bytes: usize,
-    pub max_files: usize,
-    pub max_files_bytes: usize,
-    pub max_args: usize,
-    pub max_arg_bytes: usize,
-}
-
-impl Default for SandboxPolicy {
-    fn default() -> Self {
-        SandboxPolicy {
-            pids_limit: DEFAULT_PIDS_LIMIT,
-            output_limit_bytes: DEFAULT_OUTPUT_LIMIT_BYTES,
-            tmpfs_mb: DEFAULT_TMPFS_MB,
-            max_file_size_mb: DEFAULT_MAX_FILE_SIZE_MB,
-            max_code_bytes: DEFAULT_MAX_CODE_BYTES,
-            max_stdin_bytes: DEFAULT_MAX_STDIN_BYTES,
-            max_files: DEFAULT_MAX_FILES,
-            max_files_bytes: DEFAULT_MAX_FILES_BYTES,
-            max_args: DEFAULT_MAX_ARGS,
-            max_arg_bytes: DEFAULT_MAX_ARG_BYTES,
-        }
-    }
-}
-
-/// Admission and retention of runs in `codebox serve`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunsPolicy {
-    /// Runs executing at once.
-    pub max_concurrent_runs: usize,
-    /// Runs waiting for a slot; beyond this a request is refused (retryable).
-    pub max_queued_runs: usize,
-    /// Sum of the memory of admitted runs, in MB. A run is charged the larger of its own limit
-    /// and its language's compile-stage limit (the stages run one after the other).
-    pub memory_budget_mb: u64,
-    /// How long a finished run's report stays available to `get_result`, in seconds.
-    pub result_retention_seconds: u64,
-    /// Total size of the finished reports kept in memory, in MB (their stdout, stderr and
-    /// compile output, plus a small fixed overhead each). Beyond it the oldest reports leave
-    /// memory; `get_result` then reads them from the history database, which keeps full
-    /// reports for the retention period.
+section! {
+    /// Limits no client can change.
     ///
     /// # Security
-    /// This is what bounds the server's memory for results: without it, an hour of runs that
-    /// fill their output caps is tens of GiB. If the history database is unavailable, an
-    /// evicted report is lost to `get_result` (the error names this setting), but memory stays
-    /// bounded.
-    pub retained_reports_mb: u64,
+    /// Each of these bounds what one run can take from the host: raising `pids_limit` weakens
+    /// the fork-bomb defence, `output_limit_bytes` bounds the server's memory per run,
+    /// `tmpfs_mb` counts against the run's memory, `max_file_size_mb` bounds any single file a
+    /// program or compiler writes (the compile workspace is a Docker volume with no size limit
+    /// of its own). The request caps (`max_code_bytes` to `max_arg_bytes`) bound what a client
+    /// can make codebox hold and copy.
+    pub struct SandboxSettings {
+        /// Most processes and threads in one container.
+        pub pids_limit: i64 = 256,
+        /// Bytes of stdout and of stderr kept per run; the rest is counted and dropped.
+        pub output_limit_bytes: u64 = 1024 * 1024,
+        /// Size of the `/tmp` and `/dev/shm` tmpfs scratch spaces, in MB (never more than the
+        /// run's memory limit, which they count against).
+        pub tmpfs_mb: u64 = 64,
+        /// Largest single file a program or compiler may write, in MB (`RLIMIT_FSIZE`).
+        pub max_file_size_mb: u64 = 256,
+        /// Largest `code` of a request, in bytes.
+        pub max_code_bytes: usize = 512 * 1024,
+        /// Largest `stdin` of a request, in bytes.
+        pub max_stdin_bytes: usize = 1024 * 1024,
+        /// Most `files` in a request.
+        pub max_files: usize = 32,
+        /// Most bytes of all `files` of a request together.
+        pub max_files_bytes: usize = 4 * 1024 * 1024,
+        /// Most `args` in a request.
+        pub max_args: usize = 64,
+        /// Longest single argument, in bytes.
+        pub max_arg_bytes: usize = 4096,
+    }
 }
 
-impl Default for RunsPolicy {
-    fn default() -> Self {
-        RunsPolicy {
-            max_concurrent_runs: DEFAULT_MAX_CONCURRENT_RUNS,
-            max_queued_runs: DEFAULT_MAX_QUEUED_RUNS,
-            memory_budget_mb: DEFAULT_MEMORY_BUDGET_MB,
-            result_retention_seconds: DEFAULT_RESULT_RETENTION_SECONDS,
-            retained_reports_mb: DEFAULT_RETAINED_REPORTS_MB,
-        }
+section! {
+    /// Admission and retention of runs.
+    pub struct RunsSettings {
+        /// Runs executing at once.
+        pub max_concurrent_runs: usize = 4,
+        /// Runs waiting for a slot; beyond this a request is refused (retryable).
+        pub max_queued_runs: usize = 256,
+        /// Sum of the memory of admitted runs, in MB. A run is charged the larger of its own
+        /// limit and its language's compile-stage limit (the stages run one after the other).
+        pub memory_budget_mb: u64 = 8192,
+        /// How long a finished run's report stays available to `get_result`, in seconds (at
+        /// least 3600).
+        pub result_retention_seconds: u64 = 3600,
+        /// Total size of the finished reports kept in memory, in MB (their stdout, stderr and
+        /// compile output, plus a small fixed overhead each). Beyond it the oldest reports
+        /// leave memory; `get_result` then reads them from the history database, which keeps
+        /// full reports for the retention period.
+        ///
+        /// # Security
+        /// This is what bounds the server's memory for results: without it, an hour of runs
+        /// that fill their output caps is tens of GiB. If the history database is
+        /// unavailable, an evicted report is lost to `get_result` (the error names this
+        /// setting), but memory stays bounded.
+        pub retained_reports_mb: u64 = 256,
     }
 }
 
 /// How much of a run's code the history keeps.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CodePolicy {
     /// Only the sha256 of the code.
@@ -172,112 +161,100 @@ pub enum CodePolicy {
     Full,
 }
 
-impl CodePolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CodePolicy::None => "none",
-            CodePolicy::Preview => "preview",
-            CodePolicy::Full => "full",
-        }
-    }
+/// Characters of code kept by the `preview` history policy.
+pub const CODE_PREVIEW_CHARS: usize = 500;
 
-    pub fn parse(s: &str) -> Option<CodePolicy> {
-        [CodePolicy::None, CodePolicy::Preview, CodePolicy::Full]
-            .into_iter()
-            .find(|p| p.as_str() == s)
+section! {
+    /// The run history database.
+    pub struct HistorySettings {
+        /// The SQLite file; when unset, `history.sqlite3` in the data directory.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub path: Option<PathBuf> = None,
+        /// How much code is stored with each run: `none`, `preview` (500 characters) or `full`.
+        pub code: CodePolicy = CodePolicy::Preview,
     }
 }
 
-/// The run history database.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistoryPolicy {
-    /// SQLite file; `None`: `<data_dir>/history.sqlite3`.
-    pub path: Option<PathBuf>,
-    /// How much code is stored with each run.
-    pub code: CodePolicy,
-}
+/// Host header values accepted by `/mcp` (any port) unless `http.allowed_hosts` says otherwise.
+pub const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
-impl Default for HistoryPolicy {
-    fn default() -> Self {
-        HistoryPolicy {
-            path: None,
-            code: CodePolicy::Preview,
-        }
+section! {
+    /// The Streamable HTTP transport.
+    ///
+    /// # Security
+    /// Anyone who can reach the listen address and holds the token can run code on this
+    /// host's Docker. Keep the default loopback address unless the port is protected;
+    /// `allowed_hosts` is the DNS-rebinding defence (a browser page cannot make requests with
+    /// a foreign Host), so list only the names clients really use.
+    pub struct HttpSettings {
+        /// Address `codebox serve --transport http` listens on (port 0 picks a free one).
+        pub listen: String = "127.0.0.1:8765".to_string(),
+        /// Host header values accepted at `/mcp` (`name` matches any port, `name:port` exactly).
+        pub allowed_hosts: Vec<String> = DEFAULT_ALLOWED_HOSTS.iter().map(|h| h.to_string()).collect(),
+        /// Largest request body, in bytes (larger: 413).
+        pub max_body_bytes: usize = 8 * 1024 * 1024,
+        /// File holding the bearer token (`--token-file` and then `CODEBOX_TOKEN` take
+        /// precedence). The token itself is never a setting.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub token_file: Option<PathBuf> = None,
     }
 }
 
-/// The Streamable HTTP transport.
-///
-/// # Security
-/// Anyone who can reach the listen address and holds the token can run code on this host's
-/// Docker. Keep the default loopback address unless the port is protected; `allowed_hosts`
-/// is the DNS-rebinding defence (a browser page cannot make requests with a foreign Host),
-/// so list only the names clients really use.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HttpPolicy {
-    pub listen: String,
-    /// Host header values accepted at `/mcp` (`name` matches any port, `name:port` exactly).
-    pub allowed_hosts: Vec<String>,
-    /// Largest request body, in bytes.
-    pub max_body_bytes: usize,
-    /// File holding the bearer token (the `CODEBOX_TOKEN` variable takes precedence).
-    pub token_file: Option<PathBuf>,
-}
-
-impl Default for HttpPolicy {
-    fn default() -> Self {
-        HttpPolicy {
-            listen: DEFAULT_LISTEN.to_string(),
-            allowed_hosts: DEFAULT_ALLOWED_HOSTS
-                .iter()
-                .map(|h| h.to_string())
-                .collect(),
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            token_file: None,
-        }
+section! {
+    /// Everything codebox needs to know from its operator.
+    pub struct Config {
+        /// The language registry file; when unset, `languages.toml` in the current folder,
+        /// else the one beside the sources codebox was built from.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub languages: Option<PathBuf> = None,
+        /// Where codebox keeps its state: the history database and instance locks.
+        pub data_dir: PathBuf = default_data_dir(),
+        pub limits: LimitSettings = LimitSettings::default(),
+        pub sandbox: SandboxSettings = SandboxSettings::default(),
+        pub runs: RunsSettings = RunsSettings::default(),
+        pub history: HistorySettings = HistorySettings::default(),
+        pub http: HttpSettings = HttpSettings::default(),
     }
 }
 
-/// Everything the executor needs to know from the operator.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    pub limits: LimitPolicy,
-    pub sandbox: SandboxPolicy,
-    /// Path of `languages.toml`.
-    pub languages_path: Option<PathBuf>,
-    /// Where codebox keeps its state (history, instance locks).
-    pub data_dir: PathBuf,
-    /// Admission and retention in `codebox serve`.
-    pub runs: RunsPolicy,
-    pub history: HistoryPolicy,
-    pub http: HttpPolicy,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            limits: LimitPolicy::default(),
-            sandbox: SandboxPolicy::default(),
-            languages_path: None,
-            data_dir: default_data_dir(),
-            runs: RunsPolicy::default(),
-            history: HistoryPolicy::default(),
-            http: HttpPolicy::default(),
-        }
-    }
-}
-
-/// `$CODEBOX_DATA_DIR`, else the user's data directory (e.g. `~/.local/share/codebox`).
-pub fn default_data_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CODEBOX_DATA_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
+/// The user's data directory (e.g. `~/.local/share/codebox`).
+fn default_data_dir() -> PathBuf {
     directories::ProjectDirs::from("", "", "codebox")
         .map(|d| d.data_dir().to_path_buf())
         .unwrap_or_else(|| PathBuf::from(".codebox"))
 }
 
-/// A configuration problem, naming the setting and the value.
+/// File name of the history database inside the data directory.
+pub const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
+/// The contract's floor for the retention: reports are kept at least an hour.
+pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
+/// Prefix of every configuration variable.
+pub const ENV_PREFIX: &str = "CODEBOX_";
+/// Short variables of one-word keys, kept from before the names were derived.
+const SHORT_ALIASES: [(&str, &str); 1] = [("CODEBOX_LISTEN", "http.listen")];
+/// Variables that begin with [`ENV_PREFIX`] but are not settings (and no setting may take
+/// their name): the config file, the bearer token (a secret, never a setting) and the log filter.
+pub const RESERVED_ENV: [&str; 3] = ["CODEBOX_CONFIG", "CODEBOX_TOKEN", "CODEBOX_LOG"];
+
+/// Where a setting's value came from, for error messages.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    File(PathBuf),
+    Env(String),
+    Flag,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File(p) => write!(f, "in {}", p.display()),
+            Source::Env(v) => write!(f, "from {v}"),
+            Source::Flag => f.write_str("from --set"),
+        }
+    }
+}
+
+/// A configuration problem, naming the setting, the value and where it came from.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -287,150 +264,151 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error("--set {item}: expected SETTING=VALUE, e.g. --set runs.max_concurrent_runs=2")]
+    SetSyntax { item: String },
+    #[error("unknown setting `{setting}` ({origin}); `codebox config --list` lists them all")]
+    Unknown { setting: String, origin: Source },
+    #[error("setting `{setting}` = {value} ({origin}) is not a valid {expected}")]
+    Type {
+        setting: String,
+        value: String,
+        expected: &'static str,
+        origin: Source,
+    },
     #[error("setting `{setting}` = {value} is invalid: {reason}")]
     Invalid {
-        setting: &'static str,
+        setting: String,
         value: String,
         reason: String,
     },
 }
 
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    languages: Option<PathBuf>,
-    data_dir: Option<PathBuf>,
-    #[serde(default)]
-    limits: RawLimits,
-    #[serde(default)]
-    sandbox: RawSandbox,
-    #[serde(default)]
-    runs: RawRuns,
-    #[serde(default)]
-    history: RawHistory,
-    #[serde(default)]
-    http: RawHttp,
+/// The kind of value a setting holds, from its schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Integer,
+    Number,
+    Boolean,
+    Text,
+    List,
+    Table,
 }
 
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawRuns {
-    max_concurrent_runs: Option<usize>,
-    max_queued_runs: Option<usize>,
-    memory_budget_mb: Option<u64>,
-    result_retention_seconds: Option<u64>,
-    retained_reports_mb: Option<u64>,
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Integer => "whole number",
+            Kind::Number => "number",
+            Kind::Boolean => "boolean (true or false)",
+            Kind::Text => "text",
+            Kind::List => "list (a,b,c)",
+            Kind::Table => "table ({ key = value })",
+        }
+    }
 }
 
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawHistory {
-    path: Option<PathBuf>,
-    code: Option<CodePolicy>,
-}
-
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawHttp {
-    listen: Option<String>,
-    allowed_hosts: Option<Vec<String>>,
-    max_body_bytes: Option<usize>,
-    token_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawLimits {
-    default_memory_mb: Option<u64>,
-    max_memory_mb: Option<u64>,
-    default_timeout_seconds: Option<f64>,
-    max_timeout_seconds: Option<f64>,
-    default_cpus: Option<f64>,
-    max_cpus: Option<f64>,
-}
-
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawSandbox {
-    pids_limit: Option<i64>,
-    output_limit_bytes: Option<u64>,
-    tmpfs_mb: Option<u64>,
-    max_file_size_mb: Option<u64>,
-    max_code_bytes: Option<usize>,
-    max_stdin_bytes: Option<usize>,
-    max_files: Option<usize>,
-    max_files_bytes: Option<usize>,
+/// One setting: its dotted path, what it holds, its documentation and its variables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting {
+    /// `runs.max_concurrent_runs`: the file key and the `--set` path.
+    pub path: String,
+    pub kind: Kind,
+    pub doc: String,
+    /// `CODEBOX_RUNS_MAX_CONCURRENT_RUNS`.
+    pub env: String,
+    /// `CODEBOX_MAX_CONCURRENT_RUNS`, when the key names this setting only.
+    pub env_short: Option<String>,
+    /// The values a text setting may take, when they are a fixed set.
+    pub choices: Vec<String>,
 }
 
 impl Config {
-    /// Read a TOML config file (all settings optional) and validate it.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Config::from_toml(&text).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => ConfigError::Parse {
-                path: path.to_path_buf(),
-                message,
-            },
-            other => other,
-        })
+    /// Every setting, sorted by path, read off the structs' schema.
+    pub fn settings() -> Vec<Setting> {
+        let root = serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default();
+        let defs = root.get("$defs").cloned().unwrap_or_default();
+        let mut out = Vec::new();
+        collect_settings(&root, &defs, "", &mut out);
+        let mut keys: BTreeMap<String, usize> = BTreeMap::new();
+        for s in &out {
+            *keys.entry(last_key(&s.path).to_string()).or_default() += 1;
+        }
+        for s in &mut out {
+            let key = last_key(&s.path);
+            // Only distinctive keys: `CODEBOX_PATH` would be too easy to set by accident.
+            if s.path.contains('.') && key.contains('_') && keys[key] == 1 {
+                s.env_short = Some(env_name(key));
+            }
+            if let Some((var, _)) = SHORT_ALIASES.iter().find(|(_, p)| *p == s.path) {
+                s.env_short = Some(var.to_string());
+            }
+        }
+        out
     }
 
+    /// Resolve the configuration of this process: `file` (if any), then the variables `env`
+    /// returns (injected so tests need no real environment), then `--set` items; validate.
+    pub fn resolve(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        sets: &[String],
+    ) -> Result<Config, ConfigError> {
+        let mut table = match file {
+            None => toml::Table::new(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                parse_table(&text).map_err(|message| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message,
+                })?
+            }
+        };
+        let settings = Config::settings();
+        for s in &settings {
+            // The section-qualified name wins over the short one.
+            let found = std::iter::once(&s.env)
+                .chain(&s.env_short)
+                .find_map(|var| env(var).filter(|v| !v.is_empty()).map(|v| (var, v)));
+            if let Some((var, value)) = found {
+                set_in(&mut table, s, &value, Source::Env(var.clone()))?;
+            }
+        }
+        for item in sets {
+            let Some((path, value)) = item.split_once('=') else {
+                return Err(ConfigError::SetSyntax { item: item.clone() });
+            };
+            let path = path.trim();
+            let Some(s) = settings.iter().find(|s| s.path == path) else {
+                return Err(ConfigError::Unknown {
+                    setting: path.to_string(),
+                    origin: Source::Flag,
+                });
+            };
+            set_in(&mut table, s, value, Source::Flag)?;
+        }
+        let config = from_table(table, file)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parse and validate config-file text on its own (no variables, no flags).
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let table = parse_table(text).map_err(|message| ConfigError::Parse {
             path: PathBuf::new(),
-            message: e.message().to_string(),
+            message,
         })?;
-        let mut c = Config::default();
-        let l = &mut c.limits;
-        let r = raw.limits;
-        l.defaults.memory_mb = r.default_memory_mb.unwrap_or(l.defaults.memory_mb);
-        l.ceilings.memory_mb = r.max_memory_mb.unwrap_or(l.ceilings.memory_mb);
-        l.defaults.timeout_seconds = r
-            .default_timeout_seconds
-            .unwrap_or(l.defaults.timeout_seconds);
-        l.ceilings.timeout_seconds = r.max_timeout_seconds.unwrap_or(l.ceilings.timeout_seconds);
-        l.defaults.cpus = r.default_cpus.unwrap_or(l.defaults.cpus);
-        l.ceilings.cpus = r.max_cpus.unwrap_or(l.ceilings.cpus);
-        let s = &mut c.sandbox;
-        let r = raw.sandbox;
-        s.pids_limit = r.pids_limit.unwrap_or(s.pids_limit);
-        s.output_limit_bytes = r.output_limit_bytes.unwrap_or(s.output_limit_bytes);
-        s.tmpfs_mb = r.tmpfs_mb.unwrap_or(s.tmpfs_mb);
-        s.max_file_size_mb = r.max_file_size_mb.unwrap_or(s.max_file_size_mb);
-        s.max_code_bytes = r.max_code_bytes.unwrap_or(s.max_code_bytes);
-        s.max_stdin_bytes = r.max_stdin_bytes.unwrap_or(s.max_stdin_bytes);
-        s.max_files = r.max_files.unwrap_or(s.max_files);
-        s.max_files_bytes = r.max_files_bytes.unwrap_or(s.max_files_bytes);
-        c.languages_path = raw.languages;
-        if let Some(d) = raw.data_dir {
-            c.data_dir = d;
-        }
-        let (p, r) = (&mut c.runs, raw.runs);
-        p.max_concurrent_runs = r.max_concurrent_runs.unwrap_or(p.max_concurrent_runs);
-        p.max_queued_runs = r.max_queued_runs.unwrap_or(p.max_queued_runs);
-        p.memory_budget_mb = r.memory_budget_mb.unwrap_or(p.memory_budget_mb);
-        p.result_retention_seconds = r
-            .result_retention_seconds
-            .unwrap_or(p.result_retention_seconds);
-        p.retained_reports_mb = r.retained_reports_mb.unwrap_or(p.retained_reports_mb);
-        if raw.history.path.is_some() {
-            c.history.path = raw.history.path;
-        }
-        c.history.code = raw.history.code.unwrap_or(c.history.code);
-        let (h, r) = (&mut c.http, raw.http);
-        h.listen = r.listen.unwrap_or(std::mem::take(&mut h.listen));
-        h.allowed_hosts = r
-            .allowed_hosts
-            .unwrap_or(std::mem::take(&mut h.allowed_hosts));
-        h.max_body_bytes = r.max_body_bytes.unwrap_or(h.max_body_bytes);
-        if r.token_file.is_some() {
-            h.token_file = r.token_file;
-        }
-        c.validate()?;
-        Ok(c)
+        let config = from_table(table, None)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The configuration as a config file (what `codebox config` prints). The token itself
+    /// is never part of it.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
     }
 
     /// The history database file.
@@ -441,163 +419,62 @@ impl Config {
             .unwrap_or_else(|| self.data_dir.join(DEFAULT_HISTORY_FILE))
     }
 
-    /// Apply `CODEBOX_*` environment variables (see [`ENV_SETTINGS`]) on top of the file's
-    /// settings, then validate. `get` reads one variable (injected so tests need no real env).
-    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        for (var, setting) in ENV_SETTINGS {
-            if let Some(value) = get(var).filter(|v| !v.is_empty()) {
-                self.set(setting, &value)
-                    .map_err(|reason| ConfigError::Invalid {
-                        setting,
-                        value: format!("{value:?} (from {var})"),
-                        reason,
-                    })?;
-            }
-        }
-        self.validate()
-    }
-
-    /// Set one setting from text, by its config-file name (`runs.max_concurrent_runs`).
-    pub fn set(&mut self, setting: &str, value: &str) -> Result<(), String> {
-        fn num<T: std::str::FromStr>(v: &str) -> Result<T, String> {
-            v.trim()
-                .parse()
-                .map_err(|_| "is not a valid number".to_string())
-        }
-        match setting {
-            "data_dir" => self.data_dir = PathBuf::from(value),
-            "languages" => self.languages_path = Some(PathBuf::from(value)),
-            "limits.default_memory_mb" => self.limits.defaults.memory_mb = num(value)?,
-            "limits.max_memory_mb" => self.limits.ceilings.memory_mb = num(value)?,
-            "limits.default_timeout_seconds" => self.limits.defaults.timeout_seconds = num(value)?,
-            "limits.max_timeout_seconds" => self.limits.ceilings.timeout_seconds = num(value)?,
-            "limits.default_cpus" => self.limits.defaults.cpus = num(value)?,
-            "limits.max_cpus" => self.limits.ceilings.cpus = num(value)?,
-            "runs.max_concurrent_runs" => self.runs.max_concurrent_runs = num(value)?,
-            "runs.max_queued_runs" => self.runs.max_queued_runs = num(value)?,
-            "runs.memory_budget_mb" => self.runs.memory_budget_mb = num(value)?,
-            "runs.result_retention_seconds" => self.runs.result_retention_seconds = num(value)?,
-            "runs.retained_reports_mb" => self.runs.retained_reports_mb = num(value)?,
-            "history.path" => self.history.path = Some(PathBuf::from(value)),
-            "history.code" => {
-                self.history.code = CodePolicy::parse(value.trim())
-                    .ok_or_else(|| "must be one of none, preview, full".to_string())?
-            }
-            "http.listen" => self.http.listen = value.trim().to_string(),
-            "http.allowed_hosts" => {
-                self.http.allowed_hosts = value
-                    .split(',')
-                    .map(|h| h.trim().to_string())
-                    .filter(|h| !h.is_empty())
-                    .collect()
-            }
-            "http.max_body_bytes" => self.http.max_body_bytes = num(value)?,
-            "http.token_file" => self.http.token_file = Some(PathBuf::from(value)),
-            _ => return Err(format!("unknown setting `{setting}`")),
-        }
-        Ok(())
-    }
-
-    /// The effective settings as a config file (what `codebox serve --print-config` prints).
-    /// The token itself is never part of the config.
-    pub fn to_toml(&self) -> String {
-        let (d, c, s) = (self.limits.defaults, self.limits.ceilings, &self.sandbox);
-        let raw = RawConfig {
-            languages: self.languages_path.clone(),
-            data_dir: Some(self.data_dir.clone()),
-            limits: RawLimits {
-                default_memory_mb: Some(d.memory_mb),
-                max_memory_mb: Some(c.memory_mb),
-                default_timeout_seconds: Some(d.timeout_seconds),
-                max_timeout_seconds: Some(c.timeout_seconds),
-                default_cpus: Some(d.cpus),
-                max_cpus: Some(c.cpus),
-            },
-            sandbox: RawSandbox {
-                pids_limit: Some(s.pids_limit),
-                output_limit_bytes: Some(s.output_limit_bytes),
-                tmpfs_mb: Some(s.tmpfs_mb),
-                max_file_size_mb: Some(s.max_file_size_mb),
-                max_code_bytes: Some(s.max_code_bytes),
-                max_stdin_bytes: Some(s.max_stdin_bytes),
-                max_files: Some(s.max_files),
-                max_files_bytes: Some(s.max_files_bytes),
-            },
-            runs: RawRuns {
-                max_concurrent_runs: Some(self.runs.max_concurrent_runs),
-                max_queued_runs: Some(self.runs.max_queued_runs),
-                memory_budget_mb: Some(self.runs.memory_budget_mb),
-                result_retention_seconds: Some(self.runs.result_retention_seconds),
-                retained_reports_mb: Some(self.runs.retained_reports_mb),
-            },
-            history: RawHistory {
-                path: Some(self.history_path()),
-                code: Some(self.history.code),
-            },
-            http: RawHttp {
-                listen: Some(self.http.listen.clone()),
-                allowed_hosts: Some(self.http.allowed_hosts.clone()),
-                max_body_bytes: Some(self.http.max_body_bytes),
-                token_file: self.http.token_file.clone(),
-            },
-        };
-        toml::to_string(&raw).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
-    }
-
     /// Check every setting once, at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        fn invalid(setting: &'static str, value: impl ToString, reason: &str) -> ConfigError {
+        fn invalid(setting: &str, value: impl ToString, reason: &str) -> ConfigError {
             ConfigError::Invalid {
-                setting,
+                setting: setting.to_string(),
                 value: value.to_string(),
                 reason: reason.to_string(),
             }
         }
-        let (d, c) = (self.limits.defaults, self.limits.ceilings);
-        if c.memory_mb == 0 || c.memory_mb > MAX_MEMORY_MB * 64 {
+        let l = &self.limits;
+        if l.max_memory_mb == 0 || l.max_memory_mb > 1 << 20 {
             return Err(invalid(
                 "limits.max_memory_mb",
-                c.memory_mb,
-                "must be positive",
+                l.max_memory_mb,
+                "must be between 1 and 1048576",
             ));
         }
-        if d.memory_mb == 0 || d.memory_mb > c.memory_mb {
+        if l.default_memory_mb < 6 || l.default_memory_mb > l.max_memory_mb {
             return Err(invalid(
                 "limits.default_memory_mb",
-                d.memory_mb,
+                l.default_memory_mb,
                 &format!(
-                    "must be between 1 and limits.max_memory_mb ({})",
-                    c.memory_mb
+                    "must be between 6 and limits.max_memory_mb ({})",
+                    l.max_memory_mb
                 ),
             ));
         }
         for (name, v) in [
-            ("limits.max_timeout_seconds", c.timeout_seconds),
-            ("limits.max_cpus", c.cpus),
+            ("limits.max_timeout_seconds", l.max_timeout_seconds),
+            ("limits.max_cpus", l.max_cpus),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(invalid(name, v, "must be a positive number"));
             }
         }
-        if !(d.timeout_seconds.is_finite()
-            && d.timeout_seconds > 0.0
-            && d.timeout_seconds <= c.timeout_seconds)
-        {
-            return Err(invalid(
+        for (name, v, max, max_name) in [
+            (
                 "limits.default_timeout_seconds",
-                d.timeout_seconds,
-                &format!(
-                    "must be positive and at most limits.max_timeout_seconds ({})",
-                    c.timeout_seconds
-                ),
-            ));
-        }
-        if !(d.cpus.is_finite() && d.cpus > 0.0 && d.cpus <= c.cpus) {
-            return Err(invalid(
+                l.default_timeout_seconds,
+                l.max_timeout_seconds,
+                "limits.max_timeout_seconds",
+            ),
+            (
                 "limits.default_cpus",
-                d.cpus,
-                &format!("must be positive and at most limits.max_cpus ({})", c.cpus),
-            ));
+                l.default_cpus,
+                l.max_cpus,
+                "limits.max_cpus",
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= max) {
+                return Err(invalid(
+                    name,
+                    v,
+                    &format!("must be positive and at most {max_name} ({max})"),
+                ));
+            }
         }
         let s = &self.sandbox;
         if s.pids_limit < 8 {
@@ -607,14 +484,16 @@ impl Config {
                 "must be at least 8",
             ));
         }
-        if s.output_limit_bytes == 0 {
-            return Err(invalid("sandbox.output_limit_bytes", 0, "must be positive"));
-        }
-        if s.tmpfs_mb == 0 {
-            return Err(invalid("sandbox.tmpfs_mb", 0, "must be positive"));
-        }
-        if s.max_file_size_mb == 0 {
-            return Err(invalid("sandbox.max_file_size_mb", 0, "must be positive"));
+        for (name, v) in [
+            ("sandbox.output_limit_bytes", s.output_limit_bytes),
+            ("sandbox.tmpfs_mb", s.tmpfs_mb),
+            ("sandbox.max_file_size_mb", s.max_file_size_mb),
+            ("sandbox.max_code_bytes", s.max_code_bytes as u64),
+            ("sandbox.max_arg_bytes", s.max_arg_bytes as u64),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, 0, "must be positive"));
+            }
         }
         let r = &self.runs;
         if r.max_concurrent_runs == 0 || r.max_concurrent_runs > 1024 {
@@ -631,20 +510,13 @@ impl Config {
                 "must be at most 100000",
             ));
         }
-        if r.memory_budget_mb < 6 {
-            return Err(invalid(
-                "runs.memory_budget_mb",
-                r.memory_budget_mb,
-                "must be at least 6 MB",
-            ));
-        }
-        if r.memory_budget_mb < d.memory_mb {
+        if r.memory_budget_mb < l.default_memory_mb {
             return Err(invalid(
                 "runs.memory_budget_mb",
                 r.memory_budget_mb,
                 &format!(
                     "must be at least limits.default_memory_mb ({})",
-                    d.memory_mb
+                    l.default_memory_mb
                 ),
             ));
         }
@@ -688,47 +560,205 @@ impl Config {
     }
 }
 
-/// Environment variables that override config-file settings: (variable, setting).
-/// `CODEBOX_DATA_DIR` is also read for the default data directory.
-pub const ENV_SETTINGS: [(&str, &str); 15] = [
-    ("CODEBOX_DATA_DIR", "data_dir"),
-    ("CODEBOX_DEFAULT_MEMORY_MB", "limits.default_memory_mb"),
-    ("CODEBOX_MAX_MEMORY_MB", "limits.max_memory_mb"),
-    (
-        "CODEBOX_DEFAULT_TIMEOUT_SECONDS",
-        "limits.default_timeout_seconds",
-    ),
-    ("CODEBOX_MAX_TIMEOUT_SECONDS", "limits.max_timeout_seconds"),
-    ("CODEBOX_MAX_CONCURRENT_RUNS", "runs.max_concurrent_runs"),
-    ("CODEBOX_MAX_QUEUED_RUNS", "runs.max_queued_runs"),
-    ("CODEBOX_MEMORY_BUDGET_MB", "runs.memory_budget_mb"),
-    (
-        "CODEBOX_RESULT_RETENTION_SECONDS",
-        "runs.result_retention_seconds",
-    ),
-    ("CODEBOX_RETAINED_REPORTS_MB", "runs.retained_reports_mb"),
-    ("CODEBOX_HISTORY_PATH", "history.path"),
-    ("CODEBOX_HISTORY_CODE", "history.code"),
-    ("CODEBOX_LISTEN", "http.listen"),
-    ("CODEBOX_ALLOWED_HOSTS", "http.allowed_hosts"),
-    ("CODEBOX_MAX_BODY_BYTES", "http.max_body_bytes"),
-];
+/// The typed configuration of a table; an error names the setting it is about.
+fn from_table(table: toml::Table, file: Option<&Path>) -> Result<Config, ConfigError> {
+    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let setting = e.path().to_string();
+        let message = e.into_inner().message().to_string();
+        ConfigError::Parse {
+            path: file.map(Path::to_path_buf).unwrap_or_default(),
+            message: if setting.is_empty() || setting == "." {
+                message
+            } else {
+                format!("setting `{setting}`: {message}")
+            },
+        }
+    })
+}
+
+fn parse_table(text: &str) -> Result<toml::Table, String> {
+    toml::from_str(text).map_err(|e: toml::de::Error| e.message().to_string())
+}
+
+fn last_key(path: &str) -> &str {
+    path.rsplit('.').next().unwrap_or(path)
+}
+
+fn env_name(path: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        path.replace('.', "_").to_ascii_uppercase()
+    )
+}
+
+/// Walk a JSON schema object's properties, recursing into nested sections.
+fn collect_settings(
+    schema: &serde_json::Value,
+    defs: &serde_json::Value,
+    prefix: &str,
+    out: &mut Vec<Setting>,
+) {
+    let Some(props) = schema.get("properties").and_then(|p| p.as_object()) else {
+        return;
+    };
+    for (key, prop) in props {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        let resolved = resolve_ref(prop, defs);
+        if resolved.get("properties").is_some() {
+            collect_settings(&resolved, defs, &path, out);
+            continue;
+        }
+        let doc = prop
+            .get("description")
+            .or_else(|| resolved.get("description"))
+            .and_then(|d| d.as_str())
+            .unwrap_or("")
+            .to_string();
+        let choices = resolved
+            .get("enum")
+            .and_then(|e| e.as_array())
+            .map(|vs| {
+                vs.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Setting {
+            env: env_name(&path),
+            env_short: None,
+            choices,
+            kind: kind_of(&resolved),
+            path,
+            doc,
+        });
+    }
+}
+
+fn resolve_ref(prop: &serde_json::Value, defs: &serde_json::Value) -> serde_json::Value {
+    match prop.get("$ref").and_then(|r| r.as_str()) {
+        Some(r) => defs
+            .get(r.trim_start_matches("#/$defs/"))
+            .cloned()
+            .unwrap_or_default(),
+        None => prop.clone(),
+    }
+}
+
+fn kind_of(schema: &serde_json::Value) -> Kind {
+    let types: Vec<&str> = match schema.get("type") {
+        Some(serde_json::Value::String(t)) => vec![t.as_str()],
+        Some(serde_json::Value::Array(ts)) => ts.iter().filter_map(|t| t.as_str()).collect(),
+        _ => Vec::new(),
+    };
+    let has = |t: &str| types.contains(&t);
+    if has("integer") {
+        Kind::Integer
+    } else if has("number") {
+        Kind::Number
+    } else if has("boolean") {
+        Kind::Boolean
+    } else if has("array") {
+        Kind::List
+    } else if has("object") {
+        Kind::Table
+    } else {
+        // Strings, paths and the enums (`one of`).
+        Kind::Text
+    }
+}
+
+/// Put one textual value into the config table at the setting's path, converted to its kind.
+fn set_in(
+    table: &mut toml::Table,
+    setting: &Setting,
+    text: &str,
+    source: Source,
+) -> Result<(), ConfigError> {
+    let type_error = || ConfigError::Type {
+        setting: setting.path.clone(),
+        value: format!("{text:?}"),
+        expected: setting.kind.name(),
+        origin: source.clone(),
+    };
+    let t = text.trim();
+    let value = match setting.kind {
+        Kind::Integer => toml::Value::Integer(t.parse().map_err(|_| type_error())?),
+        Kind::Number => {
+            let v: f64 = t.parse().map_err(|_| type_error())?;
+            toml::Value::Float(v)
+        }
+        Kind::Boolean => toml::Value::Boolean(t.parse().map_err(|_| type_error())?),
+        Kind::Text if !setting.choices.is_empty() && !setting.choices.iter().any(|c| c == t) => {
+            return Err(ConfigError::Invalid {
+                setting: setting.path.clone(),
+                value: format!("{text:?} ({source})"),
+                reason: format!("must be one of {}", setting.choices.join(", ")),
+            });
+        }
+        Kind::Text => toml::Value::String(t.to_string()),
+        Kind::List if t.starts_with('[') => inline_value(t).ok_or_else(type_error)?,
+        Kind::List => toml::Value::Array(
+            t.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_string()))
+                .collect(),
+        ),
+        Kind::Table => inline_value(t)
+            .filter(|v| v.is_table())
+            .ok_or_else(type_error)?,
+    };
+    let mut node = table;
+    let parts: Vec<&str> = setting.path.split('.').collect();
+    for part in &parts[..parts.len() - 1] {
+        let entry = node
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(inner) = entry.as_table_mut() else {
+            return Err(ConfigError::Unknown {
+                setting: setting.path.clone(),
+                origin: source,
+            });
+        };
+        node = inner;
+    }
+    node.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+/// A TOML value written inline (`[1, 2]`, `{ a = 1 }`).
+fn inline_value(text: &str) -> Option<toml::Value> {
+    let table: toml::Table = toml::from_str(&format!("v = {text}")).ok()?;
+    table.get("v").cloned()
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
     #[test]
     fn shipped_defaults_match_the_contract() {
         let c = Config::default();
-        assert_eq!(c.limits.defaults.memory_mb, 512);
-        assert_eq!(c.limits.ceilings.memory_mb, 16384);
-        assert_eq!(c.limits.defaults.timeout_seconds, 30.0);
-        assert_eq!(c.limits.ceilings.timeout_seconds, 3600.0);
-        assert_eq!(c.limits.defaults.cpus, 1.0);
-        assert_eq!(c.limits.ceilings.cpus, 4.0);
+        assert_eq!(c.limits.default_memory_mb, 512);
+        assert_eq!(c.limits.max_memory_mb, 16384);
+        assert_eq!(c.limits.default_timeout_seconds, 30.0);
+        assert_eq!(c.limits.max_timeout_seconds, 3600.0);
+        assert_eq!(c.limits.default_cpus, 1.0);
+        assert_eq!(c.limits.max_cpus, 4.0);
         assert_eq!(c.sandbox.pids_limit, 256);
         assert_eq!(c.sandbox.output_limit_bytes, 1 << 20);
+        assert_eq!(c.runs.max_concurrent_runs, 4);
+        assert_eq!(c.runs.result_retention_seconds, 3600);
+        assert_eq!(c.runs.retained_reports_mb, 256);
+        assert_eq!(c.history.code, CodePolicy::Preview);
         c.validate().unwrap();
     }
 
@@ -743,63 +773,139 @@ mod tests {
     }
 
     #[test]
-    fn serve_settings_have_documented_defaults_and_env_overrides() {
-        let mut c = Config::default();
-        assert_eq!(c.runs.max_concurrent_runs, 4);
-        assert_eq!(c.runs.result_retention_seconds, 3600);
-        assert_eq!(c.history.code, CodePolicy::Preview);
+    fn every_setting_has_a_file_key_a_flag_and_a_variable() {
+        let settings = Config::settings();
+        for path in [
+            "data_dir",
+            "languages",
+            "limits.default_cpus",
+            "limits.max_cpus",
+            "sandbox.pids_limit",
+            "sandbox.max_args",
+            "sandbox.max_arg_bytes",
+            "runs.max_concurrent_runs",
+            "history.path",
+            "history.code",
+            "http.allowed_hosts",
+            "http.token_file",
+        ] {
+            let s = settings
+                .iter()
+                .find(|s| s.path == path)
+                .unwrap_or_else(|| panic!("{path} is not a setting"));
+            assert!(!s.doc.is_empty(), "{path} has no documentation");
+            assert_eq!(s.env, env_name(path));
+        }
+        for s in &settings {
+            for var in std::iter::once(&s.env).chain(&s.env_short) {
+                assert!(!RESERVED_ENV.contains(&var.as_str()), "{var}");
+            }
+        }
+        // The variables documented before settings were derived keep working.
+        for (var, path) in [
+            ("CODEBOX_DATA_DIR", "data_dir"),
+            ("CODEBOX_DEFAULT_MEMORY_MB", "limits.default_memory_mb"),
+            ("CODEBOX_MAX_CONCURRENT_RUNS", "runs.max_concurrent_runs"),
+            ("CODEBOX_RETAINED_REPORTS_MB", "runs.retained_reports_mb"),
+            ("CODEBOX_HISTORY_PATH", "history.path"),
+            ("CODEBOX_HISTORY_CODE", "history.code"),
+            ("CODEBOX_LISTEN", "http.listen"),
+            ("CODEBOX_ALLOWED_HOSTS", "http.allowed_hosts"),
+            ("CODEBOX_MAX_BODY_BYTES", "http.max_body_bytes"),
+        ] {
+            let s = settings.iter().find(|s| s.path == path).unwrap();
+            assert!(
+                s.env == var || s.env_short.as_deref() == Some(var),
+                "{var} does not set {path}: {s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn file_then_variables_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[runs]\nmax_concurrent_runs = 3\nmax_queued_runs = 7\n[sandbox]\npids_limit = 100\n",
+        )
+        .unwrap();
         let env = |k: &str| match k {
             "CODEBOX_MAX_CONCURRENT_RUNS" => Some("2".to_string()),
+            "CODEBOX_SANDBOX_PIDS_LIMIT" => Some("90".to_string()),
+            "CODEBOX_PIDS_LIMIT" => Some("80".to_string()),
+            "CODEBOX_ALLOWED_HOSTS" => Some("a.example, b.example".to_string()),
             "CODEBOX_HISTORY_CODE" => Some("full".to_string()),
             _ => None,
         };
-        c.apply_env(env).unwrap();
-        assert_eq!(c.runs.max_concurrent_runs, 2);
+        let c = Config::resolve(
+            Some(&file),
+            env,
+            &["sandbox.pids_limit=64".into(), "limits.max_cpus=2".into()],
+        )
+        .unwrap();
+        assert_eq!(c.runs.max_concurrent_runs, 2, "a variable beats the file");
+        assert_eq!(c.runs.max_queued_runs, 7, "the file beats the default");
+        assert_eq!(c.sandbox.pids_limit, 64, "a flag beats everything");
+        assert_eq!(c.limits.max_cpus, 2.0);
+        assert_eq!(c.http.allowed_hosts, ["a.example", "b.example"]);
         assert_eq!(c.history.code, CodePolicy::Full);
-        let err = c
-            .apply_env(|k| (k == "CODEBOX_MAX_CONCURRENT_RUNS").then(|| "lots".to_string()))
-            .unwrap_err();
-        let msg = err.to_string();
+        let c = Config::resolve(Some(&file), env, &[]).unwrap();
+        assert_eq!(
+            c.sandbox.pids_limit, 90,
+            "the section-qualified variable wins over the short one"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_setting_the_value_and_where_it_came_from() {
+        let env = |k: &str| (k == "CODEBOX_MAX_CONCURRENT_RUNS").then(|| "lots".to_string());
+        let msg = Config::resolve(None, env, &[]).unwrap_err().to_string();
         assert!(
             msg.contains("runs.max_concurrent_runs")
                 && msg.contains("lots")
                 && msg.contains("CODEBOX_MAX_CONCURRENT_RUNS"),
             "{msg}"
         );
+        let msg = Config::resolve(None, no_env, &["runs.nope=1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("runs.nope") && msg.contains("--set"), "{msg}");
+        let msg = Config::resolve(None, no_env, &["runs.max_queued_runs".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("SETTING=VALUE"), "{msg}");
+        let msg = Config::resolve(None, no_env, &["history.code=most".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("most"), "{msg}");
+        let msg = Config::resolve(None, no_env, &["runs.result_retention_seconds=5".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("runs.result_retention_seconds"), "{msg}");
     }
 
     #[test]
     fn printed_config_reads_back_as_the_same_config() {
-        let mut c = Config::from_toml("[runs]\nmax_concurrent_runs = 3\n[history]\ncode = \"none\"\n[http]\nlisten = \"0.0.0.0:9000\"\n").unwrap();
-        c.history.path = Some(c.history_path());
+        let c = Config::resolve(
+            None,
+            no_env,
+            &[
+                "runs.max_concurrent_runs=3".into(),
+                "history.code=none".into(),
+                "history.path=/somewhere/h.sqlite3".into(),
+                "http.listen=0.0.0.0:9000".into(),
+                "http.allowed_hosts=x.example".into(),
+                "sandbox.max_args=9".into(),
+                "limits.default_cpus=0.5".into(),
+            ],
+        )
+        .unwrap();
         let again = Config::from_toml(&c.to_toml()).unwrap();
         assert_eq!(again, c);
-        let err = Config::from_toml("[runs]\nresult_retention_seconds = 5\n").unwrap_err();
-        assert!(
-            err.to_string().contains("runs.result_retention_seconds"),
-            "{err}"
+        assert_eq!(
+            Config::from_toml(&Config::default().to_toml()).unwrap(),
+            Config::default()
         );
-    }
-
-    #[test]
-    fn retained_reports_mb_defaults_to_256_prints_and_must_be_positive() {
-        let c = Config::default();
-        assert_eq!(c.runs.retained_reports_mb, 256);
-        assert!(
-            c.to_toml().contains("retained_reports_mb = 256"),
-            "{}",
-            c.to_toml()
-        );
-        let c = Config::from_toml("[runs]\nretained_reports_mb = 64\n").unwrap();
-        assert_eq!(c.runs.retained_reports_mb, 64);
-        let err = Config::from_toml("[runs]\nretained_reports_mb = 0\n").unwrap_err();
-        assert!(
-            err.to_string().contains("runs.retained_reports_mb"),
-            "{err}"
-        );
-        let mut c = Config::default();
-        c.apply_env(|k| (k == "CODEBOX_RETAINED_REPORTS_MB").then(|| "32".to_string()))
-            .unwrap();
-        assert_eq!(c.runs.retained_reports_mb, 32);
     }
 }

@@ -2,18 +2,30 @@
 //! locked-down Docker containers and reports precisely what happened.
 //!
 //! # Layout
-//! - [`registry`]: `languages.toml`, raw serde types then validated languages and images.
-//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker.rs` (the only bollard user),
-//!   `fake.rs` (records specs), `guard.rs` (removal), `posture.rs` (the locked-down spec).
-//! - [`executor`]: request validation, the workspace tar, the two stages, outcomes.
-//! - [`report`]: the run report, one shape everywhere.
-//! - [`config`]: operator settings and `DEFAULT_*` constants.
-//! - [`images`]: building and listing images; [`reaper`]: removing what a dead instance left.
-//! - [`runs`]: the run manager (admission queue, concurrency cap, memory budget, stop, retention).
+//! Top to bottom; a module uses only modules below it (a test in `tests/it/layers.rs` keeps
+//! it so).
+//! - [`cli`]: the `codebox` commands, one file each; with `main.rs` the only place that uses
+//!   clap and anyhow, and the only place that picks Docker as the engine.
+//! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth).
+//! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
+//!   run manager for every command.
+//! - [`mcp`]: the six MCP tools, typed parameters and results.
+//! - [`runs`]: the run manager (admission queue, concurrency cap, memory budget, stop,
+//!   retention) and its metrics.
 //! - [`history`]: the SQLite run history on its own thread, with migrations.
-//! - [`mcp`]: the six MCP tools; [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`).
-//! - [`cli`]: the `codebox` commands (with `main.rs`, the only place that uses anyhow).
+//! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
+//! - [`images`]: building and listing images, recording toolchain versions.
+//! - [`reaper`]: removing what a dead instance left.
+//! - [`executor`]: request validation, the workspace, the two stages, outcomes.
+//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker.rs` (the only bollard user),
+//!   `fake.rs` (records specs, fails on demand), `guard.rs` (removal), `posture.rs` (the
+//!   locked-down spec).
+//! - [`instance`]: this process's identity and liveness lock.
+//! - [`registry`]: `languages.toml`, raw serde types then validated languages and images.
+//! - [`config`]: operator settings, resolved once (file, environment, flags) and validated.
+//! - [`report`]: the run report, one shape everywhere.
 
+pub mod app;
 pub mod catalog;
 pub mod cli;
 pub mod config;

@@ -8,12 +8,17 @@
 use std::collections::BTreeMap;
 
 use super::{ContainerSpec, Mount, MountKind};
-use crate::config::{SANDBOX_UIDS, SANDBOX_UID_FIRST};
 
 /// Where the workspace volume is mounted in every container.
 pub const WORKSPACE: &str = "/workspace";
 /// Scratch space: a size-capped tmpfs.
 pub const SCRATCH: &str = "/tmp";
+/// The first of the sandbox users every image creates (`sandbox`, then `sandbox2` ...): a
+/// fact about the images (`images/base/Dockerfile`), relied on by the posture check and the
+/// uid leases.
+pub const SANDBOX_UID_FIRST: u32 = 10001;
+/// How many sandbox users the images create: each concurrent run gets its own.
+pub const SANDBOX_UIDS: u32 = 64;
 /// The only environment a program sees, besides its language's `env`.
 pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 

@@ -160,8 +160,8 @@ impl Executor {
             None,
             &self.resources(
                 lease.uid,
-                self.config.limits.defaults.memory_mb,
-                self.config.limits.defaults.cpus,
+                self.config.limits.default_memory_mb,
+                self.config.limits.default_cpus,
             ),
             labels,
             false,

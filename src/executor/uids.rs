@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::{SANDBOX_UIDS, SANDBOX_UID_FIRST};
+use crate::engine::posture::{SANDBOX_UIDS, SANDBOX_UID_FIRST};
 
 /// The uids not leased at the moment.
 pub struct UidPool {

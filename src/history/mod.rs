@@ -13,7 +13,6 @@
 //! evicted from memory from here, and clears the column when the retention has passed
 //! ([`History::forget_reports`], [`History::forget_reports_ended_before`]).
 
-pub mod command;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -84,6 +83,14 @@ pub struct HistoryRow {
     pub code_preview: Option<String>,
     /// One sentence on what happened.
     pub message: String,
+}
+
+/// Result of `get_execution_history` and `codebox history --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HistoryResult {
+    /// Matching runs, newest first. Code is kept as the operator's policy says
+    /// (`code_preview`: null, the first 500 characters, or all of it).
+    pub runs: Vec<HistoryRow>,
 }
 
 /// Filters of a history query.
@@ -225,16 +232,6 @@ impl History {
     /// missing). Never fails: if the database cannot be opened, a warning is logged and
     /// every later write is dropped; queries then answer [`HistoryError::Unavailable`].
     pub fn open(path: &Path, owner: Owner) -> History {
-        History::start(path, Some(owner))
-    }
-
-    /// Open for queries only (`codebox history`): rows are not marked interrupted, since
-    /// judging another instance dead removes its lock file, which the server's reaper uses.
-    pub fn open_for_reading(path: &Path) -> History {
-        History::start(path, None)
-    }
-
-    fn start(path: &Path, owner: Option<Owner>) -> History {
         let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
         let thread_path = path.to_path_buf();
         let spawned = std::thread::Builder::new()
@@ -348,7 +345,7 @@ impl History {
 }
 
 /// Open the database, migrate it, and mark rows of dead instances as interrupted.
-fn open_db(path: &Path, owner: Option<&Owner>) -> Result<Connection, rusqlite::Error> {
+fn open_db(path: &Path, owner: &Owner) -> Result<Connection, rusqlite::Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Err(e) = std::fs::create_dir_all(dir) {
             return Err(rusqlite::Error::ToSqlConversionFailure(Box::new(e)));
@@ -359,9 +356,7 @@ fn open_db(path: &Path, owner: Option<&Owner>) -> Result<Connection, rusqlite::E
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     schema::migrate(&conn)?;
-    if let Some(owner) = owner {
-        mark_interrupted(&conn, owner)?;
-    }
+    mark_interrupted(&conn, owner)?;
     Ok(conn)
 }
 
@@ -393,8 +388,8 @@ fn mark_interrupted(conn: &Connection, owner: &Owner) -> Result<usize, rusqlite:
     Ok(marked)
 }
 
-fn actor(path: PathBuf, owner: Option<Owner>, rx: mpsc::Receiver<Command>) {
-    let conn = match open_db(&path, owner.as_ref()) {
+fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
+    let conn = match open_db(&path, &owner) {
         Ok(c) => Some(c),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot open the history database; runs will be served but not recorded");

@@ -19,10 +19,10 @@ use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 
 use crate::catalog::{catalog, Catalog};
 use crate::executor::RunRequest;
-use crate::history::{Query, MAX_QUERY_LIMIT};
+use crate::history::{HistoryResult, Query, MAX_QUERY_LIMIT};
 use crate::report::{fmt_num, RunReport, Status};
 use crate::runs::{Accepted, RunManager, SubmitError};
-pub use params::{GetResultParams, HistoryParams, HistoryResult, Parameters, StopRunParams};
+pub use params::{GetResultParams, HistoryParams, Parameters, StopRunParams};
 
 /// Longest `get_result` long-poll.
 pub const MAX_WAIT_SECONDS: f64 = 60.0;
@@ -57,7 +57,7 @@ impl CodeboxServer {
     /// The run-related argument text shared by `run_code` and `start_run`.
     fn run_arguments_text(manager: &RunManager) -> String {
         let c = manager.config();
-        let (d, m) = (c.limits.defaults, c.limits.ceilings);
+        let (d, m) = (c.limits.defaults(), c.limits.ceilings());
         let ids = language_ids(manager);
         let s = &c.sandbox;
         format!(
@@ -176,7 +176,7 @@ impl CodeboxServer {
         manager: &RunManager,
     ) -> rmcp::model::JsonObject {
         let c = manager.config();
-        let (d, m) = (c.limits.defaults, c.limits.ceilings);
+        let (d, m) = (c.limits.defaults(), c.limits.ceilings());
         let ids = language_ids(manager);
         let mut schema = schema.clone();
         let mut describe = |path: &[&str], text: String| {

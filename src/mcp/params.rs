@@ -6,9 +6,7 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::ErrorData;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-
-use crate::history::HistoryRow;
+use serde::Deserialize;
 
 /// Typed tool arguments, like rmcp's `Parameters`, except that a deserialization error says
 /// where it happened (`limits.memory_mb: invalid type: string "a lot", expected f64`).
@@ -84,12 +82,4 @@ pub struct HistoryParams {
     /// Only runs of this language (id or alias).
     #[serde(default)]
     pub language: Option<String>,
-}
-
-/// Result of `get_execution_history`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct HistoryResult {
-    /// Matching runs, newest first. Code is kept as the operator's policy says
-    /// (`code_preview`: null, the first 500 characters, or all of it).
-    pub runs: Vec<HistoryRow>,
 }

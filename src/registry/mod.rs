@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::{
-    DEFAULT_COMPILE_CPUS, DEFAULT_COMPILE_MEMORY_MB, DEFAULT_COMPILE_TIMEOUT_SECONDS,
-};
 use crate::report::Status;
+
+/// Compile-stage limits of a language whose entry sets no `compile_limits`.
+pub const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
+pub const DEFAULT_COMPILE_MEMORY_MB: u64 = 1024;
+pub const DEFAULT_COMPILE_CPUS: f64 = 1.0;
 
 /// An image languages run in.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -24,8 +25,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
-use super::{ServeError, Service};
-use crate::config::{Config, HttpPolicy};
+use super::ServeError;
+use crate::config::HttpSettings;
 use crate::mcp::CodeboxServer;
 use crate::runs::RunManager;
 
@@ -64,27 +65,30 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// Decide how `/mcp` is protected: the token file (`http.token_file`) if set, else
-/// `CODEBOX_TOKEN` (the `env_token` argument), or nothing with `--no-auth` on a loopback
-/// address. (`serve` drops a token file that only the config file named when the variable is
-/// set, so the order is flag, environment, file.)
+/// Decide how `/mcp` is protected. The token comes from the first of: the `--token-file`
+/// flag (`flag_file`), the `CODEBOX_TOKEN` variable (`env_token`), the `http.token_file`
+/// setting; or there is none, which only `--no-auth` on a loopback address allows.
 pub fn resolve_auth(
-    config: &Config,
-    no_auth: bool,
+    http: &HttpSettings,
+    flag_file: Option<&Path>,
     env_token: Option<String>,
+    no_auth: bool,
 ) -> Result<Option<Token>, ServeError> {
-    let addr: SocketAddr = config.http.listen.parse().map_err(|_| {
+    let addr: SocketAddr = http.listen.parse().map_err(|_| {
         ServeError::Invalid(format!(
             "setting `http.listen` = {:?} is not an address",
-            config.http.listen
+            http.listen
         ))
     })?;
-    let secret = match (
-        &config.http.token_file,
-        env_token.filter(|t| !t.trim().is_empty()),
-    ) {
+    let env_token = env_token.filter(|t| !t.trim().is_empty());
+    let file = match (flag_file, &env_token) {
+        (Some(f), _) => Some(f.to_path_buf()),
+        (None, Some(_)) => None,
+        (None, None) => http.token_file.clone(),
+    };
+    let secret = match (file, env_token) {
         (Some(path), _) => {
-            let text = std::fs::read_to_string(path).map_err(|source| ServeError::TokenFile {
+            let text = std::fs::read_to_string(&path).map_err(|source| ServeError::TokenFile {
                 path: path.clone(),
                 source,
             })?;
@@ -168,7 +172,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 pub fn router(
     server: CodeboxServer,
     token: Option<Token>,
-    policy: &HttpPolicy,
+    policy: &HttpSettings,
     ct: CancellationToken,
 ) -> Router {
     let manager = server.manager().clone();
@@ -195,12 +199,12 @@ pub fn router(
 
 /// Bind the listen address and serve until `shutdown` resolves.
 pub async fn serve(
-    service: &Service,
-    config: &Config,
+    server: CodeboxServer,
+    http: &HttpSettings,
     token: Option<Token>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let addr = config.http.listen.clone();
+    let addr = http.listen.clone();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|source| ServeError::Bind {
@@ -212,12 +216,7 @@ pub async fn serve(
         source,
     })?;
     let ct = CancellationToken::new();
-    let app = router(
-        service.server.clone(),
-        token.clone(),
-        &config.http,
-        ct.child_token(),
-    );
+    let app = router(server, token.clone(), http, ct.child_token());
     // The one line on stderr a supervisor (or a test using port 0) reads to find the port.
     eprintln!(
         "codebox: serving MCP at http://{local}/mcp ({})",

@@ -1,13 +1,13 @@
 //! The `codebox` binary as a person (or CI) uses it.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use codebox::report::{RunReport, Status};
 
-use crate::common::{codebox_bin, root};
+use crate::common::root;
 
 fn codebox(args: &[&str]) -> Output {
-    Command::new(codebox_bin())
+    crate::common::codebox_command()
         .args(args)
         .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
         .env_remove("CODEBOX_CONFIG")
@@ -100,7 +100,7 @@ fn run_rejects_limits_over_the_ceiling() {
 fn unreachable_docker_is_one_clear_sentence() {
     let dir = tempfile::tempdir().unwrap();
     let ok = write_temp(&dir, "ok.py", "print(1)");
-    let out = Command::new(codebox_bin())
+    let out = crate::common::codebox_command()
         .args(["run", &ok, "--json"])
         .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
         .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
@@ -111,7 +111,7 @@ fn unreachable_docker_is_one_clear_sentence() {
     assert_eq!(report.status, Status::SandboxError);
     assert!(report.message.starts_with("Docker is not reachable at unix:///nonexistent/docker.sock: start the daemon or set DOCKER_HOST"), "{}", report.message);
 
-    let out = Command::new(codebox_bin())
+    let out = crate::common::codebox_command()
         .arg("doctor")
         .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
         .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
@@ -195,7 +195,7 @@ fn adding_a_language_needs_no_rust_change() {
     let dir = tempfile::tempdir().unwrap();
     let registry = write_temp(&dir, "languages.toml", AWK_REGISTRY);
     let run = |args: &[&str]| {
-        Command::new(codebox_bin())
+        crate::common::codebox_command()
             .args(args)
             .env("CODEBOX_LANGUAGES", &registry)
             .output()
@@ -223,7 +223,7 @@ fn a_registry_with_an_unknown_field_is_refused_naming_it() {
         "languages.toml",
         &AWK_REGISTRY.replace("source_file", "colour = 1\nsource_file"),
     );
-    let out = Command::new(codebox_bin())
+    let out = crate::common::codebox_command()
         .arg("languages")
         .env("CODEBOX_LANGUAGES", &registry)
         .output()
@@ -247,7 +247,7 @@ fn printing_a_gigabyte_keeps_codebox_memory_bounded() {
         "big.py",
         "import sys\nchunk = b'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.buffer.write(chunk)\n",
     );
-    let mut child = Command::new(codebox_bin())
+    let mut child = crate::common::codebox_command()
         .args(["run", &big, "--json", "--timeout-seconds", "300"])
         .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
         .stdout(std::process::Stdio::piped())

@@ -127,3 +127,22 @@ pub fn assert_no_leftovers(run_id: &str) {
 pub fn codebox_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_codebox"))
 }
+
+/// A data directory shared by every binary this test process starts (history, instance
+/// locks), so tests never touch the user's own.
+pub fn data_dir() -> &'static Path {
+    static D: OnceLock<tempfile::TempDir> = OnceLock::new();
+    D.get_or_init(|| tempfile::tempdir().expect("temp dir"))
+        .path()
+}
+
+/// The real binary with the shipped registry, the test data directory and no inherited
+/// config file or token.
+pub fn codebox_command() -> Command {
+    let mut c = Command::new(codebox_bin());
+    c.env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+        .env("CODEBOX_DATA_DIR", data_dir())
+        .env_remove("CODEBOX_CONFIG")
+        .env_remove("CODEBOX_TOKEN");
+    c
+}

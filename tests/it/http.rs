@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use codebox::config::{Config, HttpPolicy};
+use codebox::config::HttpSettings;
 use codebox::engine::fake::FakeEngine;
 use codebox::mcp::CodeboxServer;
 use codebox::runs::RunManager;
@@ -33,9 +33,9 @@ impl Drop for Server {
 }
 
 async fn start(manager: RunManager, token: Option<&str>) -> Server {
-    let policy = HttpPolicy {
+    let policy = HttpSettings {
         max_body_bytes: BODY_CAP,
-        ..HttpPolicy::default()
+        ..HttpSettings::default()
     };
     let stop = CancellationToken::new();
     let app = router(
@@ -216,50 +216,61 @@ async fn healthz_needs_no_token_and_metrics_do() {
 
 #[test]
 fn http_refuses_to_start_without_a_token_unless_no_auth_on_loopback() {
-    let on = |listen: &str| {
-        let mut c = Config::default();
-        c.http.listen = listen.into();
-        c
+    let on = |listen: &str| HttpSettings {
+        listen: listen.into(),
+        ..HttpSettings::default()
     };
     assert!(matches!(
-        resolve_auth(&on("127.0.0.1:0"), false, None),
+        resolve_auth(&on("127.0.0.1:0"), None, None, false),
         Err(ServeError::NoToken)
     ));
     assert!(matches!(
-        resolve_auth(&on("0.0.0.0:8765"), false, None),
+        resolve_auth(&on("0.0.0.0:8765"), None, None, false),
         Err(ServeError::NoToken)
     ));
     assert!(matches!(
-        resolve_auth(&on("0.0.0.0:8765"), true, None),
+        resolve_auth(&on("0.0.0.0:8765"), None, None, true),
         Err(ServeError::NoAuthOnPublicAddress(_))
     ));
     assert!(matches!(
-        resolve_auth(&on("127.0.0.1:0"), true, None),
+        resolve_auth(&on("127.0.0.1:0"), None, None, true),
         Ok(None)
     ));
-    assert!(matches!(resolve_auth(&on("[::1]:0"), true, None), Ok(None)));
+    assert!(matches!(
+        resolve_auth(&on("[::1]:0"), None, None, true),
+        Ok(None)
+    ));
     assert!(
-        resolve_auth(&on("127.0.0.1:0"), true, Some(TOKEN.into())).is_err(),
+        resolve_auth(&on("127.0.0.1:0"), None, Some(TOKEN.into()), true).is_err(),
         "--no-auth with a token is ambiguous"
     );
     assert!(matches!(
-        resolve_auth(&on("0.0.0.0:8765"), false, Some(TOKEN.into())),
+        resolve_auth(&on("0.0.0.0:8765"), None, Some(TOKEN.into()), false),
         Ok(Some(_))
     ));
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("token");
     std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
     let mut c = on("0.0.0.0:8765");
-    c.http.token_file = Some(file);
-    let token = resolve_auth(&c, false, None).unwrap().unwrap();
+    c.token_file = Some(file.clone());
+    let token = resolve_auth(&c, None, None, false).unwrap().unwrap();
     let header = reqwest::header::HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap();
     assert!(
         token.accepts(Some(&header)),
         "the file's trailing newline is trimmed"
     );
-    c.http.token_file = Some(dir.path().join("missing"));
+    c.token_file = Some(dir.path().join("missing"));
     assert!(matches!(
-        resolve_auth(&c, false, None),
+        resolve_auth(&c, None, None, false),
         Err(ServeError::TokenFile { .. })
     ));
+    // The --token-file flag beats CODEBOX_TOKEN, which beats the setting.
+    assert!(
+        resolve_auth(&c, None, Some(TOKEN.into()), false).is_ok(),
+        "CODEBOX_TOKEN beats a token_file setting that does not exist"
+    );
+    let other = resolve_auth(&c, Some(&file), Some("another-token-value".into()), false)
+        .unwrap()
+        .unwrap();
+    assert!(other.accepts(Some(&header)), "the flag's file wins");
 }

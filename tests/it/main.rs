@@ -2,11 +2,13 @@
 //! images built (`.ci/run` does both); they never skip when Docker is missing: they fail.
 
 mod cli;
+mod cli_fake;
 mod common;
 mod docker_runs;
 mod fake_engine;
 mod hardening;
 mod http;
+mod layers;
 mod mcp_cli;
 mod mcp_crash;
 mod mcp_load;

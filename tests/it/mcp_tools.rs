@@ -25,8 +25,8 @@ fn report(v: Value) -> RunReport {
 async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_running_config() {
     let fake = Arc::new(FakeEngine::new());
     let m = fake_manager(&fake, |c| {
-        c.limits.defaults.memory_mb = 384;
-        c.limits.ceilings.timeout_seconds = 120.0;
+        c.limits.default_memory_mb = 384;
+        c.limits.max_timeout_seconds = 120.0;
         c.runs.max_concurrent_runs = 3;
     });
     let client = connect(m).await;

@@ -1,10 +1,12 @@
 //! `codebox history`: the latest runs, as a table or as the `get_execution_history` JSON.
 
-use crate::config::Config;
-use crate::registry::Registry;
-use crate::report::Status;
+use std::io::Write;
 
-use super::{History, HistoryError, Query, MAX_QUERY_LIMIT};
+use anyhow::bail;
+
+use crate::app::App;
+use crate::history::{HistoryResult, Query, MAX_QUERY_LIMIT};
+use crate::report::Status;
 
 /// `codebox history` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -23,51 +25,30 @@ pub struct HistoryArgs {
     pub json: bool,
 }
 
-/// Why `codebox history` failed.
-#[derive(Debug, thiserror::Error)]
-pub enum HistoryCommandError {
-    #[error("--{0}")]
-    Argument(String),
-    #[error(transparent)]
-    History(#[from] HistoryError),
-    #[error("cannot print JSON: {0}")]
-    Json(#[from] serde_json::Error),
-}
-
-/// Print the history; returns the exit status.
-pub async fn run(
-    config: &Config,
-    registry: &Registry,
-    instance: &str,
+pub async fn history(
+    app: &App,
     args: HistoryArgs,
-) -> Result<i32, HistoryCommandError> {
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
     if !(1..=MAX_QUERY_LIMIT).contains(&args.limit) {
-        return Err(HistoryCommandError::Argument(format!(
-            "limit: must be between 1 and {MAX_QUERY_LIMIT}; got {}",
+        bail!(
+            "--limit: must be between 1 and {MAX_QUERY_LIMIT}; got {}",
             args.limit
-        )));
+        );
     }
     let status = match args.status.as_deref() {
         None => None,
-        Some(s) => Some(Status::parse(s).ok_or_else(|| {
-            HistoryCommandError::Argument(format!("status: `{s}` is not a status"))
-        })?),
+        Some(s) => match Status::parse(s) {
+            Some(s) => Some(s),
+            None => bail!("--status: `{s}` is not a status"),
+        },
     };
+    let filtered = status.is_some() || args.language.is_some();
     let language = args
         .language
-        .map(|l| registry.resolve(&l).map_or(l, |lang| lang.id.clone()));
-    let path = config.history_path();
-    if !path.exists() {
-        if args.json {
-            println!("{{\n  \"runs\": []\n}}");
-        } else {
-            println!("no runs recorded yet ({} does not exist)", path.display());
-        }
-        return Ok(0);
-    }
-    let _ = instance;
-    let history = History::open_for_reading(&path);
-    let runs = history
+        .map(|l| app.registry.resolve(&l).map_or(l, |lang| lang.id.clone()));
+    let runs = app
+        .history
         .query(Query {
             limit: Some(args.limit),
             status,
@@ -75,16 +56,29 @@ pub async fn run(
         })
         .await?;
     if args.json {
-        println!(
+        writeln!(
+            out,
             "{}",
-            serde_json::to_string_pretty(&super::super::mcp::HistoryResult { runs })?
-        );
+            serde_json::to_string_pretty(&HistoryResult { runs })?
+        )?;
+        super::flush(out)?;
         return Ok(0);
     }
-    println!(
+    let path = app.history.path().display();
+    if runs.is_empty() {
+        if filtered {
+            writeln!(out, "(no matching runs in {path})")?;
+        } else {
+            writeln!(out, "no runs recorded yet in {path}")?;
+        }
+        super::flush(out)?;
+        return Ok(0);
+    }
+    writeln!(
+        out,
         "{:<32}  {:<24}  {:<10}  {:<13}  {:>9}  {:>5}  MESSAGE",
         "RUN ID", "CREATED (UTC)", "LANGUAGE", "STATUS", "DURATION", "EXIT"
-    );
+    )?;
     for r in &runs {
         let created: String = r.created_at.chars().take(23).collect();
         let duration = r.duration_ms.map_or_else(
@@ -95,7 +89,8 @@ pub async fn run(
             .exit_code
             .map_or_else(|| "-".to_string(), |c| c.to_string());
         let message: String = r.message.chars().take(60).collect();
-        println!(
+        writeln!(
+            out,
             "{:<32}  {:<24}  {:<10}  {:<13}  {:>9}  {:>5}  {}",
             r.run_id,
             created,
@@ -104,10 +99,8 @@ pub async fn run(
             duration,
             exit,
             message
-        );
+        )?;
     }
-    if runs.is_empty() {
-        println!("(no matching runs in {})", path.display());
-    }
+    super::flush(out)?;
     Ok(0)
 }

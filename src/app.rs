@@ -1,0 +1,104 @@
+//! The composition root: one builder wires the engine, the executor, this process's instance,
+//! the history and the run manager, for every command alike. The engine comes in as a trait
+//! object, so every command can run on the fake engine in tests; the command line is the one
+//! place that picks Docker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::engine::ContainerEngine;
+use crate::executor::Executor;
+use crate::history::{History, Owner};
+use crate::instance::Instance;
+use crate::reaper;
+use crate::registry::Registry;
+use crate::runs::{self, RunManager};
+
+/// How long [`App::shutdown`] waits for unfinished runs to stop and remove their containers.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Why the application could not be assembled.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The settings and the registry do not fit together.
+    #[error("{0}")]
+    Budget(String),
+}
+
+/// Everything a command works with, built once from a resolved configuration.
+pub struct App {
+    pub config: Arc<Config>,
+    pub registry: Arc<Registry>,
+    pub engine: Arc<dyn ContainerEngine>,
+    /// This process's identity on the daemon; its lock file lives as long as the app.
+    pub instance: Arc<Instance>,
+    pub executor: Arc<Executor>,
+    pub history: History,
+    pub runs: RunManager,
+}
+
+impl App {
+    /// Assemble the application. Opens the history (marking runs that a dead instance left
+    /// unfinished as interrupted) and starts the run manager: call inside a tokio runtime.
+    /// Talks to no container engine; [`App::reap`] does, for the commands that create
+    /// containers.
+    pub fn build(
+        config: Config,
+        registry: Registry,
+        engine: Arc<dyn ContainerEngine>,
+    ) -> Result<App, AppError> {
+        runs::check_budget(&registry, &config).map_err(AppError::Budget)?;
+        let config = Arc::new(config);
+        let registry = Arc::new(registry);
+        let instance = Arc::new(Instance::register(&config.data_dir));
+        let executor = Arc::new(Executor::new(
+            engine.clone(),
+            config.clone(),
+            instance.id.clone(),
+        ));
+        let history = History::open(
+            &config.history_path(),
+            Owner {
+                instance: instance.id.clone(),
+                data_dir: config.data_dir.clone(),
+            },
+        );
+        let runs = RunManager::new(
+            executor.clone(),
+            registry.clone(),
+            config.clone(),
+            Some(history.clone()),
+        );
+        Ok(App {
+            config,
+            registry,
+            engine,
+            instance,
+            executor,
+            history,
+            runs,
+        })
+    }
+
+    /// Remove what crashed or killed instances left on the daemon; a failure is only logged.
+    pub async fn reap(&self) {
+        match reaper::reap(
+            self.engine.as_ref(),
+            &self.instance.id,
+            &self.config.data_dir,
+        )
+        .await
+        {
+            Ok(r) => self.runs.metrics().add_reaped(r.containers),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not sweep containers left by earlier instances")
+            }
+        }
+    }
+
+    /// Stop every unfinished run and wait (up to `grace`) until their containers are gone.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.runs.shutdown(grace).await;
+    }
+}

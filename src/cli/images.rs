@@ -1,0 +1,145 @@
+//! `codebox images build|list`, and building a missing image on first use, with progress.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use crate::app::App;
+use crate::images;
+use crate::registry::Language;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ImagesAction {
+    /// Build images (default: all) from their folders under `images/`.
+    Build {
+        names: Vec<String>,
+        /// Rebuild every layer, e.g. to pick up Debian's security updates.
+        #[arg(long)]
+        no_cache: bool,
+    },
+    /// Show which images are present.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn images(
+    app: &App,
+    action: ImagesAction,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    match action {
+        ImagesAction::Build { names, no_cache } => {
+            app.engine.ping().await?;
+            let names: Vec<String> = if names.is_empty() {
+                app.registry.images.keys().cloned().collect()
+            } else {
+                names
+            };
+            for name in &names {
+                images::find(&app.registry, name)?;
+            }
+            for name in &names {
+                build(app, name, no_cache).await?;
+            }
+            Ok(0)
+        }
+        ImagesAction::List { json } => {
+            let list = images::status(app.engine.as_ref(), &app.registry).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+                super::flush(out)?;
+                return Ok(0);
+            }
+            writeln!(
+                out,
+                "{:<10} {:<24} {:<8} {:>9}  VERSIONS",
+                "IMAGE", "TAG", "PRESENT", "SIZE"
+            )?;
+            for i in &list {
+                let versions: Vec<String> = i
+                    .versions
+                    .iter()
+                    .map(|(l, v)| format!("{l}: {v}"))
+                    .collect();
+                writeln!(
+                    out,
+                    "{:<10} {:<24} {:<8} {:>9}  {}",
+                    i.name,
+                    i.tag,
+                    if i.present { "yes" } else { "missing" },
+                    i.size_bytes
+                        .map(|s| format!("{} MB", s / 1_000_000))
+                        .unwrap_or_else(|| "-".into()),
+                    versions.join("; ")
+                )?;
+            }
+            super::flush(out)?;
+            Ok(0)
+        }
+    }
+}
+
+/// Build the image of `lang` if it is missing, showing progress on stderr.
+pub async fn ensure(app: &App, lang: &Language) -> anyhow::Result<()> {
+    if app.engine.inspect_image(&lang.image.tag).await?.is_some() {
+        return Ok(());
+    }
+    eprintln!(
+        "codebox: image {} is missing; building it from {} (first use only)",
+        lang.image.tag,
+        lang.image.context.display()
+    );
+    build(app, &lang.image.name, false).await
+}
+
+/// Build one image with a spinner on stderr (or, when stderr is not a terminal, one line per
+/// Dockerfile step).
+async fn build(app: &App, name: &str, no_cache: bool) -> anyhow::Result<()> {
+    let image = images::find(&app.registry, name)?;
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {prefix} [{elapsed}] {wide_msg}")
+            .expect("static template"),
+    );
+    bar.set_prefix(image.tag.clone());
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let started = Instant::now();
+    let progress = {
+        let bar = bar.clone();
+        move |line: &str| {
+            if line.starts_with("Step ") || !bar.is_hidden() {
+                bar.set_message(line.to_string());
+            }
+            if bar.is_hidden() && line.starts_with("Step ") {
+                eprintln!("  {line}");
+            }
+        }
+    };
+    let result = images::build(&app.executor, &app.registry, image, no_cache, &progress).await;
+    bar.finish_and_clear();
+    let id = result?;
+    eprintln!(
+        "built {} ({}) in {:.1} s",
+        image.tag,
+        short_id(&id),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The first 12 hex digits of an image id, however short or odd the daemon's answer.
+fn short_id(id: &str) -> String {
+    id.trim_start_matches("sha256:").chars().take(12).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn short_ids_never_slice_past_the_end() {
+        assert_eq!(super::short_id("sha256:0123456789abcdef"), "0123456789ab");
+        assert_eq!(super::short_id("sha256:ab"), "ab");
+        assert_eq!(super::short_id(""), "");
+        assert_eq!(super::short_id("é"), "é");
+    }
+}

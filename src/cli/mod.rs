@@ -1,0 +1,165 @@
+//! The `codebox` commands: parse the command line, resolve the configuration once, build the
+//! application once, and hand it to one function per command. With `main.rs`, the only place
+//! that uses anyhow, and the only place that picks a concrete container engine (Docker).
+
+mod config;
+mod doctor;
+mod history;
+mod images;
+mod languages;
+mod run;
+mod serve;
+mod smoke;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::app::{App, SHUTDOWN_GRACE};
+use crate::config::Config;
+use crate::engine::docker::DockerEngine;
+use crate::engine::ContainerEngine;
+use crate::registry::{Registry, DEFAULT_REGISTRY_FILE};
+
+pub use doctor::doctor;
+pub use history::history;
+pub use images::images;
+pub use languages::languages;
+pub use run::{exit_status, run_file};
+pub use smoke::{smoke, smoke_mismatch};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "codebox",
+    version,
+    about = "Run untrusted code in locked-down Docker containers, for AI agents (MCP) and people."
+)]
+pub struct Cli {
+    /// Operator config file (TOML).
+    #[arg(long, global = true, env = "CODEBOX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Language registry file (the `languages` setting).
+    #[arg(long, global = true)]
+    pub languages: Option<PathBuf>,
+    /// Set any setting, e.g. `--set runs.max_concurrent_runs=2` (repeatable; `codebox config
+    /// --list` lists them). Flags beat `CODEBOX_*` variables, which beat the config file.
+    #[arg(long = "set", global = true, value_name = "SETTING=VALUE")]
+    pub set: Vec<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a program file and print its output; the exit status mirrors the program's.
+    Run(run::RunArgs),
+    /// List the supported languages.
+    Languages {
+        /// Print the same object as the `list_supported_languages` tool.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build or list the language images.
+    Images {
+        #[command(subcommand)]
+        action: images::ImagesAction,
+    },
+    /// Run every language's smoke samples; ends with `N passed, M failed`.
+    Smoke {
+        /// Languages to test (default: all).
+        #[arg(value_name = "LANG")]
+        only: Vec<String>,
+        /// Build missing images first.
+        #[arg(long)]
+        build: bool,
+    },
+    /// Check Docker, the images and the sandbox posture from inside a container.
+    Doctor,
+    /// Serve the MCP tools over stdio (default) or Streamable HTTP.
+    Serve(serve::ServeArgs),
+    /// Show the latest runs (of `codebox run` and of the server).
+    History(history::HistoryArgs),
+    /// Print the effective configuration as a config file, or list every setting.
+    Config {
+        /// List every setting with its file key, `--set` path and variables.
+        #[arg(long)]
+        list: bool,
+    },
+}
+
+/// `languages.toml`: the `languages` setting, else the current folder's, else the one next
+/// to the sources this binary was built from.
+fn registry_path(config: &Config) -> PathBuf {
+    if let Some(p) = &config.languages {
+        return p.clone();
+    }
+    let here = PathBuf::from(DEFAULT_REGISTRY_FILE);
+    if here.exists() {
+        return here;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_REGISTRY_FILE)
+}
+
+/// The configuration of this process: the file, then the environment, then the flags (the
+/// shortcut flags `--languages` and `serve --listen` are `--set`s).
+pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
+    let mut sets = Vec::new();
+    if let Some(l) = &cli.languages {
+        sets.push(format!("languages={}", l.display()));
+    }
+    if let Command::Serve(args) = &cli.command {
+        if let Some(listen) = &args.listen {
+            sets.push(format!("http.listen={listen}"));
+        }
+    }
+    sets.extend(cli.set.iter().cloned());
+    Ok(Config::resolve(
+        cli.config.as_deref(),
+        |k| std::env::var(k).ok(),
+        &sets,
+    )?)
+}
+
+/// Build the application on Docker: the one place a concrete engine is chosen.
+pub fn docker_app(config: Config) -> anyhow::Result<App> {
+    let registry = Registry::load(&registry_path(&config))?;
+    let engine: Arc<dyn ContainerEngine> = Arc::new(DockerEngine::connect()?);
+    Ok(App::build(config, registry, engine)?)
+}
+
+/// Run the CLI; returns the process exit status.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let config = resolve_config(&cli)?;
+    if let Command::Config { list } = cli.command {
+        return config::print(&config, list, &mut std::io::stdout());
+    }
+    let app = docker_app(config)?;
+    let code = dispatch(&app, cli.command).await;
+    app.shutdown(SHUTDOWN_GRACE).await;
+    code
+}
+
+/// Carry out one command on an assembled application.
+pub async fn dispatch(app: &App, command: Command) -> anyhow::Result<i32> {
+    let mut out = std::io::stdout();
+    match command {
+        Command::Run(args) => run_file(app, args).await,
+        Command::Languages { json } => languages(app, json, &mut out).await,
+        Command::Images { action } => images(app, action, &mut out).await,
+        Command::Smoke { only, build } => smoke(app, &only, build, &mut out).await,
+        Command::Doctor => doctor(app, &mut out).await,
+        Command::Serve(args) => serve::serve(app, args).await,
+        Command::History(args) => history(app, args, &mut out).await,
+        Command::Config { list } => config::print(&app.config, list, &mut out),
+    }
+}
+
+/// Flush what a command printed; a closed stdout (`codebox languages | head`) is not an error.
+fn flush(out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}

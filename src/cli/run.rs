@@ -1,0 +1,141 @@
+//! `codebox run FILE`: one run through the same run manager as the server (so it is recorded
+//! in the history), its output printed, its status mirrored in the exit code.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+
+use crate::app::App;
+use crate::executor::{LimitsInput, RunRequest};
+use crate::report::{RunReport, Status};
+use crate::runs::SubmitError;
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The program's source file.
+    pub file: PathBuf,
+    /// Language id or alias (default: guessed from the file's extension).
+    #[arg(long, short)]
+    pub language: Option<String>,
+    /// File whose content is the program's standard input.
+    #[arg(long)]
+    pub stdin: Option<PathBuf>,
+    #[arg(long)]
+    pub memory_mb: Option<f64>,
+    #[arg(long)]
+    pub timeout_seconds: Option<f64>,
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Print the run report as JSON instead of the program's output.
+    #[arg(long)]
+    pub json: bool,
+    /// Arguments passed to the program.
+    #[arg(last = true)]
+    pub args: Vec<String>,
+}
+
+/// Exit status of `codebox run` for a report: the program's own where it has one.
+pub fn exit_status(report: &RunReport) -> i32 {
+    match report.status {
+        Status::Succeeded => 0,
+        Status::Failed => report
+            .exit_code
+            .map(|c| if (0..=255).contains(&c) { c as i32 } else { 1 })
+            .unwrap_or(1),
+        Status::CompileError => 1,
+        Status::TimedOut => 124,
+        Status::OutOfMemory => 137,
+        Status::Stopped => 130,
+        Status::SandboxError | Status::Queued | Status::Running => 125,
+    }
+}
+
+/// How often the wait for the end re-arms (the run manager's wait is bounded).
+const WAIT_SLICE: Duration = Duration::from_secs(60);
+
+pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
+    let code = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let language = match &args.language {
+        Some(l) => l.clone(),
+        None => match app.registry.for_file(&args.file) {
+            Some(l) => l.id.clone(),
+            None => bail!(
+                "cannot tell the language of {} from its extension; pass --language (see `codebox languages`)",
+                args.file.display()
+            ),
+        },
+    };
+    let stdin = match &args.stdin {
+        Some(p) => Some(
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let req = RunRequest {
+        language,
+        code,
+        stdin,
+        args: Some(args.args.clone()),
+        files: None,
+        limits: Some(LimitsInput {
+            memory_mb: args.memory_mb,
+            timeout_seconds: args.timeout_seconds,
+            cpus: args.cpus,
+        }),
+    };
+    // A reachable daemon first gets its leftovers swept and the image built if missing; an
+    // unreachable one is reported by the run itself, as a sandbox_error that says where.
+    if app.engine.ping().await.is_ok() {
+        app.reap().await;
+        if let Some(lang) = app.registry.resolve(&req.language) {
+            super::images::ensure(app, lang).await?;
+        }
+    }
+    let accepted = app.runs.submit(req).map_err(|e| match e {
+        SubmitError::Invalid(e) => anyhow::anyhow!("invalid argument {e}"),
+        other => anyhow::anyhow!(other),
+    })?;
+    let run_id = accepted.run_id;
+    let stopper = {
+        let runs = app.runs.clone();
+        let run_id = run_id.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                let _ = runs.stop(&run_id).await;
+            }
+        })
+    };
+    let report = loop {
+        let r = app.runs.wait(&run_id, WAIT_SLICE).await?;
+        if r.status.is_terminal() {
+            break r;
+        }
+    };
+    stopper.abort();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        if let Some(c) = &report.compile {
+            if report.status == Status::CompileError {
+                eprint!("{}{}", c.stdout, c.stderr);
+            }
+        }
+        print!("{}", report.stdout);
+        std::io::stdout().flush()?;
+        eprint!("{}", report.stderr);
+        if report.stdout_truncated || report.stderr_truncated {
+            eprintln!(
+                "codebox: output was cut at {} bytes per stream ({} stdout bytes, {} stderr bytes in all)",
+                app.config.sandbox.output_limit_bytes, report.stdout_bytes, report.stderr_bytes
+            );
+        }
+        eprintln!(
+            "codebox: {} ({}) in {} ms",
+            report.status, report.message, report.duration_ms
+        );
+    }
+    Ok(exit_status(&report))
+}

@@ -1,0 +1,62 @@
+//! `codebox serve`: the MCP server on the application's run manager.
+
+use std::path::PathBuf;
+
+use crate::app::App;
+use crate::transport::{self, http, Transport};
+
+/// The two MCP transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportKind {
+    Stdio,
+    Http,
+}
+
+/// `codebox serve` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// `stdio` (for a client that starts codebox itself) or `http` (Streamable HTTP at /mcp).
+    #[arg(long, value_enum, default_value = "stdio")]
+    pub transport: TransportKind,
+    /// Address to listen on with `--transport http` (the `http.listen` setting; default
+    /// 127.0.0.1:8765; port 0 picks one).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// File holding the HTTP bearer token (beats CODEBOX_TOKEN, which beats the
+    /// `http.token_file` setting).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Serve HTTP without a token. Refused unless the listen address is loopback.
+    #[arg(long)]
+    pub no_auth: bool,
+    /// Print the effective configuration (as a config file; never the token) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
+    if args.print_config {
+        print!("{}", app.config.to_toml());
+        return Ok(0);
+    }
+    let transport = match args.transport {
+        TransportKind::Stdio => Transport::Stdio,
+        TransportKind::Http => Transport::Http {
+            token: http::resolve_auth(
+                &app.config.http,
+                args.token_file.as_deref(),
+                std::env::var("CODEBOX_TOKEN").ok(),
+                args.no_auth,
+            )?,
+        },
+    };
+    app.reap().await;
+    transport::serve(
+        app.runs.clone(),
+        &app.config,
+        transport,
+        transport::shutdown_signal(),
+    )
+    .await?;
+    Ok(0)
+}

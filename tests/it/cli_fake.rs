@@ -1,0 +1,116 @@
+//! The commands on the fake engine: the same `App` as the binary builds, with the engine
+//! swapped, so their logic is tested without Docker.
+
+use std::sync::Arc;
+
+use codebox::app::App;
+use codebox::catalog::Catalog;
+use codebox::cli::{self, Command};
+use codebox::config::Config;
+use codebox::engine::fake::{exited, FakeEngine};
+use codebox::engine::ContainerEngine;
+use codebox::history::Query;
+use codebox::registry::Registry;
+
+use crate::common::root;
+
+fn app(fake: &Arc<FakeEngine>, data: &tempfile::TempDir) -> App {
+    let config = Config {
+        data_dir: data.path().to_path_buf(),
+        ..Config::default()
+    };
+    let registry = Registry::load(&root().join("languages.toml")).unwrap();
+    let engine: Arc<dyn ContainerEngine> = fake.clone();
+    App::build(config, registry, engine).unwrap()
+}
+
+fn text(out: Vec<u8>) -> String {
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test]
+async fn languages_json_is_the_list_supported_languages_object() {
+    let data = tempfile::tempdir().unwrap();
+    let app = app(&Arc::new(FakeEngine::new()), &data);
+    let mut out = Vec::new();
+    assert_eq!(cli::languages(&app, true, &mut out).await.unwrap(), 0);
+    let cat: Catalog = serde_json::from_slice(&out).unwrap();
+    assert_eq!(cat.languages.len(), app.registry.languages.len());
+    assert!(cat.languages.iter().all(|l| l.image_present));
+    assert_eq!(cat.limits.defaults.memory_mb, 512);
+}
+
+#[tokio::test]
+async fn codebox_run_records_its_run_in_the_history() {
+    let data = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeEngine::new());
+    let app = app(&fake, &data);
+    let file = data.path().join("hello.py");
+    std::fs::write(&file, "print('hi')\n").unwrap();
+    let command = <cli::Cli as clap::Parser>::parse_from([
+        "codebox",
+        "run",
+        file.to_str().unwrap(),
+        "--",
+        "a1",
+    ])
+    .command;
+    let Command::Run(args) = command else {
+        unreachable!()
+    };
+    assert_eq!(cli::run_file(&app, args).await.unwrap(), 0);
+    let rows = app.history.query(Query::default()).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].language, "python");
+    assert_eq!(rows[0].status.as_str(), "succeeded");
+    let run = fake.specs().last().unwrap().clone();
+    assert_eq!(run.cmd, ["python3", "main.py", "a1"]);
+}
+
+#[tokio::test]
+async fn smoke_counts_passes_and_failures_and_fails_on_any_mismatch() {
+    let data = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeEngine::new());
+    let app = app(&fake, &data);
+    // Every run on the fake exits 0 with no output: the `exit` samples of bash fail
+    // (they expect exit 3), `hello` fails (no output), nothing passes but a sample that
+    // expects plain success without output.
+    let mut out = Vec::new();
+    let code = cli::smoke(&app, &["bash".to_string()], false, &mut out)
+        .await
+        .unwrap();
+    let out = text(out);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap();
+    assert_eq!(last, "0 passed, 4 failed", "{out}");
+    assert!(
+        out.contains("FAIL bash/hello: expected stdout \"hello\\n\", got \"\""),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn doctor_passes_a_locked_down_probe_and_fails_a_root_one() {
+    for (probe, code, failed) in [
+        (
+            "uid=10001\ncapeff=0000000000000000\nnnp=1\nnet=lo\nrootfs=readonly\n",
+            0,
+            "0 failed",
+        ),
+        (
+            "uid=0\ncapeff=0000000000000000\nnnp=1\nnet=lo\nrootfs=readonly\n",
+            1,
+            "1 failed",
+        ),
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeEngine::new());
+        fake.script(exited(0, probe));
+        let app = app(&fake, &data);
+        let mut out = Vec::new();
+        assert_eq!(cli::doctor(&app, &mut out).await.unwrap(), code);
+        let out = text(out);
+        assert!(out.trim_end().ends_with(failed), "{out}");
+        assert!(out.contains("reachable at fake://"), "{out}");
+    }
+}
