@@ -97,8 +97,19 @@ impl App {
         }
     }
 
-    /// Stop every unfinished run and wait (up to `grace`) until their containers are gone.
+    /// Stop every unfinished run, then wait (up to `grace` each) until every container of
+    /// this process is gone. If some could not be removed, the instance's lock file is kept
+    /// when the process ends, so the next start knows this instance died with objects left
+    /// and reaps them at once (not after their expiry).
     pub async fn shutdown(&self, grace: Duration) {
         self.runs.shutdown(grace).await;
+        let cleanup = self.executor.cleanup();
+        if !cleanup.drain(grace).await || cleanup.failed() {
+            tracing::warn!(
+                pending = cleanup.pending(),
+                "some containers could not be removed; the next start reaps them"
+            );
+            self.instance.keep_lock_file();
+        }
     }
 }

@@ -24,10 +24,13 @@ pub struct LanguageInfo {
     pub image_present: bool,
     /// Name the code is saved under in the workspace.
     pub source_file: String,
-    /// Whether a compile stage runs first (its failures are `compile_error`).
+    /// Whether a compile step or syntax check runs first (its failures are `compile_error`).
     pub compiled: bool,
     /// Toolchain version, recorded when the image was built; null if unknown.
     pub version: Option<String>,
+    /// Libraries beyond the standard library that programs can use (for Python, the modules
+    /// to import). Nothing can be installed at run time: there is no network.
+    pub packages: Vec<String>,
 }
 
 /// Default and maximum limits a request may set.
@@ -69,12 +72,13 @@ pub async fn catalog(
             image: lang.image.tag.clone(),
             image_present: info.is_some(),
             source_file: lang.source_file.clone(),
-            compiled: lang.is_compiled(),
+            compiled: lang.can_fail_to_compile(),
             version: info.and_then(|i| {
                 i.labels
                     .get(&format!("{VERSION_LABEL_PREFIX}{}", lang.id))
                     .cloned()
             }),
+            packages: lang.packages.clone(),
         });
     }
     Ok(Catalog {

@@ -118,6 +118,25 @@ section! {
         pub max_args: usize = 64,
         /// Longest single argument, in bytes.
         pub max_arg_bytes: usize = 4096,
+        /// Size of a run's working directory, in MB: a tmpfs holding the source, the
+        /// request's files and the compile stage's artifacts, where the program may create
+        /// files (filling it gives `ENOSPC`). It is memory: it counts against the run's
+        /// memory limit, and is at most half of it.
+        pub workspace_mb: u64 = 64,
+        /// Most files under `outputs/` returned with their content.
+        pub max_output_files: usize = 32,
+        /// Most bytes of returned files together.
+        pub max_output_bytes: u64 = 8 * 1024 * 1024,
+        /// Largest returned file, in bytes; larger ones are listed without content.
+        pub max_output_file_bytes: u64 = 4 * 1024 * 1024,
+        /// The OCI runtime every container runs under: `runc`, `runsc` (gVisor: the
+        /// program talks to a user-space kernel, not the host's), or any runtime registered
+        /// with the daemon. `codebox doctor` lists what the daemon offers.
+        ///
+        /// # Security
+        /// With `runc` every run shares the host's kernel, so a kernel exploit escapes the
+        /// container; `runsc` puts gVisor between them at some cost in speed.
+        pub runtime: String = "runc".to_string(),
     }
 }
 
@@ -484,8 +503,27 @@ impl Config {
                 "must be at least 8",
             ));
         }
+        if s.runtime.trim().is_empty() || s.runtime.contains(char::is_whitespace) {
+            return Err(invalid(
+                "sandbox.runtime",
+                format!("{:?}", s.runtime),
+                "must name an OCI runtime registered with the daemon, e.g. runc or runsc",
+            ));
+        }
+        if s.workspace_mb < 1 || s.workspace_mb * 2 > l.default_memory_mb {
+            return Err(invalid(
+                "sandbox.workspace_mb",
+                s.workspace_mb,
+                &format!(
+                    "must be between 1 and half of limits.default_memory_mb ({} MB)",
+                    l.default_memory_mb / 2
+                ),
+            ));
+        }
         for (name, v) in [
             ("sandbox.output_limit_bytes", s.output_limit_bytes),
+            ("sandbox.max_output_bytes", s.max_output_bytes),
+            ("sandbox.max_output_file_bytes", s.max_output_file_bytes),
             ("sandbox.tmpfs_mb", s.tmpfs_mb),
             ("sandbox.max_file_size_mb", s.max_file_size_mb),
             ("sandbox.max_code_bytes", s.max_code_bytes as u64),

@@ -91,6 +91,40 @@ fn context_tar(dir: &Path) -> std::io::Result<Vec<u8>> {
     b.into_inner()
 }
 
+/// The registry images an image's Dockerfile builds `FROM` (the base image, for a language
+/// image).
+pub fn dependencies<'a>(registry: &'a Registry, image: &Image) -> Vec<&'a Image> {
+    let dockerfile = registry.root().join(&image.context).join("Dockerfile");
+    let text = std::fs::read_to_string(dockerfile).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("FROM "))
+        .filter_map(|from| from.split_whitespace().next())
+        .filter_map(|tag| registry.images.values().find(|i| i.tag == tag))
+        .filter(|i| i.name != image.name)
+        .collect()
+}
+
+/// The images to build for `names`, each after the images it builds on (which are added).
+pub fn build_order<'a>(
+    registry: &'a Registry,
+    names: &[String],
+) -> Result<Vec<&'a Image>, ImageError> {
+    fn visit<'a>(registry: &'a Registry, image: &'a Image, out: &mut Vec<&'a Image>, depth: usize) {
+        if depth > registry.images.len() || out.iter().any(|i| i.name == image.name) {
+            return;
+        }
+        for dep in dependencies(registry, image) {
+            visit(registry, dep, out, depth + 1);
+        }
+        out.push(image);
+    }
+    let mut out = Vec::new();
+    for name in names {
+        visit(registry, find(registry, name)?, &mut out, 0);
+    }
+    Ok(out)
+}
+
 /// Look up an image by its registry name.
 pub fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageError> {
     registry
@@ -152,7 +186,7 @@ pub async fn build(
                 language: lang.id.clone(),
                 detail,
             })?;
-        let text = format!("{}\n{}", exec.stdout.text(), exec.stderr.text());
+        let text = format!("{}\n{}", exec.stdout, exec.stderr);
         let Some(version) = text.lines().map(str::trim).find(|l| !l.is_empty()) else {
             return Err(ImageError::Version {
                 tag: image.tag.clone(),

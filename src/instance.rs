@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 pub struct Instance {
     pub id: String,
     lock: Option<(File, PathBuf)>,
+    /// Leave the lock file behind at exit (objects of this instance remain on the daemon).
+    keep: std::sync::atomic::AtomicBool,
 }
 
 /// What is known of another instance.
@@ -43,10 +45,15 @@ impl Instance {
             Ok(f) => Instance {
                 id,
                 lock: Some((f, path)),
+                keep: Default::default(),
             },
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cannot register this instance; other instances will only reap its containers after they expire");
-                Instance { id, lock: None }
+                Instance {
+                    id,
+                    lock: None,
+                    keep: Default::default(),
+                }
             }
         }
     }
@@ -66,6 +73,13 @@ impl Instance {
         }
     }
 
+    /// Keep the lock file when this process ends: something it created is still on the
+    /// daemon, and the next start must see a dead instance (not an unknown one) to reap it
+    /// at once.
+    pub fn keep_lock_file(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Forget a dead instance once everything it left has been removed.
     pub fn forget(data_dir: &Path, id: &str) {
         if Instance::liveness(data_dir, id) == Liveness::Dead {
@@ -77,7 +91,9 @@ impl Instance {
 impl Drop for Instance {
     fn drop(&mut self) {
         if let Some((_, path)) = self.lock.take() {
-            let _ = std::fs::remove_file(path);
+            if !self.keep.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }
@@ -95,5 +111,15 @@ mod tests {
         drop(me);
         assert_eq!(Instance::liveness(dir.path(), &id), Liveness::Unknown);
         assert_eq!(Instance::liveness(dir.path(), "../etc"), Liveness::Unknown);
+    }
+
+    #[test]
+    fn an_instance_that_left_objects_behind_stays_known_as_dead() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = Instance::register(dir.path());
+        let id = me.id.clone();
+        me.keep_lock_file();
+        drop(me);
+        assert_eq!(Instance::liveness(dir.path(), &id), Liveness::Dead);
     }
 }

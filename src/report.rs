@@ -86,14 +86,34 @@ impl Stage {
     }
 }
 
-/// Resources a stage used, sampled from the container's cgroup while it ran. `null` when the
-/// stage ended before a sample could be taken.
+/// Resources a stage used, measured inside its container when the stage ended: CPU time of
+/// every process of the stage, and the memory high-water mark of the container's memory
+/// cgroup (the program's memory plus the files it keeps in its working directory, which are
+/// memory too). `null` only for a stage that never started, or whose container was killed
+/// before it could report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Usage {
-    /// CPU time (user + system) in milliseconds, at the last sample.
+    /// CPU time (user + system) of all the stage's processes, in milliseconds.
     pub cpu_time_ms: Option<u64>,
-    /// Highest memory use of the container's cgroup, in KiB.
+    /// Highest memory use, in KiB.
     pub peak_memory_kb: Option<u64>,
+}
+
+/// A file the program left under `outputs/` in its working directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FileReport {
+    /// Path relative to the working directory, e.g. `outputs/plot.png`.
+    pub path: String,
+    pub size_bytes: u64,
+    /// Guessed from the content's first bytes, then the extension.
+    pub mime_type: String,
+    /// SHA-256 of the whole content, lowercase hex (empty for a link or an odd file).
+    pub sha256: String,
+    /// The content, base64; null when it was left out (see `omitted_reason`).
+    pub content_base64: Option<String>,
+    /// Why the content is not here (a cap, a symbolic link, not a regular file); null when
+    /// it is.
+    pub omitted_reason: Option<String>,
 }
 
 /// The limits a run was given.
@@ -117,6 +137,10 @@ pub struct CompileReport {
     pub stderr: String,
     pub duration_ms: u64,
     pub usage: Usage,
+    /// The verdict came from the compile cache: the same inputs compiled before, no compile
+    /// container ran (then `duration_ms` is 0 and `usage` null).
+    #[serde(default)]
+    pub cached: bool,
 }
 
 /// The account of one run.
@@ -153,6 +177,10 @@ pub struct RunReport {
     pub image_id: Option<String>,
     /// One sentence on what happened.
     pub message: String,
+    /// Files the program left under `outputs/`, within the operator's caps; anything over a
+    /// cap is listed with its reason.
+    #[serde(default)]
+    pub files: Vec<FileReport>,
 }
 
 /// A number for people: `30` rather than `30.0`, `0.5` as is.

@@ -110,7 +110,7 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
     {
         Err(e) => check(out, false, format!("the probe container failed: {e}"))?,
         Ok(exec) => {
-            for (pass, what) in judge_probe(&exec.stdout.text()) {
+            for (pass, what) in judge_probe(&exec.stdout) {
                 check(out, pass, what)?;
             }
         }

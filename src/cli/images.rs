@@ -36,11 +36,13 @@ pub async fn images(
             } else {
                 names
             };
-            for name in &names {
-                images::find(&app.registry, name)?;
-            }
-            for name in &names {
-                build(app, name, no_cache).await?;
+            // An image another one builds on comes first; one that was not asked for is
+            // built only when it is missing.
+            for image in images::build_order(&app.registry, &names)? {
+                let asked = names.contains(&image.name);
+                if asked || app.engine.inspect_image(&image.tag).await?.is_none() {
+                    build(app, &image.name, no_cache).await?;
+                }
             }
             Ok(0)
         }
@@ -80,17 +82,24 @@ pub async fn images(
     }
 }
 
-/// Build the image of `lang` if it is missing, showing progress on stderr.
+/// Build the image of `lang` (and what it builds on) if it is missing, showing progress on
+/// stderr.
 pub async fn ensure(app: &App, lang: &Language) -> anyhow::Result<()> {
     if app.engine.inspect_image(&lang.image.tag).await?.is_some() {
         return Ok(());
     }
-    eprintln!(
-        "codebox: image {} is missing; building it from {} (first use only)",
-        lang.image.tag,
-        lang.image.context.display()
-    );
-    build(app, &lang.image.name, false).await
+    for image in images::build_order(&app.registry, std::slice::from_ref(&lang.image.name))? {
+        if app.engine.inspect_image(&image.tag).await?.is_some() {
+            continue;
+        }
+        eprintln!(
+            "codebox: image {} is missing; building it from {} (first use only)",
+            image.tag,
+            image.context.display()
+        );
+        build(app, &image.name, false).await?;
+    }
+    Ok(())
 }
 
 /// Build one image with a spinner on stderr (or, when stderr is not a terminal, one line per

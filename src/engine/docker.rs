@@ -1,42 +1,28 @@
 //! The Docker engine, over the Engine API (bollard). The only file that imports bollard.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
-use bollard::models::{
-    ContainerCreateBody, HostConfig, Mount as DockerMount, MountType, ResourcesUlimits,
-    VolumeCreateRequest,
-};
+use bollard::models::{ContainerCreateBody, ContainerUpdateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, BuildImageOptionsBuilder, CreateContainerOptionsBuilder,
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
-    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, StatsOptionsBuilder,
-    UploadToContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio_util::sync::CancellationToken;
 
 use super::{
-    BuildProgress, Captured, ContainerEngine, ContainerSpec, Ending, EngineError, EngineInfo,
-    Execution, ImageInfo, Leftover, MountKind, StartOptions, LABEL_MANAGED,
+    detail, Attached, BuildProgress, Cause, ContainerEngine, ContainerSpec, ContainerState,
+    EngineError, EngineInfo, ImageInfo, Leftover, Output, Resources, Signal, LABEL_MANAGED,
 };
-use crate::report::Usage;
 
 /// Where bollard looks when `DOCKER_HOST` is not set.
 pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
-
-/// How often resource usage is sampled while a container runs.
-const SAMPLE_EVERY: Duration = Duration::from_millis(200);
-/// How long to wait for a killed container to be reported as exited.
-const KILL_GRACE: Duration = Duration::from_secs(10);
-/// How long output may keep arriving after the container has exited.
-const DRAIN_GRACE: Duration = Duration::from_secs(3);
 
 /// A Docker daemon reached through the Engine API.
 #[derive(Clone)]
@@ -47,7 +33,7 @@ pub struct DockerEngine {
     address: String,
     /// Set when the client could not even be set up (e.g. the socket does not exist); every
     /// operation then reports the daemon unreachable.
-    broken: Option<String>,
+    broken: Option<Cause>,
 }
 
 impl DockerEngine {
@@ -75,9 +61,9 @@ impl DockerEngine {
                 Docker::connect_with_http("http://127.0.0.1:9", 1, bollard::API_DEFAULT_VERSION)
                     .map_err(|e2| EngineError::Unreachable {
                         address: address.clone(),
-                        detail: format!("{e}; {e2}"),
+                        source: Arc::new(e2),
                     })?,
-                Some(e.to_string()),
+                Some(Arc::new(e) as Cause),
             ),
         };
         Ok(DockerEngine {
@@ -91,9 +77,9 @@ impl DockerEngine {
     fn usable(&self) -> Result<(), EngineError> {
         match &self.broken {
             None => Ok(()),
-            Some(detail) => Err(EngineError::Unreachable {
+            Some(cause) => Err(EngineError::Unreachable {
                 address: self.address.clone(),
-                detail: detail.clone(),
+                source: cause.clone(),
             }),
         }
     }
@@ -104,17 +90,16 @@ impl DockerEngine {
 
     /// Turn a bollard error into the step's error, or `Unreachable` when the daemon could not
     /// be talked to at all.
-    fn fail(&self, step: fn(String) -> EngineError, e: BollardError) -> EngineError {
+    fn fail(&self, step: impl FnOnce(Cause) -> EngineError, e: BollardError) -> EngineError {
         match e {
             BollardError::SocketNotFoundError(_)
             | BollardError::HyperLegacyError { .. }
             | BollardError::IOError { .. }
             | BollardError::RequestTimeoutError => EngineError::Unreachable {
                 address: self.address.clone(),
-                detail: e.to_string(),
+                source: Arc::new(e),
             },
-            BollardError::DockerResponseServerError { message, .. } => step(message),
-            other => step(other.to_string()),
+            other => step(Arc::new(other)),
         }
     }
 }
@@ -131,66 +116,25 @@ fn managed_filter() -> HashMap<String, Vec<String>> {
     HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])])
 }
 
-/// Read the container's cgroup once and fold it into `usage` (peak memory, CPU time so far).
-async fn sample_usage(docker: &Docker, id: &str, usage: &Mutex<Usage>) {
-    let opts = StatsOptionsBuilder::new()
-        .stream(false)
-        .one_shot(true)
-        .build();
-    let Some(Ok(s)) = docker.stats(id, Some(opts)).next().await else {
-        return;
-    };
-    let mut u = usage.lock().unwrap();
-    if let Some(peak) = s
-        .memory_stats
-        .as_ref()
-        .and_then(|m| m.max_usage)
-        .filter(|p| *p > 0)
-    {
-        u.peak_memory_kb = Some(u.peak_memory_kb.unwrap_or(0).max(peak / 1024));
-    }
-    if let Some(cpu) = s
-        .cpu_stats
-        .as_ref()
-        .and_then(|c| c.cpu_usage.as_ref())
-        .and_then(|c| c.total_usage)
-        .filter(|c| *c > 0)
-    {
-        u.cpu_time_ms = Some(u.cpu_time_ms.unwrap_or(0).max(cpu / 1_000_000));
-    }
-}
-
 /// The create body for a spec. Every field that matters for isolation is set explicitly.
 fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
-    let mounts = spec
-        .mounts
-        .iter()
-        .map(|m| DockerMount {
-            target: Some(m.target.clone()),
-            source: Some(m.source.clone()),
-            typ: Some(match m.kind {
-                MountKind::Volume => MountType::VOLUME,
-                MountKind::Bind => MountType::BIND,
-            }),
-            read_only: Some(m.read_only),
-            ..Default::default()
-        })
-        .collect();
     let host_config = HostConfig {
+        runtime: Some(spec.runtime.clone()),
         network_mode: Some(spec.network_mode.clone()),
         readonly_rootfs: Some(spec.readonly_rootfs),
         cap_drop: Some(spec.cap_drop.clone()),
-        cap_add: Some(spec.cap_add.clone()),
+        cap_add: Some(Vec::new()),
         security_opt: Some(spec.security_opt.clone()),
-        privileged: Some(spec.privileged),
+        privileged: Some(false),
         pids_limit: Some(spec.pids_limit),
         memory: Some(spec.memory_bytes),
         memory_swap: Some(spec.memory_swap_bytes),
         memory_swappiness: Some(0),
-        nano_cpus: Some(spec.nano_cpus),
+        cpu_quota: Some(spec.cpu_quota_us),
+        cpu_period: Some(spec.cpu_period_us),
         tmpfs: Some(to_hash(&spec.tmpfs)),
         shm_size: Some(spec.shm_bytes),
-        mounts: Some(mounts),
+        mounts: Some(Vec::new()),
         binds: Some(Vec::new()),
         devices: Some(Vec::new()),
         ulimits: Some(
@@ -240,18 +184,19 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
 impl ContainerEngine for DockerEngine {
     async fn ping(&self) -> Result<EngineInfo, EngineError> {
         self.usable()?;
-        let v = self
-            .docker
-            .version()
-            .await
-            .map_err(|e| EngineError::Unreachable {
-                address: self.address.clone(),
-                detail: e.to_string(),
-            })?;
+        let unreachable = |e: BollardError| EngineError::Unreachable {
+            address: self.address.clone(),
+            source: Arc::new(e),
+        };
+        let v = self.docker.version().await.map_err(unreachable)?;
+        let info = self.docker.info().await.map_err(unreachable)?;
+        let mut runtimes: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+        runtimes.sort();
         Ok(EngineInfo {
             address: self.address.clone(),
             version: v.version.unwrap_or_default(),
             api_version: v.api_version.unwrap_or_default(),
+            runtimes,
         })
     }
 
@@ -289,23 +234,18 @@ impl ContainerEngine for DockerEngine {
             .nocache(no_cache)
             .labels(&to_hash(&labels))
             .build();
-        let build_err = |detail: String| EngineError::BuildImage {
+        let build_err = |source: Cause| EngineError::BuildImage {
             tag: tag.to_string(),
-            detail,
+            source,
         };
         let mut stream =
             self.builder
                 .build_image(options, None, Some(bollard::body_full(context_tar.into())));
         let mut image_id = None;
         while let Some(item) = stream.next().await {
-            let info = item.map_err(|e| match self.fail(EngineError::CreateContainer, e) {
-                EngineError::Unreachable { address, detail } => {
-                    EngineError::Unreachable { address, detail }
-                }
-                other => build_err(other.to_string()),
-            })?;
-            if let Some(detail) = info.error_detail {
-                return Err(build_err(detail.message.unwrap_or_default()));
+            let info = item.map_err(|e| self.fail(build_err, e))?;
+            if let Some(d) = info.error_detail {
+                return Err(build_err(detail(d.message.unwrap_or_default())));
             }
             if let Some(line) = info.stream {
                 let line = line.trim_end();
@@ -324,72 +264,8 @@ impl ContainerEngine for DockerEngine {
             None => Ok(self
                 .inspect_image(tag)
                 .await?
-                .ok_or_else(|| build_err("the build finished without an image".into()))?
+                .ok_or_else(|| build_err(detail("the build finished without an image")))?
                 .id),
-        }
-    }
-
-    async fn create_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> Result<(), EngineError> {
-        self.usable()?;
-        self.docker
-            .create_volume(VolumeCreateRequest {
-                name: Some(name.to_string()),
-                labels: Some(to_hash(labels)),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(EngineError::CreateVolume, e))
-    }
-
-    async fn create_tmpfs_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-        size_mb: u64,
-        uid: u32,
-    ) -> Result<(), EngineError> {
-        self.usable()?;
-        let gid = uid;
-        let options = HashMap::from([
-            ("type".to_string(), "tmpfs".to_string()),
-            ("device".to_string(), "tmpfs".to_string()),
-            (
-                "o".to_string(),
-                format!("size={size_mb}m,uid={uid},gid={gid},mode=0755,nosuid,nodev"),
-            ),
-        ]);
-        self.docker
-            .create_volume(VolumeCreateRequest {
-                name: Some(name.to_string()),
-                driver: Some("local".to_string()),
-                driver_opts: Some(options),
-                labels: Some(to_hash(labels)),
-                ..Default::default()
-            })
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(EngineError::CreateVolume, e))
-    }
-
-    async fn start(&self, id: &str) -> Result<(), EngineError> {
-        self.usable()?;
-        self.docker
-            .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
-            .await
-            .map_err(|e| self.fail(EngineError::StartContainer, e))
-    }
-
-    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
-        self.usable()?;
-        let options = RemoveVolumeOptionsBuilder::new().force(true).build();
-        match self.docker.remove_volume(name, Some(options)).await {
-            Err(e) if is_status(&e, 404) => Ok(()),
-            other => other.map_err(|e| self.fail(EngineError::RemoveVolume, e)),
         }
     }
 
@@ -406,172 +282,112 @@ impl ContainerEngine for DockerEngine {
             Ok(r) => Ok(r.id),
             Err(e) if is_status(&e, 404) => Err(EngineError::ImageMissing {
                 tag: spec.image.clone(),
-                image: spec.image.clone(),
             }),
             Err(e) => Err(self.fail(EngineError::CreateContainer, e)),
         }
     }
 
-    async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError> {
+    async fn start_container(&self, id: &str) -> Result<(), EngineError> {
         self.usable()?;
-        let options = UploadToContainerOptionsBuilder::new().path(path).build();
-        self.docker
-            .upload_to_container(id, Some(options), bollard::body_full(tar.into()))
-            .await
-            .map_err(|e| self.fail(EngineError::UploadSources, e))
-    }
-
-    async fn start_and_wait(
-        &self,
-        id: &str,
-        options: StartOptions,
-        cancel: CancellationToken,
-    ) -> Result<Execution, EngineError> {
-        self.usable()?;
-        let attach = self
-            .docker
-            .attach_container(
-                id,
-                Some(
-                    AttachContainerOptionsBuilder::new()
-                        .stream(true)
-                        .stdout(true)
-                        .stderr(true)
-                        .stdin(options.stdin.is_some())
-                        .build(),
-                ),
-            )
-            .await
-            .map_err(|e| self.fail(EngineError::Attach, e))?;
-        let mut output = attach.output;
-        let mut input = attach.input;
-
-        // Output is shared so that what arrived before a kill is kept even if the reader
-        // has to be abandoned.
-        let captured = Arc::new(Mutex::new((Captured::default(), Captured::default())));
-        let limit = options.output_limit;
-        let sink = captured.clone();
-        let mut reader = tokio::spawn(async move {
-            while let Some(Ok(item)) = output.next().await {
-                let mut c = sink.lock().unwrap();
-                match item {
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        c.0.push(&message, limit)
-                    }
-                    LogOutput::StdErr { message } => c.1.push(&message, limit),
-                    LogOutput::StdIn { .. } => {}
-                }
-            }
-        });
-
-        let started = Instant::now();
-        tracing::debug!(id, "attached");
         self.docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
-            .map_err(|e| self.fail(EngineError::StartContainer, e))?;
+            .map_err(|e| self.fail(EngineError::StartContainer, e))
+    }
 
-        tracing::debug!(id, ms = started.elapsed().as_millis() as u64, "started");
-        let writer = tokio::spawn(async move {
-            if let Some(data) = options.stdin {
-                let _ = input.write_all(&data).await;
-                let _ = input.shutdown().await;
-            }
-            // Keep the write half open until the run ends when there is no stdin.
-            std::future::pending::<()>().await;
-        });
-
-        let usage = Arc::new(Mutex::new(Usage::default()));
-        let sampler = {
-            let docker = self.docker.clone();
-            let id = id.to_string();
-            let usage = usage.clone();
-            tokio::spawn(async move {
-                loop {
-                    sample_usage(&docker, &id, &usage).await;
-                    tokio::time::sleep(SAMPLE_EVERY).await;
-                }
-            })
-        };
-
-        let wait = {
-            let docker = self.docker.clone();
-            let id = id.to_string();
-            async move {
-                match docker
-                    .wait_container(&id, None::<bollard::query_parameters::WaitContainerOptions>)
-                    .next()
-                    .await
-                {
-                    Some(Ok(r)) => Ok(Some(r.status_code)),
-                    Some(Err(BollardError::DockerContainerWaitError { code, .. })) => {
-                        Ok(Some(code))
-                    }
-                    Some(Err(e)) => Err(e),
-                    None => Ok(None),
-                }
-            }
-        };
-        tokio::pin!(wait);
-        let ending = tokio::select! {
-            r = &mut wait => {
-                r.map_err(|e| self.fail(EngineError::WaitContainer, e))?;
-                Ending::Exited
-            }
-            _ = tokio::time::sleep(options.timeout) => Ending::TimedOut,
-            _ = cancel.cancelled() => Ending::Cancelled,
-        };
-        if ending != Ending::Exited {
-            // Kill first, at the deadline: a stats read can take up to a second on this API
-            // (the daemon answers at its next collection tick), so no last sample here.
-            sampler.abort();
-            let kill = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
-            match self.docker.kill_container(id, Some(kill)).await {
-                Ok(()) => {}
-                // Already exited between the deadline and the kill.
-                Err(e) if is_status(&e, 409) => {}
-                Err(e) => {
-                    sampler.abort();
-                    writer.abort();
-                    reader.abort();
-                    return Err(self.fail(EngineError::KillContainer, e));
-                }
-            }
-            tracing::debug!(id, ms = started.elapsed().as_millis() as u64, "killed");
-            let _ = tokio::time::timeout(KILL_GRACE, &mut wait).await;
-        }
-        let duration = started.elapsed();
-        tracing::debug!(id, ms = duration.as_millis() as u64, ?ending, "ended");
-        sampler.abort();
-        writer.abort();
-        if tokio::time::timeout(DRAIN_GRACE, &mut reader)
+    async fn attach_container(&self, id: &str) -> Result<Attached, EngineError> {
+        self.usable()?;
+        let options = AttachContainerOptionsBuilder::new()
+            .stream(true)
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let attached = self
+            .docker
+            .attach_container(id, Some(options))
             .await
-            .is_err()
-        {
-            reader.abort();
-        }
+            .map_err(|e| self.fail(EngineError::Attach, e))?;
+        let output = attached.output.filter_map(|item| async move {
+            match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                    Some(Ok(Output::Stdout(message)))
+                }
+                Ok(LogOutput::StdErr { message }) => Some(Ok(Output::Stderr(message))),
+                Ok(LogOutput::StdIn { .. }) => None,
+                Err(e) => Some(Err(EngineError::ReadOutput(Arc::new(e)))),
+            }
+        });
+        Ok(Attached {
+            output: Box::pin(output),
+            input: attached.input,
+        })
+    }
 
-        let state = self
+    async fn wait_container(&self, id: &str) -> Result<i64, EngineError> {
+        self.usable()?;
+        match self
+            .docker
+            .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>)
+            .next()
+            .await
+        {
+            Some(Ok(r)) => Ok(r.status_code),
+            // bollard reports any non-zero exit as an error; here it is an outcome.
+            Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(self.fail(EngineError::WaitContainer, e)),
+            None => Err(EngineError::WaitContainer(detail(
+                "the daemon closed the wait without an exit code",
+            ))),
+        }
+    }
+
+    async fn kill_container(&self, id: &str, signal: Signal) -> Result<(), EngineError> {
+        self.usable()?;
+        let name = match signal {
+            Signal::Term => "SIGTERM",
+            Signal::Kill => "SIGKILL",
+        };
+        let options = KillContainerOptionsBuilder::new().signal(name).build();
+        match self.docker.kill_container(id, Some(options)).await {
+            // Not running (any more), or gone.
+            Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(()),
+            other => other.map_err(|e| self.fail(EngineError::KillContainer, e)),
+        }
+    }
+
+    async fn inspect_container(&self, id: &str) -> Result<ContainerState, EngineError> {
+        self.usable()?;
+        let c = self
             .docker
             .inspect_container(
                 id,
                 None::<bollard::query_parameters::InspectContainerOptions>,
             )
             .await
-            .map_err(|e| self.fail(EngineError::InspectContainer, e))?
-            .state
-            .unwrap_or_default();
-        let (stdout, stderr) = captured.lock().unwrap().clone();
-        let usage = usage.lock().unwrap().clone();
-        Ok(Execution {
-            ending,
-            exit_code: state.exit_code,
+            .map_err(|e| self.fail(EngineError::InspectContainer, e))?;
+        let state = c.state.unwrap_or_default();
+        Ok(ContainerState {
+            running: state.running.unwrap_or(false),
+            exit_code: state.exit_code.filter(|_| !state.running.unwrap_or(false)),
             oom_killed: state.oom_killed.unwrap_or(false),
-            stdout,
-            stderr,
-            usage,
-            duration,
+            image_id: c.image,
         })
+    }
+
+    async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {
+        self.usable()?;
+        let body = ContainerUpdateBody {
+            memory: Some(resources.memory_bytes),
+            memory_swap: Some(resources.memory_bytes),
+            cpu_quota: Some(resources.cpu_quota_us),
+            cpu_period: Some(resources.cpu_period_us),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(id, body)
+            .await
+            .map_err(|e| self.fail(EngineError::UpdateContainer, e))
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
@@ -627,5 +443,14 @@ impl ContainerEngine for DockerEngine {
                 labels: v.labels.into_iter().collect(),
             })
             .collect())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.usable()?;
+        let options = RemoveVolumeOptionsBuilder::new().force(true).build();
+        match self.docker.remove_volume(name, Some(options)).await {
+            Err(e) if is_status(&e, 404) => Ok(()),
+            other => other.map_err(|e| self.fail(EngineError::RemoveVolume, e)),
+        }
     }
 }

@@ -1,50 +1,118 @@
-//! A fake engine for control-flow tests: it records every spec it is asked to create, keeps a
-//! set of live containers and volumes, and can be told to fail or hang at a given step.
+//! A fake engine for control-flow tests. It records every spec it is asked to create and
+//! every payload a container receives, plays the part of `codebox-init` (frames, phases,
+//! files back from a compile stage) according to a scripted [`Behaviour`], keeps the set of
+//! live containers, and can be told to fail at any operation. It sleeps on no clock of its
+//! own, so tests can run it with paused time.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
+use bytes::Bytes;
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, watch};
 
 use super::{
-    BuildProgress, Captured, ContainerEngine, ContainerSpec, Ending, EngineError, EngineInfo,
-    Execution, ImageInfo, Leftover, StartOptions,
+    detail, Attached, BuildProgress, ContainerEngine, ContainerSpec, ContainerState, EngineError,
+    EngineInfo, ImageInfo, Leftover, Output, Resources, Signal,
 };
-use crate::report::Usage;
+use crate::engine::protocol::{frame, parse_payload, Collect, EntryKind, Payload};
 
-/// A step the fake can be told to fail.
+/// An operation the fake can be told to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Step {
     Ping,
-    CreateVolume,
+    InspectImage,
     CreateContainer,
-    Upload,
     Start,
+    Attach,
+    Wait,
+    Kill,
+    Inspect,
+    Update,
+    Remove,
+}
+
+/// What the program in the next attached container does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Behaviour {
+    /// Print, then exit with the code (a compile stage that exits 0 sends its working
+    /// directory back, plus an executable `main`).
+    Exit {
+        code: i64,
+        stdout: String,
+        stderr: String,
+    },
+    /// Killed by a signal; `oom` also marks it as an out-of-memory kill.
+    Signal { signal: i64, oom: bool },
+    /// Start, print `stdout`, and never end until stopped (SIGTERM: reports `stopped`) or
+    /// killed.
+    Hang { stdout: String },
+    /// Like `Hang`, but ignores SIGTERM: only a kill ends it.
+    HangHard,
+    /// The helper reports the program timed out (it enforces the limit itself).
+    TimedOut { stdout: String },
+    /// Send these bytes as the container's stdout, then exit with 0.
+    Raw(Vec<u8>),
+    /// Panic while attaching (a bug in a run task).
+    Panic,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour::Exit {
+            code: 0,
+            stdout: String::new(),
+            stderr: String::new(),
+        }
+    }
+}
+
+/// A program that prints `stdout` and exits with `code`.
+pub fn exited(code: i64, stdout: &str) -> Behaviour {
+    Behaviour::Exit {
+        code,
+        stdout: stdout.to_string(),
+        stderr: String::new(),
+    }
+}
+
+struct Container {
+    spec: ContainerSpec,
+    started: bool,
+    resources: Option<Resources>,
+    /// Wakes the program's task on a signal.
+    signal_tx: Option<mpsc::UnboundedSender<Signal>>,
+    /// The exit code once it exited.
+    exit: watch::Sender<Option<i64>>,
+    oom: bool,
 }
 
 #[derive(Default)]
 struct State {
     specs: Vec<ContainerSpec>,
-    live_containers: BTreeSet<String>,
-    live_volumes: BTreeSet<String>,
+    containers: BTreeMap<String, Container>,
     fail: BTreeSet<Step>,
-    /// Executions handed out by `start_and_wait`, in order; empty: exit 0.
-    script: VecDeque<Execution>,
-    /// When set, `start_and_wait` blocks until cancelled.
-    hang: bool,
-    /// When set, `start_and_wait` panics (a bug in a run task).
-    panic: bool,
-    started: usize,
-    /// How many container removals still fail (a flaky or briefly lost daemon).
+    script: VecDeque<Behaviour>,
+    /// What programs do once the script is used up.
+    default: Behaviour,
     failing_removals: usize,
+    attached: usize,
+    starts: usize,
+    /// Payloads received, in arrival order (kept after removal).
+    payloads: Vec<(String, Payload)>,
+    /// Signals sent, by container (kept after removal).
+    signals: BTreeMap<String, Vec<Signal>>,
 }
 
 /// The fake engine.
 #[derive(Default)]
 pub struct FakeEngine {
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl FakeEngine {
@@ -52,87 +120,250 @@ impl FakeEngine {
         FakeEngine::default()
     }
 
-    pub fn fail_at(&self, step: Step) {
-        self.state.lock().unwrap().fail.insert(step);
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
     }
 
-    pub fn hang_on_start(&self) {
-        self.state.lock().unwrap().hang = true;
+    pub fn fail_at(&self, step: Step) {
+        self.state().fail.insert(step);
     }
 
     /// Make the next `n` container removals fail.
     pub fn fail_removals(&self, n: usize) {
-        self.state.lock().unwrap().failing_removals = n;
+        self.state().failing_removals = n;
     }
 
+    /// What the program in the next attached container does (in attach order; then the
+    /// default, exit 0).
+    pub fn script(&self, behaviour: Behaviour) {
+        self.state().script.push_back(behaviour);
+    }
+
+    /// What every program does once the script is used up.
+    pub fn set_default(&self, behaviour: Behaviour) {
+        self.state().default = behaviour;
+    }
+
+    /// Every program runs until stopped or killed.
+    pub fn hang_on_start(&self) {
+        self.set_default(Behaviour::Hang {
+            stdout: String::new(),
+        });
+    }
+
+    /// Every attach panics (a bug in a run task).
     pub fn panic_on_start(&self) {
-        self.state.lock().unwrap().panic = true;
-    }
-
-    /// Queue the result of the next `start_and_wait`.
-    pub fn script(&self, execution: Execution) {
-        self.state.lock().unwrap().script.push_back(execution);
+        self.set_default(Behaviour::Panic);
     }
 
     /// Every spec `create_container` was given, in order.
     pub fn specs(&self) -> Vec<ContainerSpec> {
-        self.state.lock().unwrap().specs.clone()
+        self.state().specs.clone()
+    }
+
+    /// Every payload a container received, in creation order of the containers.
+    pub fn payloads(&self) -> Vec<Payload> {
+        let st = self.state();
+        st.specs
+            .iter()
+            .filter_map(|s| {
+                st.payloads
+                    .iter()
+                    .find(|(name, _)| *name == s.name)
+                    .map(|(_, p)| p.clone())
+            })
+            .collect()
+    }
+
+    /// The signals a container received.
+    pub fn signals(&self, name: &str) -> Vec<Signal> {
+        self.state().signals.get(name).cloned().unwrap_or_default()
+    }
+
+    /// The limits a container was updated to, if it was.
+    pub fn updated(&self, name: &str) -> Option<Resources> {
+        self.state().containers.get(name)?.resources
     }
 
     pub fn live_containers(&self) -> Vec<String> {
-        self.state
-            .lock()
-            .unwrap()
-            .live_containers
-            .iter()
-            .cloned()
-            .collect()
+        self.state().containers.keys().cloned().collect()
     }
 
-    pub fn live_volumes(&self) -> Vec<String> {
-        self.state
-            .lock()
-            .unwrap()
-            .live_volumes
-            .iter()
-            .cloned()
-            .collect()
+    /// How many containers were attached to.
+    pub fn attached(&self) -> usize {
+        self.state().attached
     }
 
+    /// How many containers were started (by a stage or ahead of time).
     pub fn started(&self) -> usize {
-        self.state.lock().unwrap().started
+        self.state().starts
     }
 
     fn check(&self, step: Step) -> Result<(), EngineError> {
-        if self.state.lock().unwrap().fail.contains(&step) {
-            let msg = format!("fake failure at {step:?}");
-            return Err(match step {
-                Step::Ping => EngineError::Unreachable {
-                    address: "fake://".into(),
-                    detail: msg,
-                },
-                Step::CreateVolume => EngineError::CreateVolume(msg),
-                Step::CreateContainer => EngineError::CreateContainer(msg),
-                Step::Upload => EngineError::UploadSources(msg),
-                Step::Start => EngineError::StartContainer(msg),
-            });
+        if !self.state().fail.contains(&step) {
+            return Ok(());
         }
-        Ok(())
+        let cause = detail(format!("fake failure at {step:?}"));
+        Err(match step {
+            Step::Ping => EngineError::Unreachable {
+                address: "fake://".into(),
+                source: cause,
+            },
+            Step::InspectImage => EngineError::InspectImage(cause),
+            Step::CreateContainer => EngineError::CreateContainer(cause),
+            Step::Start => EngineError::StartContainer(cause),
+            Step::Attach => EngineError::Attach(cause),
+            Step::Wait => EngineError::WaitContainer(cause),
+            Step::Kill => EngineError::KillContainer(cause),
+            Step::Inspect => EngineError::InspectContainer(cause),
+            Step::Update => EngineError::UpdateContainer(cause),
+            Step::Remove => EngineError::RemoveContainer(cause),
+        })
+    }
+
+    fn missing(id: &str) -> EngineError {
+        EngineError::InspectContainer(detail(format!("no such container: {id}")))
     }
 }
 
-/// An execution that exited with `code` and printed `stdout`.
-pub fn exited(code: i64, stdout: &str) -> Execution {
-    let mut out = Captured::default();
-    out.push(stdout.as_bytes(), u64::MAX);
-    Execution {
-        ending: Ending::Exited,
-        exit_code: Some(code),
-        oom_killed: false,
-        stdout: out,
-        stderr: Captured::default(),
-        usage: Usage::default(),
-        duration: Duration::from_millis(1),
+/// The frames of a phase that ended (`extra`: more `key=value` lines).
+fn phase_end(end: &str, stdout: &str, stderr: &str, extra: &str) -> Vec<u8> {
+    let mut v = frame(b'P', b"run");
+    if !stdout.is_empty() {
+        v.extend(frame(b'O', stdout.as_bytes()));
+    }
+    if !stderr.is_empty() {
+        v.extend(frame(b'E', stderr.as_bytes()));
+    }
+    v.extend(frame(
+        b'X',
+        format!(
+            "phase=run\nend={end}\n{extra}wall_ms=1\ncpu_ms=1\npeak_kb=1024\npeak_source=cgroup\nstdout_bytes={}\nstderr_bytes={}\n",
+            stdout.len(),
+            stderr.len()
+        )
+        .as_bytes(),
+    ));
+    v
+}
+
+/// The working directory sent back by a compile stage: the payload's entries and a `main`.
+fn workspace_frames(payload: &Payload) -> Vec<u8> {
+    let mut v = Vec::new();
+    let mut entries = payload.entries.clone();
+    entries.push(crate::engine::protocol::Entry::file(
+        "main",
+        0o755,
+        Bytes::from_static(b"\x7fELF fake binary"),
+    ));
+    for e in entries {
+        let (kind, size) = match e.kind {
+            EntryKind::File => ("f", e.content.len()),
+            EntryKind::Dir => ("d", 0),
+            EntryKind::Link => ("l", 0),
+        };
+        v.extend(frame(
+            b'F',
+            format!("{kind}\0{}\0{:o}\0{size}\0\0\0{}", e.path, e.mode, e.target).as_bytes(),
+        ));
+        if size > 0 {
+            v.extend(frame(b'B', &e.content));
+        }
+    }
+    v
+}
+
+/// Play `codebox-init`: read the payload, then act out the behaviour.
+async fn program(
+    state: Arc<Mutex<State>>,
+    name: String,
+    mut input: tokio::io::DuplexStream,
+    out: mpsc::UnboundedSender<Result<Output, EngineError>>,
+    mut signals: mpsc::UnboundedReceiver<Signal>,
+    behaviour: Behaviour,
+) {
+    let mut raw = Vec::new();
+    let _ = input.read_to_end(&mut raw).await;
+    let payload = parse_payload(&raw);
+    let send = |bytes: Vec<u8>| {
+        let _ = out.send(Ok(Output::Stdout(Bytes::from(bytes))));
+    };
+    let (code, oom) = match (&payload, behaviour) {
+        (None, _) => {
+            send(frame(b'!', b"not a payload"));
+            (125, false)
+        }
+        (
+            Some(p),
+            Behaviour::Exit {
+                code,
+                stdout,
+                stderr,
+            },
+        ) => {
+            let mut v = phase_end(
+                "exited",
+                &stdout,
+                &stderr,
+                &format!("code={code}\noom_kills=0\n"),
+            );
+            if code == 0 && matches!(p.collect, Some(Collect::WorkspaceOnSuccess { .. })) {
+                v.extend(workspace_frames(p));
+            }
+            v.extend(frame(b'Z', b""));
+            send(v);
+            (0, false)
+        }
+        (Some(_), Behaviour::Signal { signal, oom }) => {
+            let extra = format!("signal={signal}\noom_kills={}\n", u8::from(oom));
+            let mut v = phase_end("signaled", "", "", &extra);
+            v.extend(frame(b'Z', b""));
+            send(v);
+            (0, oom)
+        }
+        (Some(_), Behaviour::TimedOut { stdout }) => {
+            let mut v = phase_end("timed_out", &stdout, "", "");
+            v.extend(frame(b'Z', b""));
+            send(v);
+            (0, false)
+        }
+        (Some(_), Behaviour::Raw(bytes)) => {
+            send(bytes);
+            (0, false)
+        }
+        (Some(_), hang @ (Behaviour::Hang { .. } | Behaviour::HangHard)) => {
+            let mut v = frame(b'P', b"run");
+            if let Behaviour::Hang { stdout } = &hang {
+                if !stdout.is_empty() {
+                    v.extend(frame(b'O', stdout.as_bytes()));
+                }
+            }
+            send(v);
+            loop {
+                match signals.recv().await {
+                    Some(Signal::Term) if hang != Behaviour::HangHard => {
+                        let mut v = frame(
+                            b'X',
+                            b"phase=run\nend=stopped\nwall_ms=1\ncpu_ms=1\npeak_kb=1024\noom_kills=0\n",
+                        );
+                        v.extend(frame(b'Z', b""));
+                        send(v);
+                        break (0, false);
+                    }
+                    Some(Signal::Term) => continue,
+                    Some(Signal::Kill) | None => break (137, false),
+                }
+            }
+        }
+        (Some(_), Behaviour::Panic) => unreachable!("panics at attach"),
+    };
+    let mut st = lock(&state);
+    if let Some(p) = &payload {
+        st.payloads.push((name.clone(), p.clone()));
+    }
+    if let Some(c) = st.containers.get_mut(&name) {
+        c.oom = oom;
+        c.exit.send_replace(Some(code));
     }
 }
 
@@ -144,10 +375,12 @@ impl ContainerEngine for FakeEngine {
             address: "fake://".into(),
             version: "fake".into(),
             api_version: "1.41".into(),
+            runtimes: vec!["runc".into()],
         })
     }
 
     async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
+        self.check(Step::InspectImage)?;
         Ok(Some(ImageInfo {
             id: format!("sha256:fake-{tag}"),
             ..Default::default()
@@ -166,84 +399,143 @@ impl ContainerEngine for FakeEngine {
         Ok(format!("sha256:fake-{tag}"))
     }
 
-    async fn create_volume(
-        &self,
-        name: &str,
-        _labels: &BTreeMap<String, String>,
-    ) -> Result<(), EngineError> {
-        self.check(Step::CreateVolume)?;
-        self.state
-            .lock()
-            .unwrap()
-            .live_volumes
-            .insert(name.to_string());
-        Ok(())
-    }
-
-    async fn create_tmpfs_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-        _size_mb: u64,
-        _uid: u32,
-    ) -> Result<(), EngineError> {
-        self.create_volume(name, labels).await
-    }
-
-    async fn start(&self, _id: &str) -> Result<(), EngineError> {
-        self.check(Step::Start)
-    }
-
-    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
-        self.state.lock().unwrap().live_volumes.remove(name);
-        Ok(())
-    }
-
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
         self.check(Step::CreateContainer)?;
-        let mut s = self.state.lock().unwrap();
-        s.specs.push(spec.clone());
-        s.live_containers.insert(spec.name.clone());
+        let mut st = self.state();
+        st.specs.push(spec.clone());
+        let (exit, _) = watch::channel(None);
+        st.containers.insert(
+            spec.name.clone(),
+            Container {
+                spec: spec.clone(),
+                started: false,
+                resources: None,
+                signal_tx: None,
+                exit,
+                oom: false,
+            },
+        );
         Ok(spec.name.clone())
     }
 
-    async fn upload(&self, _id: &str, _path: &str, _tar: Vec<u8>) -> Result<(), EngineError> {
-        self.check(Step::Upload)
+    async fn start_container(&self, id: &str) -> Result<(), EngineError> {
+        self.check(Step::Start)?;
+        let mut st = self.state();
+        let c = st
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| FakeEngine::missing(id))?;
+        c.started = true;
+        st.starts += 1;
+        Ok(())
     }
 
-    async fn start_and_wait(
-        &self,
-        _id: &str,
-        _options: StartOptions,
-        cancel: CancellationToken,
-    ) -> Result<Execution, EngineError> {
-        self.check(Step::Start)?;
-        let (hang, panic, next) = {
-            let mut s = self.state.lock().unwrap();
-            s.started += 1;
-            (s.hang, s.panic, s.script.pop_front())
+    async fn attach_container(&self, id: &str) -> Result<Attached, EngineError> {
+        self.check(Step::Attach)?;
+        let behaviour = {
+            let mut st = self.state();
+            st.attached += 1;
+            if !st.containers.contains_key(id) {
+                return Err(FakeEngine::missing(id));
+            }
+            let default = st.default.clone();
+            st.script.pop_front().unwrap_or(default)
         };
-        if panic {
-            panic!("fake engine told to panic on start");
+        if behaviour == Behaviour::Panic {
+            panic!("fake engine told to panic at attach");
         }
-        if hang {
-            cancel.cancelled().await;
-            let mut e = exited(137, "");
-            e.ending = Ending::Cancelled;
-            return Ok(e);
+        let (sink, source) = tokio::io::duplex(64 * 1024);
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (sig_tx, sig_rx) = mpsc::unbounded_channel();
+        if let Some(c) = self.state().containers.get_mut(id) {
+            c.signal_tx = Some(sig_tx);
         }
-        Ok(next.unwrap_or_else(|| exited(0, "")))
+        tokio::spawn(program(
+            self.state.clone(),
+            id.to_string(),
+            source,
+            out_tx,
+            sig_rx,
+            behaviour,
+        ));
+        let output = futures_util::stream::unfold(out_rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        Ok(Attached {
+            output: Box::pin(output),
+            input: Box::pin(sink),
+        })
+    }
+
+    async fn wait_container(&self, id: &str) -> Result<i64, EngineError> {
+        self.check(Step::Wait)?;
+        let mut rx = {
+            let st = self.state();
+            st.containers
+                .get(id)
+                .ok_or_else(|| FakeEngine::missing(id))?
+                .exit
+                .subscribe()
+        };
+        let code = rx
+            .wait_for(|c| c.is_some())
+            .await
+            .map_err(|_| EngineError::WaitContainer(detail("the container was removed")))?;
+        Ok(code.unwrap_or(0))
+    }
+
+    async fn kill_container(&self, id: &str, signal: Signal) -> Result<(), EngineError> {
+        self.check(Step::Kill)?;
+        let mut st = self.state();
+        st.signals.entry(id.to_string()).or_default().push(signal);
+        if let Some(tx) = st.containers.get(id).and_then(|c| c.signal_tx.as_ref()) {
+            let _ = tx.send(signal);
+        }
+        Ok(())
+    }
+
+    async fn inspect_container(&self, id: &str) -> Result<ContainerState, EngineError> {
+        self.check(Step::Inspect)?;
+        let st = self.state();
+        let c = st
+            .containers
+            .get(id)
+            .ok_or_else(|| FakeEngine::missing(id))?;
+        let exit = *c.exit.borrow();
+        Ok(ContainerState {
+            running: c.started && exit.is_none(),
+            exit_code: exit,
+            oom_killed: c.oom,
+            image_id: Some(format!("sha256:fake-{}", c.spec.image)),
+        })
+    }
+
+    async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {
+        self.check(Step::Update)?;
+        let mut st = self.state();
+        let c = st
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| FakeEngine::missing(id))?;
+        c.resources = Some(resources);
+        Ok(())
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
-        let mut s = self.state.lock().unwrap();
-        if s.failing_removals > 0 {
-            s.failing_removals -= 1;
-            return Err(EngineError::RemoveContainer(
-                "fake failure at remove".into(),
-            ));
+        self.check(Step::Remove)?;
+        let mut st = self.state();
+        if st.failing_removals > 0 {
+            st.failing_removals -= 1;
+            return Err(EngineError::RemoveContainer(detail(
+                "fake failure at remove",
+            )));
         }
-        s.live_containers.remove(id);
+        if let Some(c) = st.containers.remove(id) {
+            // A removed container's program ends.
+            if let Some(tx) = &c.signal_tx {
+                let _ = tx.send(Signal::Kill);
+            }
+        }
         Ok(())
     }
 
@@ -253,5 +545,9 @@ impl ContainerEngine for FakeEngine {
 
     async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError> {
         Ok(Vec::new())
+    }
+
+    async fn remove_volume(&self, _name: &str) -> Result<(), EngineError> {
+        Ok(())
     }
 }

@@ -1,123 +1,148 @@
-//! Ownership of a run's containers and volume: whatever is tracked here is removed, on the
-//! happy path by [`RunResources::release`], on every other path (error, timeout, panic,
-//! cancellation) by `Drop`.
+//! Ownership of containers: each container has exactly one [`ContainerGuard`], created before
+//! the engine is asked to create it (so an interrupted create is still cleaned up), whose
+//! removal runs on every path: explicitly ([`ContainerGuard::remove`],
+//! [`ContainerGuard::remove_later`]) or from `Drop` (error, panic, cancellation). Removal is
+//! idempotent. The sandbox uid the container runs as is returned only once it is gone.
+//!
+//! Removals that happen in the background are tracked by [`Cleanup`], so that shutdown can
+//! wait for them and a process whose removals failed for good keeps its instance lock file
+//! (the next start then reaps at once).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::task::TaskTracker;
+
+use super::uids::UidLease;
 use super::{ContainerEngine, EngineError};
 
-/// How often a background cleanup retries a removal the engine refused.
+/// How often a background removal retries a removal the engine refused.
 const CLEANUP_ATTEMPTS: u32 = 5;
 const CLEANUP_BACKOFF: Duration = Duration::from_millis(500);
 
-/// The containers and volume of one run. Names are tracked *before* the engine is asked to
-/// create them, so an interrupted create is still cleaned up (removal is idempotent).
-pub struct RunResources {
-    engine: Arc<dyn ContainerEngine>,
-    containers: Vec<String>,
-    volume: Option<String>,
+/// The background removals of one process.
+#[derive(Clone, Default)]
+pub struct Cleanup {
+    tracker: TaskTracker,
+    failed: Arc<AtomicBool>,
 }
 
-impl RunResources {
-    pub fn new(engine: Arc<dyn ContainerEngine>) -> Self {
-        RunResources {
+impl Cleanup {
+    pub fn new() -> Cleanup {
+        Cleanup::default()
+    }
+
+    /// Wait (up to `timeout`) for every background removal; `true` if all finished.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        self.tracker.close();
+        let done = tokio::time::timeout(timeout, self.tracker.wait())
+            .await
+            .is_ok();
+        self.tracker.reopen();
+        done
+    }
+
+    /// Whether some container could not be removed (it is left for the reaper).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Removals under way.
+    pub fn pending(&self) -> usize {
+        self.tracker.len()
+    }
+}
+
+/// The one owner of a container.
+pub struct ContainerGuard {
+    engine: Arc<dyn ContainerEngine>,
+    cleanup: Cleanup,
+    name: Option<String>,
+    lease: Option<UidLease>,
+}
+
+impl ContainerGuard {
+    /// Own the container `name` (not created yet) that runs as the lease's uid.
+    pub fn new(
+        engine: Arc<dyn ContainerEngine>,
+        cleanup: Cleanup,
+        name: String,
+        lease: UidLease,
+    ) -> ContainerGuard {
+        ContainerGuard {
             engine,
-            containers: Vec::new(),
-            volume: None,
+            cleanup,
+            name: Some(name),
+            lease: Some(lease),
         }
     }
 
-    pub fn track_container(&mut self, name: &str) {
-        self.containers.push(name.to_string());
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
     }
 
-    pub fn track_volume(&mut self, name: &str) {
-        self.volume = Some(name.to_string());
+    pub fn uid(&self) -> u32 {
+        self.lease.as_ref().map_or(0, |l| l.uid)
     }
 
-    /// Stop owning a container that was removed by other means.
-    pub fn untrack_container(&mut self, name: &str) {
-        self.containers.retain(|c| c != name);
-    }
-
-    /// Remove everything, containers first (a volume in use cannot be removed). What could
-    /// not be removed is retried in the background (by `Drop`), and the error returned.
-    pub async fn release(mut self) -> Result<(), EngineError> {
-        let containers = std::mem::take(&mut self.containers);
-        let volume = self.volume.take();
-        let left = remove_all(self.engine.as_ref(), containers, volume).await;
-        match left.error {
-            None => Ok(()),
-            Some(e) => {
-                self.containers = left.containers;
-                self.volume = left.volume;
+    /// Remove the container now. If the engine refuses, removal is retried in the
+    /// background and the error returned.
+    pub async fn remove(mut self) -> Result<(), EngineError> {
+        let Some(name) = self.name.take() else {
+            return Ok(());
+        };
+        match self.engine.remove_container(&name).await {
+            Ok(()) => {
+                drop(self.lease.take());
+                Ok(())
+            }
+            Err(e) => {
+                self.name = Some(name);
                 Err(e)
             }
         }
     }
-}
 
-/// What a removal pass could not remove.
-struct Left {
-    containers: Vec<String>,
-    volume: Option<String>,
-    error: Option<EngineError>,
-}
-
-async fn remove_all(
-    engine: &dyn ContainerEngine,
-    containers: Vec<String>,
-    volume: Option<String>,
-) -> Left {
-    let mut left = Left {
-        containers: Vec::new(),
-        volume: None,
-        error: None,
-    };
-    for c in containers {
-        if let Err(e) = engine.remove_container(&c).await {
-            left.error.get_or_insert(e);
-            left.containers.push(c);
-        }
+    /// Remove the container in the background (after the report is on its way).
+    pub fn remove_later(mut self) {
+        self.spawn_removal();
     }
-    if let Some(v) = volume {
-        if let Err(e) = engine.remove_volume(&v).await {
-            left.error.get_or_insert(e);
-            left.volume = Some(v);
-        }
-    }
-    left
-}
 
-impl Drop for RunResources {
-    fn drop(&mut self) {
-        let containers = std::mem::take(&mut self.containers);
-        let volume = self.volume.take();
-        if containers.is_empty() && volume.is_none() {
-            return;
-        }
+    fn spawn_removal(&mut self) {
+        let Some(name) = self.name.take() else { return };
+        let lease = self.lease.take();
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
-                ?containers,
-                ?volume,
-                "no runtime to remove containers; they will be reaped at the next start"
+                container = name,
+                "no runtime to remove a container; it will be reaped at the next start"
             );
+            self.cleanup.failed.store(true, Ordering::Relaxed);
             return;
         };
         let engine = self.engine.clone();
-        handle.spawn(async move {
-            let (mut containers, mut volume) = (containers, volume);
+        let failed = self.cleanup.failed.clone();
+        let task = async move {
             for attempt in 1..=CLEANUP_ATTEMPTS {
-                let left = remove_all(engine.as_ref(), containers, volume).await;
-                let Some(e) = left.error else { return };
-                if attempt == CLEANUP_ATTEMPTS {
-                    tracing::warn!(error = %e, containers = ?left.containers, volume = ?left.volume, "cleanup failed; the objects will be reaped at the next start");
-                    return;
+                match engine.remove_container(&name).await {
+                    Ok(()) => {
+                        drop(lease);
+                        return;
+                    }
+                    Err(e) if attempt == CLEANUP_ATTEMPTS => {
+                        failed.store(true, Ordering::Relaxed);
+                        tracing::warn!(error = %e, container = name, "removal failed; the container will be reaped at the next start");
+                    }
+                    Err(_) => tokio::time::sleep(CLEANUP_BACKOFF * attempt).await,
                 }
-                (containers, volume) = (left.containers, left.volume);
-                tokio::time::sleep(CLEANUP_BACKOFF * attempt).await;
             }
-        });
+        };
+        self.cleanup.tracker.spawn_on(task, &handle);
+    }
+}
+
+impl Drop for ContainerGuard {
+    fn drop(&mut self) {
+        self.spawn_removal();
     }
 }

@@ -1,51 +1,39 @@
-//! The container engine: one trait in front of Docker, so the executor can be tested against a
-//! fake that records every spec it is asked to create.
+//! The container engine: one trait in front of Docker, one method per Engine API call, so the
+//! stage logic above it (deadline, kill, drain) is engine-neutral and tested on a fake.
 //!
 //! `docker.rs` is the only file that knows bollard. `posture.rs` builds and re-checks the
-//! locked-down spec; `guard.rs` owns removal.
+//! locked-down spec; `guard.rs` owns removal; `fake.rs` records every spec and can fail at
+//! every operation.
 
 pub mod docker;
 pub mod fake;
 pub mod guard;
 pub mod posture;
+pub mod protocol;
 pub mod seccomp;
+pub mod uids;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-
-use crate::report::Usage;
+use bytes::Bytes;
+use futures_util::Stream;
+use tokio::io::AsyncWrite;
 
 /// Label on every container and volume codebox creates.
 pub const LABEL_MANAGED: &str = "codebox.managed";
-/// Label carrying the run id.
+/// Label carrying the run id (`pool` for a container started before its run).
 pub const LABEL_RUN: &str = "codebox.run";
 /// Label carrying the id of the codebox process that created the object.
 pub const LABEL_INSTANCE: &str = "codebox.instance";
 /// Label carrying the Unix time after which the object is certainly abandoned.
 pub const LABEL_EXPIRES: &str = "codebox.expires";
 
-/// A volume mounted into a container.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Mount {
-    pub kind: MountKind,
-    pub source: String,
-    pub target: String,
-    pub read_only: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MountKind {
-    /// A Docker volume (what codebox uses for the workspace).
-    Volume,
-    /// A host path. Never produced by codebox; representable so the posture check can refuse it.
-    Bind,
-}
-
 /// Everything about a container to create, engine-neutral. Built by [`posture::locked_down`],
-/// checked by [`posture::check`].
+/// checked by [`posture::check`]. There is no field for mounts, devices or capabilities to
+/// add: a spec cannot express them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerSpec {
     /// Container name, chosen before create so that a create interrupted mid-flight can
@@ -57,89 +45,80 @@ pub struct ContainerSpec {
     pub user: String,
     pub working_dir: String,
     pub labels: BTreeMap<String, String>,
+    /// The OCI runtime (`runc`, `runsc`, ...).
+    pub runtime: String,
     pub network_mode: String,
     pub readonly_rootfs: bool,
     pub cap_drop: Vec<String>,
-    pub cap_add: Vec<String>,
     pub security_opt: Vec<String>,
     pub privileged: bool,
     pub pids_limit: i64,
     pub memory_bytes: i64,
     pub memory_swap_bytes: i64,
-    pub nano_cpus: i64,
+    /// CPU quota per [`CPU_PERIOD_US`] (quota and period rather than NanoCpus, so that a
+    /// started container's share can still be updated).
+    pub cpu_quota_us: i64,
+    pub cpu_period_us: i64,
     /// tmpfs mounts: path -> mount options.
     pub tmpfs: BTreeMap<String, String>,
     /// Size of `/dev/shm` (a noexec tmpfs Docker always mounts), in bytes.
     pub shm_bytes: i64,
-    pub mounts: Vec<Mount>,
-    pub devices: Vec<String>,
     /// (name, soft = hard limit)
     pub ulimits: Vec<(String, i64)>,
-    /// Keep stdin open so the run can be fed input.
+    /// Keep stdin open: the payload arrives there.
     pub open_stdin: bool,
-    /// Run a minimal init as PID 1 (reaps zombies, forwards signals).
+    /// Docker's own init as PID 1. Off: `codebox-init` is PID 1.
     pub init: bool,
 }
 
-/// Options for starting a created container and waiting for it.
-#[derive(Debug, Clone)]
-pub struct StartOptions {
-    /// Bytes written to the program's stdin (then closed). `None`: no stdin.
-    pub stdin: Option<Vec<u8>>,
-    /// Bytes kept per stream; the rest is counted and dropped.
-    pub output_limit: u64,
-    /// Wall-clock limit from start.
-    pub timeout: Duration,
-}
+/// CPU accounting period of every container, in microseconds.
+pub const CPU_PERIOD_US: i64 = 100_000;
 
-/// One captured output stream.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Captured {
-    /// At most `output_limit` bytes.
-    pub data: Vec<u8>,
-    /// Every byte the program wrote, kept or not.
-    pub total: u64,
-}
-
-impl Captured {
-    pub fn push(&mut self, chunk: &[u8], limit: u64) {
-        self.total += chunk.len() as u64;
-        let room = (limit as usize).saturating_sub(self.data.len());
-        self.data.extend_from_slice(&chunk[..chunk.len().min(room)]);
-    }
-
-    pub fn truncated(&self) -> bool {
-        self.total > self.data.len() as u64
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.data).into_owned()
-    }
-}
-
-/// How waiting for a container ended.
+/// Memory and CPU of a container, as created or updated.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Ending {
-    /// The program exited by itself.
-    Exited,
-    /// The wall-clock limit was reached and the container was killed.
-    TimedOut,
-    /// The cancellation token fired and the container was killed.
-    Cancelled,
+pub struct Resources {
+    pub memory_bytes: i64,
+    pub cpu_quota_us: i64,
+    pub cpu_period_us: i64,
 }
 
-/// What happened to a started container.
+/// A chunk of a container's output.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Execution {
-    pub ending: Ending,
-    /// Exit code as the engine reports it (128 + n when killed by signal n).
+pub enum Output {
+    Stdout(Bytes),
+    Stderr(Bytes),
+}
+
+/// The container's output stream, until it exits.
+pub type OutputStream = Pin<Box<dyn Stream<Item = Result<Output, EngineError>> + Send>>;
+/// The container's stdin; shutting it down closes the program's stdin.
+pub type InputSink = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// An attach connection.
+pub struct Attached {
+    pub output: OutputStream,
+    pub input: InputSink,
+}
+
+/// A signal codebox sends to a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Ask `codebox-init` to stop the program and report.
+    Term,
+    /// End everything at once.
+    Kill,
+}
+
+/// What the engine knows about a container.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerState {
+    pub running: bool,
+    /// The exit code of PID 1, once it exited.
     pub exit_code: Option<i64>,
     /// The engine saw the memory cgroup kill a process.
     pub oom_killed: bool,
-    pub stdout: Captured,
-    pub stderr: Captured,
-    pub usage: Usage,
-    pub duration: Duration,
+    /// The image id it was created from.
+    pub image_id: Option<String>,
 }
 
 /// Facts about an image.
@@ -163,52 +142,83 @@ pub struct EngineInfo {
     pub address: String,
     pub version: String,
     pub api_version: String,
+    /// OCI runtimes the daemon offers (`runc`, `runsc`, ...).
+    pub runtimes: Vec<String>,
 }
 
-/// A failed engine operation. Each variant names the step that failed.
+/// What an engine call failed with, kept as the error's source.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// A cause that is only a message (the fake engine, protocol problems).
+#[derive(Debug, Clone)]
+pub struct Detail(pub String);
+
+impl std::fmt::Display for Detail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Detail {}
+
+/// A cause from a message.
+pub fn detail(message: impl Into<String>) -> Cause {
+    Arc::new(Detail(message.into()))
+}
+
+/// A failed engine operation. Each variant names the step that failed and keeps what the
+/// engine said as its source.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
     #[error(
-        "Docker is not reachable at {address}: start the daemon or set DOCKER_HOST ({detail})"
+        "Docker is not reachable at {address}: start the daemon or set DOCKER_HOST ({source})"
     )]
-    Unreachable { address: String, detail: String },
-    #[error("image {tag} is not present: build it with `codebox images build {image}`")]
-    ImageMissing { tag: String, image: String },
-    #[error("creating the workspace volume failed: {0}")]
-    CreateVolume(String),
+    Unreachable {
+        address: String,
+        #[source]
+        source: Cause,
+    },
+    #[error("image {tag} is not present")]
+    ImageMissing { tag: String },
     #[error("creating the container failed: {0}")]
-    CreateContainer(String),
-    #[error("copying the code into the container failed: {0}")]
-    UploadSources(String),
-    #[error("attaching to the container failed: {0}")]
-    Attach(String),
+    CreateContainer(#[source] Cause),
     #[error("starting the container failed: {0}")]
-    StartContainer(String),
+    StartContainer(#[source] Cause),
+    #[error("attaching to the container failed: {0}")]
+    Attach(#[source] Cause),
+    #[error("reading the container's output failed: {0}")]
+    ReadOutput(#[source] Cause),
     #[error("waiting for the container failed: {0}")]
-    WaitContainer(String),
-    #[error("killing the container failed: {0}")]
-    KillContainer(String),
+    WaitContainer(#[source] Cause),
+    #[error("signalling the container failed: {0}")]
+    KillContainer(#[source] Cause),
     #[error("inspecting the container failed: {0}")]
-    InspectContainer(String),
+    InspectContainer(#[source] Cause),
+    #[error("updating the container's limits failed: {0}")]
+    UpdateContainer(#[source] Cause),
     #[error("removing the container failed: {0}")]
-    RemoveContainer(String),
+    RemoveContainer(#[source] Cause),
     #[error("removing the volume failed: {0}")]
-    RemoveVolume(String),
+    RemoveVolume(#[source] Cause),
     #[error("listing managed objects failed: {0}")]
-    List(String),
+    List(#[source] Cause),
     #[error("inspecting the image failed: {0}")]
-    InspectImage(String),
-    #[error("building image {tag} failed: {detail}")]
-    BuildImage { tag: String, detail: String },
+    InspectImage(#[source] Cause),
+    #[error("building image {tag} failed: {source}")]
+    BuildImage {
+        tag: String,
+        #[source]
+        source: Cause,
+    },
 }
 
 /// A line of progress from an image build.
 pub type BuildProgress<'a> = &'a (dyn Fn(&str) + Send + Sync);
 
-/// The operations codebox needs from a container engine.
+/// The operations codebox needs from a container engine: one per Engine API call.
 #[async_trait]
 pub trait ContainerEngine: Send + Sync + 'static {
-    /// Check the engine answers; report its address and version.
+    /// Check the engine answers; report its address, version and runtimes.
     async fn ping(&self) -> Result<EngineInfo, EngineError>;
     /// `Ok(None)` when the image does not exist.
     async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError>;
@@ -221,49 +231,25 @@ pub trait ContainerEngine: Send + Sync + 'static {
         no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError>;
-    async fn create_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> Result<(), EngineError>;
-    /// Create a volume backed by a tmpfs of `size_mb`, owned by `uid`. Its content lives
-    /// only while some container has it mounted.
-    async fn create_tmpfs_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-        size_mb: u64,
-        uid: u32,
-    ) -> Result<(), EngineError> {
-        let _ = (labels, size_mb, uid);
-        Err(EngineError::CreateVolume(format!(
-            "{name}: this engine has no tmpfs volumes"
-        )))
-    }
-    /// Start a created container and leave it running (a holder: it never exits by itself).
-    async fn start(&self, id: &str) -> Result<(), EngineError> {
-        Err(EngineError::StartContainer(format!(
-            "{id}: this engine cannot start containers without waiting"
-        )))
-    }
-    /// Idempotent: removing a volume that does not exist is `Ok`.
-    async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
-    /// Create (not start) a container; returns its id.
+    /// Create (not start) a container; returns its id. A missing image is
+    /// [`EngineError::ImageMissing`].
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError>;
-    /// Extract a tar archive at `path` inside a created container.
-    async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError>;
-    /// Start a created container, feed stdin, capture output, and wait for it to end, killing
-    /// it at the timeout or when `cancel` fires.
-    async fn start_and_wait(
-        &self,
-        id: &str,
-        options: StartOptions,
-        cancel: CancellationToken,
-    ) -> Result<Execution, EngineError>;
+    async fn start_container(&self, id: &str) -> Result<(), EngineError>;
+    /// Attach to stdin, stdout and stderr (what the container wrote before is not replayed).
+    async fn attach_container(&self, id: &str) -> Result<Attached, EngineError>;
+    /// Wait until the container exits; its exit code, whatever it is (non-zero is `Ok`).
+    async fn wait_container(&self, id: &str) -> Result<i64, EngineError>;
+    /// Send a signal; a container that already exited is `Ok`.
+    async fn kill_container(&self, id: &str, signal: Signal) -> Result<(), EngineError>;
+    async fn inspect_container(&self, id: &str) -> Result<ContainerState, EngineError>;
+    /// Change a container's memory and CPU (created with a CPU quota and period).
+    async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError>;
     /// Force-remove a container and its anonymous volumes. Idempotent.
     async fn remove_container(&self, id: &str) -> Result<(), EngineError>;
     /// Containers carrying `codebox.managed=true`.
     async fn list_managed_containers(&self) -> Result<Vec<Leftover>, EngineError>;
-    /// Volumes carrying `codebox.managed=true`.
+    /// Volumes carrying `codebox.managed=true` (only older codebox versions made any).
     async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError>;
+    /// Idempotent: removing a volume that does not exist is `Ok`.
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
 }

@@ -1,112 +1,127 @@
 //! The locked-down container spec: built in one function, re-checked before every create.
 //!
 //! # Security
-//! [`locked_down`] is the only place a [`ContainerSpec`] is made. Callers may only tighten it
-//! (lower limits, fewer mounts). [`check`] runs right before each create and refuses any spec
-//! that lost a guarantee, so a bug elsewhere turns into a `sandbox_error`, never a weaker run.
+//! [`locked_down`] is the only place a [`ContainerSpec`] is made. What varies between
+//! containers is a [`Plan`]: the image, the sandbox user, memory, CPU, the working directory's
+//! size and labels; everything else is fixed here. [`check`] runs right before each create
+//! (and before a pre-started container is handed to a run) and refuses any spec that lost a
+//! guarantee, so a bug elsewhere turns into a `sandbox_error`, never a weaker run.
 
 use std::collections::BTreeMap;
 
-use super::{ContainerSpec, Mount, MountKind};
+use super::{ContainerSpec, Resources, CPU_PERIOD_US};
+use crate::config::SandboxSettings;
 
-/// Where the workspace volume is mounted in every container.
+/// The one command every container runs: codebox's waiting step (`images/base/codebox-init.c`,
+/// protocol in `docs/sandbox-init.md`). It is PID 1.
+pub const INIT: &str = "/usr/local/bin/codebox-init";
+/// The working directory: a size-capped tmpfs, writable, the only place programs may execute.
 pub const WORKSPACE: &str = "/workspace";
-/// Scratch space: a size-capped tmpfs.
+/// Scratch space: a size-capped noexec tmpfs.
 pub const SCRATCH: &str = "/tmp";
 /// The first of the sandbox users every image creates (`sandbox`, then `sandbox2` ...): a
 /// fact about the images (`images/base/Dockerfile`), relied on by the posture check and the
 /// uid leases.
 pub const SANDBOX_UID_FIRST: u32 = 10001;
-/// How many sandbox users the images create: each concurrent run gets its own.
+/// How many sandbox users the images create: each container gets its own.
 pub const SANDBOX_UIDS: u32 = 64;
-/// The only environment a program sees, besides its language's `env`.
+/// The only environment the container has. The language's `env` reaches the program through
+/// the payload (`docs/sandbox-init.md`).
 pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// What one container may use.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Resources {
-    /// The sandbox user (and group) the container runs as.
-    pub uid: u32,
+/// Memory and CPU of one container.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
     pub memory_mb: u64,
     pub cpus: f64,
-    pub pids_limit: i64,
-    pub tmpfs_mb: u64,
-    pub max_file_size_mb: u64,
 }
 
-/// The workspace volume, and whether this stage may write to it.
+impl Limits {
+    /// The engine's view of these limits (swap is always equal to memory: none).
+    pub fn resources(&self) -> Resources {
+        Resources {
+            memory_bytes: (self.memory_mb as i64) * 1024 * 1024,
+            cpu_quota_us: ((self.cpus * CPU_PERIOD_US as f64).round() as i64).max(1000),
+            cpu_period_us: CPU_PERIOD_US,
+        }
+    }
+}
+
+/// What varies between containers.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Workspace {
-    pub volume: String,
-    pub writable: bool,
+pub struct Plan {
+    /// Container name, unique (codebox-<run id>-run, codebox-pool-<id>).
+    pub name: String,
+    /// Image tag.
+    pub image: String,
+    /// The sandbox user (and group) the container runs as.
+    pub uid: u32,
+    pub limits: Limits,
+    /// Size of the working directory's tmpfs, in MB.
+    pub workspace_mb: u64,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Size of the `/tmp` and `/dev/shm` tmpfs of a container: the operator's cap, never more
+/// than its memory (the pages count against it).
+fn scratch_mb(sandbox: &SandboxSettings, limits: &Limits) -> u64 {
+    sandbox.tmpfs_mb.min(limits.memory_mb.max(1))
 }
 
 /// Build the locked-down spec for one container.
-#[allow(clippy::too_many_arguments)]
-pub fn locked_down(
-    name: &str,
-    image: &str,
-    cmd: Vec<String>,
-    language_env: &BTreeMap<String, String>,
-    workspace: Option<Workspace>,
-    resources: &Resources,
-    labels: BTreeMap<String, String>,
-    open_stdin: bool,
-) -> ContainerSpec {
-    let mut env = BTreeMap::new();
-    env.insert("PATH".to_string(), BASE_PATH.to_string());
-    env.insert("HOME".to_string(), SCRATCH.to_string());
-    env.insert("TMPDIR".to_string(), SCRATCH.to_string());
-    env.insert("LANG".to_string(), "C.UTF-8".to_string());
-    for (k, v) in language_env {
-        env.insert(k.clone(), v.clone());
-    }
-    let memory = (resources.memory_mb as i64) * 1024 * 1024;
-    let scratch_mb = resources.tmpfs_mb.min(resources.memory_mb.max(1));
-    let file_size = (resources.max_file_size_mb as i64) * 1024 * 1024;
+pub fn locked_down(plan: &Plan, sandbox: &SandboxSettings) -> ContainerSpec {
+    let env = BTreeMap::from([
+        ("PATH".to_string(), BASE_PATH.to_string()),
+        ("HOME".to_string(), SCRATCH.to_string()),
+        ("TMPDIR".to_string(), SCRATCH.to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+    ]);
+    let resources = plan.limits.resources();
+    let scratch = scratch_mb(sandbox, &plan.limits);
+    let file_size = (sandbox.max_file_size_mb as i64) * 1024 * 1024;
     ContainerSpec {
-        name: name.to_string(),
-        image: image.to_string(),
-        cmd,
+        name: plan.name.clone(),
+        image: plan.image.clone(),
+        cmd: vec![INIT.to_string()],
         env,
-        user: format!("{0}:{0}", resources.uid),
+        user: format!("{0}:{0}", plan.uid),
         working_dir: WORKSPACE.to_string(),
-        labels,
+        labels: plan.labels.clone(),
+        runtime: sandbox.runtime.clone(),
         network_mode: "none".to_string(),
         readonly_rootfs: true,
         cap_drop: vec!["ALL".to_string()],
-        cap_add: Vec::new(),
         security_opt: vec![
             "no-new-privileges".to_string(),
-            super::seccomp::security_opt(),
+            super::seccomp::security_opt().to_string(),
         ],
         privileged: false,
-        pids_limit: resources.pids_limit,
-        memory_bytes: memory,
-        memory_swap_bytes: memory,
-        nano_cpus: (resources.cpus * 1e9).round() as i64,
-        tmpfs: BTreeMap::from([(
-            SCRATCH.to_string(),
-            format!("rw,noexec,nosuid,nodev,size={scratch_mb}m,mode=1777"),
-        )]),
-        shm_bytes: (scratch_mb as i64) * 1024 * 1024,
-        mounts: workspace
-            .into_iter()
-            .map(|w| Mount {
-                kind: MountKind::Volume,
-                source: w.volume,
-                target: WORKSPACE.to_string(),
-                read_only: !w.writable,
-            })
-            .collect(),
-        devices: Vec::new(),
+        pids_limit: sandbox.pids_limit,
+        memory_bytes: resources.memory_bytes,
+        memory_swap_bytes: resources.memory_bytes,
+        cpu_quota_us: resources.cpu_quota_us,
+        cpu_period_us: resources.cpu_period_us,
+        tmpfs: BTreeMap::from([
+            (
+                SCRATCH.to_string(),
+                format!("rw,noexec,nosuid,nodev,size={scratch}m,mode=1777"),
+            ),
+            (
+                WORKSPACE.to_string(),
+                format!(
+                    "rw,exec,nosuid,nodev,size={}m,uid={1},gid={1},mode=0755",
+                    plan.workspace_mb, plan.uid
+                ),
+            ),
+        ]),
+        shm_bytes: (scratch as i64) * 1024 * 1024,
         ulimits: vec![
             ("fsize".to_string(), file_size),
             ("nofile".to_string(), 1024),
             ("core".to_string(), 0),
         ],
-        open_stdin,
-        init: true,
+        open_stdin: true,
+        init: false,
     }
 }
 
@@ -115,18 +130,33 @@ pub fn locked_down(
 #[error("refusing to create a container whose spec is weaker than the sandbox posture: {0}")]
 pub struct PostureViolation(pub String);
 
-/// Which workspace access a stage is allowed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum WorkspaceAccess {
-    /// Compile stage: the workspace volume may be writable.
-    Writable,
-    /// Run stage: the workspace must be read-only.
-    ReadOnly,
+/// The size option of a tmpfs, in MB.
+fn tmpfs_size_mb(opts: &[&str]) -> Option<u64> {
+    opts.iter()
+        .find_map(|o| o.strip_prefix("size="))
+        .and_then(|s| s.strip_suffix('m'))
+        .and_then(|s| s.parse().ok())
 }
 
-/// Re-verify every critical flag of a spec. Called right before each create.
-pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), PostureViolation> {
+/// Re-verify every critical flag of a spec against the operator's sandbox settings. Called
+/// right before each create and before a pre-started container serves a run.
+pub fn check(spec: &ContainerSpec, sandbox: &SandboxSettings) -> Result<(), PostureViolation> {
     let fail = |m: String| Err(PostureViolation(m));
+    if spec.cmd != [INIT] {
+        return fail(format!(
+            "the command is {:?}, not codebox's waiting step {INIT}",
+            spec.cmd
+        ));
+    }
+    if spec.init {
+        return fail("another init would take PID 1 from codebox-init".into());
+    }
+    if spec.runtime != sandbox.runtime {
+        return fail(format!(
+            "the runtime is `{}`, not the configured `{}`",
+            spec.runtime, sandbox.runtime
+        ));
+    }
     if spec.network_mode != "none" {
         return fail(format!(
             "network mode is `{}`, not `none`",
@@ -152,9 +182,6 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
             spec.cap_drop
         ));
     }
-    if !spec.cap_add.is_empty() {
-        return fail(format!("capabilities added: {:?}", spec.cap_add));
-    }
     if !spec
         .security_opt
         .iter()
@@ -167,7 +194,7 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
         .iter()
         .filter(|o| o.starts_with("seccomp"))
         .collect();
-    if seccomp.len() != 1 || *seccomp[0] != super::seccomp::security_opt() {
+    if seccomp.len() != 1 || seccomp[0] != super::seccomp::security_opt() {
         return fail("the seccomp profile is not codebox's own".into());
     }
     if spec.security_opt.iter().any(|o| o.contains("unconfined")) {
@@ -179,8 +206,11 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
     if spec.privileged {
         return fail("privileged mode".into());
     }
-    if spec.pids_limit <= 0 {
-        return fail(format!("pids limit is {}", spec.pids_limit));
+    if spec.pids_limit <= 0 || spec.pids_limit > sandbox.pids_limit {
+        return fail(format!(
+            "pids limit is {}, not within 1..={}",
+            spec.pids_limit, sandbox.pids_limit
+        ));
     }
     if spec.memory_bytes <= 0 {
         return fail("no memory limit".into());
@@ -188,7 +218,7 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
     if spec.memory_swap_bytes != spec.memory_bytes {
         return fail("swap is allowed (memory+swap differs from memory)".into());
     }
-    if spec.nano_cpus <= 0 {
+    if spec.cpu_quota_us <= 0 || spec.cpu_period_us <= 0 {
         return fail("no CPU quota".into());
     }
     if spec.shm_bytes <= 0 || spec.shm_bytes > spec.memory_bytes {
@@ -197,32 +227,32 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
             spec.shm_bytes
         ));
     }
-    if !spec.devices.is_empty() {
-        return fail(format!("devices: {:?}", spec.devices));
-    }
+    let memory_mb = (spec.memory_bytes / (1024 * 1024)) as u64;
     for (path, opts) in &spec.tmpfs {
         let opts: Vec<&str> = opts.split(',').collect();
-        for required in ["noexec", "nosuid", "nodev"] {
-            if !opts.contains(&required) {
-                return fail(format!("tmpfs {path} lacks {required}"));
+        let required: &[&str] = if path == WORKSPACE {
+            &["nosuid", "nodev"]
+        } else {
+            &["noexec", "nosuid", "nodev"]
+        };
+        for r in required {
+            if !opts.contains(r) {
+                return fail(format!("tmpfs {path} lacks {r}"));
             }
         }
-        if !opts.iter().any(|o| o.starts_with("size=")) {
-            return fail(format!("tmpfs {path} has no size cap"));
+        match tmpfs_size_mb(&opts) {
+            Some(size) if size > 0 && size <= memory_mb => {}
+            Some(size) => {
+                return fail(format!(
+                    "tmpfs {path} of {size} MB is not within the memory limit ({memory_mb} MB)"
+                ))
+            }
+            None => return fail(format!("tmpfs {path} has no size cap in MB")),
         }
     }
-    if !spec.tmpfs.contains_key(SCRATCH) {
-        return fail(format!("no size-capped scratch tmpfs at {SCRATCH}"));
-    }
-    for m in &spec.mounts {
-        if m.kind != MountKind::Volume {
-            return fail(format!("host path {} is mounted", m.source));
-        }
-        if m.target != WORKSPACE {
-            return fail(format!("unexpected mount at {}", m.target));
-        }
-        if access == WorkspaceAccess::ReadOnly && !m.read_only {
-            return fail("the workspace is writable in the run stage".into());
+    for required in [SCRATCH, WORKSPACE] {
+        if !spec.tmpfs.contains_key(required) {
+            return fail(format!("no size-capped tmpfs at {required}"));
         }
     }
     if !spec.ulimits.iter().any(|(n, v)| n == "fsize" && *v > 0) {
@@ -238,37 +268,35 @@ pub fn check(spec: &ContainerSpec, access: WorkspaceAccess) -> Result<(), Postur
 mod tests {
     use super::*;
 
-    fn spec() -> ContainerSpec {
-        locked_down(
-            "c1",
-            "img",
-            vec!["true".into()],
-            &BTreeMap::new(),
-            Some(Workspace {
-                volume: "v".into(),
-                writable: false,
-            }),
-            &Resources {
-                uid: 10001,
+    fn plan() -> Plan {
+        Plan {
+            name: "c1".into(),
+            image: "img".into(),
+            uid: 10001,
+            limits: Limits {
                 memory_mb: 256,
                 cpus: 1.0,
-                pids_limit: 64,
-                tmpfs_mb: 64,
-                max_file_size_mb: 16,
             },
-            BTreeMap::new(),
-            false,
-        )
+            workspace_mb: 64,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    fn spec() -> ContainerSpec {
+        locked_down(&plan(), &SandboxSettings::default())
     }
 
     #[test]
     fn locked_down_spec_passes_the_posture_check() {
-        check(&spec(), WorkspaceAccess::ReadOnly).unwrap();
         let s = spec();
+        check(&s, &SandboxSettings::default()).unwrap();
         assert_eq!(s.network_mode, "none");
         assert_eq!(s.memory_bytes, s.memory_swap_bytes);
         assert_eq!(s.user, "10001:10001");
+        assert_eq!(s.cmd, [INIT]);
+        assert_eq!((s.cpu_quota_us, s.cpu_period_us), (100_000, 100_000));
         assert!(s.tmpfs["/tmp"].contains("noexec"));
+        assert!(s.tmpfs["/workspace"].contains("size=64m"));
     }
 
     type Weakening = Box<dyn Fn(&mut ContainerSpec)>;
@@ -276,6 +304,9 @@ mod tests {
     #[test]
     fn every_weakened_flag_is_refused() {
         let weakenings: Vec<(&str, Weakening)> = vec![
+            ("command", Box::new(|s| s.cmd = vec!["sh".into()])),
+            ("docker init", Box::new(|s| s.init = true)),
+            ("runtime", Box::new(|s| s.runtime = "other".into())),
             ("network", Box::new(|s| s.network_mode = "bridge".into())),
             ("rootfs", Box::new(|s| s.readonly_rootfs = false)),
             ("root user", Box::new(|s| s.user = "0:0".into())),
@@ -283,7 +314,6 @@ mod tests {
             ("empty user", Box::new(|s| s.user = String::new())),
             ("host user", Box::new(|s| s.user = "1000:1000".into())),
             ("cap_drop", Box::new(|s| s.cap_drop.clear())),
-            ("cap_add", Box::new(|s| s.cap_add.push("SYS_ADMIN".into()))),
             (
                 "nnp",
                 Box::new(|s| s.security_opt.retain(|o| o.starts_with("seccomp"))),
@@ -299,37 +329,73 @@ mod tests {
             ("shm", Box::new(|s| s.shm_bytes = s.memory_bytes * 2)),
             ("privileged", Box::new(|s| s.privileged = true)),
             ("pids", Box::new(|s| s.pids_limit = 0)),
+            ("more pids", Box::new(|s| s.pids_limit = 100_000)),
             ("memory", Box::new(|s| s.memory_bytes = 0)),
             ("swap", Box::new(|s| s.memory_swap_bytes = -1)),
-            ("cpu", Box::new(|s| s.nano_cpus = 0)),
-            ("device", Box::new(|s| s.devices.push("/dev/kvm".into()))),
+            ("cpu", Box::new(|s| s.cpu_quota_us = 0)),
             (
                 "tmpfs exec",
                 Box::new(|s| {
                     s.tmpfs.insert("/tmp".into(), "rw,size=64m".into());
                 }),
             ),
+            (
+                "another exec tmpfs",
+                Box::new(|s| {
+                    s.tmpfs
+                        .insert("/var/x".into(), "rw,exec,nosuid,nodev,size=1m".into());
+                }),
+            ),
+            (
+                "suid workspace",
+                Box::new(|s| {
+                    s.tmpfs
+                        .insert("/workspace".into(), "rw,exec,nodev,size=64m".into());
+                }),
+            ),
+            (
+                "workspace over memory",
+                Box::new(|s| {
+                    s.tmpfs.insert(
+                        "/workspace".into(),
+                        "rw,exec,nosuid,nodev,size=4096m".into(),
+                    );
+                }),
+            ),
+            (
+                "uncapped workspace",
+                Box::new(|s| {
+                    s.tmpfs
+                        .insert("/workspace".into(), "rw,exec,nosuid,nodev".into());
+                }),
+            ),
             ("no tmpfs", Box::new(|s| s.tmpfs.clear())),
-            ("rw workspace", Box::new(|s| s.mounts[0].read_only = false)),
-            ("bind", Box::new(|s| s.mounts[0].kind = MountKind::Bind)),
             ("fsize", Box::new(|s| s.ulimits.clear())),
+            (
+                "docker host",
+                Box::new(|s| {
+                    s.env.insert("DOCKER_HOST".into(), "tcp://x".into());
+                }),
+            ),
         ];
         for (name, weaken) in weakenings {
             let mut s = spec();
             weaken(&mut s);
             assert!(
-                check(&s, WorkspaceAccess::ReadOnly).is_err(),
+                check(&s, &SandboxSettings::default()).is_err(),
                 "{name} was accepted"
             );
         }
     }
 
     #[test]
-    fn compile_stage_may_write_the_workspace_only() {
-        let mut s = spec();
-        s.mounts[0].read_only = false;
-        check(&s, WorkspaceAccess::Writable).unwrap();
-        s.readonly_rootfs = false;
-        assert!(check(&s, WorkspaceAccess::Writable).is_err());
+    fn scratch_space_never_exceeds_the_memory_limit() {
+        let mut p = plan();
+        p.limits.memory_mb = 32;
+        p.workspace_mb = 16;
+        let s = locked_down(&p, &SandboxSettings::default());
+        assert!(s.tmpfs["/tmp"].contains("size=32m"), "{:?}", s.tmpfs);
+        assert_eq!(s.shm_bytes, 32 * 1024 * 1024);
+        check(&s, &SandboxSettings::default()).unwrap();
     }
 }

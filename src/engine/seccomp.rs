@@ -401,8 +401,10 @@ pub fn profile() -> Value {
 }
 
 /// The `security_opt` entry that applies the profile.
-pub fn security_opt() -> String {
-    format!("seccomp={}", profile())
+pub fn security_opt() -> &'static str {
+    static OPT: once_cell::sync::Lazy<String> =
+        once_cell::sync::Lazy::new(|| format!("seccomp={}", profile()));
+    &OPT
 }
 
 #[cfg(test)]

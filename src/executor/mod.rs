@@ -1,45 +1,69 @@
-//! The generic two-stage executor: compile in a fresh container with a writable workspace,
-//! then run in a fresh container whose root filesystem and workspace are read-only.
+//! The generic two-stage executor. Compiled languages compile in a container of their own
+//! whose working directory (a size-capped tmpfs) is handed back whole; the program then runs
+//! in a fresh container whose working directory holds the source, the request's files and
+//! those artifacts. Both containers have a read-only root filesystem. Everything travels on
+//! the containers' stdin through `codebox-init` (`docs/sandbox-init.md`).
 //!
 //! A program's failure is an outcome (`Ok` report); only a broken sandbox is a
 //! `sandbox_error`, and the report says what broke.
 
-pub mod archive;
 pub mod outcome;
+pub mod outputs;
 pub mod request;
-pub mod uids;
+pub mod stage;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::engine::guard::RunResources;
-use crate::engine::posture::{self, PostureViolation, Resources, Workspace, WorkspaceAccess};
+use crate::engine::guard::{Cleanup, ContainerGuard};
+use crate::engine::posture::{self, Limits, Plan, PostureViolation};
+use crate::engine::protocol::{self, Collect, DecodeLimits, Entry, EntryKind, Payload, PhaseName};
+use crate::engine::uids::UidPool;
 use crate::engine::{
-    ContainerEngine, Ending, EngineError, Execution, StartOptions, LABEL_EXPIRES, LABEL_INSTANCE,
-    LABEL_MANAGED, LABEL_RUN,
+    ContainerEngine, EngineError, LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_RUN,
 };
+use crate::registry::Language;
 use crate::report::{fmt_num, CompileReport, RunReport, Stage, Status, Usage};
+use outcome::{classify, Outcome};
 pub use request::{Encoding, FileInput, LimitsInput, RequestError, RunRequest, ValidRequest};
-
-/// What the idle holder of a tmpfs workspace may use.
-const HOLDER_MEMORY_MB: u64 = 16;
-const HOLDER_CPUS: f64 = 0.05;
-const HOLDER_PIDS: i64 = 8;
+use stage::{run_stage, StageRequest, StageResult};
 
 /// Extra time before a container counts as abandoned, beyond its limits.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
+/// How long the host waits beyond a stage's own limits before it kills the container
+/// (`codebox-init` enforces the limits; this is the backstop).
+const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
+/// Most entries a compile stage may hand back.
+const MAX_ARTIFACT_ENTRIES: usize = 10_000;
+/// Most entries listed from `outputs/` (`codebox-init` lists at most 1000).
+const MAX_OUTPUT_ENTRIES: usize = 1024;
+/// Space a file or directory takes in a tmpfs beyond its content, roughly.
+const ENTRY_OVERHEAD_BYTES: u64 = 4096;
 
 /// Why a run could not be carried out.
 #[derive(Debug, thiserror::Error)]
 enum SandboxFailure {
+    #[error("image {tag} is not present: build it with `codebox images build {image}`")]
+    ImageMissing { tag: String, image: String },
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
     Posture(#[from] PostureViolation),
+    #[error("{0}")]
+    Sandbox(String),
+}
+
+/// What a probe container printed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: Option<i64>,
 }
 
 /// Runs validated requests on a container engine.
@@ -47,7 +71,8 @@ pub struct Executor {
     engine: Arc<dyn ContainerEngine>,
     config: Arc<Config>,
     instance: String,
-    uids: Arc<uids::UidPool>,
+    uids: Arc<UidPool>,
+    cleanup: Cleanup,
 }
 
 /// A new run id: 32 lowercase hex digits.
@@ -59,13 +84,57 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
 }
 
+fn mb(n: u64) -> u64 {
+    n * 1024 * 1024
+}
+
+/// The stage's output as text, and what the report says about its size.
+struct Streams {
+    stdout: String,
+    stderr: String,
+    stdout_bytes: u64,
+    stderr_bytes: u64,
+}
+
+fn streams(phase: Option<&protocol::Phase>) -> Streams {
+    let Some(p) = phase else {
+        return Streams {
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        };
+    };
+    let (out, err) = p
+        .end
+        .as_ref()
+        .map_or((0, 0), |e| (e.stdout_bytes, e.stderr_bytes));
+    Streams {
+        stdout: String::from_utf8_lossy(&p.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&p.stderr).into_owned(),
+        stdout_bytes: out.max(p.stdout.len() as u64),
+        stderr_bytes: err.max(p.stderr.len() as u64),
+    }
+}
+
+/// A path a container handed back is usable only if it stays inside the working directory.
+fn safe_relative(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 4096
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+}
+
 impl Executor {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
         Executor {
             engine,
             config,
             instance,
-            uids: uids::UidPool::new(),
+            uids: UidPool::new(),
+            cleanup: Cleanup::new(),
         }
     }
 
@@ -79,6 +148,11 @@ impl Executor {
 
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// The background removals of this executor's containers.
+    pub fn cleanup(&self) -> &Cleanup {
+        &self.cleanup
     }
 
     /// A report for a run that has not started; the executor fills it in.
@@ -103,12 +177,13 @@ impl Executor {
             limits: req.limits,
             image_id: None,
             message: "waiting for a free slot".to_string(),
+            files: Vec::new(),
         }
     }
 
     /// Carry out one run. Never fails: a broken sandbox is reported as `sandbox_error`.
-    /// Every container and the volume are removed before this returns, or, if the future is
-    /// dropped, in the background right after.
+    /// Containers are removed in the background once the report is made (see [`Cleanup`]),
+    /// or, if the future is dropped, right after.
     pub async fn execute(
         &self,
         run_id: &str,
@@ -120,96 +195,73 @@ impl Executor {
         let mut report = Executor::blank_report(run_id, req);
         report.status = Status::Running;
         report.queued_ms = queued_ms;
-        // The run's own uid, held until its containers are gone.
-        let lease = self.uids.lease();
-        let mut resources = RunResources::new(self.engine.clone());
-        if let Err(e) = self
-            .stages(run_id, req, lease.uid, &mut report, &mut resources, &cancel)
-            .await
-        {
+        if let Err(e) = self.stages(run_id, req, &mut report, &cancel).await {
             report.status = Status::SandboxError;
             report.message = e.to_string();
         }
-        if let Err(e) = resources.release().await {
-            tracing::warn!(run_id, error = %e, "removing the run's containers failed; they will be reaped");
-        }
-        drop(lease);
         report.duration_ms = ms(started.elapsed());
         report
     }
 
-    /// Run one command in a locked-down container with no workspace (the `doctor` posture
-    /// probe, toolchain version checks). Same posture as a run stage.
+    /// Run one command in a locked-down container with an empty working directory (the
+    /// `doctor` posture probe, toolchain version checks), with the default limits.
     pub async fn probe(
         &self,
         image_tag: &str,
         cmd: Vec<String>,
         timeout: Duration,
-    ) -> Result<Execution, String> {
+    ) -> Result<ProbeOutput, String> {
         let run_id = new_run_id();
-        let mut labels = self.labels(&run_id, timeout.as_secs_f64());
+        let mut labels = self.labels(&run_id, timeout);
         labels.insert("codebox.probe".into(), "true".into());
-        let sandbox = &self.config.sandbox;
-        let name = format!("codebox-{run_id}-probe");
-        let lease = self.uids.lease();
-        let spec = posture::locked_down(
-            &name,
-            image_tag,
-            cmd,
-            &BTreeMap::new(),
-            None,
-            &self.resources(
-                lease.uid,
-                self.config.limits.default_memory_mb,
-                self.config.limits.default_cpus,
-            ),
-            labels,
-            false,
-        );
-        posture::check(&spec, WorkspaceAccess::ReadOnly).map_err(|e| e.to_string())?;
-        let mut resources = RunResources::new(self.engine.clone());
-        resources.track_container(&name);
+        let limits = Limits {
+            memory_mb: self.config.limits.default_memory_mb,
+            cpus: self.config.limits.default_cpus,
+        };
+        let payload = Payload {
+            run: Some(cmd),
+            timeout,
+            output_limit: self.config.sandbox.output_limit_bytes,
+            collect: Some(Collect::None),
+            ..Default::default()
+        };
         let result = async {
-            self.engine.create_container(&spec).await?;
-            self.engine
-                .start_and_wait(
-                    &name,
-                    StartOptions {
-                        stdin: None,
-                        output_limit: sandbox.output_limit_bytes,
-                        timeout,
-                    },
-                    CancellationToken::new(),
+            let guard = self
+                .launch(
+                    format!("codebox-{run_id}-probe"),
+                    image_tag,
+                    image_tag,
+                    limits,
+                    self.config.sandbox.workspace_mb,
+                    labels,
                 )
-                .await
+                .await?;
+            let stage = self
+                .stage(&guard, payload, timeout, 0, &CancellationToken::new())
+                .await;
+            guard.remove_later();
+            Ok::<_, SandboxFailure>(stage?)
         }
-        .await;
-        let released = resources.release().await;
-        drop(lease);
-        let exec = result.map_err(|e| e.to_string())?;
-        released.map_err(|e| e.to_string())?;
-        Ok(exec)
+        .await
+        .map_err(|e| e.to_string())?;
+        let phase = result.decoded.phase(PhaseName::Run);
+        let o = classify(phase, &result);
+        if let Some(problem) = o.problem {
+            return Err(problem);
+        }
+        let s = streams(phase);
+        Ok(ProbeOutput {
+            stdout: s.stdout,
+            stderr: s.stderr,
+            exit_code: o.exit_code,
+        })
     }
 
-    /// What a probe, compile or run container may use: the given memory and CPU, the
-    /// operator's fixed sandbox limits for the rest.
-    fn resources(&self, uid: u32, memory_mb: u64, cpus: f64) -> Resources {
-        let sandbox = &self.config.sandbox;
-        Resources {
-            uid,
-            memory_mb,
-            cpus,
-            pids_limit: sandbox.pids_limit,
-            tmpfs_mb: sandbox.tmpfs_mb,
-            max_file_size_mb: sandbox.max_file_size_mb,
-        }
-    }
-
-    fn labels(&self, run_id: &str, budget_seconds: f64) -> BTreeMap<String, String> {
+    fn labels(&self, run_id: &str, budget: Duration) -> BTreeMap<String, String> {
         let expires = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
-            + Duration::from_secs_f64(budget_seconds)
+            + budget
             + EXPIRY_MARGIN;
         BTreeMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),
@@ -219,257 +271,204 @@ impl Executor {
         ])
     }
 
+    /// Create one locked-down container (not started): lease a uid, build the spec, check
+    /// it, and hand back its owner.
+    async fn launch(
+        &self,
+        name: String,
+        image_tag: &str,
+        image_name: &str,
+        limits: Limits,
+        workspace_mb: u64,
+        labels: BTreeMap<String, String>,
+    ) -> Result<ContainerGuard, SandboxFailure> {
+        let lease = self.uids.lease();
+        let plan = Plan {
+            name: name.clone(),
+            image: image_tag.to_string(),
+            uid: lease.uid,
+            limits,
+            workspace_mb,
+            labels,
+        };
+        let spec = posture::locked_down(&plan, &self.config.sandbox);
+        posture::check(&spec, &self.config.sandbox)?;
+        let guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
+        match self.engine.create_container(&spec).await {
+            Ok(_) => Ok(guard),
+            Err(EngineError::ImageMissing { tag }) => Err(SandboxFailure::ImageMissing {
+                tag,
+                image: image_name.to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Run a payload in a container that was only created.
+    async fn stage(
+        &self,
+        guard: &ContainerGuard,
+        payload: Payload,
+        limits_total: Duration,
+        content_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> Result<StageResult, EngineError> {
+        let entries = match payload.collect {
+            Some(Collect::WorkspaceOnSuccess { .. }) => MAX_ARTIFACT_ENTRIES,
+            _ => MAX_OUTPUT_ENTRIES,
+        };
+        let request = StageRequest {
+            payload: payload.encode(),
+            backstop: limits_total + BACKSTOP_GRACE,
+            limits: DecodeLimits {
+                output: self.config.sandbox.output_limit_bytes,
+                content: content_bytes,
+                entries,
+            },
+        };
+        run_stage(self.engine.as_ref(), guard.name(), true, request, cancel).await
+    }
+
+    /// The source and the request's files, as working-directory entries.
+    fn sources(req: &ValidRequest) -> Vec<Entry> {
+        let mut entries = vec![Entry::file(
+            req.language.source_file.clone(),
+            0o644,
+            Bytes::from(req.code.clone().into_bytes()),
+        )];
+        entries.extend(
+            req.files
+                .iter()
+                .map(|(path, content)| Entry::file(path.clone(), 0o644, content.clone())),
+        );
+        entries
+    }
+
+    /// The memory and size of a run's own container.
+    fn run_limits(&self, req: &ValidRequest) -> (Limits, u64) {
+        let memory_mb = req.limits.memory_mb;
+        let workspace_mb = self.config.sandbox.workspace_mb.min(memory_mb / 2).max(1);
+        (
+            Limits {
+                memory_mb,
+                cpus: req.limits.cpus,
+            },
+            workspace_mb,
+        )
+    }
+
     async fn stages(
         &self,
         run_id: &str,
         req: &ValidRequest,
-        uid: u32,
         report: &mut RunReport,
-        resources: &mut RunResources,
         cancel: &CancellationToken,
     ) -> Result<(), SandboxFailure> {
         let lang = &req.language;
-        let sandbox = &self.config.sandbox;
-        let image = self
-            .engine
-            .inspect_image(&lang.image.tag)
-            .await?
-            .ok_or_else(|| EngineError::ImageMissing {
-                tag: lang.image.tag.clone(),
-                image: lang.image.name.clone(),
-            })?;
-        report.image_id = Some(image.id);
-        let labels = self.labels(
-            run_id,
-            lang.compile_limits.timeout_seconds + req.limits.timeout_seconds,
-        );
-
-        let volume = format!("codebox-{run_id}");
-        resources.track_volume(&volume);
-        let compile_limits = lang.compile_limits;
-        match compile_limits.workspace_mb {
-            None => self.engine.create_volume(&volume, &labels).await?,
-            Some(size_mb) => {
-                self.engine
-                    .create_tmpfs_volume(&volume, &labels, size_mb, uid)
-                    .await?;
-                self.hold(run_id, &lang.image.tag, &volume, &labels, uid, resources)
-                    .await?;
-            }
-        }
-
-        // Prepare the workspace: the compile container, or a loader that is never started.
-        let prep_resources = self.resources(uid, compile_limits.memory_mb, compile_limits.cpus);
-        let prep_name = format!(
-            "codebox-{run_id}-{}",
-            if lang.is_compiled() {
-                "compile"
-            } else {
-                "load"
-            }
-        );
-        let prep_cmd = lang
-            .compile
-            .clone()
-            .unwrap_or_else(|| vec!["true".to_string()]);
-        let prep = posture::locked_down(
-            &prep_name,
+        let check_budget = if lang.check.is_some() {
+            Duration::from_secs_f64(lang.compile_limits.timeout_seconds)
+        } else {
+            Duration::ZERO
+        };
+        let run_timeout = Duration::from_secs_f64(req.limits.timeout_seconds);
+        let (run_limits, run_workspace_mb) = self.run_limits(req);
+        let prepare_run = self.launch(
+            format!("codebox-{run_id}-run"),
             &lang.image.tag,
-            prep_cmd,
-            &lang.env,
-            Some(Workspace {
-                volume: volume.clone(),
-                writable: true,
-            }),
-            &prep_resources,
-            labels.clone(),
-            false,
+            &lang.image.name,
+            run_limits,
+            run_workspace_mb,
+            self.labels(run_id, check_budget + run_timeout),
         );
-        posture::check(&prep, WorkspaceAccess::Writable)?;
-        resources.track_container(&prep_name);
-        self.engine.create_container(&prep).await?;
-        let tar = archive::workspace_tar(&lang.source_file, &req.code, &req.files, uid);
-        self.engine
-            .upload(&prep_name, posture::WORKSPACE, tar)
-            .await?;
-
-        if lang.is_compiled() {
-            report.stage = Some(Stage::Compile);
-            let exec = self
-                .engine
-                .start_and_wait(
-                    &prep_name,
-                    StartOptions {
-                        stdin: None,
-                        output_limit: sandbox.output_limit_bytes,
-                        timeout: Duration::from_secs_f64(compile_limits.timeout_seconds),
-                    },
-                    cancel.clone(),
-                )
-                .await?;
-            let compiled = self.finish_compile(
-                report,
-                &exec,
-                compile_limits.timeout_seconds,
-                compile_limits.memory_mb,
-            );
-            if !compiled {
-                return Ok(());
+        // Compile while the run's container is being created.
+        let (entries, run_guard) = if lang.is_compiled() {
+            let (compiled, run_guard) =
+                tokio::join!(self.compile(run_id, req, report, cancel), prepare_run);
+            match compiled? {
+                Some(artifacts) => (artifacts, run_guard?),
+                None => {
+                    if let Ok(g) = run_guard {
+                        g.remove_later();
+                    }
+                    return Ok(());
+                }
             }
-        }
+        } else {
+            (Executor::sources(req), prepare_run.await?)
+        };
         if cancel.is_cancelled() {
+            run_guard.remove_later();
             report.status = Status::Stopped;
             report.message = "stopped before the program ran".into();
             return Ok(());
         }
-
+        let needed: u64 = entries
+            .iter()
+            .map(|e| e.content.len() as u64 + ENTRY_OVERHEAD_BYTES)
+            .sum();
+        if needed > mb(run_workspace_mb) {
+            run_guard.remove_later();
+            return Err(SandboxFailure::Sandbox(format!(
+                "the program's files take {} MB, more than its {run_workspace_mb} MB working directory holds (sandbox.workspace_mb = {}, at most half of the run's memory)",
+                needed.div_ceil(mb(1)),
+                self.config.sandbox.workspace_mb
+            )));
+        }
+        let s = &self.config.sandbox;
+        let mut run = lang.run.clone();
+        run.extend(req.args.iter().cloned());
+        let payload = Payload {
+            env: lang.env.clone(),
+            check: lang.check.clone(),
+            run: Some(run),
+            check_timeout: check_budget,
+            timeout: run_timeout,
+            output_limit: s.output_limit_bytes,
+            collect: Some(Collect::Outputs {
+                max_files: s.max_output_files,
+                max_bytes: s.max_output_bytes,
+                max_file_bytes: s.max_output_file_bytes,
+            }),
+            entries,
+            stdin: req.stdin.clone().map(Bytes::from),
+        };
         report.stage = Some(Stage::Run);
-        let run_name = format!("codebox-{run_id}-run");
-        let mut cmd = lang.run.clone();
-        cmd.extend(req.args.iter().cloned());
-        let run = posture::locked_down(
-            &run_name,
-            &lang.image.tag,
-            cmd,
-            &lang.env,
-            Some(Workspace {
-                volume,
-                writable: false,
-            }),
-            &self.resources(uid, req.limits.memory_mb, req.limits.cpus),
-            labels,
-            req.stdin.is_some(),
-        );
-        posture::check(&run, WorkspaceAccess::ReadOnly)?;
-        resources.track_container(&run_name);
-        // The finished compile (or loader) container is removed while the run goes on: off
-        // the critical path, still owned by the guard until it is gone.
-        let run_stage = async {
-            self.engine.create_container(&run).await?;
-            self.engine
-                .start_and_wait(
-                    &run_name,
-                    StartOptions {
-                        stdin: req.stdin.clone(),
-                        output_limit: sandbox.output_limit_bytes,
-                        timeout: Duration::from_secs_f64(req.limits.timeout_seconds),
-                    },
-                    cancel.clone(),
-                )
-                .await
-        };
-        let (removed, exec) = tokio::join!(self.engine.remove_container(&prep_name), run_stage);
-        if removed.is_ok() {
-            resources.untrack_container(&prep_name);
+        let result = self
+            .stage(
+                &run_guard,
+                payload,
+                check_budget + run_timeout,
+                s.max_output_bytes,
+                cancel,
+            )
+            .await;
+        run_guard.remove_later();
+        let result = result?;
+        report.image_id = report.image_id.take().or(result.image_id.clone());
+        if let Some(check) = result.decoded.phase(PhaseName::Check) {
+            let o = classify(Some(check), &result);
+            if o.status != Status::Succeeded {
+                self.finish_compile(report, o, check, &result, lang, false);
+                return Ok(());
+            }
+            report.compile = Some(compile_report(Status::Succeeded, check, &result, o.usage));
         }
-        let exec = exec?;
-        self.finish_run(report, &exec, req);
-        Ok(())
-    }
-
-    /// Start an idle, locked-down container that keeps a tmpfs workspace mounted from the
-    /// upload to the end of the run (a tmpfs volume loses its content when nothing mounts it).
-    async fn hold(
-        &self,
-        run_id: &str,
-        image: &str,
-        volume: &str,
-        labels: &BTreeMap<String, String>,
-        uid: u32,
-        resources: &mut RunResources,
-    ) -> Result<(), SandboxFailure> {
-        let name = format!("codebox-{run_id}-hold");
-        let spec = posture::locked_down(
-            &name,
-            image,
-            vec!["sleep".into(), "infinity".into()],
-            &BTreeMap::new(),
-            Some(Workspace {
-                volume: volume.to_string(),
-                writable: false,
-            }),
-            &Resources {
-                uid,
-                memory_mb: HOLDER_MEMORY_MB,
-                cpus: HOLDER_CPUS,
-                pids_limit: HOLDER_PIDS,
-                tmpfs_mb: 1,
-                max_file_size_mb: 1,
-            },
-            labels.clone(),
-            false,
-        );
-        posture::check(&spec, WorkspaceAccess::ReadOnly)?;
-        resources.track_container(&name);
-        self.engine.create_container(&spec).await?;
-        self.engine.start(&name).await?;
-        Ok(())
-    }
-
-    /// Record the compile stage; `true` if the run stage should follow.
-    fn finish_compile(
-        &self,
-        report: &mut RunReport,
-        exec: &Execution,
-        timeout: f64,
-        memory_mb: u64,
-    ) -> bool {
-        let o = outcome::classify(exec);
-        let (status, message) = match o.status {
-            Status::Succeeded => (Status::Succeeded, String::new()),
-            Status::Stopped => (Status::Stopped, "stopped while compiling".to_string()),
-            Status::TimedOut => (
-                Status::TimedOut,
-                format!("compilation was killed at its {} s wall-clock limit", fmt_num(timeout)),
-            ),
-            Status::OutOfMemory => (
-                Status::OutOfMemory,
-                format!("compilation was killed by the out-of-memory killer at its {memory_mb} MB limit"),
-            ),
-            _ => (
-                Status::CompileError,
-                format!(
-                    "compilation failed with exit code {}; the compiler's output is in compile.stderr",
-                    o.exit_code.unwrap_or(-1)
-                ),
-            ),
-        };
-        report.compile = Some(CompileReport {
-            status,
-            exit_code: o.exit_code,
-            stdout: exec.stdout.text(),
-            stderr: exec.stderr.text(),
-            duration_ms: ms(exec.duration),
-            usage: exec.usage.clone(),
-        });
-        if status == Status::Succeeded {
-            return true;
-        }
-        report.status = status;
-        report.exit_code = o.exit_code;
-        report.signal = if status == Status::CompileError {
-            o.signal
-        } else {
-            None
-        };
-        report.message = message;
-        false
-    }
-
-    fn finish_run(&self, report: &mut RunReport, exec: &Execution, req: &ValidRequest) {
-        let o = outcome::classify(exec);
+        let phase = result.decoded.phase(PhaseName::Run);
+        let o = classify(phase, &result);
+        let st = streams(phase);
         report.status = o.status;
         report.exit_code = o.exit_code;
         report.signal = o.signal.clone();
-        report.stdout = exec.stdout.text();
-        report.stderr = exec.stderr.text();
-        report.stdout_truncated = exec.stdout.truncated();
-        report.stderr_truncated = exec.stderr.truncated();
-        report.stdout_bytes = exec.stdout.total;
-        report.stderr_bytes = exec.stderr.total;
-        report.usage = exec.usage.clone();
-        let code = o.exit_code.unwrap_or(-1);
-        report.message = match (o.status, exec.ending) {
+        report.stdout_truncated = st.stdout_bytes > st.stdout.len() as u64;
+        report.stderr_truncated = st.stderr_bytes > st.stderr.len() as u64;
+        report.stdout = st.stdout;
+        report.stderr = st.stderr;
+        report.stdout_bytes = st.stdout_bytes;
+        report.stderr_bytes = st.stderr_bytes;
+        report.usage = o.usage.clone();
+        report.files = outputs::report_files(&result.decoded.files);
+        report.message = match (o.status, &o.problem) {
+            (Status::SandboxError, Some(problem)) => problem.clone(),
             (Status::Succeeded, _) => "exited with code 0".to_string(),
             (Status::Stopped, _) => "stopped before it finished".to_string(),
             (Status::TimedOut, _) => format!(
@@ -480,11 +479,180 @@ impl Executor {
                 "killed by the out-of-memory killer at the {} MB memory limit",
                 req.limits.memory_mb
             ),
-            (_, Ending::Exited) => match &o.signal {
-                Some(sig) => format!("killed by {sig} (exit code {code})"),
-                None => format!("exited with code {code}"),
+            _ => match (&o.signal, o.exit_code) {
+                (Some(sig), _) => format!("killed by {sig}"),
+                (None, Some(code)) => format!("exited with code {code}"),
+                (None, None) => "ended without an exit code".to_string(),
             },
-            _ => format!("ended with exit code {code}"),
         };
+        Ok(())
+    }
+
+    /// The compile stage: the source and files in, the whole working directory back. `None`
+    /// when the run should not go on (the report then says why).
+    async fn compile(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        report: &mut RunReport,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Vec<Entry>>, SandboxFailure> {
+        let lang = &req.language;
+        let limits = lang.compile_limits;
+        let timeout = Duration::from_secs_f64(limits.timeout_seconds);
+        let guard = self
+            .launch(
+                format!("codebox-{run_id}-compile"),
+                &lang.image.tag,
+                &lang.image.name,
+                Limits {
+                    memory_mb: limits.memory_mb,
+                    cpus: limits.cpus,
+                },
+                limits.workspace_mb,
+                self.labels(
+                    run_id,
+                    timeout + Duration::from_secs_f64(req.limits.timeout_seconds),
+                ),
+            )
+            .await?;
+        let payload = Payload {
+            env: lang.env.clone(),
+            run: lang.compile.clone(),
+            timeout,
+            output_limit: self.config.sandbox.output_limit_bytes,
+            collect: Some(Collect::WorkspaceOnSuccess {
+                max_bytes: mb(limits.workspace_mb),
+            }),
+            entries: Executor::sources(req),
+            ..Default::default()
+        };
+        report.stage = Some(Stage::Compile);
+        let result = self
+            .stage(&guard, payload, timeout, mb(limits.workspace_mb), cancel)
+            .await;
+        guard.remove_later();
+        let result = result?;
+        report.image_id = result.image_id.clone();
+        let Some(phase) = result.decoded.phase(PhaseName::Run) else {
+            let o = classify(None, &result);
+            return Err(SandboxFailure::Sandbox(
+                o.problem
+                    .unwrap_or_else(|| "the compile stage did not start".into()),
+            ));
+        };
+        let o = classify(Some(phase), &result);
+        if o.status != Status::Succeeded {
+            self.finish_compile(report, o, phase, &result, lang, true);
+            return Ok(None);
+        }
+        report.compile = Some(compile_report(Status::Succeeded, phase, &result, o.usage));
+        if let Some(fatal) = &result.decoded.fatal {
+            return Err(SandboxFailure::Sandbox(fatal.clone()));
+        }
+        let mut artifacts = Vec::with_capacity(result.decoded.files.len());
+        for f in result.decoded.files {
+            if !safe_relative(&f.path) {
+                return Err(SandboxFailure::Sandbox(format!(
+                    "the compile stage handed back a path outside its working directory: {:?}",
+                    f.path
+                )));
+            }
+            artifacts.push(Entry {
+                kind: f.kind,
+                path: f.path,
+                mode: f.mode & 0o777,
+                content: if f.kind == EntryKind::File {
+                    Bytes::from(f.content)
+                } else {
+                    Bytes::new()
+                },
+                target: f.target,
+            });
+        }
+        Ok(Some(artifacts))
+    }
+
+    /// Record a compile stage (or check) that did not succeed: the run ends here.
+    fn finish_compile(
+        &self,
+        report: &mut RunReport,
+        o: Outcome,
+        phase: &protocol::Phase,
+        result: &StageResult,
+        lang: &Language,
+        separate_stage: bool,
+    ) {
+        let limits = lang.compile_limits;
+        let what = if separate_stage {
+            "compilation"
+        } else {
+            "the syntax check"
+        };
+        let (status, message) = match o.status {
+            Status::Stopped => (Status::Stopped, format!("stopped during {what}")),
+            Status::TimedOut => (
+                Status::TimedOut,
+                format!(
+                    "{what} was killed at its {} s wall-clock limit",
+                    fmt_num(limits.timeout_seconds)
+                ),
+            ),
+            Status::OutOfMemory => (
+                Status::OutOfMemory,
+                format!(
+                    "{what} was killed by the out-of-memory killer at its {} MB limit",
+                    if separate_stage {
+                        limits.memory_mb
+                    } else {
+                        report.limits.memory_mb
+                    }
+                ),
+            ),
+            Status::SandboxError => (Status::SandboxError, o.problem.clone().unwrap_or_default()),
+            _ => (
+                Status::CompileError,
+                format!(
+                    "{what} failed with exit code {}; the compiler's output is in compile.stderr",
+                    o.exit_code.unwrap_or(-1)
+                ),
+            ),
+        };
+        report.compile = Some(compile_report(status, phase, result, o.usage.clone()));
+        report.stage = Some(Stage::Compile);
+        report.status = status;
+        report.exit_code = o.exit_code.filter(|_| status == Status::CompileError);
+        report.signal = if status == Status::CompileError {
+            o.signal
+        } else {
+            None
+        };
+        report.message = message;
+    }
+}
+
+fn compile_report(
+    status: Status,
+    phase: &protocol::Phase,
+    result: &StageResult,
+    usage: Usage,
+) -> CompileReport {
+    let st = streams(Some(phase));
+    let exit_code = phase.end.as_ref().and_then(|e| match e.end {
+        protocol::End::Exited(c) => Some(c),
+        protocol::End::Signaled(n) => Some(128 + n),
+        _ => None,
+    });
+    CompileReport {
+        status,
+        exit_code,
+        stdout: st.stdout,
+        stderr: st.stderr,
+        duration_ms: phase
+            .end
+            .as_ref()
+            .map_or_else(|| ms(result.duration), |e| e.wall_ms),
+        usage,
+        cached: false,
     }
 }

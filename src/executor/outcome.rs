@@ -1,7 +1,8 @@
-//! From what the engine saw to a status: one function, no guessing from one signal alone.
+//! From what a stage reported to a status: one function, no guessing from one signal alone.
 
-use crate::engine::{Ending, Execution};
-use crate::report::Status;
+use super::stage::{HostEnding, StageResult};
+use crate::engine::protocol::{End, Phase, PhaseEnd};
+use crate::report::{Status, Usage};
 
 /// Name of a Linux signal number.
 pub fn signal_name(n: i64) -> Option<&'static str> {
@@ -44,95 +45,247 @@ pub fn signal_name(n: i64) -> Option<&'static str> {
         .and_then(|i| NAMES.get(i).copied())
 }
 
-/// How a stage ended.
+/// How one phase (a check, a compile, a program) ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub status: Status,
+    /// The exit code; `128 + n` for a death by signal n; null when codebox ended it.
     pub exit_code: Option<i64>,
     pub signal: Option<String>,
+    /// What went wrong in the sandbox, for `sandbox_error`.
+    pub problem: Option<String>,
+    pub usage: Usage,
 }
 
-/// Classify a run-stage execution.
+fn usage(end: &PhaseEnd) -> Usage {
+    Usage {
+        cpu_time_ms: end.cpu_ms,
+        peak_memory_kb: end.peak_kb,
+    }
+}
+
+/// Classify a phase of a stage.
 ///
-/// - cancelled: `stopped`; deadline: `timed_out` (we killed it: no exit code, SIGKILL);
-/// - `out_of_memory` needs both the engine's OOM flag and a non-zero exit: a program that
-///   survived an OOM kill of a child and exited 0 succeeded;
-/// - exit codes 129..=159 are a signal death (the container's init reports 128 + n).
-pub fn classify(e: &Execution) -> Outcome {
-    match e.ending {
-        Ending::Cancelled => Outcome {
-            status: Status::Stopped,
-            exit_code: None,
+/// - what `codebox-init` reported wins: an exit code, a signal, its own deadline or a stop;
+/// - `out_of_memory` needs a death (or non-zero exit) *and* evidence of the memory cgroup
+///   killing: its OOM counter rose during the phase, or the engine saw an OOM kill. A program
+///   that survived a child's OOM kill and exited 0 succeeded;
+/// - without a report, the host's view decides: its stop, its deadline, the engine's OOM
+///   flag; anything else is a broken sandbox, described.
+pub fn classify(phase: Option<&Phase>, stage: &StageResult) -> Outcome {
+    let oom_seen = |end: &PhaseEnd| end.oom_kills.unwrap_or(0) > 0 || stage.oom_killed;
+    let killed = |status: Status, usage: Usage| Outcome {
+        status,
+        exit_code: None,
+        signal: Some("SIGKILL".into()),
+        problem: None,
+        usage,
+    };
+    if let Some(end) = phase.and_then(|p| p.end.as_ref()) {
+        let u = usage(end);
+        return match &end.end {
+            End::Exited(0) => Outcome {
+                status: Status::Succeeded,
+                exit_code: Some(0),
+                signal: None,
+                problem: None,
+                usage: u,
+            },
+            End::Exited(code) => Outcome {
+                status: if oom_seen(end) {
+                    Status::OutOfMemory
+                } else {
+                    Status::Failed
+                },
+                exit_code: Some(*code),
+                signal: None,
+                problem: None,
+                usage: u,
+            },
+            End::Signaled(n) => Outcome {
+                status: if *n == 9 && oom_seen(end) {
+                    Status::OutOfMemory
+                } else {
+                    Status::Failed
+                },
+                exit_code: Some(128 + n),
+                signal: Some(
+                    signal_name(*n)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| format!("signal {n}")),
+                ),
+                problem: None,
+                usage: u,
+            },
+            End::TimedOut => killed(Status::TimedOut, u),
+            End::Stopped => killed(Status::Stopped, u),
+            End::Error(text) => Outcome {
+                status: Status::SandboxError,
+                exit_code: None,
+                signal: None,
+                problem: Some(text.clone()),
+                usage: u,
+            },
+        };
+    }
+    let started = phase.is_some();
+    if stage.host_ending == HostEnding::Stopped {
+        return killed(Status::Stopped, Usage::default());
+    }
+    if stage.oom_killed && started {
+        return Outcome {
+            status: Status::OutOfMemory,
+            exit_code: Some(137),
             signal: Some("SIGKILL".into()),
-        },
-        Ending::TimedOut => Outcome {
-            status: Status::TimedOut,
-            exit_code: None,
-            signal: Some("SIGKILL".into()),
-        },
-        Ending::Exited => {
-            let code = e.exit_code.unwrap_or(-1);
-            let signal = (129..=159)
-                .contains(&code)
-                .then(|| signal_name(code - 128))
-                .flatten()
-                .map(str::to_string);
-            let status = if code == 0 {
-                Status::Succeeded
-            } else if e.oom_killed {
-                Status::OutOfMemory
+            problem: None,
+            usage: Usage::default(),
+        };
+    }
+    if stage.host_ending == HostEnding::Backstop && started {
+        return killed(Status::TimedOut, Usage::default());
+    }
+    let problem = if let Some(e) = &stage.protocol_error {
+        e.clone()
+    } else if let Some(e) = &stage.stream_error {
+        e.to_string()
+    } else if let Some(fatal) = &stage.decoded.fatal {
+        fatal.clone()
+    } else if stage.host_ending == HostEnding::Backstop {
+        "the container did not answer within its time limit; it was killed".to_string()
+    } else {
+        let said = String::from_utf8_lossy(&stage.stderr);
+        let said = said.trim();
+        format!(
+            "the container ended (exit code {}) before codebox-init reported{}",
+            stage
+                .exit_code
+                .map_or_else(|| "unknown".to_string(), |c| c.to_string()),
+            if said.is_empty() {
+                String::new()
             } else {
-                Status::Failed
-            };
-            Outcome {
-                status,
-                exit_code: e.exit_code,
-                signal,
+                format!(": {said}")
             }
-        }
+        )
+    };
+    Outcome {
+        status: Status::SandboxError,
+        exit_code: None,
+        signal: None,
+        problem: Some(problem),
+        usage: Usage::default(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::fake::exited;
+    use crate::engine::protocol::{Decoded, PhaseName};
+    use std::time::Duration;
+
+    fn stage() -> StageResult {
+        StageResult {
+            decoded: Decoded::default(),
+            protocol_error: None,
+            stream_error: None,
+            stderr: Vec::new(),
+            host_ending: HostEnding::Finished,
+            exit_code: Some(0),
+            oom_killed: false,
+            image_id: None,
+            duration: Duration::ZERO,
+        }
+    }
+
+    fn phase(end: End, oom_kills: u64) -> Phase {
+        Phase {
+            name: PhaseName::Run,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            dropped: 0,
+            end: Some(PhaseEnd {
+                end,
+                wall_ms: 1,
+                cpu_ms: Some(7),
+                peak_kb: Some(100),
+                oom_kills: Some(oom_kills),
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            }),
+        }
+    }
 
     #[test]
-    fn exit_codes_map_to_statuses_and_signals() {
-        assert_eq!(classify(&exited(0, "")).status, Status::Succeeded);
-        let o = classify(&exited(3, ""));
+    fn exit_codes_and_signals_come_from_the_wait_status() {
+        let s = stage();
+        assert_eq!(
+            classify(Some(&phase(End::Exited(0), 0)), &s).status,
+            Status::Succeeded
+        );
+        let o = classify(Some(&phase(End::Exited(3), 0)), &s);
         assert_eq!(
             (o.status, o.exit_code, o.signal),
             (Status::Failed, Some(3), None)
         );
-        let o = classify(&exited(139, ""));
-        assert_eq!(o.signal.as_deref(), Some("SIGSEGV"));
-        assert_eq!(o.status, Status::Failed);
+        assert_eq!(o.usage.cpu_time_ms, Some(7));
+        let o = classify(Some(&phase(End::Signaled(11), 0)), &s);
+        assert_eq!(
+            (o.status, o.exit_code, o.signal.as_deref()),
+            (Status::Failed, Some(139), Some("SIGSEGV"))
+        );
+        // An exit code of 139 is just an exit code.
+        let o = classify(Some(&phase(End::Exited(139), 0)), &s);
+        assert_eq!((o.status, o.signal), (Status::Failed, None));
     }
 
     #[test]
-    fn oom_needs_the_engine_flag_not_just_exit_137() {
-        let plain_kill = exited(137, "");
-        let o = classify(&plain_kill);
+    fn oom_needs_a_kill_and_evidence_of_the_memory_cgroup() {
+        let mut s = stage();
+        let plain_kill = classify(Some(&phase(End::Signaled(9), 0)), &s);
         assert_eq!(
-            (o.status, o.signal.as_deref()),
+            (plain_kill.status, plain_kill.signal.as_deref()),
             (Status::Failed, Some("SIGKILL"))
         );
-        let mut oom = exited(137, "");
-        oom.oom_killed = true;
-        assert_eq!(classify(&oom).status, Status::OutOfMemory);
-        let mut survived = exited(0, "");
-        survived.oom_killed = true;
-        assert_eq!(classify(&survived).status, Status::Succeeded);
+        let counted = classify(Some(&phase(End::Signaled(9), 1)), &s);
+        assert_eq!(counted.status, Status::OutOfMemory);
+        s.oom_killed = true;
+        assert_eq!(
+            classify(Some(&phase(End::Signaled(9), 0)), &s).status,
+            Status::OutOfMemory
+        );
+        assert_eq!(
+            classify(Some(&phase(End::Exited(0), 1)), &s).status,
+            Status::Succeeded,
+            "surviving a child's OOM kill is success"
+        );
+        assert_eq!(
+            classify(Some(&phase(End::Exited(137), 1)), &stage()).status,
+            Status::OutOfMemory,
+            "a shell whose child was OOM-killed"
+        );
     }
 
     #[test]
-    fn deadline_and_cancel_win_over_exit_code() {
-        let mut t = exited(137, "partial");
-        t.ending = Ending::TimedOut;
-        assert_eq!(classify(&t).status, Status::TimedOut);
-        t.ending = Ending::Cancelled;
-        assert_eq!(classify(&t).status, Status::Stopped);
+    fn without_a_report_the_host_decides() {
+        let started = Phase {
+            end: None,
+            ..phase(End::Exited(0), 0)
+        };
+        let mut s = stage();
+        s.host_ending = HostEnding::Stopped;
+        assert_eq!(classify(Some(&started), &s).status, Status::Stopped);
+        let mut s = stage();
+        s.host_ending = HostEnding::Backstop;
+        assert_eq!(classify(Some(&started), &s).status, Status::TimedOut);
+        assert_eq!(classify(None, &s).status, Status::SandboxError);
+        let mut s = stage();
+        s.oom_killed = true;
+        assert_eq!(classify(Some(&started), &s).status, Status::OutOfMemory);
+        let mut s = stage();
+        s.exit_code = Some(127);
+        s.stderr = b"exec: codebox-init: not found".to_vec();
+        let o = classify(None, &s);
+        assert_eq!(o.status, Status::SandboxError);
+        let p = o.problem.unwrap();
+        assert!(p.contains("127") && p.contains("not found"), "{p}");
     }
 }

@@ -471,8 +471,20 @@ fn insert(conn: &Connection, r: &NewRun) -> Result<usize, rusqlite::Error> {
     )
 }
 
+/// The report as the history keeps it: returned files by name, size and hash, never their
+/// content.
+fn without_file_contents(r: &RunReport) -> RunReport {
+    let mut r = r.clone();
+    for f in &mut r.files {
+        if f.content_base64.take().is_some() {
+            f.omitted_reason = Some("not kept by the history".to_string());
+        }
+    }
+    r
+}
+
 fn finish(conn: &Connection, r: &RunReport, at_ms: i64) -> Result<usize, rusqlite::Error> {
-    let json = serde_json::to_string(r)
+    let json = serde_json::to_string(&without_file_contents(r))
         .map_err(|e| tracing::warn!(run_id = r.run_id, error = %e, "cannot store a run's report"))
         .ok();
     conn.execute(
@@ -695,6 +707,7 @@ mod tests {
             limits: limits(),
             image_id: None,
             message: "exited with code 0".into(),
+            files: Vec::new(),
         }
     }
 

@@ -7,18 +7,22 @@
 
 pub mod params;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
+use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Json;
 use rmcp::model::{
-    Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig, ToolAnnotations,
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ResourceContents,
+    ServerCapabilities, ServerConfig, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 
 use crate::catalog::{catalog, Catalog};
-use crate::executor::RunRequest;
+use crate::executor::{outputs, RunRequest};
 use crate::history::{HistoryResult, Query, MAX_QUERY_LIMIT};
 use crate::report::{fmt_num, RunReport, Status};
 use crate::runs::{Accepted, RunManager, SubmitError};
@@ -41,6 +45,99 @@ fn submit_error(e: SubmitError) -> String {
         SubmitError::Invalid(e) => format!("invalid argument {e}"),
         other => other.to_string(),
     }
+}
+
+/// Formats JSON Schema defines; schemars also writes its own (`uint64`, `double`...), which
+/// strict validators (the official TypeScript SDK's) warn about on every call.
+const STANDARD_FORMATS: &[&str] = &[
+    "date-time",
+    "date",
+    "time",
+    "duration",
+    "email",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uuid",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+];
+
+/// A schema with only standard keywords' values: non-standard `format`s removed.
+pub fn standard_schema(schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObject {
+    fn clean(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                let odd = matches!(o.get("format"), Some(serde_json::Value::String(f)) if !STANDARD_FORMATS.contains(&f.as_str()));
+                if odd {
+                    o.remove("format");
+                }
+                o.values_mut().for_each(clean);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(clean),
+            _ => {}
+        }
+    }
+    let mut v = serde_json::Value::Object(schema.clone());
+    clean(&mut v);
+    match v {
+        serde_json::Value::Object(o) => o,
+        _ => schema.clone(),
+    }
+}
+
+/// A run report as a tool result: the report as structured content; as text, the report
+/// without file contents (which are never repeated in text); each returned image as an image
+/// block, each other returned file as an embedded resource.
+pub fn report_result(report: RunReport) -> CallToolResult {
+    let mut blocks = Vec::new();
+    for f in &report.files {
+        let Some(data) = &f.content_base64 else {
+            continue;
+        };
+        if outputs::is_image(&f.mime_type) {
+            blocks.push(ContentBlock::image(data.clone(), f.mime_type.clone()));
+            continue;
+        }
+        let uri = format!("codebox://runs/{}/{}", report.run_id, f.path);
+        let text = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok());
+        blocks.push(ContentBlock::resource(match text {
+            Some(text) => ResourceContents::TextResourceContents {
+                uri,
+                mime_type: Some(f.mime_type.clone()),
+                text,
+                meta: None,
+            },
+            None => ResourceContents::BlobResourceContents {
+                uri,
+                mime_type: Some(f.mime_type.clone()),
+                blob: data.clone(),
+                meta: None,
+            },
+        }));
+    }
+    let mut summary = report.clone();
+    for f in &mut summary.files {
+        f.content_base64 = None;
+    }
+    let text = serde_json::to_string(&summary).unwrap_or_default();
+    let structured = serde_json::to_value(&report).unwrap_or_default();
+    let mut content = vec![ContentBlock::text(text)];
+    content.extend(blocks);
+    let mut result = CallToolResult::success(content);
+    result.structured_content = Some(structured);
+    result
 }
 
 /// The ids of the languages the server runs, sorted.
@@ -159,8 +256,18 @@ impl CodeboxServer {
                 route.attr.annotations = Some(annotations);
                 if matches!(name, "run_code" | "start_run") {
                     let schema = Self::run_schema_with_numbers(&route.attr.input_schema, &manager);
-                    route.attr.input_schema = std::sync::Arc::new(schema);
+                    route.attr.input_schema = Arc::new(schema);
                 }
+                // These return the report as built by `report_result`.
+                if matches!(name, "run_code" | "get_result" | "stop_run") {
+                    route.attr.output_schema = Some(schema_for_output::<RunReport>());
+                }
+            }
+        }
+        for route in tool_router.map.values_mut() {
+            route.attr.input_schema = Arc::new(standard_schema(&route.attr.input_schema));
+            if let Some(out) = &route.attr.output_schema {
+                route.attr.output_schema = Some(Arc::new(standard_schema(out)));
             }
         }
         CodeboxServer {
@@ -235,7 +342,7 @@ impl CodeboxServer {
         &self,
         Parameters(request): Parameters<RunRequest>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<RunReport>, String> {
+    ) -> Result<CallToolResult, String> {
         let accepted = self.manager.submit(request).map_err(submit_error)?;
         let run_id = accepted.run_id;
         let token = ctx.meta.get_progress_token();
@@ -269,10 +376,10 @@ impl CodeboxServer {
             tokio::select! {
                 _ = ctx.ct.cancelled() => {
                     tracing::info!(run_id, "run_code was cancelled by the client; stopping the run");
-                    return self.manager.stop(&run_id).await.map(Json).map_err(|e| e.to_string());
+                    return self.manager.stop(&run_id).await.map(report_result).map_err(|e| e.to_string());
                 }
                 report = self.manager.wait(&run_id, PROGRESS_INTERVAL) => match report {
-                    Ok(r) if r.status.is_terminal() => return Ok(Json(r)),
+                    Ok(r) if r.status.is_terminal() => return Ok(report_result(r)),
                     Ok(_) => {}
                     Err(e) => return Err(e.to_string()),
                 }
@@ -293,7 +400,7 @@ impl CodeboxServer {
         &self,
         Parameters(p): Parameters<GetResultParams>,
         ct: tokio_util::sync::CancellationToken,
-    ) -> Result<Json<RunReport>, String> {
+    ) -> Result<CallToolResult, String> {
         let wait = p.wait_seconds.unwrap_or(0.0);
         if !(wait.is_finite() && (0.0..=MAX_WAIT_SECONDS).contains(&wait)) {
             return Err(format!(
@@ -303,7 +410,7 @@ impl CodeboxServer {
         let wait = Duration::from_secs_f64(wait);
         tokio::select! {
             _ = ct.cancelled() => Err("the call was cancelled".to_string()),
-            r = self.manager.wait(&p.run_id, wait) => r.map(Json).map_err(|e| e.to_string()),
+            r = self.manager.wait(&p.run_id, wait) => r.map(report_result).map_err(|e| e.to_string()),
         }
     }
 
@@ -311,11 +418,11 @@ impl CodeboxServer {
     async fn stop_run(
         &self,
         Parameters(p): Parameters<StopRunParams>,
-    ) -> Result<Json<RunReport>, String> {
+    ) -> Result<CallToolResult, String> {
         self.manager
             .stop(&p.run_id)
             .await
-            .map(Json)
+            .map(report_result)
             .map_err(|e| e.to_string())
     }
 

@@ -15,6 +15,7 @@ use crate::report::Status;
 pub const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
 pub const DEFAULT_COMPILE_MEMORY_MB: u64 = 1024;
 pub const DEFAULT_COMPILE_CPUS: f64 = 1.0;
+pub const DEFAULT_COMPILE_WORKSPACE_MB: u64 = 256;
 
 /// An image languages run in.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,14 +33,10 @@ pub struct CompileLimits {
     pub timeout_seconds: f64,
     pub memory_mb: u64,
     pub cpus: f64,
-    /// When set, the workspace is a tmpfs of this many MB instead of a disk-backed volume.
-    ///
-    /// # Security
-    /// Set it for compilers that run user code at compile time (GHC's Template Haskell and
-    /// preprocessors named in `OPTIONS_GHC`): a disk-backed workspace caps each file
-    /// (`max_file_size_mb`) but not their number. The tmpfs caps the total; it costs a third,
-    /// idle container per run that keeps the tmpfs mounted between the stages.
-    pub workspace_mb: Option<u64>,
+    /// Size of the compile stage's working directory (a tmpfs, counted against `memory_mb`),
+    /// which bounds what a compiler, and any user code it runs at compile time (Template
+    /// Haskell, macros), can write. At most half of `memory_mb`.
+    pub workspace_mb: u64,
 }
 
 /// What a smoke sample expects.
@@ -71,16 +68,29 @@ pub struct Language {
     pub image: Image,
     pub source_file: String,
     pub compile: Option<Vec<String>>,
+    /// A syntax check run in the run stage's container right before the program (no extra
+    /// container); a non-zero exit is `compile_error`. For interpreters whose checker finds
+    /// syntax errors without running anything (`python3 -m py_compile`).
+    pub check: Option<Vec<String>>,
     pub run: Vec<String>,
     pub version: Option<Vec<String>>,
     pub env: BTreeMap<String, String>,
+    /// Libraries beyond the standard library the image offers, by the name a program uses
+    /// (for Python, the module to import).
+    pub packages: Vec<String>,
     pub compile_limits: CompileLimits,
     pub tests: Vec<Sample>,
 }
 
 impl Language {
+    /// A compile stage runs in a container of its own.
     pub fn is_compiled(&self) -> bool {
         self.compile.is_some()
+    }
+
+    /// A compile step or a syntax check can end a run as `compile_error`.
+    pub fn can_fail_to_compile(&self) -> bool {
+        self.compile.is_some() || self.check.is_some()
     }
 }
 
@@ -325,10 +335,18 @@ fn validate_language(
             "must be a non-empty command (a list of strings)".into(),
         );
     }
-    if let Some(c) = &raw.compile {
-        if c.is_empty() || c[0].is_empty() {
-            return err("compile", "must be a non-empty command when present".into());
+    for (name, cmd) in [("compile", &raw.compile), ("check", &raw.check)] {
+        if let Some(c) = cmd {
+            if c.is_empty() || c[0].is_empty() {
+                return err(name, "must be a non-empty command when present".into());
+            }
         }
+    }
+    if raw.compile.is_some() && raw.check.is_some() {
+        return err(
+            "check",
+            "a language has a compile stage or a check, not both (its compiler checks)".into(),
+        );
     }
     if let Some(v) = &raw.version {
         if v.is_empty() {
@@ -347,7 +365,7 @@ fn validate_language(
         timeout_seconds: DEFAULT_COMPILE_TIMEOUT_SECONDS,
         memory_mb: DEFAULT_COMPILE_MEMORY_MB,
         cpus: DEFAULT_COMPILE_CPUS,
-        workspace_mb: None,
+        workspace_mb: DEFAULT_COMPILE_WORKSPACE_MB,
     };
     if let Some(l) = raw.compile_limits {
         if let Some(t) = l.timeout_seconds {
@@ -363,10 +381,7 @@ fn validate_language(
             compile_limits.memory_mb = m;
         }
         if let Some(w) = l.workspace_mb {
-            if w == 0 {
-                return err("compile_limits.workspace_mb", "must be positive".into());
-            }
-            compile_limits.workspace_mb = Some(w);
+            compile_limits.workspace_mb = w;
         }
         if let Some(c) = l.cpus {
             if !(c.is_finite() && c > 0.0) {
@@ -374,6 +389,17 @@ fn validate_language(
             }
             compile_limits.cpus = c;
         }
+    }
+    if compile_limits.workspace_mb == 0
+        || compile_limits.workspace_mb * 2 > compile_limits.memory_mb
+    {
+        return err(
+            "compile_limits.workspace_mb",
+            format!(
+                "must be between 1 and half of compile_limits.memory_mb ({} MB): the working directory is memory",
+                compile_limits.memory_mb
+            ),
+        );
     }
     let mut extensions = raw.extensions;
     if extensions.is_empty() {
@@ -419,9 +445,11 @@ fn validate_language(
         image: image.clone(),
         source_file: raw.source_file,
         compile: raw.compile,
+        check: raw.check,
         run: raw.run,
         version: raw.version,
         env: raw.env,
+        packages: raw.packages,
         compile_limits,
         tests,
     })

@@ -53,11 +53,16 @@ pub struct RawLanguage {
     pub image: String,
     pub source_file: String,
     pub compile: Option<Vec<String>>,
+    /// A syntax check run in the run stage's container before the program.
+    pub check: Option<Vec<String>>,
     pub run: Vec<String>,
     /// Command printing the toolchain version, run once when the image is built.
     pub version: Option<Vec<String>>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Libraries beyond the standard library that programs can use.
+    #[serde(default)]
+    pub packages: Vec<String>,
     pub compile_limits: Option<RawLimits>,
     #[serde(default)]
     pub tests: Vec<RawSample>,

@@ -5,8 +5,8 @@
 //! starts when both a slot is free (`runs.max_concurrent_runs`) and the memory of the running
 //! runs plus its own stays within `runs.memory_budget_mb`. A large request at the head is
 //! therefore never starved by small ones behind it. A run is charged the larger of its memory
-//! limit and its language's compile-stage limit, since the stages run one after the other,
-//! plus its tmpfs workspace if the language has one (it is memory, for the whole run).
+//! limit and its language's compile-stage limit, since the stages run one after the other
+//! (their tmpfs working directories are memory within those limits).
 //!
 //! Each run executes in its own tokio task, watched by a second task: if the first panics,
 //! the run still ends, as `sandbox_error` (the executor's guards remove its containers).
@@ -190,26 +190,24 @@ pub struct RunManager {
     inner: Arc<Inner>,
 }
 
-/// Memory a run holds while admitted: its own limit, or its compile stage's if larger, plus
-/// its tmpfs workspace (`compile_limits.workspace_mb`), which lives for the whole run.
+/// Memory a run holds while admitted: its own limit, or its compile stage's if larger (the
+/// stages' working directories are tmpfs within those limits).
 pub fn memory_charge(language: &Language, limits: &RunLimits) -> u64 {
-    let stages = if language.is_compiled() {
+    if language.is_compiled() {
         limits.memory_mb.max(language.compile_limits.memory_mb)
     } else {
         limits.memory_mb
-    };
-    stages + language.compile_limits.workspace_mb.unwrap_or(0)
+    }
 }
 
 /// Check that every language's compile stage fits the memory budget (at start).
 pub fn check_budget(registry: &Registry, config: &Config) -> Result<(), String> {
     let budget = config.runs.memory_budget_mb;
     for lang in registry.languages.values() {
-        let compile_mb =
-            lang.compile_limits.memory_mb + lang.compile_limits.workspace_mb.unwrap_or(0);
+        let compile_mb = lang.compile_limits.memory_mb;
         if lang.is_compiled() && compile_mb > budget {
             return Err(format!(
-                "setting `runs.memory_budget_mb` = {budget} is invalid: language `{}` compiles with {compile_mb} MB (memory and tmpfs workspace), which would never fit",
+                "setting `runs.memory_budget_mb` = {budget} is invalid: language `{}` compiles with {compile_mb} MB, which would never fit",
                 lang.id
             ));
         }
@@ -305,7 +303,7 @@ impl RunManager {
         let limits = valid.limits;
         let budget = Duration::from_secs_f64(
             limits.timeout_seconds
-                + if valid.language.is_compiled() {
+                + if valid.language.can_fail_to_compile() {
                     valid.language.compile_limits.timeout_seconds
                 } else {
                     0.0
@@ -741,7 +739,7 @@ mod tests {
     use std::path::Path;
 
     #[test]
-    fn a_tmpfs_workspace_is_charged_to_the_memory_budget() {
+    fn a_compiled_run_is_charged_its_larger_stage() {
         let registry = Registry::parse(
             Path::new("t.toml"),
             r#"
@@ -753,8 +751,7 @@ context = "images/i"
 display_name = "P"
 image = "i"
 source_file = "main.p"
-compile = ["cc"]
-run = ["./main"]
+run = ["p", "main.p"]
 
 [languages.heavy]
 display_name = "H"
@@ -771,10 +768,7 @@ compile_limits = { memory_mb = 1024, workspace_mb = 256 }
             timeout_seconds: 1.0,
             cpus: 1.0,
         };
-        assert_eq!(memory_charge(&registry.languages["plain"], &limits), 1024);
-        assert_eq!(
-            memory_charge(&registry.languages["heavy"], &limits),
-            1024 + 256
-        );
+        assert_eq!(memory_charge(&registry.languages["plain"], &limits), 512);
+        assert_eq!(memory_charge(&registry.languages["heavy"], &limits), 1024);
     }
 }

@@ -186,8 +186,8 @@ expect = { status = "failed", exit_code = 3 }
 
 [[languages.awk.tests]]
 name = "runtime_error"
-code = 'BEGIN { print "x" > "/workspace/out" }'
-expect = { status = "failed", stderr_contains = "out" }
+code = 'BEGIN { print "x" > "/usr/out" }'
+expect = { status = "failed", stderr_contains = "/usr/out" }
 "#;
 
 #[test]

@@ -63,8 +63,8 @@ async fn codebox_run_records_its_run_in_the_history() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].language, "python");
     assert_eq!(rows[0].status.as_str(), "succeeded");
-    let run = fake.specs().last().unwrap().clone();
-    assert_eq!(run.cmd, ["python3", "main.py", "a1"]);
+    let payload = fake.payloads().last().unwrap().clone();
+    assert_eq!(payload.run.unwrap(), ["python3", "main.py", "a1"]);
 }
 
 #[tokio::test]

@@ -86,7 +86,7 @@ pub async fn run_with(exec: &Executor, req: RunRequest) -> RunReport {
     let valid = ValidRequest::new(req, &registry(), exec.config()).expect("valid request");
     let id = new_run_id();
     let report = exec.execute(&id, &valid, 0, CancellationToken::new()).await;
-    assert_no_leftovers(&id);
+    assert_no_leftovers(&id).await;
     report
 }
 
@@ -116,12 +116,18 @@ pub fn leftovers(run_id: &str) -> Vec<String> {
     found
 }
 
-pub fn assert_no_leftovers(run_id: &str) {
-    let left = leftovers(run_id);
-    assert!(
-        left.is_empty(),
-        "run {run_id} left containers or volumes behind: {left:?}"
-    );
+/// Containers are removed in the background once a run's report is made: wait for them to
+/// go (up to 20 s), then fail if any is left.
+pub async fn assert_no_leftovers(run_id: &str) {
+    let mut left = leftovers(run_id);
+    for _ in 0..200 {
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        left = leftovers(run_id);
+    }
+    panic!("run {run_id} left containers or volumes behind: {left:?}");
 }
 
 pub fn codebox_bin() -> &'static Path {

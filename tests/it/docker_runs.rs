@@ -123,21 +123,6 @@ for path in ['/probe', '/usr/probe', '/etc/probe']:
 }
 
 #[tokio::test]
-async fn workspace_is_read_only_in_the_run_stage() {
-    let code = r#"
-import errno, os
-print(os.getcwd())
-try:
-    open('/workspace/new.txt', 'w').close()
-    print('writable')
-except OSError as e:
-    print(errno.errorcode[e.errno])
-"#;
-    let r = run(py(code)).await;
-    assert_eq!(r.stdout, "/workspace\nEROFS\n", "{r:?}");
-}
-
-#[tokio::test]
 async fn files_in_tmp_cannot_be_executed() {
     let code = r#"
 import os, subprocess
@@ -193,17 +178,19 @@ print('forked', n)
 }
 
 #[tokio::test]
-async fn shell_fork_bomb_run_ends_and_is_cleaned_up() {
+async fn a_shell_fork_bomb_dies_with_the_shell_that_started_it() {
+    // The script returns at once, leaving the bomb running in the background: when the
+    // program ends, codebox-init kills every process left, so the run ends with the shell's
+    // status and nothing outlives it.
     let mut req = request("bash", ":(){ :|:& };:");
-    req.limits = limits(None, Some(3.0));
+    req.limits = limits(None, Some(10.0));
     let r = run(req).await; // run() also checks that nothing is left behind
-    assert!(
-        matches!(
-            r.status,
-            Status::TimedOut | Status::Failed | Status::Succeeded
-        ),
+    assert_eq!(
+        (r.status, r.exit_code),
+        (Status::Succeeded, Some(0)),
         "{r:?}"
     );
+    assert!(r.usage.cpu_time_ms.is_some(), "{r:?}");
 }
 
 // ---- outcomes ------------------------------------------------------------------------------
@@ -461,13 +448,23 @@ async fn cancelling_a_run_stops_it_and_removes_its_containers() {
     let id = codebox::executor::new_run_id();
     let cancel = CancellationToken::new();
     let stopper = cancel.clone();
+    let watched = id.clone();
+    // Stop once the program's container is up (not after a fixed time).
     tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        while common::leftovers(&watched).is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         stopper.cancel();
     });
     let r = exec.execute(&id, &valid, 0, cancel).await;
     assert_eq!(r.status, Status::Stopped, "{r:?}");
-    common::assert_no_leftovers(&id);
+    assert_eq!(r.stdout, "up\n", "output before the stop is kept");
+    assert!(
+        r.usage.cpu_time_ms.is_some(),
+        "a stopped run reports usage: {r:?}"
+    );
+    common::assert_no_leftovers(&id).await;
 }
 
 #[tokio::test]

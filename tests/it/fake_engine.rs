@@ -1,13 +1,15 @@
-//! Control-flow corner cases against the fake engine: what was asked of the engine, and that
-//! every path removes what it created. Plus request rejections, which never reach an engine.
+//! Control-flow corner cases against the fake engine: what was asked of the engine (specs,
+//! payloads, signals), that every path removes what it created, and the stage logic's
+//! deadlines with paused time. Plus request rejections, which never reach an engine.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use codebox::config::Config;
-use codebox::engine::fake::{FakeEngine, Step};
-use codebox::engine::ContainerEngine;
-use codebox::executor::{Executor, FileInput, LimitsInput, RunRequest, ValidRequest};
+use codebox::engine::fake::{exited, Behaviour, FakeEngine, Step};
+use codebox::engine::protocol::{frame, EntryKind};
+use codebox::engine::{ContainerEngine, Signal};
+use codebox::executor::{new_run_id, Executor, FileInput, LimitsInput, RunRequest, ValidRequest};
 use codebox::report::{Stage, Status};
 use tokio_util::sync::CancellationToken;
 
@@ -27,130 +29,185 @@ fn reject(req: RunRequest) -> String {
     e.to_string()
 }
 
+async fn run(fake: &Arc<FakeEngine>, req: RunRequest) -> codebox::report::RunReport {
+    executor(fake)
+        .execute(&new_run_id(), &valid(req), 0, CancellationToken::new())
+        .await
+}
+
 async fn wait_until_clean(fake: &FakeEngine) {
     for _ in 0..250 {
-        if fake.live_containers().is_empty() && fake.live_volumes().is_empty() {
+        if fake.live_containers().is_empty() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!(
-        "left behind: containers {:?}, volumes {:?}",
-        fake.live_containers(),
-        fake.live_volumes()
-    );
+    panic!("left behind: containers {:?}", fake.live_containers());
 }
 
 #[tokio::test]
 async fn every_container_spec_is_locked_down() {
     let fake = Arc::new(FakeEngine::new());
-    let r = executor(&fake)
-        .execute(
-            "r1",
-            &valid(request("python", "print(1)")),
-            0,
-            CancellationToken::new(),
-        )
-        .await;
+    let r = run(&fake, request("cpp", "int main(){}")).await;
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     let specs = fake.specs();
     assert_eq!(specs.len(), 2, "a compile and a run container");
     for s in &specs {
         assert_eq!(s.network_mode, "none");
         assert!(s.readonly_rootfs);
-        assert_eq!(s.user, specs[0].user, "both stages of a run use its uid");
         let uid: u32 = s.user.split(':').next().unwrap().parse().unwrap();
         assert!((10001..=10064).contains(&uid), "{}", s.user);
         assert_eq!(s.cap_drop, ["ALL"]);
-        assert!(s.cap_add.is_empty() && s.devices.is_empty() && !s.privileged);
+        assert!(!s.privileged && !s.init);
+        assert_eq!(s.cmd, ["/usr/local/bin/codebox-init"]);
         assert!(s.security_opt.contains(&"no-new-privileges".to_string()));
         assert_eq!(s.pids_limit, 256);
         assert_eq!(s.memory_bytes, s.memory_swap_bytes);
         assert!(s.tmpfs["/tmp"].contains("noexec"));
+        assert!(s.tmpfs["/workspace"].contains("nosuid"));
         assert_eq!(s.labels["codebox.managed"], "true");
-        assert_eq!(s.labels["codebox.run"], "r1");
+        assert_eq!(s.labels["codebox.run"], r.run_id);
         assert_eq!(s.labels["codebox.instance"], "fake-instance");
-        assert!(!s.env.contains_key("DOCKER_HOST"));
-        assert_eq!(s.env.len(), 6, "minimal environment: {:?}", s.env);
+        assert_eq!(s.env.len(), 4, "minimal environment: {:?}", s.env);
+        assert_eq!(s.runtime, "runc");
     }
+    assert_ne!(
+        specs[0].user, specs[1].user,
+        "each container runs as a uid of its own"
+    );
     let (compile, run) = (&specs[0], &specs[1]);
-    assert!(
-        !compile.mounts[0].read_only,
-        "compile stage writes the workspace"
-    );
-    assert!(
-        run.mounts[0].read_only,
-        "run stage must not write the workspace"
-    );
+    assert_eq!(compile.memory_bytes, 1024 * 1024 * 1024);
+    assert!(compile.tmpfs["/workspace"].contains("size=256m"));
     assert_eq!(run.memory_bytes, 512 * 1024 * 1024);
-    assert_eq!(run.nano_cpus, 1_000_000_000);
-    assert_eq!(run.cmd, ["python3", "main.py"]);
+    assert!(run.tmpfs["/workspace"].contains("size=64m"));
+    assert_eq!((run.cpu_quota_us, run.cpu_period_us), (100_000, 100_000));
     wait_until_clean(&fake).await;
 }
 
 #[tokio::test]
-async fn interpreted_languages_load_the_workspace_without_starting_a_loader() {
+async fn the_payload_carries_the_command_files_stdin_and_the_limits() {
     let fake = Arc::new(FakeEngine::new());
-    let r = executor(&fake)
-        .execute(
-            "r2",
-            &valid(request("bash", "echo hi")),
-            0,
-            CancellationToken::new(),
-        )
-        .await;
-    assert_eq!(r.status, Status::Succeeded);
-    assert_eq!(fake.started(), 1, "only the run container is started");
-    assert!(r.compile.is_none());
-    wait_until_clean(&fake).await;
-}
-
-#[tokio::test]
-async fn container_removed_when_upload_fails() {
-    let fake = Arc::new(FakeEngine::new());
-    fake.fail_at(Step::Upload);
-    let r = executor(&fake)
-        .execute(
-            "r3",
-            &valid(request("python", "print(1)")),
-            0,
-            CancellationToken::new(),
-        )
-        .await;
-    assert_eq!(r.status, Status::SandboxError);
-    assert!(
-        r.message
-            .contains("copying the code into the container failed"),
-        "{}",
-        r.message
+    let req = RunRequest {
+        stdin: Some("in".into()),
+        args: Some(vec!["a1".into(), "".into()]),
+        files: Some(vec![FileInput {
+            path: "data/x.txt".into(),
+            content: "x".into(),
+            encoding: None,
+        }]),
+        limits: Some(LimitsInput {
+            timeout_seconds: Some(5.0),
+            ..Default::default()
+        }),
+        ..request("python", "print(1)")
+    };
+    let r = run(&fake, req).await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    assert_eq!(fake.specs().len(), 1, "python checks in its run container");
+    let p = &fake.payloads()[0];
+    assert_eq!(p.run.as_deref().unwrap(), ["python3", "main.py", "a1", ""]);
+    assert_eq!(
+        p.check.as_deref().unwrap(),
+        ["python3", "-m", "py_compile", "main.py"]
     );
-    assert_eq!(fake.specs().len(), 1);
-    assert!(fake.live_containers().is_empty() && fake.live_volumes().is_empty());
+    assert_eq!(p.env["PYTHONDONTWRITEBYTECODE"], "1");
+    assert_eq!(p.timeout, Duration::from_secs(5));
+    assert_eq!(p.stdin.as_deref(), Some(&b"in"[..]));
+    let paths: Vec<&str> = p.entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["main.py", "data/x.txt"]);
+    wait_until_clean(&fake).await;
 }
 
 #[tokio::test]
-async fn container_removed_when_create_fails() {
+async fn compile_artifacts_reach_the_run_stage_whole() {
+    let fake = Arc::new(FakeEngine::new());
+    let r = run(&fake, request("cpp", "int main(){}")).await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let payloads = fake.payloads();
+    assert_eq!(payloads.len(), 2);
+    let binary = payloads[1]
+        .entries
+        .iter()
+        .find(|e| e.path == "main")
+        .expect("the compiled binary reaches the run stage");
+    assert_eq!((binary.kind, binary.mode), (EntryKind::File, 0o755));
+    assert!(payloads[1].entries.iter().any(|e| e.path == "main.cpp"));
+    assert_eq!(r.compile.as_ref().unwrap().status, Status::Succeeded);
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn compile_failure_ends_the_run_and_its_prepared_container_is_removed() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(Behaviour::Exit {
+        code: 1,
+        stdout: String::new(),
+        stderr: "main.cpp:1: error".into(),
+    });
+    let r = run(&fake, request("cpp", "int main(")).await;
+    assert_eq!(
+        (r.status, r.stage, r.exit_code),
+        (Status::CompileError, Some(Stage::Compile), Some(1))
+    );
+    assert_eq!(r.compile.unwrap().stderr, "main.cpp:1: error");
+    assert_eq!(fake.attached(), 1, "the run container was never used");
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn a_failed_check_is_a_compile_error_from_the_run_container() {
+    let fake = Arc::new(FakeEngine::new());
+    let mut frames = frame(b'P', b"check");
+    frames.extend(frame(b'E', b"SyntaxError: invalid syntax"));
+    frames.extend(frame(
+        b'X',
+        b"phase=check\nend=exited\ncode=1\ncpu_ms=12\npeak_kb=9000\n",
+    ));
+    frames.extend(frame(b'Z', b""));
+    fake.script(Behaviour::Raw(frames));
+    let r = run(&fake, request("python", "print(")).await;
+    assert_eq!(
+        (r.status, r.stage),
+        (Status::CompileError, Some(Stage::Compile))
+    );
+    let c = r.compile.unwrap();
+    assert_eq!(c.stderr, "SyntaxError: invalid syntax");
+    assert_eq!(c.usage.cpu_time_ms, Some(12));
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn containers_removed_when_create_fails() {
     let fake = Arc::new(FakeEngine::new());
     fake.fail_at(Step::CreateContainer);
-    let r = executor(&fake)
-        .execute(
-            "r4",
-            &valid(request("python", "print(1)")),
-            0,
-            CancellationToken::new(),
-        )
-        .await;
+    let r = run(&fake, request("python", "print(1)")).await;
     assert_eq!(r.status, Status::SandboxError);
     assert!(
         r.message.contains("creating the container failed"),
         "{}",
         r.message
     );
-    assert!(fake.live_volumes().is_empty());
+    wait_until_clean(&fake).await;
 }
 
 #[tokio::test]
-async fn cancelled_token_stops_the_run_and_removes_containers() {
+async fn container_removed_when_attach_or_start_fails() {
+    for (step, words) in [
+        (Step::Attach, "attaching to the container failed"),
+        (Step::Start, "starting the container failed"),
+    ] {
+        let fake = Arc::new(FakeEngine::new());
+        fake.fail_at(step);
+        let r = run(&fake, request("python", "print(1)")).await;
+        assert_eq!(r.status, Status::SandboxError);
+        assert!(r.message.contains(words), "{}", r.message);
+        assert_eq!(fake.specs().len(), 1);
+        wait_until_clean(&fake).await;
+    }
+}
+
+#[tokio::test]
+async fn cancelled_token_stops_the_run_asking_the_helper_first() {
     let fake = Arc::new(FakeEngine::new());
     fake.hang_on_start();
     let exec = Arc::new(executor(&fake));
@@ -163,13 +220,120 @@ async fn cancelled_token_stops_the_run_and_removes_containers() {
                 .await
         })
     };
-    while fake.started() == 0 {
+    while fake.attached() == 0 {
         tokio::task::yield_now().await;
     }
     cancel.cancel();
     let r = task.await.unwrap();
     assert_eq!((r.status, r.stage), (Status::Stopped, Some(Stage::Run)));
-    assert!(fake.live_containers().is_empty() && fake.live_volumes().is_empty());
+    let name = &fake.specs()[0].name;
+    assert_eq!(fake.signals(name), [Signal::Term], "SIGTERM was enough");
+    assert_eq!(
+        r.usage.cpu_time_ms,
+        Some(1),
+        "a stopped run reports its usage"
+    );
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_helper_that_ignores_the_stop_is_killed_after_the_grace() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.set_default(Behaviour::HangHard);
+    let exec = Arc::new(executor(&fake));
+    let cancel = CancellationToken::new();
+    let task = {
+        let exec = exec.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            exec.execute("r6", &valid(request("bash", "sleep 100")), 0, cancel)
+                .await
+        })
+    };
+    while fake.attached() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let asked = tokio::time::Instant::now();
+    cancel.cancel();
+    let r = task.await.unwrap();
+    assert_eq!(r.status, Status::Stopped);
+    let name = &fake.specs()[0].name;
+    assert_eq!(fake.signals(name), [Signal::Term, Signal::Kill]);
+    assert_eq!(asked.elapsed(), codebox::executor::stage::STOP_GRACE);
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_helper_that_never_reports_is_killed_at_the_backstop() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.set_default(Behaviour::HangHard);
+    let started = tokio::time::Instant::now();
+    let req = RunRequest {
+        limits: Some(LimitsInput {
+            timeout_seconds: Some(2.0),
+            ..Default::default()
+        }),
+        ..request("bash", "sleep 100")
+    };
+    let r = run(&fake, req).await;
+    assert_eq!(
+        (r.status, r.signal.as_deref()),
+        (Status::TimedOut, Some("SIGKILL"))
+    );
+    // The limit, the host's grace, then the kill.
+    assert_eq!(started.elapsed(), Duration::from_secs(2 + 5));
+    assert_eq!(fake.signals(&fake.specs()[0].name), [Signal::Kill]);
+    assert_eq!(r.usage.cpu_time_ms, None, "nobody measured it");
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn the_helpers_own_deadline_reports_timed_out_with_output_and_usage() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(Behaviour::TimedOut {
+        stdout: "before\n".into(),
+    });
+    let r = run(&fake, request("python", "while True: pass")).await;
+    assert_eq!(r.status, Status::TimedOut);
+    assert_eq!(r.stdout, "before\n");
+    assert_eq!(r.usage.peak_memory_kb, Some(1024));
+    assert!(
+        fake.signals(&fake.specs()[0].name).is_empty(),
+        "no kill was needed"
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_stream_is_a_sandbox_error_and_the_container_is_killed() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(Behaviour::Raw(
+        b"raw text from something that is not codebox-init".to_vec(),
+    ));
+    let r = run(&fake, request("python", "print(1)")).await;
+    assert_eq!(r.status, Status::SandboxError);
+    assert!(r.message.contains("malformed"), "{}", r.message);
+    assert_eq!(fake.signals(&fake.specs()[0].name), [Signal::Kill]);
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn out_of_memory_needs_the_kill_and_the_cgroup_evidence() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(Behaviour::Signal {
+        signal: 9,
+        oom: true,
+    });
+    fake.script(Behaviour::Signal {
+        signal: 9,
+        oom: false,
+    });
+    let r = run(&fake, request("python", "x")).await;
+    assert_eq!((r.status, r.exit_code), (Status::OutOfMemory, Some(137)));
+    let r = run(&fake, request("python", "x")).await;
+    assert_eq!(
+        (r.status, r.signal.as_deref()),
+        (Status::Failed, Some("SIGKILL"))
+    );
 }
 
 #[tokio::test]
@@ -189,7 +353,7 @@ async fn containers_removed_when_the_run_task_is_aborted() {
             .await
         })
     };
-    while fake.started() == 0 {
+    while fake.attached() == 0 {
         tokio::task::yield_now().await;
     }
     assert!(!fake.live_containers().is_empty());
@@ -216,11 +380,7 @@ async fn containers_removed_when_the_run_task_panics() {
         })
     };
     assert!(task.await.unwrap_err().is_panic());
-    assert_eq!(
-        fake.specs().len(),
-        2,
-        "the loader and the run container had been created"
-    );
+    assert_eq!(fake.specs().len(), 1, "the run container had been created");
     wait_until_clean(&fake).await;
 }
 
@@ -228,43 +388,50 @@ async fn containers_removed_when_the_run_task_panics() {
 async fn failed_removals_are_retried_in_the_background() {
     let fake = Arc::new(FakeEngine::new());
     let exec = executor(&fake);
-    // The compile container's removal fails twice (during the run, then at release): the
-    // run is unaffected and the container is removed by the background retry.
     fake.fail_removals(2);
     let r = exec
         .execute(
             "r9",
-            &valid(request("python", "print(1)")),
+            &valid(request("cpp", "int main(){}")),
             0,
             CancellationToken::new(),
         )
         .await;
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     wait_until_clean(&fake).await;
+    assert!(!exec.cleanup().failed());
 }
 
 #[tokio::test]
-async fn compile_failure_skips_the_run_stage() {
+async fn a_removal_that_keeps_failing_is_recorded_for_the_instance_lock() {
     let fake = Arc::new(FakeEngine::new());
-    fake.script(codebox::engine::fake::exited(1, ""));
-    let r = executor(&fake)
+    let exec = executor(&fake);
+    fake.fail_at(Step::Remove);
+    let r = run(&fake, request("bash", "true")).await;
+    assert_eq!(r.status, Status::Succeeded);
+    let r = exec
         .execute(
-            "r7",
-            &valid(request("cpp", "int main(")),
+            "r10",
+            &valid(request("bash", "true")),
             0,
             CancellationToken::new(),
         )
         .await;
-    assert_eq!(
-        (r.status, r.stage, r.exit_code),
-        (Status::CompileError, Some(Stage::Compile), Some(1))
-    );
-    assert_eq!(
-        fake.specs().len(),
-        1,
-        "no run container after a compile error"
-    );
-    wait_until_clean(&fake).await;
+    assert_eq!(r.status, Status::Succeeded);
+    tokio::time::pause();
+    assert!(exec.cleanup().drain(Duration::from_secs(60)).await);
+    assert!(exec.cleanup().failed());
+}
+
+#[tokio::test]
+async fn scripted_exit_codes_reach_the_report() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(exited(3, "out\n"));
+    let r = run(&fake, request("bash", "exit 3")).await;
+    assert_eq!((r.status, r.exit_code), (Status::Failed, Some(3)));
+    assert_eq!(r.stdout, "out\n");
+    assert_eq!(r.stdout_bytes, 4);
+    assert!(!r.stdout_truncated);
 }
 
 // ---- rejections -----------------------------------------------------------------------------

@@ -463,7 +463,7 @@ async fn run_build_script(code: &str) -> codebox::report::RunReport {
     let report = exec
         .execute(&id, &valid, 0, tokio_util::sync::CancellationToken::new())
         .await;
-    common::assert_no_leftovers(&id);
+    common::assert_no_leftovers(&id).await;
     report
 }
 

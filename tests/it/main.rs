@@ -18,3 +18,4 @@ mod mcp_tools;
 mod reaper;
 mod registry_file;
 mod runs;
+mod workspace;

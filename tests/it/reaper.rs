@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use codebox::config::SandboxSettings;
 use codebox::engine::docker::DockerEngine;
-use codebox::engine::posture::{self, Resources};
+use codebox::engine::posture::{self, Limits, Plan};
 use codebox::engine::ContainerEngine;
 use codebox::instance::Instance;
 use codebox::reaper::reap;
@@ -25,21 +26,18 @@ async fn create(engine: &DockerEngine, instance: &str, expires: u64) -> String {
         ("codebox.expires".to_string(), expires.to_string()),
     ]);
     let spec = posture::locked_down(
-        &format!("codebox-{run}-reaptest"),
-        "codebox/bash:5.2",
-        vec!["true".into()],
-        &BTreeMap::new(),
-        None,
-        &Resources {
+        &Plan {
+            name: format!("codebox-{run}-reaptest"),
+            image: "codebox/bash:5.2".into(),
             uid: 10001,
-            memory_mb: 64,
-            cpus: 1.0,
-            pids_limit: 16,
-            tmpfs_mb: 8,
-            max_file_size_mb: 1,
+            limits: Limits {
+                memory_mb: 64,
+                cpus: 1.0,
+            },
+            workspace_mb: 8,
+            labels,
         },
-        labels,
-        false,
+        &SandboxSettings::default(),
     );
     engine.create_container(&spec).await.unwrap();
     run
@@ -61,17 +59,24 @@ async fn containers_of_dead_or_expired_instances_are_reaped_and_live_ones_kept()
     )
     .unwrap();
     let dead_run = create(&engine, dead_id, now() + 3600).await;
-    // A dead instance usually leaves a container and a volume: both must go in one sweep.
-    let dead_labels = BTreeMap::from([
-        ("codebox.managed".to_string(), "true".to_string()),
-        ("codebox.run".to_string(), dead_run.clone()),
-        ("codebox.instance".to_string(), dead_id.to_string()),
-        ("codebox.expires".to_string(), (now() + 3600).to_string()),
-    ]);
-    engine
-        .create_volume(&format!("codebox-{dead_run}"), &dead_labels)
-        .await
+    // Older versions also left volumes: both must go in one sweep.
+    let made = std::process::Command::new("docker")
+        .args([
+            "volume",
+            "create",
+            "--label",
+            "codebox.managed=true",
+            "--label",
+            &format!("codebox.run={dead_run}"),
+            "--label",
+            &format!("codebox.instance={dead_id}"),
+            "--label",
+            &format!("codebox.expires={}", now() + 3600),
+            &format!("codebox-{dead_run}"),
+        ])
+        .output()
         .unwrap();
+    assert!(made.status.success(), "{made:?}");
     let live_run = create(&engine, &alive.id, now() + 3600).await;
     let expired_run = create(&engine, "someotherhost", now() - 1).await;
     let mine_run = create(&engine, &me.id, now() + 3600).await;

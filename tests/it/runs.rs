@@ -3,23 +3,16 @@
 //! retention, the memory bound on retained reports (with the history as fallback), panics,
 //! history rows.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use codebox::engine::fake::FakeEngine;
-use codebox::engine::{
-    BuildProgress, ContainerEngine, ContainerSpec, EngineError, EngineInfo, Execution, ImageInfo,
-    Leftover, StartOptions,
-};
+use codebox::engine::fake::{Behaviour, FakeEngine};
 use codebox::executor::{LimitsInput, RunRequest};
 use codebox::history::Query;
 use codebox::report::RunReport;
 use codebox::report::Status;
 use codebox::runs::{LookupError, RunManager, SubmitError};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::common::request;
 use crate::mcp_support::{
@@ -162,20 +155,16 @@ async fn stopping_a_running_run_kills_it_and_removes_its_containers() {
     assert!(!fake.live_containers().is_empty());
     let r = m.stop(&run.run_id).await.unwrap();
     assert_eq!(r.status, Status::Stopped);
-    assert!(
-        fake.live_containers().is_empty(),
-        "{:?}",
-        fake.live_containers()
-    );
-    assert!(fake.live_volumes().is_empty());
     assert_eq!(m.stats().active, 0);
+    eventually(10, "its container removed", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn stop_on_a_finished_run_returns_its_final_report_unchanged() {
     let fake = Arc::new(FakeEngine::new());
-    // Python has a compile stage (py_compile): it succeeds, then the program exits 3.
-    fake.script(codebox::engine::fake::exited(0, ""));
     fake.script(codebox::engine::fake::exited(3, "out\n"));
     let m = fake_manager(&fake, |_| {});
     let run = m.submit(request("python", "print(1)")).unwrap();
@@ -211,77 +200,25 @@ async fn reports_are_kept_for_the_retention_then_forgotten() {
     );
 }
 
-/// An engine whose `start_and_wait` panics; everything else is the fake's.
-struct PanickingEngine(Arc<FakeEngine>);
-
-#[async_trait]
-impl ContainerEngine for PanickingEngine {
-    async fn ping(&self) -> Result<EngineInfo, EngineError> {
-        self.0.ping().await
-    }
-    async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
-        self.0.inspect_image(tag).await
-    }
-    async fn build_image(
-        &self,
-        tag: &str,
-        context_tar: Vec<u8>,
-        labels: BTreeMap<String, String>,
-        no_cache: bool,
-        progress: BuildProgress<'_>,
-    ) -> Result<String, EngineError> {
-        self.0
-            .build_image(tag, context_tar, labels, no_cache, progress)
-            .await
-    }
-    async fn create_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> Result<(), EngineError> {
-        self.0.create_volume(name, labels).await
-    }
-    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
-        self.0.remove_volume(name).await
-    }
-    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        self.0.create_container(spec).await
-    }
-    async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError> {
-        self.0.upload(id, path, tar).await
-    }
-    async fn start_and_wait(
-        &self,
-        _: &str,
-        _: StartOptions,
-        _: CancellationToken,
-    ) -> Result<Execution, EngineError> {
-        panic!("engine exploded")
-    }
-    async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
-        self.0.remove_container(id).await
-    }
-    async fn list_managed_containers(&self) -> Result<Vec<Leftover>, EngineError> {
-        self.0.list_managed_containers().await
-    }
-    async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError> {
-        self.0.list_managed_volumes().await
-    }
-}
-
 #[tokio::test]
 async fn a_panic_in_a_run_task_becomes_a_sandbox_error_report_and_frees_the_slot() {
     let fake = Arc::new(FakeEngine::new());
+    fake.script(Behaviour::Panic);
     let (history, _dir) = temp_history();
     let m = manager_on(
-        Arc::new(PanickingEngine(fake.clone())),
+        fake.clone(),
         |c| c.runs.max_concurrent_runs = 1,
         Some(history.clone()),
     );
     let run = m.submit(request("python", "print(1)")).unwrap();
     let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(r.status, Status::SandboxError);
-    assert!(r.message.contains("engine exploded"), "{}", r.message);
+    assert!(
+        r.message
+            .contains("a task panicked: fake engine told to panic"),
+        "{}",
+        r.message
+    );
     assert_eq!(m.stats().active, 0);
     eventually(10, "the panicked run's containers are removed", || {
         fake.live_containers().is_empty()
@@ -390,8 +327,6 @@ const BIG_OUTPUT: usize = 400 * 1024;
 async fn big_runs(fake: &FakeEngine, m: &RunManager, n: usize) -> Vec<RunReport> {
     let mut done = Vec::new();
     for letter in ["a", "b", "c", "d"].into_iter().take(n) {
-        // Python has a compile stage (py_compile), then the program runs.
-        fake.script(codebox::engine::fake::exited(0, ""));
         fake.script(codebox::engine::fake::exited(0, &letter.repeat(BIG_OUTPUT)));
         let run = m.submit(request("python", "print(1)")).unwrap();
         let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();

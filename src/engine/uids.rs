@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::engine::posture::{SANDBOX_UIDS, SANDBOX_UID_FIRST};
+use super::posture::{SANDBOX_UIDS, SANDBOX_UID_FIRST};
 
 /// The uids not leased at the moment.
 pub struct UidPool {
@@ -34,7 +34,7 @@ impl UidPool {
     /// rarely pick the same one). With more concurrent runs than sandbox users, a uid is
     /// shared rather than the run refused.
     pub fn lease(self: &Arc<UidPool>) -> UidLease {
-        let mut free = self.free.lock().unwrap();
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         if free.is_empty() {
             let uid = SANDBOX_UID_FIRST + random_index(SANDBOX_UIDS as usize) as u32;
             tracing::warn!(
@@ -54,7 +54,10 @@ impl UidPool {
 impl Drop for UidLease {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            pool.free.lock().unwrap().push(self.uid);
+            pool.free
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.uid);
         }
     }
 }

@@ -1,0 +1,704 @@
+//! The conversation with `codebox-init`, the waiting step inside every container
+//! (`docs/sandbox-init.md`): the payload codebox writes to the container's stdin, and the
+//! frames it reads back from its stdout.
+//!
+//! The decoder is incremental and bounded: it keeps at most the output cap per stream, the
+//! configured bytes of file content and a fixed number of entries, whatever the container
+//! sends. Anything that does not follow the protocol is an error, never a panic.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// First line of every payload.
+pub const MAGIC: &[u8] = b"codebox-init 1\n";
+/// Largest frame accepted (the helper writes at most 64 KiB at a time).
+const MAX_FRAME: usize = 1 << 20;
+
+/// The kind of a workspace entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Link,
+}
+
+/// One entry of a working directory: what the payload lays out, and what the compile stage
+/// hands back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub kind: EntryKind,
+    /// Relative to the working directory, `/`-separated, no `.` or `..`.
+    pub path: String,
+    pub mode: u32,
+    /// File content (empty for directories and links).
+    pub content: Bytes,
+    /// Link target.
+    pub target: String,
+}
+
+impl Entry {
+    pub fn file(path: impl Into<String>, mode: u32, content: impl Into<Bytes>) -> Entry {
+        Entry {
+            kind: EntryKind::File,
+            path: path.into(),
+            mode,
+            content: content.into(),
+            target: String::new(),
+        }
+    }
+}
+
+/// Which files `codebox-init` sends back after the program.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Collect {
+    None,
+    /// What the program left under `outputs/`, within these caps.
+    Outputs {
+        max_files: usize,
+        max_bytes: u64,
+        max_file_bytes: u64,
+    },
+    /// The whole working directory, if the program exited 0 (the compile stage's artifacts).
+    WorkspaceOnSuccess {
+        max_bytes: u64,
+    },
+}
+
+/// Everything a container is told.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Payload {
+    pub env: BTreeMap<String, String>,
+    pub check: Option<Vec<String>>,
+    pub run: Option<Vec<String>>,
+    pub check_timeout: Duration,
+    pub timeout: Duration,
+    pub output_limit: u64,
+    pub collect: Option<Collect>,
+    pub entries: Vec<Entry>,
+    pub stdin: Option<Bytes>,
+}
+
+fn record(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(format!("{name} {}\n", value.len()).as_bytes());
+    out.extend_from_slice(value);
+}
+
+fn argv(args: &[String]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for a in args {
+        v.extend_from_slice(a.as_bytes());
+        v.push(0);
+    }
+    v
+}
+
+impl Payload {
+    /// The bytes for the container's stdin.
+    pub fn encode(&self) -> Vec<u8> {
+        let content: usize = self.entries.iter().map(|e| e.content.len()).sum();
+        let stdin = self.stdin.as_ref().map_or(0, |s| s.len());
+        let mut out = Vec::with_capacity(content + stdin + 512);
+        out.extend_from_slice(MAGIC);
+        for (k, v) in &self.env {
+            record(&mut out, "env", format!("{k}={v}").as_bytes());
+        }
+        if let Some(c) = &self.check {
+            record(&mut out, "check", &argv(c));
+            let ms = self.check_timeout.as_millis().to_string();
+            record(&mut out, "check_timeout_ms", ms.as_bytes());
+        }
+        if let Some(r) = &self.run {
+            record(&mut out, "run", &argv(r));
+        }
+        record(
+            &mut out,
+            "timeout_ms",
+            self.timeout.as_millis().to_string().as_bytes(),
+        );
+        record(
+            &mut out,
+            "output_limit",
+            self.output_limit.to_string().as_bytes(),
+        );
+        match self.collect.unwrap_or(Collect::None) {
+            Collect::None => record(&mut out, "collect", b"none"),
+            Collect::Outputs {
+                max_files,
+                max_bytes,
+                max_file_bytes,
+            } => {
+                record(&mut out, "collect", b"outputs");
+                record(&mut out, "max_files", max_files.to_string().as_bytes());
+                record(&mut out, "max_bytes", max_bytes.to_string().as_bytes());
+                record(
+                    &mut out,
+                    "max_file_bytes",
+                    max_file_bytes.to_string().as_bytes(),
+                );
+            }
+            Collect::WorkspaceOnSuccess { max_bytes } => {
+                record(&mut out, "collect", b"workspace-on-success");
+                record(&mut out, "max_bytes", max_bytes.to_string().as_bytes());
+            }
+        }
+        for e in &self.entries {
+            match e.kind {
+                EntryKind::Dir => record(
+                    &mut out,
+                    "dir",
+                    format!("{:o} {}", e.mode, e.path).as_bytes(),
+                ),
+                EntryKind::File => {
+                    let mut v = format!("{:o} {}\0", e.mode, e.path).into_bytes();
+                    v.extend_from_slice(&e.content);
+                    record(&mut out, "file", &v);
+                }
+                EntryKind::Link => record(
+                    &mut out,
+                    "link",
+                    format!("{}\0{}", e.path, e.target).as_bytes(),
+                ),
+            }
+        }
+        record(&mut out, "end", b"");
+        if let Some(s) = &self.stdin {
+            out.extend_from_slice(s);
+        }
+        out
+    }
+}
+
+/// Which part of a stage a phase is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PhaseName {
+    Check,
+    Run,
+}
+
+/// How a phase ended, as `codebox-init` saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum End {
+    Exited(i64),
+    Signaled(i64),
+    TimedOut,
+    Stopped,
+    /// The command could not be executed (e.g. it does not exist in the image).
+    Error(String),
+}
+
+/// The figures of an ended phase.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseEnd {
+    pub end: End,
+    pub wall_ms: u64,
+    pub cpu_ms: Option<u64>,
+    pub peak_kb: Option<u64>,
+    /// The memory cgroup's OOM kills during the phase; `None` when unknown.
+    pub oom_kills: Option<u64>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+/// One phase: its output (capped) and, once it ended, its figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phase {
+    pub name: PhaseName,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Bytes received beyond the host's cap (the helper caps first; this is a backstop).
+    pub dropped: u64,
+    pub end: Option<PhaseEnd>,
+}
+
+/// A file entry sent back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileEntry {
+    pub kind: EntryKind,
+    pub path: String,
+    pub mode: u32,
+    pub size: u64,
+    pub sha256: String,
+    /// Why the content was not sent; `None` when it was.
+    pub reason: Option<String>,
+    pub target: String,
+    pub content: Vec<u8>,
+}
+
+/// Everything decoded from one container.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decoded {
+    pub phases: Vec<Phase>,
+    pub files: Vec<FileEntry>,
+    pub warnings: Vec<String>,
+    /// A fatal error `codebox-init` reported.
+    pub fatal: Option<String>,
+    /// The end frame arrived.
+    pub complete: bool,
+}
+
+impl Decoded {
+    pub fn phase(&self, name: PhaseName) -> Option<&Phase> {
+        self.phases.iter().find(|p| p.name == name)
+    }
+}
+
+/// Bounds of what the decoder keeps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeLimits {
+    /// Bytes kept per stream per phase.
+    pub output: u64,
+    /// File content bytes kept in all.
+    pub content: u64,
+    /// File entries kept.
+    pub entries: usize,
+}
+
+/// A stream that does not follow the protocol.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("codebox-init sent a malformed stream: {0}")]
+pub struct ProtocolError(pub String);
+
+/// Incremental frame decoder.
+pub struct Decoder {
+    limits: DecodeLimits,
+    buf: Vec<u8>,
+    content: u64,
+    /// Content bytes still owed to the last file entry.
+    owed: u64,
+    out: Decoded,
+}
+
+fn malformed<T>(why: impl Into<String>) -> Result<T, ProtocolError> {
+    Err(ProtocolError(why.into()))
+}
+
+fn parse_end(text: &str) -> Result<(PhaseName, PhaseEnd), ProtocolError> {
+    let mut kv = BTreeMap::new();
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            kv.insert(k, v);
+        }
+    }
+    let num = |k: &str| kv.get(k).and_then(|v| v.parse::<i64>().ok());
+    let count = |k: &str| num(k).filter(|v| *v >= 0).map(|v| v as u64);
+    let name = match kv.get("phase").copied() {
+        Some("check") => PhaseName::Check,
+        Some("run") => PhaseName::Run,
+        other => return malformed(format!("phase end without a known phase: {other:?}")),
+    };
+    let end = match kv.get("end").copied() {
+        Some("exited") => End::Exited(num("code").unwrap_or(-1)),
+        Some("signaled") => End::Signaled(num("signal").unwrap_or(0)),
+        Some("timed_out") => End::TimedOut,
+        Some("stopped") => End::Stopped,
+        Some("error") => End::Error(kv.get("error").unwrap_or(&"unknown error").to_string()),
+        other => return malformed(format!("unknown phase end {other:?}")),
+    };
+    Ok((
+        name,
+        PhaseEnd {
+            end,
+            wall_ms: count("wall_ms").unwrap_or(0),
+            cpu_ms: count("cpu_ms"),
+            peak_kb: count("peak_kb"),
+            oom_kills: count("oom_kills"),
+            stdout_bytes: count("stdout_bytes").unwrap_or(0),
+            stderr_bytes: count("stderr_bytes").unwrap_or(0),
+        },
+    ))
+}
+
+impl Decoder {
+    pub fn new(limits: DecodeLimits) -> Decoder {
+        Decoder {
+            limits,
+            buf: Vec::new(),
+            content: 0,
+            owed: 0,
+            out: Decoded::default(),
+        }
+    }
+
+    /// What was decoded so far.
+    pub fn decoded(&self) -> &Decoded {
+        &self.out
+    }
+
+    pub fn finish(self) -> Decoded {
+        self.out
+    }
+
+    /// Feed bytes of the container's stdout.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), ProtocolError> {
+        self.buf.extend_from_slice(bytes);
+        let mut at = 0;
+        let result = loop {
+            let rest = &self.buf[at..];
+            if rest.len() < 5 {
+                break Ok(());
+            }
+            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            if len > MAX_FRAME {
+                break malformed(format!("a frame of {len} bytes"));
+            }
+            if rest.len() < 5 + len {
+                break Ok(());
+            }
+            let kind = rest[0];
+            let body = rest[5..5 + len].to_vec();
+            at += 5 + len;
+            if let Err(e) = self.frame(kind, &body) {
+                break Err(e);
+            }
+        };
+        self.buf.drain(..at);
+        result
+    }
+
+    fn current(&mut self) -> Result<&mut Phase, ProtocolError> {
+        match self.out.phases.last_mut() {
+            Some(p) if p.end.is_none() => Ok(p),
+            _ => malformed("output outside a phase"),
+        }
+    }
+
+    fn frame(&mut self, kind: u8, body: &[u8]) -> Result<(), ProtocolError> {
+        if self.out.complete {
+            return malformed("a frame after the end");
+        }
+        if self.owed > 0 && kind != b'B' {
+            return malformed("a file's content ended early");
+        }
+        let limit = self.limits.output;
+        match kind {
+            b'P' => {
+                let name = match body {
+                    b"check" => PhaseName::Check,
+                    b"run" => PhaseName::Run,
+                    _ => return malformed("unknown phase"),
+                };
+                if self.out.phases.iter().any(|p| p.name == name) {
+                    return malformed("a phase started twice");
+                }
+                self.out.phases.push(Phase {
+                    name,
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    dropped: 0,
+                    end: None,
+                });
+            }
+            b'O' | b'E' => {
+                let phase = self.current()?;
+                let stream = if kind == b'O' {
+                    &mut phase.stdout
+                } else {
+                    &mut phase.stderr
+                };
+                let room = (limit as usize).saturating_sub(stream.len());
+                let keep = body.len().min(room);
+                stream.extend_from_slice(&body[..keep]);
+                phase.dropped += (body.len() - keep) as u64;
+            }
+            b'X' => {
+                let text = String::from_utf8_lossy(body);
+                let (name, end) = parse_end(&text)?;
+                let phase = self.current()?;
+                if phase.name != name {
+                    return malformed("the end of a phase that is not running");
+                }
+                phase.end = Some(end);
+            }
+            b'F' => {
+                if self.out.files.len() >= self.limits.entries {
+                    return malformed(format!("more than {} file entries", self.limits.entries));
+                }
+                let text = String::from_utf8_lossy(body);
+                let f: Vec<&str> = text.split('\0').collect();
+                if f.len() != 7 {
+                    return malformed("a file entry without its 7 fields");
+                }
+                let kind = match f[0] {
+                    "f" => EntryKind::File,
+                    "d" => EntryKind::Dir,
+                    "l" => EntryKind::Link,
+                    _ => return malformed("unknown file kind"),
+                };
+                let size: u64 = f[3].parse().map_err(|_| ProtocolError("bad size".into()))?;
+                let mode =
+                    u32::from_str_radix(f[2], 8).map_err(|_| ProtocolError("bad mode".into()))?;
+                let reason = (!f[5].is_empty()).then(|| f[5].to_string());
+                if kind == EntryKind::File && reason.is_none() {
+                    if self.content + size > self.limits.content {
+                        return malformed(format!(
+                            "more than {} bytes of file content",
+                            self.limits.content
+                        ));
+                    }
+                    self.owed = size;
+                    self.content += size;
+                }
+                self.out.files.push(FileEntry {
+                    kind,
+                    path: f[1].to_string(),
+                    mode,
+                    size,
+                    sha256: f[4].to_string(),
+                    reason,
+                    target: f[6].to_string(),
+                    content: Vec::with_capacity(self.owed as usize),
+                });
+            }
+            b'B' => {
+                if body.len() as u64 > self.owed {
+                    return malformed("more file content than announced");
+                }
+                self.owed -= body.len() as u64;
+                if let Some(f) = self.out.files.last_mut() {
+                    f.content.extend_from_slice(body);
+                }
+            }
+            b'W' => {
+                if self.out.warnings.len() < 16 {
+                    self.out
+                        .warnings
+                        .push(String::from_utf8_lossy(body).into_owned());
+                }
+            }
+            b'!' => self.out.fatal = Some(String::from_utf8_lossy(body).into_owned()),
+            b'Z' => self.out.complete = true,
+            other => return malformed(format!("unknown frame kind {other:#04x}")),
+        }
+        Ok(())
+    }
+}
+
+/// Write one frame, as `codebox-init` does (for the fake engine and tests).
+pub fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(5 + body.len());
+    v.push(kind);
+    v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+/// Read a payload back (for the fake engine and tests): the records and the stdin.
+pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
+    let mut rest = bytes.strip_prefix(MAGIC)?;
+    let mut p = Payload::default();
+    // Each argument is followed by a NUL, so the last piece of the split is always empty.
+    let split_argv = |v: &[u8]| -> Vec<String> {
+        let mut args: Vec<String> = v
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        args.pop();
+        args
+    };
+    let (mut max_files, mut max_bytes, mut max_file_bytes, mut collect) = (0, 0, 0, "none");
+    loop {
+        let nl = rest.iter().position(|b| *b == b'\n')?;
+        let header = std::str::from_utf8(&rest[..nl]).ok()?;
+        let (name, len) = header.split_once(' ')?;
+        let len: usize = len.parse().ok()?;
+        let value = rest.get(nl + 1..nl + 1 + len)?;
+        rest = &rest[nl + 1 + len..];
+        let text = || String::from_utf8_lossy(value).into_owned();
+        let ms = || Duration::from_millis(text().parse().unwrap_or(0));
+        match name {
+            "env" => {
+                let t = text();
+                let (k, v) = t.split_once('=')?;
+                p.env.insert(k.to_string(), v.to_string());
+            }
+            "check" => p.check = Some(split_argv(value)),
+            "run" => p.run = Some(split_argv(value)),
+            "check_timeout_ms" => p.check_timeout = ms(),
+            "timeout_ms" => p.timeout = ms(),
+            "output_limit" => p.output_limit = text().parse().ok()?,
+            "collect" => {
+                collect = match value {
+                    b"outputs" => "outputs",
+                    b"workspace-on-success" => "workspace",
+                    _ => "none",
+                }
+            }
+            "max_files" => max_files = text().parse().ok()?,
+            "max_bytes" => max_bytes = text().parse().ok()?,
+            "max_file_bytes" => max_file_bytes = text().parse().ok()?,
+            "dir" => {
+                let t = text();
+                let (mode, path) = t.split_once(' ')?;
+                p.entries.push(Entry {
+                    kind: EntryKind::Dir,
+                    path: path.to_string(),
+                    mode: u32::from_str_radix(mode, 8).ok()?,
+                    content: Bytes::new(),
+                    target: String::new(),
+                });
+            }
+            "file" => {
+                let nul = value.iter().position(|b| *b == 0)?;
+                let head = std::str::from_utf8(&value[..nul]).ok()?;
+                let (mode, path) = head.split_once(' ')?;
+                p.entries.push(Entry::file(
+                    path,
+                    u32::from_str_radix(mode, 8).ok()?,
+                    Bytes::copy_from_slice(&value[nul + 1..]),
+                ));
+            }
+            "link" => {
+                let t = text();
+                let (path, target) = t.split_once('\0')?;
+                p.entries.push(Entry {
+                    kind: EntryKind::Link,
+                    path: path.to_string(),
+                    mode: 0o777,
+                    content: Bytes::new(),
+                    target: target.to_string(),
+                });
+            }
+            "end" => break,
+            _ => return None,
+        }
+    }
+    p.collect = Some(match collect {
+        "outputs" => Collect::Outputs {
+            max_files,
+            max_bytes,
+            max_file_bytes,
+        },
+        "workspace" => Collect::WorkspaceOnSuccess { max_bytes },
+        _ => Collect::None,
+    });
+    p.stdin = (!rest.is_empty()).then(|| Bytes::copy_from_slice(rest));
+    Some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `F` frame's body: its seven fields, NUL-separated.
+    fn entry(fields: [&str; 7]) -> Vec<u8> {
+        fields.join("\0").into_bytes()
+    }
+
+    fn limits() -> DecodeLimits {
+        DecodeLimits {
+            output: 4,
+            content: 10,
+            entries: 3,
+        }
+    }
+
+    #[test]
+    fn payloads_read_back_as_written() {
+        let p = Payload {
+            env: BTreeMap::from([("A".into(), "1=2".into())]),
+            check: Some(vec!["python3".into(), "-c".into(), "x".into()]),
+            run: Some(vec!["python3".into(), "main.py".into(), "".into()]),
+            check_timeout: Duration::from_millis(1500),
+            timeout: Duration::from_secs(30),
+            output_limit: 1024,
+            collect: Some(Collect::Outputs {
+                max_files: 32,
+                max_bytes: 8,
+                max_file_bytes: 4,
+            }),
+            entries: vec![
+                Entry {
+                    kind: EntryKind::Dir,
+                    path: "d".into(),
+                    mode: 0o755,
+                    content: Bytes::new(),
+                    target: String::new(),
+                },
+                Entry::file("d/main.py", 0o644, &b"print(1)\n\0binary"[..]),
+            ],
+            stdin: Some(Bytes::from_static(b"in\nput")),
+        };
+        assert_eq!(parse_payload(&p.encode()).unwrap(), p);
+    }
+
+    #[test]
+    fn frames_decode_in_any_chunking_and_output_is_capped() {
+        let mut bytes = Vec::new();
+        bytes.extend(frame(b'P', b"run"));
+        bytes.extend(frame(b'O', b"hello"));
+        bytes.extend(frame(b'E', b"er"));
+        bytes.extend(frame(
+            b'X',
+            b"phase=run\nend=exited\ncode=3\nwall_ms=5\ncpu_ms=2\npeak_kb=900\noom_kills=0\nstdout_bytes=5\nstderr_bytes=2\n",
+        ));
+        bytes.extend(frame(
+            b'F',
+            &entry(["f", "outputs/a", "644", "3", "abc", "", ""]),
+        ));
+        bytes.extend(frame(b'B', b"xyz"));
+        bytes.extend(frame(b'Z', b""));
+        for chunk in [1, 2, 7, bytes.len()] {
+            let mut d = Decoder::new(limits());
+            for c in bytes.chunks(chunk) {
+                d.push(c).unwrap();
+            }
+            let out = d.finish();
+            assert!(out.complete);
+            let run = out.phase(PhaseName::Run).unwrap();
+            assert_eq!(run.stdout, b"hell");
+            assert_eq!(run.dropped, 1);
+            let end = run.end.as_ref().unwrap();
+            assert_eq!(end.end, End::Exited(3));
+            assert_eq!(
+                (end.cpu_ms, end.peak_kb, end.oom_kills),
+                (Some(2), Some(900), Some(0))
+            );
+            assert_eq!(out.files[0].content, b"xyz");
+            assert_eq!(out.files[0].mode, 0o644);
+        }
+    }
+
+    #[test]
+    fn hostile_streams_are_errors_not_panics_or_unbounded_buffers() {
+        let cases: Vec<Vec<u8>> = vec![
+            frame(b'O', b"output before any phase"),
+            [frame(b'P', b"run"), frame(b'P', b"run")].concat(),
+            frame(b'?', b""),
+            vec![b'O', 0xff, 0xff, 0xff, 0xff],
+            [
+                frame(b'F', &entry(["f", "a", "644", "999", "", "", ""])),
+                frame(b'B', b"x"),
+            ]
+            .concat(),
+            [
+                frame(b'F', &entry(["f", "a", "644", "2", "", "", ""])),
+                frame(b'B', b"xyz"),
+            ]
+            .concat(),
+            [
+                frame(b'F', &entry(["f", "a", "644", "2", "", "", ""])),
+                frame(b'Z', b""),
+            ]
+            .concat(),
+            [
+                frame(b'F', &entry(["d", "a", "755", "0", "", "", ""])),
+                frame(b'F', &entry(["d", "b", "755", "0", "", "", ""])),
+                frame(b'F', &entry(["d", "c", "755", "0", "", "", ""])),
+                frame(b'F', &entry(["d", "d", "755", "0", "", "", ""])),
+            ]
+            .concat(),
+            [frame(b'Z', b""), frame(b'P', b"run")].concat(),
+            [
+                frame(b'P', b"run"),
+                frame(b'X', b"phase=check\nend=exited\n"),
+            ]
+            .concat(),
+        ];
+        for (i, bytes) in cases.iter().enumerate() {
+            let mut d = Decoder::new(limits());
+            assert!(d.push(bytes).is_err(), "case {i} was accepted");
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Files the program left under `outputs/`: from what `codebox-init` sent to report entries,
+//! with a media type.
+
+use base64::Engine as _;
+
+use crate::engine::protocol::{EntryKind, FileEntry};
+use crate::report::FileReport;
+
+/// The directory, relative to the working directory, whose files are returned.
+pub const OUTPUTS_DIR: &str = "outputs";
+
+/// The media type of a file: its first bytes for the formats a model may be shown, else its
+/// extension.
+pub fn mime_type(path: &str, content: &[u8]) -> &'static str {
+    const MAGIC: &[(&[u8], &str)] = &[
+        (b"\x89PNG\r\n\x1a\n", "image/png"),
+        (b"\xff\xd8\xff", "image/jpeg"),
+        (b"GIF87a", "image/gif"),
+        (b"GIF89a", "image/gif"),
+        (b"%PDF-", "application/pdf"),
+        (b"PK\x03\x04", "application/zip"),
+        (b"\x1f\x8b", "application/gzip"),
+    ];
+    for (magic, mime) in MAGIC {
+        if content.starts_with(magic) {
+            return mime;
+        }
+    }
+    if content.len() >= 12 && &content[..4] == b"RIFF" && &content[8..12] == b"WEBP" {
+        return "image/webp";
+    }
+    let ext = path
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "svg" => "image/svg+xml",
+        "pdf" => "application/pdf",
+        "json" => "application/json",
+        "csv" => "text/csv",
+        "tsv" => "text/tab-separated-values",
+        "html" | "htm" => "text/html",
+        "md" => "text/markdown",
+        "xml" => "application/xml",
+        "txt" | "log" | "py" | "c" | "cpp" | "h" | "rs" | "go" | "js" | "ts" | "java" | "rb"
+        | "sh" | "toml" | "yaml" | "yml" | "ini" => "text/plain",
+        "zip" => "application/zip",
+        "gz" => "application/gzip",
+        _ if std::str::from_utf8(content).is_ok() && !content.is_empty() => "text/plain",
+        _ => "application/octet-stream",
+    }
+}
+
+/// Whether a media type is an image an MCP client can show.
+pub fn is_image(mime: &str) -> bool {
+    matches!(
+        mime,
+        "image/png" | "image/jpeg" | "image/gif" | "image/webp"
+    )
+}
+
+/// Report entries for what was collected under `outputs/` (directories are not listed).
+pub fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
+    entries
+        .iter()
+        .filter(|e| e.kind != EntryKind::Dir)
+        .map(|e| {
+            let sent = e.reason.is_none() && e.kind == EntryKind::File;
+            FileReport {
+                path: e.path.clone(),
+                size_bytes: e.size,
+                mime_type: mime_type(&e.path, if sent { &e.content } else { &[] }).to_string(),
+                sha256: e.sha256.clone(),
+                content_base64: sent
+                    .then(|| base64::engine::general_purpose::STANDARD.encode(&e.content)),
+                omitted_reason: e.reason.clone(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_types_come_from_content_first_then_the_extension() {
+        assert_eq!(mime_type("x.bin", b"\x89PNG\r\n\x1a\n...."), "image/png");
+        assert_eq!(mime_type("plot.png", b""), "image/png");
+        assert_eq!(mime_type("a.txt", b"\xff\xd8\xff\xe0"), "image/jpeg");
+        assert_eq!(mime_type("w", b"RIFF\0\0\0\0WEBPVP8 "), "image/webp");
+        assert_eq!(mime_type("data.csv", b"a,b\n"), "text/csv");
+        assert_eq!(mime_type("notes", b"hello"), "text/plain");
+        assert_eq!(
+            mime_type("blob", b"\x00\x01\xfe"),
+            "application/octet-stream"
+        );
+        assert!(is_image("image/webp") && !is_image("image/svg+xml"));
+    }
+}

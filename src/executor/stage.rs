@@ -1,0 +1,171 @@
+//! One stage in one container, engine-neutral: attach, start (unless it was started ahead of
+//! time), write the payload, decode what `codebox-init` sends back, and enforce the host's
+//! own deadline and stop on top of the helper's.
+//!
+//! `codebox-init` enforces the program's wall-clock limit itself (so a timed-out program still
+//! reports its usage and files). The host only steps in when the helper does not finish: at
+//! `backstop` it kills the container. A stop asks the helper first (SIGTERM: it stops the
+//! program and reports), then kills after [`STOP_GRACE`]. Tested on the fake engine with
+//! paused time.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::protocol::{DecodeLimits, Decoded, Decoder};
+use crate::engine::{ContainerEngine, EngineError, Output, Signal};
+
+/// How long a stopped helper gets to report before the container is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long output may keep arriving after a kill.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(3);
+/// How long to wait for the engine to report a container's exit.
+pub const WAIT_GRACE: Duration = Duration::from_secs(10);
+/// Bytes kept of what the container writes to its own stderr (only `codebox-init` may, and
+/// only when it cannot start at all).
+const STDERR_KEPT: usize = 16 * 1024;
+
+/// What to do in one container.
+pub struct StageRequest {
+    /// The payload for the container's stdin.
+    pub payload: Vec<u8>,
+    /// After this long the host kills the container, whatever the helper says.
+    pub backstop: Duration,
+    pub limits: DecodeLimits,
+}
+
+/// How the host saw the stage end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostEnding {
+    /// The container finished by itself.
+    Finished,
+    /// The host's deadline passed and the container was killed.
+    Backstop,
+    /// A stop was asked for.
+    Stopped,
+}
+
+/// What one stage produced.
+#[derive(Debug)]
+pub struct StageResult {
+    pub decoded: Decoded,
+    /// The stream broke the protocol (the rest was ignored and the container killed).
+    pub protocol_error: Option<String>,
+    /// The attach stream failed (the connection to the engine was lost).
+    pub stream_error: Option<EngineError>,
+    /// What the container wrote on its own stderr.
+    pub stderr: Vec<u8>,
+    pub host_ending: HostEnding,
+    pub exit_code: Option<i64>,
+    pub oom_killed: bool,
+    pub image_id: Option<String>,
+    pub duration: Duration,
+}
+
+/// Where the loop stands: each state has its own deadline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Watch {
+    Running,
+    Stopping,
+    Killed,
+}
+
+/// Run one stage in the container `id`; `start` when it was only created.
+pub async fn run_stage(
+    engine: &dyn ContainerEngine,
+    id: &str,
+    start: bool,
+    request: StageRequest,
+    cancel: &CancellationToken,
+) -> Result<StageResult, EngineError> {
+    let attached = engine.attach_container(id).await?;
+    if start {
+        engine.start_container(id).await?;
+    }
+    let began = Instant::now();
+    let mut input = attached.input;
+    let payload = request.payload;
+    // The payload may be larger than a pipe holds: it is written while the output is read.
+    let writer = tokio::spawn(async move {
+        let _ = input.write_all(&payload).await;
+        let _ = input.shutdown().await;
+        // Keep the attach connection's write half alive until the stage ends.
+        std::future::pending::<()>().await;
+    });
+    let mut output = attached.output;
+    let mut decoder = Decoder::new(request.limits);
+    let mut stderr = Vec::new();
+    let mut protocol_error = None;
+    let mut stream_error = None;
+    let mut ending = HostEnding::Finished;
+    let mut watch = Watch::Running;
+    let mut deadline = began + request.backstop;
+    let mut stop_asked = false;
+    loop {
+        tokio::select! {
+            item = output.next() => match item {
+                Some(Ok(Output::Stdout(bytes))) => {
+                    if protocol_error.is_none() {
+                        if let Err(e) = decoder.push(&bytes) {
+                            protocol_error = Some(e.to_string());
+                            engine.kill_container(id, Signal::Kill).await?;
+                            watch = Watch::Killed;
+                            deadline = Instant::now() + DRAIN_GRACE;
+                        }
+                    }
+                }
+                Some(Ok(Output::Stderr(bytes))) => {
+                    let room = STDERR_KEPT.saturating_sub(stderr.len());
+                    stderr.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                }
+                Some(Err(e)) => {
+                    stream_error = Some(e);
+                    break;
+                }
+                None => break,
+            },
+            _ = cancel.cancelled(), if !stop_asked && watch == Watch::Running => {
+                stop_asked = true;
+                ending = HostEnding::Stopped;
+                engine.kill_container(id, Signal::Term).await?;
+                watch = Watch::Stopping;
+                deadline = Instant::now() + STOP_GRACE;
+            }
+            _ = tokio::time::sleep_until(deadline) => match watch {
+                Watch::Running | Watch::Stopping => {
+                    if watch == Watch::Running {
+                        ending = HostEnding::Backstop;
+                    }
+                    engine.kill_container(id, Signal::Kill).await?;
+                    watch = Watch::Killed;
+                    deadline = Instant::now() + DRAIN_GRACE;
+                }
+                Watch::Killed => break,
+            },
+        }
+    }
+    writer.abort();
+    let exit_code = match tokio::time::timeout(WAIT_GRACE, engine.wait_container(id)).await {
+        Ok(code) => Some(code?),
+        Err(_) => {
+            // Still running after its output ended: end it, and read its exit from inspect.
+            engine.kill_container(id, Signal::Kill).await?;
+            None
+        }
+    };
+    let state = engine.inspect_container(id).await?;
+    Ok(StageResult {
+        decoded: decoder.finish(),
+        protocol_error,
+        stream_error,
+        stderr,
+        host_ending: ending,
+        exit_code: exit_code.or(state.exit_code),
+        oom_killed: state.oom_killed,
+        image_id: state.image_id,
+        duration: began.elapsed(),
+    })
+}

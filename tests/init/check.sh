@@ -1,0 +1,521 @@
+#!/usr/bin/env bash
+# Tests of codebox-init (images/base/codebox-init.c, docs/sandbox-init.md) inside real
+# containers, locked down as codebox runs them, with the helper as PID 1 (no --init).
+#
+# Needs Docker and the image codebox/base:bookworm
+# (docker build -t codebox/base:bookworm images/base). Builds a throwaway image with python3,
+# runs every case below, prints one line per case, removes the image, and exits 1 if any case
+# failed. Each case is a payload (Python assignments) and checks (Python asserts on `res`),
+# separated by `---`; tests/init/frames.py builds the payloads and decodes the frames.
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+image=codebox-init-test
+work=$(mktemp -d)
+failed=0
+containers=()
+
+cleanup() {
+  for c in "${containers[@]}"; do docker rm -f "$c" >/dev/null 2>&1; done
+  docker rmi -f "$image" >/dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+docker build -q -t "$image" - >"$work/build.log" 2>&1 <<'EOF' || { cat "$work/build.log"; exit 1; }
+FROM codebox/base:bookworm
+RUN codebox-install python3
+ENV PYTHONDONTWRITEBYTECODE=1
+EOF
+
+locked=(--read-only --network none --user 10001:10001 --cap-drop ALL
+  --security-opt no-new-privileges
+  --tmpfs /workspace:rw,exec,nosuid,nodev,size=16m,mode=1777
+  --tmpfs /tmp:rw,noexec,nosuid,nodev,size=16m
+  -m 256m --memory-swap 256m --pids-limit 64)
+
+# run_case NAME [docker run options] < case
+# KILL_AFTER=seconds: `docker kill --signal TERM` the container then.
+# HOLD_STDIN=1: keep the container's stdin open after the payload (as a pre-started container's).
+run_case() {
+  local name=$1 dir=$work/$1 container=codebox-init-test-$$-$1 rc pid holder=
+  shift
+  mkdir -p "$dir"
+  cat >"$dir/case"
+  if ! python3 "$here/frames.py" payload "$dir/case" >"$dir/payload"; then
+    echo "FAIL $name: bad case"; failed=1; return
+  fi
+  containers+=("$container")
+  local start=$EPOCHREALTIME
+  if [[ -n ${HOLD_STDIN:-} ]]; then
+    mkfifo "$dir/in"
+    (cat "$dir/payload"; exec sleep 60) >"$dir/in" &
+    holder=$!
+  else
+    ln -s payload "$dir/in"
+  fi
+  docker run -i --rm --name "$container" "${locked[@]}" "$@" "$image" \
+    /usr/local/bin/codebox-init <"$dir/in" >"$dir/out" 2>"$dir/err" &
+  pid=$!
+  if [[ -n ${KILL_AFTER:-} ]]; then
+    sleep "$KILL_AFTER"
+    docker kill --signal TERM "$container" >/dev/null
+  fi
+  wait "$pid"
+  rc=$?
+  [[ -n $holder ]] && kill "$holder" 2>/dev/null && wait "$holder" 2>/dev/null
+  local elapsed
+  elapsed=$(python3 -c "print(f'{$EPOCHREALTIME - $start:.2f}')")
+  if python3 "$here/frames.py" verify "$dir/case" "$dir/out" "$rc" "$elapsed" >"$dir/report"; then
+    printf 'ok   %-32s %6ss\n' "$name" "$elapsed"
+  else
+    printf 'FAIL %-32s %6ss\n' "$name" "$elapsed"
+    cat "$dir/report"
+    [[ -s $dir/err ]] && sed 's/^/      docker: /' "$dir/err"
+    failed=1
+  fi
+}
+
+run_case hello <<'EOF'
+run = ["python3", "-c", "print('hello')"]
+timeout_ms = 10000
+---
+assert res.check is None
+assert res.run.stdout == b"hello\n" and res.run.stderr == b""
+assert res.run.end == "exited" and res.run.code == 0
+assert 0 <= res.run.cpu_ms < 500, res.run.cpu_ms
+assert res.run.peak_source == "cgroup" and res.run.peak_kb > 1000
+assert res.run.oom_kills == 0 and res.run.stdout_bytes == 6 and res.run.stderr_bytes == 0
+assert res.run.wall_ms < 5000 and res.entries == [] and res.warnings == []
+EOF
+
+run_case stdin-after-payload <<'EOF'
+run = ["python3", "-c", "import sys; print(sys.stdin.read().upper(), end='')"]
+stdin = b"abc\nxyz"
+---
+assert res.run.stdout == b"ABC\nXYZ" and res.run.code == 0
+EOF
+
+run_case exit-code <<'EOF'
+run = ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"]
+---
+assert res.run.end == "exited" and res.run.code == 3 and res.run.signal is None
+assert res.run.stdout == b"out\n" and res.run.stderr == b"err\n"
+EOF
+
+run_case sigsegv <<'EOF'
+run = ["python3", "-c", "import os,signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+---
+assert res.run.end == "signaled" and res.run.signal == 11 and res.run.code is None
+EOF
+
+run_case check-fails-skips-run <<'EOF'
+check = ["python3", "-c", "import sys; print('syntax error'); sys.exit(1)"]
+run = ["python3", "-c", "print('should not run')"]
+---
+assert res.check.end == "exited" and res.check.code == 1
+assert res.check.stdout == b"syntax error\n"
+assert res.run is None
+EOF
+
+run_case check-then-run <<'EOF'
+check = ["python3", "-c", "import sys; print(repr(sys.stdin.read()))"]
+run = ["python3", "-c", "import sys; print(repr(sys.stdin.read()))"]
+stdin = "for the program"
+---
+assert res.check.stdout == b"''\n" and res.check.code == 0
+assert res.run.stdout == b"'for the program'\n" and res.run.code == 0
+EOF
+
+run_case timeout <<'EOF'
+run = ["python3", "-c", "print('before the loop', flush=True)\nwhile True: pass"]
+timeout_ms = 1000
+---
+assert res.run.end == "timed_out" and res.run.code is None
+assert res.run.stdout == b"before the loop\n"
+assert 1000 <= res.run.wall_ms < 1300, res.run.wall_ms
+assert 850 <= res.run.cpu_ms <= 1100, res.run.cpu_ms
+EOF
+
+run_case cpu-one-second <<'EOF'
+run = ["python3", "-c", "import time\nwhile time.process_time() < 1.0: pass"]
+---
+assert res.run.end == "exited" and res.run.code == 0
+assert 900 <= res.run.cpu_ms <= 1200, res.run.cpu_ms
+EOF
+
+run_case cpu-of-children <<'EOF'
+run = ["sh", "-c", "for i in 1 2; do python3 -c 'import time\nwhile time.process_time() < 0.5: pass' & done; wait"]
+---
+assert res.run.code == 0
+assert 900 <= res.run.cpu_ms <= 1300, res.run.cpu_ms
+EOF
+
+run_case peak-200mb -m 512m --memory-swap 512m <<'EOF'
+run = ["python3", "-c", """
+b = bytearray(200 * 1024 * 1024)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print('touched')
+"""]
+---
+assert res.run.stdout == b"touched\n" and res.run.code == 0
+assert res.run.peak_source == "cgroup" and res.run.peak_kb >= 204800, res.run.peak_kb
+assert res.run.oom_kills == 0
+EOF
+
+run_case oom-kill -m 128m --memory-swap 128m <<'EOF'
+run = ["python3", "-c", "b = bytearray(1 << 30)\nprint('survived')"]
+---
+assert res.run.end == "signaled" and res.run.signal == 9, res.run
+assert res.run.oom_kills >= 1 and res.run.stdout == b""
+EOF
+
+orphan_case() {
+  cat <<'EOF'
+# The check leaves a grandchild in a session of its own that ignores SIGTERM and holds the
+# check's stdout open; it must be gone before the program runs, and the check must end at once.
+check = ["python3", "-c", """
+import os, signal, time
+if os.fork() == 0:
+    os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.fork() == 0:
+        open('bg.tmp', 'w').write(str(os.getpid()))
+        os.rename('bg.tmp', 'bg.pid')
+        time.sleep(60)
+    os._exit(0)
+os.wait()
+while not os.path.exists('bg.pid'):
+    time.sleep(0.01)
+print('spawned', flush=True)
+"""]
+run = ["python3", "-c", """
+import os
+pid = int(open('bg.pid').read())
+print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())))
+"""]
+---
+assert res.check.stdout == b"spawned\n" and res.check.code == 0
+assert res.check.wall_ms < 3000, res.check.wall_ms
+assert res.run.stdout == b"[]\n", res.run.stdout
+assert res.elapsed < 10, res.elapsed
+EOF
+}
+# The memory cgroup hidden: the largest process's resident set instead, OOM kills unknown.
+run_case no-cgroup --tmpfs /sys/fs/cgroup:ro <<'EOF'
+run = ["python3", "-c", "b = bytearray(50 * 1024 * 1024)"]
+---
+assert res.run.code == 0 and res.run.peak_source == "rusage" and res.run.oom_kills == -1
+assert 51200 <= res.run.peak_kb < 80000, res.run.peak_kb
+assert len(res.warnings) == 2, res.warnings
+EOF
+
+run_case orphan-killed-after-check < <(orphan_case)
+# Not PID 1 (tini is): process groups, the subreaper and the helper's own children instead.
+run_case orphan-killed-not-pid1 --init < <(orphan_case)
+
+orphan_run_case() {
+  cat <<'EOF'
+run = ["sh", "-c", "(trap '' TERM; exec setsid sleep 60) & echo started"]
+timeout_ms = 30000
+---
+assert res.run.stdout == b"started\n" and res.run.end == "exited" and res.run.code == 0
+assert res.run.wall_ms < 3000 and res.elapsed < 10, res.elapsed
+EOF
+}
+run_case orphan-does-not-hold-the-run < <(orphan_run_case)
+run_case orphan-does-not-hold-not-pid1 --init < <(orphan_run_case)
+
+fork_bomb_case() {
+  cat <<'EOF'
+# Every process forks as fast as it can, up to --pids-limit; the main one never exits.
+run = ["python3", "-c", """
+import os, time
+print('bombing', flush=True)
+while True:
+    try:
+        os.fork()
+    except OSError:
+        time.sleep(0.001)
+"""]
+timeout_ms = 2000
+---
+assert res.run.stdout == b"bombing\n"
+assert res.run.end == "timed_out" and res.run.cpu_ms > 1000, res.run
+assert res.elapsed < 15, res.elapsed
+EOF
+}
+run_case fork-bomb < <(fork_bomb_case)
+run_case fork-bomb-not-pid1 --init < <(fork_bomb_case)
+
+run_case output-cap <<'EOF'
+run = ["python3", "-c", "import sys; sys.stdout.write('x' * 1000000); sys.stderr.write('e' * 5000)"]
+output_limit = 1000
+---
+assert res.run.stdout == b"x" * 1000 and res.run.stderr == b"e" * 1000
+assert res.run.stdout_bytes == 1000000 and res.run.stderr_bytes == 5000
+assert res.run.code == 0
+EOF
+
+run_case large-output-relayed <<'EOF'
+run = ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 8192)"]
+output_limit = 4 << 20
+---
+assert res.run.stdout == bytes(range(256)) * 8192 and res.run.stdout_bytes == 2097152
+EOF
+
+run_case outputs <<'EOF'
+collect = "outputs"
+run = ["python3", "-c", """
+import os
+os.makedirs('outputs/sub/deeper')
+os.makedirs('outputs/empty')
+open('outputs/a.txt', 'w').write('hello')
+open('outputs/sub/b.bin', 'wb').write(bytes(range(256)) * 400)
+os.chmod('outputs/sub/b.bin', 0o640)
+open('outputs/sub/deeper/empty', 'wb').close()
+os.symlink('/etc/passwd', 'outputs/passwd')
+os.mkfifo('outputs/fifo')
+open('outputs/secret', 'w').write('s')
+os.chmod('outputs/secret', 0)
+open('not-an-output', 'w').write('x')
+"""]
+---
+assert [e.path for e in res.entries] == ["outputs/a.txt", "outputs/fifo", "outputs/passwd",
+    "outputs/secret", "outputs/sub/b.bin", "outputs/sub/deeper/empty"], res.entries
+a, fifo, link, secret, b, empty = res.entries
+assert secret.reason == "not readable: Permission denied" and secret.mode == 0 and secret.size == 1
+assert a.kind == "f" and a.content == b"hello" and a.mode == 0o644 and a.reason == ""
+assert a.sha256 == hashlib.sha256(b"hello").hexdigest()
+assert b.content == bytes(range(256)) * 400 and b.size == 102400 and b.mode == 0o640
+assert empty.content == b"" and empty.size == 0
+assert link.kind == "l" and link.target == "/etc/passwd" and link.content is None
+assert link.reason == "a symbolic link, not followed"
+assert fifo.kind == "f" and fifo.reason == "not a regular file" and fifo.content is None
+EOF
+
+run_case outputs-caps <<'EOF'
+collect = "outputs"
+max_files = 3
+max_file_bytes = 100
+max_bytes = 150
+run = ["python3", "-c", """
+import os
+os.mkdir('outputs')
+for name, size in [('a', 50), ('b', 200), ('c', 60), ('d', 50), ('e', 10), ('f', 1)]:
+    open('outputs/' + name, 'wb').write(name.encode() * size)
+"""]
+---
+r = {e.path[8:]: e for e in res.entries}
+assert sorted(r) == list("abcdef")
+assert r["a"].content == b"a" * 50 and r["c"].content == b"c" * 60 and r["e"].content == b"e" * 10
+assert r["b"].reason == "over the 100-byte per-file cap" and r["b"].content is None
+assert r["b"].sha256 == hashlib.sha256(b"b" * 200).hexdigest() and r["b"].size == 200
+assert r["d"].reason == "over the 150-byte total cap"
+assert r["f"].reason == "over the 3-file cap"
+EOF
+
+run_case outputs-entry-cap <<'EOF'
+collect = "outputs"
+run = ["python3", "-c", """
+import os
+os.mkdir('outputs')
+for i in range(1005):
+    open('outputs/%04d' % i, 'w').close()
+"""]
+---
+assert len(res.entries) == 1000 and res.entries[-1].path == "outputs/0999"
+assert sum(e.content is not None for e in res.entries) == 32
+assert res.entries[32].reason == "over the 32-file cap"
+assert res.warnings == ["outputs: more than 1000 entries; the rest are not listed"], res.warnings
+EOF
+
+run_case outputs-symlinked-away <<'EOF'
+collect = "outputs"
+run = ["python3", "-c", "import os; os.symlink('/etc', 'outputs')"]
+---
+assert len(res.entries) == 1 and res.entries[0].kind == "l" and res.entries[0].path == "outputs"
+assert res.entries[0].target == "/etc"
+EOF
+
+run_case outputs-after-timeout <<'EOF'
+collect = "outputs"
+timeout_ms = 1000
+run = ["python3", "-c", "import os, time; os.mkdir('outputs'); open('outputs/x', 'w').write('y'); time.sleep(30)"]
+---
+assert res.run.end == "timed_out" and res.files["outputs/x"].content == b"y"
+EOF
+
+run_case workspace-on-success <<'EOF'
+collect = "workspace-on-success"
+files = [("0644", "main.py", "import os\nos.mkdir('build')\n"
+          "open('build/prog', 'w').write('#!/bin/sh\\necho built\\n')\n"
+          "os.chmod('build/prog', 0o755)\nos.symlink('build/prog', 'prog')\n")]
+run = ["python3", "main.py"]
+---
+assert [(e.kind, e.path) for e in res.entries] == [("d", "build"), ("f", "build/prog"),
+    ("f", "main.py"), ("l", "prog")], res.entries
+build, prog, main, link = res.entries
+assert build.mode == 0o755
+assert prog.mode == 0o755 and prog.content == b"#!/bin/sh\necho built\n"
+assert main.mode == 0o644 and main.content.startswith(b"import os")
+assert link.target == "build/prog"
+EOF
+
+run_case workspace-not-on-failure <<'EOF'
+collect = "workspace-on-success"
+run = ["python3", "-c", "open('artifact', 'w').write('x'); raise SystemExit(1)"]
+---
+assert res.run.code == 1 and res.entries == []
+EOF
+
+run_case workspace-over-cap <<'EOF'
+collect = "workspace-on-success"
+max_bytes = 1000000
+run = ["python3", "-c", "open('big', 'wb').write(b'x' * 2000000)"]
+---
+assert res.rc == 125 and res.entries == []
+assert res.fatal == "the compile stage left 2000000 bytes; the cap is 1000000", res.fatal
+EOF
+
+KILL_AFTER=2 run_case sigterm-stops <<'EOF'
+collect = "outputs"
+run = ["python3", "-c", "import os, time; os.mkdir('outputs'); print('sleeping', flush=True); time.sleep(30)"]
+---
+assert res.run.end == "stopped" and res.run.stdout == b"sleeping\n"
+assert 1000 <= res.run.wall_ms < 5000 and res.entries == [] and res.rc == 0
+EOF
+
+KILL_AFTER=2 run_case sigterm-stops-not-pid1 --init <<'EOF'
+run = ["sh", "-c", "echo sleeping; sleep 30"]
+---
+assert res.run.end == "stopped" and res.run.stdout == b"sleeping\n" and res.rc == 0
+EOF
+
+HOLD_STDIN=1 KILL_AFTER=1 run_case sigterm-while-waiting <<'EOF'
+raw = b"codebox-init 1\n"
+---
+assert res.rc == 125 and res.fatal == "stopped (SIGTERM) while reading the payload", res.fatal
+EOF
+
+run_case program-cannot-stop-pid1 <<'EOF'
+run = ["python3", "-c", "import os, signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGSTOP):\n    os.kill(1, s)\nprint('still here')"]
+---
+assert res.run.end == "exited" and res.run.code == 0 and res.run.stdout == b"still here\n"
+EOF
+
+run_case exec-missing <<'EOF'
+run = ["no-such-command", "arg"]
+---
+assert res.run.end == "error" and res.run.code is None
+assert res.run.error == "cannot run no-such-command: No such file or directory", res.run.error
+EOF
+
+run_case exec-not-executable <<'EOF'
+files = [("0644", "script.sh", "#!/bin/sh\necho hi\n")]
+run = ["./script.sh"]
+---
+assert res.run.end == "error" and res.run.error == "cannot run ./script.sh: Permission denied"
+EOF
+
+run_case child-environment <<'EOF'
+env = ["GREETING=hi", "HOME=/override", "PATH=/usr/bin:/bin"]
+check = ["cat", "/proc/self/oom_score_adj"]
+run = ["python3", "-c", """
+import os
+print(os.environ['GREETING'], os.environ['HOME'], os.environ['PATH'], os.environ['LANG'], os.getcwd())
+"""]
+---
+assert res.check.stdout == b"1000\n"
+assert res.run.stdout.split(b"\n")[0] == b"hi /override /usr/bin:/bin C.UTF-8 /workspace", res.run.stdout
+EOF
+
+run_case child-signals-fds-dumpable <<'EOF'
+check = ["grep", "-E", "^(SigBlk|SigIgn|NoNewPrivs)", "/proc/self/status"]
+run = ["python3", "-c", """
+import os
+open_fds = []
+for fd in range(1024):
+    try:
+        os.fstat(fd)
+        open_fds.append(fd)
+    except OSError:
+        pass
+print(open_fds)
+for path in ('/proc/1/fd/1', '/proc/1/environ', '/proc/1/mem'):
+    try:
+        open(path, 'rb').close()
+        print('opened', path)
+    except PermissionError:
+        print('denied', path)
+"""]
+---
+assert res.check.stdout == b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nNoNewPrivs:\t1\n", res.check.stdout
+assert res.run.stdout == b"[0, 1, 2]\ndenied /proc/1/fd/1\ndenied /proc/1/environ\ndenied /proc/1/mem\n", res.run.stdout
+EOF
+
+run_case payload-files <<'EOF'
+dirs = [("0700", "private"), ("0755", "a/b")]
+files = [("0600", "private/key", "k"), ("0755", "a/b/run.sh", "#!/bin/sh\necho ran $1\n"),
+         ("0644", "data/deep/x.txt", b"\0binary\xff")]
+links = [("lnk", "a/b/run.sh")]
+run = ["sh", "-c", "stat -c '%a %F %n' private private/key a a/b a/b/run.sh data data/deep data/deep/x.txt lnk && ./lnk now && od -An -c data/deep/x.txt"]
+---
+assert res.run.stdout.decode().split("\n")[:11] == [
+    "700 directory private", "600 regular file private/key", "755 directory a",
+    "755 directory a/b", "755 regular file a/b/run.sh", "755 directory data",
+    "755 directory data/deep", "644 regular file data/deep/x.txt", "777 symbolic link lnk",
+    "ran now", "  \\0   b   i   n   a   r   y 377"], res.run.stdout
+EOF
+
+run_case payload-link-cannot-redirect <<'EOF'
+records = [("link", "d\0/tmp"), ("file", "0644 d/x\0escaped")]
+run = ["true"]
+---
+assert res.rc == 125 and res.run is None
+assert res.fatal.startswith("payload: cannot open the directory d"), res.fatal
+EOF
+
+run_case payload-dotdot <<'EOF'
+files = [("0644", "a/../../etc/x", "x")]
+run = ["true"]
+---
+assert res.rc == 125 and "invalid path" in res.fatal, res.fatal
+EOF
+
+run_case payload-unknown-record <<'EOF'
+records = [("bogus", "1")]
+run = ["true"]
+---
+assert res.rc == 125 and res.fatal == "payload: unknown record `bogus`", res.fatal
+EOF
+
+run_case payload-truncated <<'EOF'
+raw = b"codebox-init 1\nrun 10\nabc"
+---
+assert res.rc == 125 and res.fatal == "payload: the input ended before the end record", res.fatal
+EOF
+
+run_case payload-existing-file <<'EOF'
+files = [("0644", "x", "1"), ("0644", "x", "2")]
+---
+assert res.rc == 125 and res.fatal == "payload: cannot create the file x: File exists", res.fatal
+EOF
+
+run_case no-phases <<'EOF'
+collect = "outputs"
+---
+assert res.check is None and res.run is None and res.entries == [] and res.rc == 0
+EOF
+
+leftover=$(docker ps -aq --filter "name=codebox-init-test-$$-")
+if [[ -n $leftover ]]; then
+  echo "FAIL containers left behind: $leftover"
+  failed=1
+fi
+if [[ $failed != 0 ]]; then
+  echo "codebox-init: some cases FAILED"
+  exit 1
+fi
+echo "codebox-init: all cases passed"

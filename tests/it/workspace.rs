@@ -1,0 +1,250 @@
+//! Real Docker: the run's working directory is writable, size-capped scratch that only it
+//! sees; files left under `outputs/` come back; usage is measured for every stage.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use codebox::report::{RunReport, Status};
+use sha2::{Digest, Sha256};
+
+use crate::common::{self, cpp, limits, py, run, run_with};
+
+fn file<'a>(r: &'a RunReport, path: &str) -> &'a codebox::report::FileReport {
+    r.files
+        .iter()
+        .find(|f| f.path == path)
+        .unwrap_or_else(|| panic!("{path} not returned: {:?}", r.files))
+}
+
+fn content(f: &codebox::report::FileReport) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(f.content_base64.as_deref().expect("content"))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_working_directory_takes_creates_renames_deletes_and_nested_folders() {
+    let code = r#"
+import os
+os.makedirs('a/b/c', exist_ok=True)
+open('a/b/c/x.txt', 'w').write('x')
+os.rename('a/b/c/x.txt', 'a/y.txt')
+open('gone.txt', 'w').write('g')
+os.remove('gone.txt')
+os.rmdir('a/b/c')
+print(os.getcwd(), sorted(os.listdir('.')), sorted(os.listdir('a')), open('a/y.txt').read())
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.stdout, "/workspace ['a', 'main.py'] ['b', 'y.txt'] x\n");
+}
+
+#[tokio::test]
+async fn filling_the_working_directory_is_enospc_and_the_run_goes_on() {
+    let code = r#"
+import errno
+n = 0
+try:
+    while True:
+        with open('f%06d' % n, 'wb') as f:
+            f.write(b'x' * 8192)
+        n += 1
+except OSError as e:
+    print(errno.errorcode[e.errno], n > 1000)
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.stdout, "ENOSPC True\n");
+}
+
+#[tokio::test]
+async fn concurrent_runs_never_see_each_others_files() {
+    let exec = Arc::new(common::docker_executor());
+    let runs = (0..3).map(|i| {
+        let exec = exec.clone();
+        async move {
+            let code = format!(
+                "import os, time\nopen('mine-{i}', 'w').write('{i}')\ntime.sleep(1)\nprint(sorted(os.listdir('.')))"
+            );
+            run_with(&exec, py(&code)).await
+        }
+    });
+    for (i, r) in futures_util::future::join_all(runs)
+        .await
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(r.status, Status::Succeeded, "{r:?}");
+        assert_eq!(r.stdout, format!("['main.py', 'mine-{i}']\n"));
+    }
+}
+
+#[tokio::test]
+async fn chroot_and_mount_are_still_refused_with_a_writable_directory() {
+    let code = r#"
+import ctypes, errno, os
+try:
+    os.chroot('.')
+    print('chroot worked')
+except OSError as e:
+    print('chroot', errno.errorcode[e.errno])
+libc = ctypes.CDLL(None, use_errno=True)
+os.mkdir('m')
+rc = libc.mount(b'none', b'm', b'tmpfs', 0, None)
+print('mount', rc, errno.errorcode[ctypes.get_errno()])
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.stdout, "chroot EPERM\nmount -1 EPERM\n", "{r:?}");
+}
+
+#[tokio::test]
+async fn a_compiled_binary_and_the_files_it_writes_share_the_working_directory() {
+    let code = r#"
+#include <stdio.h>
+int main(void) {
+    FILE *f = fopen("outputs/result.txt", "w");
+    if (!f) { perror("outputs"); return 1; }
+    fputs("from c++\n", f);
+    return fclose(f);
+}
+"#;
+    // outputs/ does not exist yet: the program creates it.
+    let code = code.replace(
+        "int main(void) {",
+        "#include <sys/stat.h>\nint main(void) {\n    mkdir(\"outputs\", 0755);",
+    );
+    let r = run(cpp(&code)).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    let f = file(&r, "outputs/result.txt");
+    assert_eq!(content(f), b"from c++\n");
+    assert_eq!(f.mime_type, "text/plain");
+}
+
+#[tokio::test]
+async fn files_under_outputs_come_back_with_type_bytes_and_hash() {
+    let code = r#"
+import os, zlib, struct
+os.makedirs('outputs/sub')
+open('outputs/data.csv', 'w').write('a,b\n1,2\n')
+def chunk(kind, data):
+    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 1, 1, 8, 0, 0, 0, 0)) \
+    + chunk(b'IDAT', zlib.compress(b'\x00\x00')) + chunk(b'IEND', b'')
+open('outputs/sub/dot.png', 'wb').write(png)
+open('not-returned.txt', 'w').write('outside outputs/')
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.files.len(), 2, "{:?}", r.files);
+    let csv = file(&r, "outputs/data.csv");
+    assert_eq!((csv.mime_type.as_str(), csv.size_bytes), ("text/csv", 8));
+    assert_eq!(content(csv), b"a,b\n1,2\n");
+    assert_eq!(csv.sha256, format!("{:x}", Sha256::digest(b"a,b\n1,2\n")));
+    let png = file(&r, "outputs/sub/dot.png");
+    assert_eq!(png.mime_type, "image/png");
+    assert!(content(png).starts_with(b"\x89PNG"));
+    assert_eq!(png.omitted_reason, None);
+}
+
+#[tokio::test]
+async fn files_over_the_caps_are_listed_with_the_reason() {
+    let code = r#"
+import os
+os.makedirs('outputs')
+for i in range(34):
+    open('outputs/f%02d.txt' % i, 'w').write('x')
+open('outputs/big.bin', 'wb').write(b'\0' * (5 * 1024 * 1024))
+os.symlink('/etc/passwd', 'outputs/passwd')
+"#;
+    let r = run(py(code)).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.files.len(), 36, "every file is listed");
+    let sent = r
+        .files
+        .iter()
+        .filter(|f| f.content_base64.is_some())
+        .count();
+    assert_eq!(sent, 32);
+    let big = file(&r, "outputs/big.bin");
+    assert_eq!(
+        big.omitted_reason.as_deref(),
+        Some("over the 4194304-byte per-file cap")
+    );
+    assert_eq!(big.size_bytes, 5 * 1024 * 1024);
+    assert_eq!(big.sha256.len(), 64, "hashed even when not sent");
+    let link = file(&r, "outputs/passwd");
+    assert_eq!(
+        link.omitted_reason.as_deref(),
+        Some("a symbolic link, not followed")
+    );
+    assert!(link.content_base64.is_none());
+    let over = r
+        .files
+        .iter()
+        .filter(|f| f.omitted_reason.as_deref() == Some("over the 32-file cap"))
+        .count();
+    assert_eq!(over, 2);
+}
+
+#[tokio::test]
+async fn a_symlinked_outputs_folder_is_not_followed() {
+    let r = run(py("import os; os.symlink('/etc', 'outputs')")).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.files.len(), 1, "{:?}", r.files);
+    assert!(r.files[0].content_base64.is_none());
+}
+
+// ---- usage ---------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_one_second_busy_loop_reports_a_second_of_cpu() {
+    let r = run(py(
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 1: pass",
+    ))
+    .await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    let cpu = r.usage.cpu_time_ms.unwrap();
+    assert!((900..=1200).contains(&cpu), "{cpu} ms");
+}
+
+#[tokio::test]
+async fn touching_200_mb_reports_at_least_200_mb_peak() {
+    let r = run(py(
+        "b = bytearray(200 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1",
+    ))
+    .await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    let peak = r.usage.peak_memory_kb.unwrap();
+    assert!(peak >= 200 * 1024, "{peak} KiB");
+}
+
+#[tokio::test]
+async fn a_sleeping_program_reports_almost_no_cpu() {
+    let r = run(py("import time; time.sleep(1)")).await;
+    let cpu = r.usage.cpu_time_ms.unwrap();
+    assert!(cpu < 50, "{cpu} ms");
+}
+
+#[tokio::test]
+async fn short_timed_out_and_oom_killed_stages_all_report_usage() {
+    let short = run(py("print(1)")).await;
+    let mut slow = py("while True: pass");
+    slow.limits = limits(None, Some(1.0));
+    let timed_out = run(slow).await;
+    let mut hog = py("b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))");
+    hog.limits = limits(Some(64.0), None);
+    let oom = run(hog).await;
+    let compiled = run(cpp("int main() { return 0; }")).await;
+    assert_eq!(timed_out.status, Status::TimedOut, "{timed_out:?}");
+    assert_eq!(oom.status, Status::OutOfMemory, "{oom:?}");
+    for r in [&short, &timed_out, &oom, &compiled] {
+        assert!(r.usage.cpu_time_ms.is_some(), "{r:?}");
+        assert!(r.usage.peak_memory_kb.is_some(), "{r:?}");
+    }
+    let c = compiled.compile.unwrap();
+    assert!(
+        c.usage.cpu_time_ms.is_some() && c.usage.peak_memory_kb.is_some(),
+        "{c:?}"
+    );
+    assert!(oom.usage.peak_memory_kb.unwrap() >= 48 * 1024, "{oom:?}");
+}
