@@ -2,7 +2,7 @@
 //! in the history), its output printed, its status mirrored in the exit code.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
@@ -31,6 +31,9 @@ pub struct RunArgs {
     /// Print the run report as JSON instead of the program's output.
     #[arg(long)]
     pub json: bool,
+    /// Write the files the program leaves under `outputs/` into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub outputs: Option<PathBuf>,
     /// Arguments passed to the program.
     #[arg(last = true)]
     pub args: Vec<String>,
@@ -50,6 +53,36 @@ pub fn exit_status(report: &RunReport) -> i32 {
         Status::Stopped => 130,
         Status::SandboxError | Status::Queued | Status::Running => 125,
     }
+}
+
+/// Write the returned files under `dir` (their path below `outputs/`); say on stderr which
+/// were left out and why.
+fn write_outputs(dir: &Path, report: &RunReport) -> anyhow::Result<()> {
+    use base64::Engine as _;
+    for f in &report.files {
+        let rel = f.path.strip_prefix("outputs/").unwrap_or(&f.path);
+        let safe = !rel.is_empty()
+            && rel
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..");
+        let (Some(data), true) = (&f.content_base64, safe) else {
+            eprintln!(
+                "codebox: {} not written: {}",
+                f.path,
+                f.omitted_reason.as_deref().unwrap_or("not a safe path")
+            );
+            continue;
+        };
+        let bytes = base64::engine::general_purpose::STANDARD.decode(data)?;
+        let target = dir.join(rel);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&target, bytes)
+            .with_context(|| format!("cannot write {}", target.display()))?;
+    }
+    Ok(())
 }
 
 /// How often the wait for the end re-arms (the run manager's wait is bounded).
@@ -115,6 +148,9 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
         }
     };
     stopper.abort();
+    if let Some(dir) = &args.outputs {
+        write_outputs(dir, &report)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

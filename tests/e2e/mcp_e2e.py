@@ -140,6 +140,33 @@ async def errors(session):
     expect(r.is_error, "unknown run id must be a tool error")
 
 
+PLOT = """
+import os
+import matplotlib.pyplot as plt
+os.makedirs("outputs")
+plt.plot([1, 4, 9, 16])
+plt.savefig("outputs/plot.png")
+open("outputs/squares.csv", "w").write("n,sq\\n1,1\\n2,4\\n")
+"""
+
+
+async def plot(session):
+    result = await session.call_tool("run_code", {"language": "python", "code": PLOT,
+                                                   "limits": {"timeout_seconds": 60}})
+    report = structured(result)
+    expect(report["status"] == "succeeded", f"plot run: {report['status']} {report['stderr']}")
+    files = {f["path"]: f for f in report["files"]}
+    expect(set(files) == {"outputs/plot.png", "outputs/squares.csv"}, f"files {list(files)}")
+    images = [c for c in result.content if c.type == "image"]
+    expect(len(images) == 1 and images[0].mime_type == "image/png", f"image blocks {images}")
+    expect(images[0].data == files["outputs/plot.png"]["content_base64"], "image data differs")
+    resources = [c for c in result.content if c.type == "resource"]
+    expect(len(resources) == 1 and resources[0].resource.text == "n,sq\n1,1\n2,4\n",
+           f"resources {resources}")
+    text = " ".join(c.text for c in result.content if c.type == "text")
+    expect(images[0].data[:64] not in text, "the text content repeats the image's base64")
+
+
 async def catalog_and_history(session):
     tools = await session.list_tools()
     names = sorted(t.name for t in tools.tools)
@@ -148,6 +175,22 @@ async def catalog_and_history(session):
     cat = structured(await session.call_tool("list_supported_languages", {}))
     ids = [l["language"] for l in cat["languages"]]
     expect("python" in ids and "cpp" in ids, f"languages {ids}")
+    python = next(l for l in cat["languages"] if l["language"] == "python")
+    expect("numpy" in python["packages"], f"python packages {python['packages']}")
+    standard = {"date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6",
+                "uri", "uri-reference", "uuid", "regex"}
+    def formats(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("format"), str):
+                yield node["format"]
+            for v in node.values():
+                yield from formats(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from formats(v)
+    for t in tools.tools:
+        odd = {f for s in (t.input_schema, t.output_schema or {}) for f in formats(s)} - standard
+        expect(not odd, f"{t.name} uses non-standard formats {odd}")
 
 
 async def history(session):
@@ -168,6 +211,7 @@ async def suite(session, transport, results):
         for status in PROGRAMS[language]:
             await results.check(f"{transport}: {language} {status}", get_status(session, language, status))
     await results.check(f"{transport}: get_result long-poll", long_poll(session))
+    await results.check(f"{transport}: a plot comes back as an image", plot(session))
     await results.check(f"{transport}: errors name the field", errors(session))
     await results.check(f"{transport}: execution history", history(session))
 

@@ -277,3 +277,24 @@ fn printing_a_gigabyte_keeps_codebox_memory_bounded() {
         "codebox peaked at {peak_mb} MB while relaying 1 GiB (cap 1 MiB)"
     );
 }
+
+#[test]
+fn run_outputs_writes_the_returned_files_into_a_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = write_temp(
+        &dir,
+        "out.py",
+        "import os\nos.makedirs('outputs/sub')\nopen('outputs/a.txt', 'w').write('A')\nopen('outputs/sub/b.bin', 'wb').write(bytes(range(256)))\n",
+    );
+    let target = dir.path().join("got");
+    let out = crate::common::codebox_command()
+        .args(["run", &prog, "--outputs", target.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(target.join("a.txt")).unwrap(), b"A");
+    assert_eq!(
+        std::fs::read(target.join("sub/b.bin")).unwrap(),
+        (0..=255u8).collect::<Vec<u8>>()
+    );
+}

@@ -63,7 +63,30 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
             assert!(d.contains("memory_mb default 384 (max 8192)"), "{d}");
             assert!(d.contains("timeout_seconds default 30 (max 120)"), "{d}");
             assert!(d.contains("At most 3 runs"), "{d}");
-            assert!(!d.contains("placeholder"));
+        }
+        // Only formats JSON Schema defines (no `uint64`, `double`...): strict validators
+        // such as the official TypeScript SDK's accept them silently.
+        let schemas = [
+            Some(Value::Object((*t.input_schema).clone())),
+            t.output_schema
+                .as_ref()
+                .map(|s| Value::Object((**s).clone())),
+        ];
+        for schema in schemas.iter().flatten() {
+            let text = schema.to_string();
+            for odd in [
+                "\"uint64\"",
+                "\"uint\"",
+                "\"int64\"",
+                "\"double\"",
+                "\"float\"",
+            ] {
+                assert!(
+                    !text.contains(&format!("\"format\":{odd}")),
+                    "{}: {odd}",
+                    t.name
+                );
+            }
         }
         // Every argument is documented.
         if let Some(props) = t.input_schema.get("properties").and_then(Value::as_object) {
@@ -464,5 +487,53 @@ async fn history_without_a_database_is_a_tool_error_that_says_so() {
     let fake = Arc::new(FakeEngine::new());
     let client = connect(fake_manager(&fake, |_| {})).await;
     let msg = tool_error(&client, "get_execution_history", json!({})).await;
-    assert!(msg.contains("history"), "{msg}");
+    assert_eq!(msg, "history: this server keeps no history");
+}
+
+#[tokio::test]
+async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources() {
+    let client = connect(docker_manager(|_| {}, None)).await;
+    let code = "import os\nimport matplotlib.pyplot as plt\nos.makedirs('outputs')\nplt.plot([1, 2, 3])\nplt.savefig('outputs/plot.png')\nopen('outputs/table.csv', 'w').write('a,b\\n1,2\\n')\n";
+    let res = call(
+        &client,
+        "run_code",
+        json!({"language": "python", "code": code, "limits": {"timeout_seconds": 60}}),
+    )
+    .await;
+    let r = report(res.structured_content.clone().unwrap());
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    let png = r
+        .files
+        .iter()
+        .find(|f| f.path == "outputs/plot.png")
+        .unwrap();
+    let data = png.content_base64.clone().unwrap();
+    let images: Vec<_> = res.content.iter().filter_map(|c| c.as_image()).collect();
+    assert_eq!(images.len(), 1);
+    assert_eq!(
+        (images[0].mime_type.as_str(), &images[0].data),
+        ("image/png", &data)
+    );
+    let resources: Vec<_> = res
+        .content
+        .iter()
+        .filter_map(|c| match c {
+            rmcp::model::ContentBlock::Resource(r) => Some(r.resource.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resources.len(), 1, "{:?}", res.content);
+    match &resources[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, uri, .. } => {
+            assert_eq!(text, "a,b\n1,2\n");
+            assert!(uri.ends_with("/outputs/table.csv"), "{uri}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let summary = crate::mcp_support::text(&res);
+    assert!(
+        !summary.contains(&data[..40]),
+        "the text repeats the image's base64"
+    );
+    assert!(summary.contains("outputs/plot.png"), "{summary}");
 }

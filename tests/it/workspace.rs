@@ -248,3 +248,25 @@ async fn short_timed_out_and_oom_killed_stages_all_report_usage() {
     );
     assert!(oom.usage.peak_memory_kb.unwrap() >= 48 * 1024, "{oom:?}");
 }
+
+// ---- the python image ----------------------------------------------------------------------
+
+#[tokio::test]
+async fn every_package_the_python_entry_lists_imports() {
+    let python = &common::registry().languages["python"];
+    assert!(python.packages.len() >= 7, "{:?}", python.packages);
+    let code = python
+        .packages
+        .iter()
+        .map(|p| format!("import {p}\n"))
+        .collect::<String>()
+        + "print('ok')";
+    let mut req = py(&code);
+    req.limits = limits(None, Some(60.0));
+    let r = run(req).await;
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (Status::Succeeded, "ok\n"),
+        "{r:?}"
+    );
+}
