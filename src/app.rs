@@ -23,7 +23,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub enum AppError {
     /// The settings and the registry do not fit together.
     #[error("{0}")]
-    Budget(String),
+    Mismatch(String),
 }
 
 /// Everything a command works with, built once from a resolved configuration.
@@ -48,7 +48,7 @@ impl App {
         registry: Registry,
         engine: Arc<dyn ContainerEngine>,
     ) -> Result<App, AppError> {
-        runs::check_budget(&registry, &config).map_err(AppError::Budget)?;
+        runs::check_budget(&registry, &config).map_err(AppError::Mismatch)?;
         let config = Arc::new(config);
         let registry = Arc::new(registry);
         let instance = Arc::new(Instance::register(&config.data_dir));

@@ -219,6 +219,28 @@ section! {
     }
 }
 
+fn default_pool_sizes() -> BTreeMap<String, usize> {
+    [("bash", 1), ("cpp", 1), ("javascript", 1), ("python", 2)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+section! {
+    /// Containers created and started before their run arrives (`codebox serve` only). Each
+    /// serves exactly one run, passes the posture check, and is removed after it: a run that
+    /// takes one skips creating and starting its own.
+    pub struct PoolSettings {
+        /// How many ready containers to keep per language (its run stage, and for compiled
+        /// languages its compile stage too), e.g. `{ python = 2, cpp = 1 }`. Their memory
+        /// limits count against `runs.memory_budget_mb` while they wait, and they are given
+        /// back when a queued run needs the memory. `{}` turns the pool off.
+        pub sizes: BTreeMap<String, usize> = default_pool_sizes(),
+        /// A container that waited this long, in seconds, is replaced by a fresh one.
+        pub idle_seconds: u64 = 300,
+    }
+}
+
 section! {
     /// Everything codebox needs to know from its operator.
     pub struct Config {
@@ -233,6 +255,7 @@ section! {
         pub runs: RunsSettings = RunsSettings::default(),
         pub history: HistorySettings = HistorySettings::default(),
         pub http: HttpSettings = HttpSettings::default(),
+        pub pool: PoolSettings = PoolSettings::default(),
     }
 }
 
@@ -570,6 +593,22 @@ impl Config {
                 "runs.retained_reports_mb",
                 0,
                 "must be positive (it bounds the memory of finished reports)",
+            ));
+        }
+        let p = &self.pool;
+        let pooled: usize = p.sizes.values().sum();
+        if pooled > 16 {
+            return Err(invalid(
+                "pool.sizes",
+                pooled,
+                "must keep at most 16 containers in all (each holds one of the 64 sandbox users)",
+            ));
+        }
+        if p.idle_seconds < 10 {
+            return Err(invalid(
+                "pool.idle_seconds",
+                p.idle_seconds,
+                "must be at least 10",
             ));
         }
         let h = &self.http;

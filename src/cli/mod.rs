@@ -2,6 +2,7 @@
 //! application once, and hand it to one function per command. With `main.rs`, the only place
 //! that uses anyhow, and the only place that picks a concrete container engine (Docker).
 
+mod bench;
 mod config;
 mod doctor;
 mod history;
@@ -81,6 +82,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Show the latest runs (of `codebox run` and of the server).
     History(history::HistoryArgs),
+    /// Measure codebox next to `docker run --rm` (same image, equivalent flags), as ratios.
+    Bench(bench::BenchArgs),
     /// Print the effective configuration as a config file, or list every setting.
     Config {
         /// List every setting with its file key, `--set` path and variables.
@@ -113,6 +116,18 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
         if let Some(listen) = &args.listen {
             sets.push(format!("http.listen={listen}"));
         }
+    }
+    // A bench keeps ready containers for what it measures (as many as run at once), or none.
+    if let Command::Bench(args) = &cli.command {
+        let sizes: Vec<String> = if args.no_pool {
+            Vec::new()
+        } else {
+            bench::languages(args)
+                .iter()
+                .map(|l| format!("\"{l}\" = {}", args.concurrency.clamp(1, 8)))
+                .collect()
+        };
+        sets.push(format!("pool.sizes={{ {} }}", sizes.join(", ")));
     }
     sets.extend(cli.set.iter().cloned());
     Ok(Config::resolve(
@@ -152,6 +167,7 @@ pub async fn dispatch(app: &App, command: Command) -> anyhow::Result<i32> {
         Command::Doctor => doctor(app, &mut out).await,
         Command::Serve(args) => serve::serve(app, args).await,
         Command::History(args) => history(app, args, &mut out).await,
+        Command::Bench(args) => bench::bench(app, args, &mut out).await,
         Command::Config { list } => config::print(&app.config, list, &mut out),
     }
 }

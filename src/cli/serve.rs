@@ -51,6 +51,7 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
         },
     };
     app.reap().await;
+    app.runs.start_pool();
     transport::serve(
         app.runs.clone(),
         &app.config,

@@ -80,7 +80,6 @@ pub fn exited(code: i64, stdout: &str) -> Behaviour {
 struct Container {
     spec: ContainerSpec,
     started: bool,
-    resources: Option<Resources>,
     /// Wakes the program's task on a signal.
     signal_tx: Option<mpsc::UnboundedSender<Signal>>,
     /// The exit code once it exited.
@@ -103,6 +102,8 @@ struct State {
     payloads: Vec<(String, Payload)>,
     /// Signals sent, by container (kept after removal).
     signals: BTreeMap<String, Vec<Signal>>,
+    /// The last limits each container was updated to (kept after removal).
+    updates: BTreeMap<String, Resources>,
 }
 
 /// The fake engine.
@@ -182,7 +183,7 @@ impl FakeEngine {
 
     /// The limits a container was updated to, if it was.
     pub fn updated(&self, name: &str) -> Option<Resources> {
-        self.state().containers.get(name)?.resources
+        self.state().updates.get(name).copied()
     }
 
     pub fn live_containers(&self) -> Vec<String> {
@@ -409,7 +410,6 @@ impl ContainerEngine for FakeEngine {
             Container {
                 spec: spec.clone(),
                 started: false,
-                resources: None,
                 signal_tx: None,
                 exit,
                 oom: false,
@@ -513,11 +513,10 @@ impl ContainerEngine for FakeEngine {
     async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {
         self.check(Step::Update)?;
         let mut st = self.state();
-        let c = st
-            .containers
-            .get_mut(id)
-            .ok_or_else(|| FakeEngine::missing(id))?;
-        c.resources = Some(resources);
+        if !st.containers.contains_key(id) {
+            return Err(FakeEngine::missing(id));
+        }
+        st.updates.insert(id.to_string(), resources);
         Ok(())
     }
 

@@ -21,16 +21,28 @@ use super::{ContainerEngine, EngineError};
 const CLEANUP_ATTEMPTS: u32 = 5;
 const CLEANUP_BACKOFF: Duration = Duration::from_millis(500);
 
+/// Told how long each background removal took.
+pub type RemovalObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 /// The background removals of one process.
 #[derive(Clone, Default)]
 pub struct Cleanup {
     tracker: TaskTracker,
     failed: Arc<AtomicBool>,
+    observer: Option<RemovalObserver>,
 }
 
 impl Cleanup {
     pub fn new() -> Cleanup {
         Cleanup::default()
+    }
+
+    /// Background removals report their duration to `observer`.
+    pub fn observed(observer: RemovalObserver) -> Cleanup {
+        Cleanup {
+            observer: Some(observer),
+            ..Cleanup::default()
+        }
     }
 
     /// Wait (up to `timeout`) for every background removal; `true` if all finished.
@@ -51,6 +63,15 @@ impl Cleanup {
     /// Removals under way.
     pub fn pending(&self) -> usize {
         self.tracker.len()
+    }
+
+    /// Run `task` in the background as part of cleanup: [`Cleanup::drain`] waits for it too
+    /// (used for containers being started ahead of time, which must not outlive shutdown).
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tracker.spawn(task);
     }
 }
 
@@ -122,11 +143,16 @@ impl ContainerGuard {
         };
         let engine = self.engine.clone();
         let failed = self.cleanup.failed.clone();
+        let observer = self.cleanup.observer.clone();
         let task = async move {
+            let began = tokio::time::Instant::now();
             for attempt in 1..=CLEANUP_ATTEMPTS {
                 match engine.remove_container(&name).await {
                     Ok(()) => {
                         drop(lease);
+                        if let Some(observe) = observer {
+                            observe(began.elapsed());
+                        }
                         return;
                     }
                     Err(e) if attempt == CLEANUP_ATTEMPTS => {

@@ -9,8 +9,10 @@
 
 pub mod outcome;
 pub mod outputs;
+pub mod pool;
 pub mod request;
 pub mod stage;
+pub mod timings;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,8 +32,10 @@ use crate::engine::{
 use crate::registry::Language;
 use crate::report::{fmt_num, CompileReport, RunReport, Stage, Status, Usage};
 use outcome::{classify, Outcome};
+use pool::{run_workspace_mb, Pool, Shape};
 pub use request::{Encoding, FileInput, LimitsInput, RequestError, RunRequest, ValidRequest};
 use stage::{run_stage, StageRequest, StageResult};
+use timings::{Phase as TimedPhase, Timings};
 
 /// Extra time before a container counts as abandoned, beyond its limits.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
@@ -73,6 +77,26 @@ pub struct Executor {
     instance: String,
     uids: Arc<UidPool>,
     cleanup: Cleanup,
+    pool: Pool,
+    timings: Arc<Timings>,
+}
+
+/// The container a stage needs.
+struct Want {
+    /// Its name, should it be created for the run.
+    name: String,
+    image_tag: String,
+    /// The registry name of its image (for `codebox images build NAME`).
+    image_name: String,
+    limits: Limits,
+    workspace_mb: u64,
+    labels: BTreeMap<String, String>,
+}
+
+/// A container for one stage: created only, or started ahead of time (taken from the pool).
+struct Acquired {
+    guard: ContainerGuard,
+    started: bool,
 }
 
 /// A new run id: 32 lowercase hex digits.
@@ -129,13 +153,38 @@ fn safe_relative(path: &str) -> bool {
 
 impl Executor {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
+        let uids = UidPool::new();
+        let timings = Arc::new(Timings::default());
+        let cleanup = {
+            let timings = timings.clone();
+            Cleanup::observed(Arc::new(move |d| timings.record(TimedPhase::Remove, d)))
+        };
+        let pool = Pool::new(
+            engine.clone(),
+            config.clone(),
+            instance.clone(),
+            uids.clone(),
+            cleanup.clone(),
+        );
         Executor {
             engine,
             config,
             instance,
-            uids: UidPool::new(),
-            cleanup: Cleanup::new(),
+            uids,
+            cleanup,
+            pool,
+            timings,
         }
+    }
+
+    /// Where runs spend their time, phase by phase.
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+
+    /// The containers started ahead of time (empty unless the run manager fills it).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
@@ -226,21 +275,24 @@ impl Executor {
             ..Default::default()
         };
         let result = async {
-            let guard = self
-                .launch(
-                    format!("codebox-{run_id}-probe"),
-                    image_tag,
-                    image_tag,
-                    limits,
-                    self.config.sandbox.workspace_mb,
-                    labels,
-                )
-                .await?;
-            let stage = self
-                .stage(&guard, payload, timeout, 0, &CancellationToken::new())
-                .await;
-            guard.remove_later();
-            Ok::<_, SandboxFailure>(stage?)
+            let want = Want {
+                name: format!("codebox-{run_id}-probe"),
+                image_tag: image_tag.to_string(),
+                image_name: image_tag.to_string(),
+                limits,
+                workspace_mb: self.config.sandbox.workspace_mb,
+                labels,
+            };
+            let container = self.launch(&want).await?;
+            self.stage(
+                &want,
+                container,
+                payload,
+                timeout,
+                0,
+                &CancellationToken::new(),
+            )
+            .await
         }
         .await
         .map_err(|e| e.to_string())?;
@@ -273,52 +325,70 @@ impl Executor {
 
     /// Create one locked-down container (not started): lease a uid, build the spec, check
     /// it, and hand back its owner.
-    async fn launch(
-        &self,
-        name: String,
-        image_tag: &str,
-        image_name: &str,
-        limits: Limits,
-        workspace_mb: u64,
-        labels: BTreeMap<String, String>,
-    ) -> Result<ContainerGuard, SandboxFailure> {
+    async fn launch(&self, want: &Want) -> Result<Acquired, SandboxFailure> {
         let lease = self.uids.lease();
         let plan = Plan {
-            name: name.clone(),
-            image: image_tag.to_string(),
+            name: want.name.clone(),
+            image: want.image_tag.clone(),
             uid: lease.uid,
-            limits,
-            workspace_mb,
-            labels,
+            limits: want.limits,
+            workspace_mb: want.workspace_mb,
+            labels: want.labels.clone(),
         };
         let spec = posture::locked_down(&plan, &self.config.sandbox);
         posture::check(&spec, &self.config.sandbox)?;
-        let guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
+        let guard = ContainerGuard::new(
+            self.engine.clone(),
+            self.cleanup.clone(),
+            want.name.clone(),
+            lease,
+        );
         match self.engine.create_container(&spec).await {
-            Ok(_) => Ok(guard),
+            Ok(_) => Ok(Acquired {
+                guard,
+                started: false,
+            }),
             Err(EngineError::ImageMissing { tag }) => Err(SandboxFailure::ImageMissing {
                 tag,
-                image: image_name.to_string(),
+                image: want.image_name.clone(),
             }),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Run a payload in a container that was only created.
+    /// A container for a stage: a ready one from the pool, else a new one (created only).
+    async fn acquire(&self, want: &Want) -> Result<Acquired, SandboxFailure> {
+        let began = Instant::now();
+        let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb);
+        let acquired = match self.pool.take(&shape).await {
+            Some(taken) => Ok(Acquired {
+                guard: taken.guard,
+                started: true,
+            }),
+            None => self.launch(want).await,
+        };
+        self.timings.record(TimedPhase::Acquire, began.elapsed());
+        acquired
+    }
+
+    /// Run a payload in `container`, then hand it to removal. A container taken from the pool
+    /// that turns out dead (it never answered) is replaced by a new one, once: nothing of the
+    /// run had started in it.
     async fn stage(
         &self,
-        guard: &ContainerGuard,
+        want: &Want,
+        container: Acquired,
         payload: Payload,
         limits_total: Duration,
         content_bytes: u64,
         cancel: &CancellationToken,
-    ) -> Result<StageResult, EngineError> {
+    ) -> Result<StageResult, SandboxFailure> {
         let entries = match payload.collect {
             Some(Collect::WorkspaceOnSuccess { .. }) => MAX_ARTIFACT_ENTRIES,
             _ => MAX_OUTPUT_ENTRIES,
         };
         let request = StageRequest {
-            payload: payload.encode(),
+            payload: Bytes::from(payload.encode()),
             backstop: limits_total + BACKSTOP_GRACE,
             limits: DecodeLimits {
                 output: self.config.sandbox.output_limit_bytes,
@@ -326,7 +396,45 @@ impl Executor {
                 entries,
             },
         };
-        run_stage(self.engine.as_ref(), guard.name(), true, request, cancel).await
+        let mut container = container;
+        loop {
+            let result = run_stage(
+                self.engine.as_ref(),
+                container.guard.name(),
+                !container.started,
+                request.clone(),
+                cancel,
+            )
+            .await;
+            let dead_on_arrival = container.started
+                && !cancel.is_cancelled()
+                && match &result {
+                    Err(EngineError::Attach(_)) => true,
+                    Ok(r) => {
+                        r.decoded.phases.is_empty()
+                            && !r.decoded.complete
+                            && r.decoded.fatal.is_none()
+                            && r.protocol_error.is_none()
+                    }
+                    Err(_) => false,
+                };
+            container.guard.remove_later();
+            if let Ok(r) = &result {
+                let t = &r.times;
+                self.timings.record(TimedPhase::Deliver, t.deliver);
+                self.timings.record(TimedPhase::Run, t.run);
+                self.timings.record(TimedPhase::Collect, t.collect);
+            }
+            if !dead_on_arrival {
+                return Ok(result?);
+            }
+            tracing::warn!("a container started ahead of time never answered; using a new one");
+            self.pool
+                .counters()
+                .failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            container = self.launch(want).await?;
+        }
     }
 
     /// The source and the request's files, as working-directory entries.
@@ -347,7 +455,7 @@ impl Executor {
     /// The memory and size of a run's own container.
     fn run_limits(&self, req: &ValidRequest) -> (Limits, u64) {
         let memory_mb = req.limits.memory_mb;
-        let workspace_mb = self.config.sandbox.workspace_mb.min(memory_mb / 2).max(1);
+        let workspace_mb = run_workspace_mb(&self.config, memory_mb);
         (
             Limits {
                 memory_mb,
@@ -372,23 +480,29 @@ impl Executor {
         };
         let run_timeout = Duration::from_secs_f64(req.limits.timeout_seconds);
         let (run_limits, run_workspace_mb) = self.run_limits(req);
-        let prepare_run = self.launch(
-            format!("codebox-{run_id}-run"),
-            &lang.image.tag,
-            &lang.image.name,
-            run_limits,
-            run_workspace_mb,
-            self.labels(run_id, check_budget + run_timeout),
-        );
+        let run_want = Want {
+            name: format!("codebox-{run_id}-run"),
+            image_tag: lang.image.tag.clone(),
+            image_name: lang.image.name.clone(),
+            limits: run_limits,
+            workspace_mb: run_workspace_mb,
+            labels: self.labels(run_id, check_budget + run_timeout),
+        };
+        let prepare_run = self.acquire(&run_want);
         // Compile while the run's container is being created.
         let (entries, run_guard) = if lang.is_compiled() {
-            let (compiled, run_guard) =
-                tokio::join!(self.compile(run_id, req, report, cancel), prepare_run);
+            let compile = async {
+                let began = Instant::now();
+                let compiled = self.compile(run_id, req, report, cancel).await;
+                self.timings.record(TimedPhase::Compile, began.elapsed());
+                compiled
+            };
+            let (compiled, run_guard) = tokio::join!(compile, prepare_run);
             match compiled? {
                 Some(artifacts) => (artifacts, run_guard?),
                 None => {
-                    if let Ok(g) = run_guard {
-                        g.remove_later();
+                    if let Ok(c) = run_guard {
+                        c.guard.remove_later();
                     }
                     return Ok(());
                 }
@@ -397,7 +511,7 @@ impl Executor {
             (Executor::sources(req), prepare_run.await?)
         };
         if cancel.is_cancelled() {
-            run_guard.remove_later();
+            run_guard.guard.remove_later();
             report.status = Status::Stopped;
             report.message = "stopped before the program ran".into();
             return Ok(());
@@ -407,7 +521,7 @@ impl Executor {
             .map(|e| e.content.len() as u64 + ENTRY_OVERHEAD_BYTES)
             .sum();
         if needed > mb(run_workspace_mb) {
-            run_guard.remove_later();
+            run_guard.guard.remove_later();
             return Err(SandboxFailure::Sandbox(format!(
                 "the program's files take {} MB, more than its {run_workspace_mb} MB working directory holds (sandbox.workspace_mb = {}, at most half of the run's memory)",
                 needed.div_ceil(mb(1)),
@@ -435,15 +549,14 @@ impl Executor {
         report.stage = Some(Stage::Run);
         let result = self
             .stage(
-                &run_guard,
+                &run_want,
+                run_guard,
                 payload,
                 check_budget + run_timeout,
                 s.max_output_bytes,
                 cancel,
             )
-            .await;
-        run_guard.remove_later();
-        let result = result?;
+            .await?;
         report.image_id = report.image_id.take().or(result.image_id.clone());
         if let Some(check) = result.decoded.phase(PhaseName::Check) {
             let o = classify(Some(check), &result);
@@ -500,22 +613,21 @@ impl Executor {
         let lang = &req.language;
         let limits = lang.compile_limits;
         let timeout = Duration::from_secs_f64(limits.timeout_seconds);
-        let guard = self
-            .launch(
-                format!("codebox-{run_id}-compile"),
-                &lang.image.tag,
-                &lang.image.name,
-                Limits {
-                    memory_mb: limits.memory_mb,
-                    cpus: limits.cpus,
-                },
-                limits.workspace_mb,
-                self.labels(
-                    run_id,
-                    timeout + Duration::from_secs_f64(req.limits.timeout_seconds),
-                ),
-            )
-            .await?;
+        let want = Want {
+            name: format!("codebox-{run_id}-compile"),
+            image_tag: lang.image.tag.clone(),
+            image_name: lang.image.name.clone(),
+            limits: Limits {
+                memory_mb: limits.memory_mb,
+                cpus: limits.cpus,
+            },
+            workspace_mb: limits.workspace_mb,
+            labels: self.labels(
+                run_id,
+                timeout + Duration::from_secs_f64(req.limits.timeout_seconds),
+            ),
+        };
+        let container = self.acquire(&want).await?;
         let payload = Payload {
             env: lang.env.clone(),
             run: lang.compile.clone(),
@@ -529,10 +641,15 @@ impl Executor {
         };
         report.stage = Some(Stage::Compile);
         let result = self
-            .stage(&guard, payload, timeout, mb(limits.workspace_mb), cancel)
-            .await;
-        guard.remove_later();
-        let result = result?;
+            .stage(
+                &want,
+                container,
+                payload,
+                timeout,
+                mb(limits.workspace_mb),
+                cancel,
+            )
+            .await?;
         report.image_id = result.image_id.clone();
         let Some(phase) = result.decoded.phase(PhaseName::Run) else {
             let o = classify(None, &result);

@@ -193,6 +193,7 @@ mod tests {
             oom_killed: false,
             image_id: None,
             duration: Duration::ZERO,
+            times: Default::default(),
         }
     }
 

@@ -29,9 +29,10 @@ pub const WAIT_GRACE: Duration = Duration::from_secs(10);
 const STDERR_KEPT: usize = 16 * 1024;
 
 /// What to do in one container.
+#[derive(Clone)]
 pub struct StageRequest {
     /// The payload for the container's stdin.
-    pub payload: Vec<u8>,
+    pub payload: bytes::Bytes,
     /// After this long the host kills the container, whatever the helper says.
     pub backstop: Duration,
     pub limits: DecodeLimits,
@@ -46,6 +47,17 @@ pub enum HostEnding {
     Backstop,
     /// A stop was asked for.
     Stopped,
+}
+
+/// Where a stage's time went, as the host saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimes {
+    /// Attaching, and starting the container if it was only created.
+    pub deliver: Duration,
+    /// From then to the end of the container's output.
+    pub run: Duration,
+    /// Waiting for its exit and reading its state.
+    pub collect: Duration,
 }
 
 /// What one stage produced.
@@ -63,6 +75,7 @@ pub struct StageResult {
     pub oom_killed: bool,
     pub image_id: Option<String>,
     pub duration: Duration,
+    pub times: StageTimes,
 }
 
 /// Where the loop stands: each state has its own deadline.
@@ -81,6 +94,7 @@ pub async fn run_stage(
     request: StageRequest,
     cancel: &CancellationToken,
 ) -> Result<StageResult, EngineError> {
+    let asked = Instant::now();
     let attached = engine.attach_container(id).await?;
     if start {
         engine.start_container(id).await?;
@@ -148,6 +162,7 @@ pub async fn run_stage(
         }
     }
     writer.abort();
+    let output_ended = Instant::now();
     let exit_code = match tokio::time::timeout(WAIT_GRACE, engine.wait_container(id)).await {
         Ok(code) => Some(code?),
         Err(_) => {
@@ -167,5 +182,10 @@ pub async fn run_stage(
         oom_killed: state.oom_killed,
         image_id: state.image_id,
         duration: began.elapsed(),
+        times: StageTimes {
+            deliver: began - asked,
+            run: output_ended - began,
+            collect: output_ended.elapsed(),
+        },
     })
 }

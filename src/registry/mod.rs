@@ -70,7 +70,7 @@ pub struct Language {
     pub compile: Option<Vec<String>>,
     /// A syntax check run in the run stage's container right before the program (no extra
     /// container); a non-zero exit is `compile_error`. For interpreters whose checker finds
-    /// syntax errors without running anything (`python3 -m py_compile`).
+    /// syntax errors without running anything (Python compiles the source).
     pub check: Option<Vec<String>>,
     pub run: Vec<String>,
     pub version: Option<Vec<String>>,

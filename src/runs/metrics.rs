@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::executor::timings::{Phase, Timings, BUCKETS};
 use crate::report::RunReport;
 
 use super::Stats;
@@ -80,7 +81,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self, stats: &Stats) -> String {
+    pub fn render(&self, stats: &Stats, timings: &Timings) -> String {
         let mut out = String::new();
         let w = &mut out;
         let _ = writeln!(
@@ -166,6 +167,67 @@ impl Metrics {
             );
             let _ = writeln!(w, "codebox_run_latency_seconds_sum {}", h.sum);
             let _ = writeln!(w, "codebox_run_latency_seconds_count {}", h.count);
+        }
+        let p = &stats.pool;
+        let _ = writeln!(
+            w,
+            "# HELP codebox_pool_idle Containers started ahead of time, waiting for a run, by image."
+        );
+        let _ = writeln!(w, "# TYPE codebox_pool_idle gauge");
+        for (image, n) in &p.stats.idle {
+            let _ = writeln!(w, "codebox_pool_idle{{image=\"{}\"}} {n}", escape(image));
+        }
+        let _ = writeln!(
+            w,
+            "# HELP codebox_pool_memory_mb Memory limit of pooled containers (idle or starting), counted against runs.memory_budget_mb."
+        );
+        let _ = writeln!(w, "# TYPE codebox_pool_memory_mb gauge");
+        let _ = writeln!(w, "codebox_pool_memory_mb {}", p.stats.memory_mb);
+        let _ = writeln!(
+            w,
+            "# HELP codebox_pool_takes_total Containers a stage asked the pool for: hit (ready, same shape), updated (ready, limits changed), miss (created for it)."
+        );
+        let _ = writeln!(w, "# TYPE codebox_pool_takes_total counter");
+        for (result, n) in [
+            ("hit", p.hits),
+            ("updated", p.updated_hits),
+            ("miss", p.misses),
+        ] {
+            let _ = writeln!(w, "codebox_pool_takes_total{{result=\"{result}\"}} {n}");
+        }
+        let _ = writeln!(
+            w,
+            "# HELP codebox_pool_containers_total Pooled containers started, failed to start, or replaced after waiting too long."
+        );
+        let _ = writeln!(w, "# TYPE codebox_pool_containers_total counter");
+        for (event, n) in [
+            ("created", p.created),
+            ("failed", p.failed),
+            ("expired", p.expired),
+        ] {
+            let _ = writeln!(w, "codebox_pool_containers_total{{event=\"{event}\"}} {n}");
+        }
+        let _ = writeln!(
+            w,
+            "# HELP codebox_phase_seconds Time of each step of a run: acquire (a pooled or new container), deliver (attach, start), compile (the whole compile stage), run (program and output), collect (exit and state), remove (after the report)."
+        );
+        let _ = writeln!(w, "# TYPE codebox_phase_seconds histogram");
+        for phase in Phase::ALL {
+            let (buckets, count, sum) = timings.get(phase).snapshot();
+            let p = phase.as_str();
+            for (i, bound) in BUCKETS.iter().enumerate() {
+                let _ = writeln!(
+                    w,
+                    "codebox_phase_seconds_bucket{{phase=\"{p}\",le=\"{bound}\"}} {}",
+                    buckets[i]
+                );
+            }
+            let _ = writeln!(
+                w,
+                "codebox_phase_seconds_bucket{{phase=\"{p}\",le=\"+Inf\"}} {count}"
+            );
+            let _ = writeln!(w, "codebox_phase_seconds_sum{{phase=\"{p}\"}} {sum}");
+            let _ = writeln!(w, "codebox_phase_seconds_count{{phase=\"{p}\"}} {count}");
         }
         let _ = writeln!(w, "# HELP codebox_containers_reaped_total Containers left by crashed instances that this server removed.");
         let _ = writeln!(w, "# TYPE codebox_containers_reaped_total counter");

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::executor::pool::Pool;
 use crate::executor::{new_run_id, Executor, RequestError, RunRequest, ValidRequest};
 use crate::history::{now_ms, History, NewRun};
 use crate::registry::{Language, Registry};
@@ -118,7 +119,7 @@ pub struct Progress {
 }
 
 /// Counts for tests, `/metrics` and the logs.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
     pub queued: usize,
     pub active: usize,
@@ -131,6 +132,20 @@ pub struct Stats {
     pub retained_report_bytes: u64,
     /// Finished runs within the retention whose reports were evicted from memory.
     pub evicted: usize,
+    /// Containers ready in the pool, and the pool's counters.
+    pub pool: PoolSnapshot,
+}
+
+/// What the pool holds and has done.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolSnapshot {
+    pub stats: crate::executor::pool::PoolStats,
+    pub hits: u64,
+    pub updated_hits: u64,
+    pub misses: u64,
+    pub created: u64,
+    pub failed: u64,
+    pub expired: u64,
 }
 
 enum Phase {
@@ -350,15 +365,26 @@ impl RunManager {
     /// Start runs from the head of the queue while a slot and memory are free.
     fn pump(&self, st: &mut State) {
         let policy = &self.inner.config.runs;
+        let pool = self.inner.executor.pool();
         while let Some(head) = st.queue.front() {
             let Some(run) = st.runs.get(head) else {
                 st.queue.pop_front();
                 continue;
             };
-            if st.active >= policy.max_concurrent_runs
-                || st.active_memory_mb + run.charge_mb > policy.memory_budget_mb
-            {
+            if st.active >= policy.max_concurrent_runs {
                 break;
+            }
+            let need = st.active_memory_mb + run.charge_mb;
+            if need > policy.memory_budget_mb {
+                break;
+            }
+            // Containers waiting in the pool hold budget too; a queued run gets it back.
+            let pooled = pool.memory_mb();
+            if need + pooled > policy.memory_budget_mb {
+                pool.shed(need + pooled - policy.memory_budget_mb);
+                if need + pool.memory_mb() > policy.memory_budget_mb {
+                    break;
+                }
             }
             let run_id = st.queue.pop_front().expect("head exists");
             let run = st.runs.get_mut(&run_id).expect("queued run exists");
@@ -378,6 +404,35 @@ impl RunManager {
             }
             self.launch(run_id, *request, queued_ms, cancel);
         }
+        self.refill(st);
+    }
+
+    /// Start filling the pool where it is short, while no run waits and the budget allows.
+    fn refill(&self, st: &State) {
+        if !st.queue.is_empty() || st.shutting_down {
+            return;
+        }
+        let pool = self.inner.executor.pool();
+        let budget = self.inner.config.runs.memory_budget_mb;
+        while let Some(shape) = pool.wanted() {
+            if st.active_memory_mb + pool.memory_mb() + shape.memory_mb > budget {
+                break;
+            }
+            pool.fill(shape);
+        }
+    }
+
+    /// Keep containers ready for the languages of `pool.sizes` (`codebox serve`): fill the
+    /// pool now and whenever it runs short, and replace containers that waited too long.
+    pub fn start_pool(&self) {
+        let pool = self.inner.executor.pool();
+        let targets = Pool::targets_for(&self.inner.registry, &self.inner.config);
+        if targets.is_empty() {
+            return;
+        }
+        pool.set_targets(targets);
+        self.refill(&self.lock());
+        tokio::spawn(pool_loop(Arc::downgrade(&self.inner)));
     }
 
     fn launch(
@@ -634,8 +689,21 @@ impl RunManager {
     }
 
     pub fn stats(&self) -> Stats {
+        let pool = self.inner.executor.pool();
+        let c = pool.counters();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let pool = PoolSnapshot {
+            stats: pool.stats(),
+            hits: load(&c.hits),
+            updated_hits: load(&c.updated_hits),
+            misses: load(&c.misses),
+            created: load(&c.created),
+            failed: load(&c.failed),
+            expired: load(&c.expired),
+        };
         let st = self.lock();
         Stats {
+            pool,
             queued: st.queue.len(),
             active: st.active,
             active_memory_mb: st.active_memory_mb,
@@ -703,6 +771,7 @@ impl RunManager {
     /// Refuse new runs, stop every queued and running one, and wait (up to `grace`) until
     /// their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
+        self.inner.executor.pool().close();
         let ids: Vec<String> = {
             let mut st = self.lock();
             st.shutting_down = true;
@@ -718,6 +787,24 @@ impl RunManager {
         tracing::info!(runs = ids.len(), "stopping unfinished runs");
         let stops = ids.iter().map(|id| self.stop(id));
         let _ = tokio::time::timeout(grace, futures_util::future::join_all(stops)).await;
+    }
+}
+
+/// How often the pool is checked for containers to replace or add.
+const POOL_INTERVAL: Duration = Duration::from_millis(500);
+
+async fn pool_loop(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(POOL_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let manager = RunManager { inner };
+        manager.inner.executor.pool().expire();
+        let st = manager.lock();
+        if st.shutting_down {
+            return;
+        }
+        manager.refill(&st);
     }
 }
 

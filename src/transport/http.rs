@@ -157,7 +157,8 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let body = state.manager.metrics().render(&state.manager.stats());
+    let m = &state.manager;
+    let body = m.metrics().render(&m.stats(), m.executor().timings());
     (
         [(
             header::CONTENT_TYPE,

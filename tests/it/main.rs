@@ -15,6 +15,7 @@ mod mcp_load;
 mod mcp_stdio;
 mod mcp_support;
 mod mcp_tools;
+mod pool;
 mod reaper;
 mod registry_file;
 mod runs;

@@ -144,6 +144,15 @@ pub fn text(res: &CallToolResult) -> String {
         .join("\n")
 }
 
+/// Wait until every container the manager's executor created is removed (removal follows
+/// the report, in the background of this test's runtime).
+pub async fn settle(m: &RunManager) {
+    assert!(
+        m.executor().cleanup().drain(Duration::from_secs(30)).await,
+        "containers still being removed after 30 s"
+    );
+}
+
 /// Poll until `check` holds (at most `secs` seconds).
 pub async fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..secs * 20 {

@@ -13,8 +13,8 @@ use rmcp::service::PeerRequestOptions;
 use serde_json::{json, Value};
 
 use crate::mcp_support::{
-    call, connect, docker_manager, eventually, fake_manager, labelled, ok, params, temp_history,
-    tool_error,
+    call, connect, docker_manager, eventually, fake_manager, labelled, ok, params, settle,
+    temp_history, tool_error,
 };
 
 fn report(v: Value) -> RunReport {
@@ -118,7 +118,8 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
 
 #[tokio::test]
 async fn run_code_returns_the_report_of_a_python_hello() {
-    let client = connect(docker_manager(|_| {}, None)).await;
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
     let r = report(
         ok(
             &client,
@@ -134,11 +135,13 @@ async fn run_code_returns_the_report_of_a_python_hello() {
         labelled(&r.run_id).is_empty()
     })
     .await;
+    settle(&m).await;
 }
 
 #[tokio::test]
 async fn a_failed_program_is_a_normal_result_not_an_error() {
-    let client = connect(docker_manager(|_| {}, None)).await;
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
     let res = call(
         &client,
         "run_code",
@@ -158,6 +161,7 @@ async fn a_failed_program_is_a_normal_result_not_an_error() {
         .await,
     );
     assert_eq!(r.status, Status::CompileError);
+    settle(&m).await;
 }
 
 #[tokio::test]
@@ -289,7 +293,8 @@ async fn a_full_queue_is_a_retryable_tool_error() {
 
 #[tokio::test]
 async fn start_run_then_long_poll_get_result_then_stop_run_which_is_idempotent() {
-    let client = connect(docker_manager(|_| {}, None)).await;
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
     let started = ok(
         &client,
         "start_run",
@@ -334,11 +339,13 @@ async fn start_run_then_long_poll_get_result_then_stop_run_which_is_idempotent()
         .await,
     );
     assert_eq!(polled, stopped);
+    settle(&m).await;
 }
 
 #[tokio::test]
 async fn get_result_long_poll_answers_as_soon_as_the_run_ends() {
-    let client = connect(docker_manager(|_| {}, None)).await;
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
     let started = ok(
         &client,
         "start_run",
@@ -355,11 +362,13 @@ async fn get_result_long_poll_answers_as_soon_as_the_run_ends() {
         .await,
     );
     assert_eq!((r.status, r.stdout.as_str()), (Status::Succeeded, "42\n"));
+    settle(&m).await;
 }
 
 #[tokio::test]
 async fn run_code_sends_progress_notifications_while_it_runs() {
-    let client = connect(docker_manager(|_| {}, None)).await;
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
     let res = call(
         &client,
         "run_code",
@@ -384,6 +393,7 @@ async fn run_code_sends_progress_notifications_while_it_runs() {
             .any(|p| p.message.as_deref().unwrap_or("").contains("running")),
         "{seen:?}"
     );
+    settle(&m).await;
 }
 
 #[tokio::test]
@@ -420,6 +430,7 @@ async fn cancelling_run_code_stops_the_run_and_removes_its_containers() {
         history.get(&id).await.unwrap().unwrap().status,
         Status::Stopped
     );
+    settle(&m).await;
 }
 
 #[tokio::test]
@@ -442,6 +453,7 @@ async fn list_supported_languages_is_the_catalog() {
     assert_eq!(py["image_present"], true);
     assert_eq!(v["limits"]["defaults"]["memory_mb"], 512);
     assert_eq!(v["limits"]["ceilings"]["memory_mb"], 16384);
+    settle(&m).await;
 }
 
 #[tokio::test]
@@ -492,7 +504,8 @@ async fn history_without_a_database_is_a_tool_error_that_says_so() {
 
 #[tokio::test]
 async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources() {
-    let client = connect(docker_manager(|_| {}, None)).await;
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
     let code = "import os\nimport matplotlib.pyplot as plt\nos.makedirs('outputs')\nplt.plot([1, 2, 3])\nplt.savefig('outputs/plot.png')\nopen('outputs/table.csv', 'w').write('a,b\\n1,2\\n')\n";
     let res = call(
         &client,
@@ -536,4 +549,5 @@ async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources(
         "the text repeats the image's base64"
     );
     assert!(summary.contains("outputs/plot.png"), "{summary}");
+    settle(&m).await;
 }

@@ -1,0 +1,403 @@
+//! Containers created and started before their run arrives: each is locked down like any
+//! other, has run nothing but `codebox-init` waiting on its stdin, serves exactly one run, and
+//! is removed after it. A run takes one instead of creating and starting its own, which takes
+//! those two steps (about three quarters of a short run) off the critical path.
+//!
+//! A container is kept for a [`Shape`]: everything about its spec that is not its name,
+//! labels or uid. A run takes a container of its exact shape, or of the same image and
+//! working directory size whose memory and CPU it then updates (the Engine API can change
+//! both on a started container; CPU because every container is created with a quota and
+//! period). The pool itself is passive: the run manager, which owns the memory budget, decides
+//! when it may grow ([`Pool::fill`]) and when it must give memory back ([`Pool::shed`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::engine::guard::{Cleanup, ContainerGuard};
+use crate::engine::posture::{self, Limits, Plan};
+use crate::engine::uids::UidPool;
+use crate::engine::{ContainerEngine, ContainerSpec, LABEL_EXPIRES, LABEL_INSTANCE};
+use crate::engine::{LABEL_MANAGED, LABEL_RUN};
+use crate::registry::Registry;
+
+/// Containers started at once to fill the pool (filling competes with runs for the CPU).
+const MAX_FILLING: usize = 2;
+/// The value of `codebox.run` on a container that has no run yet.
+pub const POOL_RUN_LABEL: &str = "pool";
+
+/// What a container is, apart from its name, labels and uid.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shape {
+    pub image: String,
+    pub memory_mb: u64,
+    /// CPU quota in thousandths of a core.
+    pub millicpus: u64,
+    pub workspace_mb: u64,
+}
+
+impl Shape {
+    pub fn new(image: &str, limits: Limits, workspace_mb: u64) -> Shape {
+        Shape {
+            image: image.to_string(),
+            memory_mb: limits.memory_mb,
+            millicpus: (limits.cpus * 1000.0).round() as u64,
+            workspace_mb,
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            memory_mb: self.memory_mb,
+            cpus: self.millicpus as f64 / 1000.0,
+        }
+    }
+}
+
+/// A started container waiting for its run.
+struct Idle {
+    guard: ContainerGuard,
+    spec: ContainerSpec,
+    shape: Shape,
+    since: Instant,
+}
+
+/// A container taken from the pool, started, ready for its payload.
+pub struct Taken {
+    pub guard: ContainerGuard,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<Idle>,
+    /// Shapes being created and started.
+    filling: Vec<Shape>,
+    targets: BTreeMap<Shape, usize>,
+    closed: bool,
+}
+
+/// Counters for `/metrics`.
+#[derive(Default)]
+pub struct PoolCounters {
+    pub hits: AtomicU64,
+    pub updated_hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub created: AtomicU64,
+    pub failed: AtomicU64,
+    pub expired: AtomicU64,
+}
+
+/// What the pool holds, for `/metrics` and tests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolStats {
+    /// Idle containers by image.
+    pub idle: BTreeMap<String, usize>,
+    pub filling: usize,
+    /// Memory limit of idle and filling containers together, in MB.
+    pub memory_mb: u64,
+}
+
+struct Inner {
+    engine: Arc<dyn ContainerEngine>,
+    config: Arc<Config>,
+    instance: String,
+    uids: Arc<UidPool>,
+    cleanup: Cleanup,
+    state: Mutex<State>,
+    counters: PoolCounters,
+}
+
+/// The pool of one process. Cheap to clone.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl Pool {
+    pub(super) fn new(
+        engine: Arc<dyn ContainerEngine>,
+        config: Arc<Config>,
+        instance: String,
+        uids: Arc<UidPool>,
+        cleanup: Cleanup,
+    ) -> Pool {
+        Pool {
+            inner: Arc::new(Inner {
+                engine,
+                config,
+                instance,
+                uids,
+                cleanup,
+                state: Mutex::new(State::default()),
+                counters: PoolCounters::default(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update is a few pushes and removals: a poisoned lock holds consistent data.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn counters(&self) -> &PoolCounters {
+        &self.inner.counters
+    }
+
+    /// Keep these containers ready: the shapes of a default run (and compile stage) of each
+    /// language of `pool.sizes`.
+    pub fn set_targets(&self, targets: BTreeMap<Shape, usize>) {
+        self.state().targets = targets;
+    }
+
+    /// The shapes `pool.sizes` asks for, from the registry and the default limits.
+    pub fn targets_for(registry: &Registry, config: &Config) -> BTreeMap<Shape, usize> {
+        let mut targets = BTreeMap::new();
+        for (id, &n) in &config.pool.sizes {
+            let Some(lang) = registry.resolve(id) else {
+                tracing::warn!(
+                    language = id,
+                    "setting `pool.sizes` names a language the registry does not have; ignored"
+                );
+                continue;
+            };
+            let run = Limits {
+                memory_mb: config.limits.default_memory_mb,
+                cpus: config.limits.default_cpus,
+            };
+            let run_shape = Shape::new(
+                &lang.image.tag,
+                run,
+                run_workspace_mb(config, run.memory_mb),
+            );
+            *targets.entry(run_shape).or_default() += n;
+            if lang.is_compiled() {
+                let c = lang.compile_limits;
+                let shape = Shape::new(
+                    &lang.image.tag,
+                    Limits {
+                        memory_mb: c.memory_mb,
+                        cpus: c.cpus,
+                    },
+                    c.workspace_mb,
+                );
+                *targets.entry(shape).or_default() += n;
+            }
+        }
+        targets
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let st = self.state();
+        let mut idle = BTreeMap::new();
+        for i in &st.idle {
+            *idle.entry(i.shape.image.clone()).or_default() += 1;
+        }
+        PoolStats {
+            idle,
+            filling: st.filling.len(),
+            memory_mb: st.idle.iter().map(|i| i.shape.memory_mb).sum::<u64>()
+                + st.filling.iter().map(|s| s.memory_mb).sum::<u64>(),
+        }
+    }
+
+    /// Memory limit of idle and filling containers together, in MB: what the pool holds of
+    /// the admission budget.
+    pub fn memory_mb(&self) -> u64 {
+        self.stats().memory_mb
+    }
+
+    /// The next shape short of its target, if a fill may start now.
+    pub fn wanted(&self) -> Option<Shape> {
+        let st = self.state();
+        if st.closed || st.filling.len() >= MAX_FILLING {
+            return None;
+        }
+        st.targets
+            .iter()
+            .find(|(shape, &n)| {
+                let have = st.idle.iter().filter(|i| &i.shape == *shape).count()
+                    + st.filling.iter().filter(|s| s == shape).count();
+                have < n
+            })
+            .map(|(shape, _)| shape.clone())
+    }
+
+    /// Create and start one container of `shape`, in the background. Its memory counts in
+    /// [`Pool::memory_mb`] from now on.
+    pub fn fill(&self, shape: Shape) {
+        let pool = self.clone();
+        self.state().filling.push(shape.clone());
+        self.inner.cleanup.spawn(async move {
+            let made = pool.make(&shape).await;
+            let mut st = pool.state();
+            if let Some(i) = st.filling.iter().position(|s| *s == shape) {
+                st.filling.remove(i);
+            }
+            match made {
+                Ok(idle) if !st.closed => st.idle.push(idle),
+                Ok(idle) => drop(idle),
+                Err(e) => {
+                    pool.inner.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(image = shape.image, error = %e, "could not start a container ahead of time");
+                }
+            }
+        });
+    }
+
+    async fn make(&self, shape: &Shape) -> Result<Idle, String> {
+        let i = &self.inner;
+        let lease = i.uids.lease();
+        let name = format!("codebox-pool-{}", uuid::Uuid::new_v4().simple());
+        let c = &i.config;
+        // A pooled container may wait `pool.idle_seconds`, then serve the longest run.
+        let budget = c.pool.idle_seconds as f64 + c.limits.max_timeout_seconds + 3600.0;
+        let expires = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            + budget as u64;
+        let labels = BTreeMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_RUN.to_string(), POOL_RUN_LABEL.to_string()),
+            (LABEL_INSTANCE.to_string(), i.instance.clone()),
+            (LABEL_EXPIRES.to_string(), expires.to_string()),
+        ]);
+        let plan = Plan {
+            name: name.clone(),
+            image: shape.image.clone(),
+            uid: lease.uid,
+            limits: shape.limits(),
+            workspace_mb: shape.workspace_mb,
+            labels,
+        };
+        let spec = posture::locked_down(&plan, &c.sandbox);
+        posture::check(&spec, &c.sandbox).map_err(|e| e.to_string())?;
+        let guard = ContainerGuard::new(i.engine.clone(), i.cleanup.clone(), name, lease);
+        i.engine
+            .create_container(&spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        i.engine
+            .start_container(guard.name())
+            .await
+            .map_err(|e| e.to_string())?;
+        i.counters.created.fetch_add(1, Ordering::Relaxed);
+        Ok(Idle {
+            guard,
+            spec,
+            shape: shape.clone(),
+            since: Instant::now(),
+        })
+    }
+
+    /// A started container for `shape`: one of exactly that shape, else one of the same image
+    /// and working directory whose memory and CPU are updated to the shape's. `None` on a miss.
+    pub async fn take(&self, shape: &Shape) -> Option<Taken> {
+        let (idle, exact) = {
+            let mut st = self.state();
+            let exact = st.idle.iter().position(|i| &i.shape == shape);
+            let close = || {
+                st.idle.iter().position(|i| {
+                    i.shape.image == shape.image && i.shape.workspace_mb == shape.workspace_mb
+                })
+            };
+            match exact
+                .map(|i| (i, true))
+                .or_else(|| close().map(|i| (i, false)))
+            {
+                Some((i, exact)) => (st.idle.swap_remove(i), exact),
+                None => {
+                    drop(st);
+                    self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        };
+        let sandbox = &self.inner.config.sandbox;
+        let mut spec = idle.spec.clone();
+        if !exact {
+            let limits = shape.limits();
+            let r = limits.resources();
+            spec.memory_bytes = r.memory_bytes;
+            spec.memory_swap_bytes = r.memory_bytes;
+            spec.cpu_quota_us = r.cpu_quota_us;
+            spec.cpu_period_us = r.cpu_period_us;
+            // /tmp and /dev/shm were sized for the old memory: the update may only keep
+            // them within the new one.
+            if posture::check(&spec, sandbox).is_err() {
+                self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            if let Err(e) = self
+                .inner
+                .engine
+                .update_container(idle.guard.name(), r)
+                .await
+            {
+                tracing::warn!(error = %e, "could not update a pooled container's limits; creating one");
+                self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            self.inner
+                .counters
+                .updated_hits
+                .fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.inner.counters.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        // The spec may only have been tightened while it waited; check it once more.
+        if posture::check(&spec, sandbox).is_err() {
+            return None;
+        }
+        Some(Taken { guard: idle.guard })
+    }
+
+    /// Give back at least `mb` of memory by removing idle containers (oldest first); returns
+    /// what was given back.
+    pub fn shed(&self, mb: u64) -> u64 {
+        let mut st = self.state();
+        st.idle.sort_by_key(|i| i.since);
+        let mut freed = 0;
+        while freed < mb && !st.idle.is_empty() {
+            let idle = st.idle.remove(0);
+            freed += idle.shape.memory_mb;
+            idle.guard.remove_later();
+        }
+        freed
+    }
+
+    /// Remove containers that waited longer than `pool.idle_seconds` (they are replaced by
+    /// the next fill).
+    pub fn expire(&self) {
+        let max = Duration::from_secs(self.inner.config.pool.idle_seconds);
+        let mut st = self.state();
+        let (old, keep): (Vec<Idle>, Vec<Idle>) =
+            st.idle.drain(..).partition(|i| i.since.elapsed() >= max);
+        st.idle = keep;
+        drop(st);
+        for idle in old {
+            self.inner.counters.expired.fetch_add(1, Ordering::Relaxed);
+            idle.guard.remove_later();
+        }
+    }
+
+    /// Stop filling and remove every idle container.
+    pub fn close(&self) {
+        let mut st = self.state();
+        st.closed = true;
+        st.targets.clear();
+        for idle in st.idle.drain(..) {
+            idle.guard.remove_later();
+        }
+    }
+}
+
+/// The size of a run's working directory for a memory limit: the operator's
+/// `sandbox.workspace_mb`, at most half the memory.
+pub fn run_workspace_mb(config: &Config, memory_mb: u64) -> u64 {
+    config.sandbox.workspace_mb.min(memory_mb / 2).max(1)
+}

@@ -1,0 +1,103 @@
+//! Where a run's time goes, phase by phase, for `/metrics` and `codebox bench`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A step of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Getting a container: one ready in the pool, or a new one created.
+    Acquire,
+    /// Attaching to it, and starting it when it was not started ahead of time.
+    Deliver,
+    /// The compile stage, whole (its own acquire, deliver, run and collect).
+    Compile,
+    /// From the container's start to the end of its output: the payload laid out, the
+    /// program run, its output relayed, its files sent back.
+    Run,
+    /// Waiting for the container's exit and reading its state.
+    Collect,
+    /// Removing a container (after the report, in the background).
+    Remove,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 6] = [
+        Phase::Acquire,
+        Phase::Deliver,
+        Phase::Compile,
+        Phase::Run,
+        Phase::Collect,
+        Phase::Remove,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Acquire => "acquire",
+            Phase::Deliver => "deliver",
+            Phase::Compile => "compile",
+            Phase::Run => "run",
+            Phase::Collect => "collect",
+            Phase::Remove => "remove",
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the phase histogram's buckets.
+pub const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// One phase's histogram.
+#[derive(Default)]
+pub struct Histogram {
+    /// Counts per bucket of [`BUCKETS`] (not cumulative).
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    fn record(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(
+            d.as_micros().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// (cumulative count per bucket, count, sum in seconds)
+    pub fn snapshot(&self) -> ([u64; BUCKETS.len()], u64, f64) {
+        let mut cumulative = [0; BUCKETS.len()];
+        let mut total = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            total += b.load(Ordering::Relaxed);
+            cumulative[i] = total;
+        }
+        (
+            cumulative,
+            self.count.load(Ordering::Relaxed),
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+}
+
+/// The histograms of every phase.
+#[derive(Default)]
+pub struct Timings {
+    phases: [Histogram; Phase::ALL.len()],
+}
+
+impl Timings {
+    pub fn record(&self, phase: Phase, d: Duration) {
+        self.phases[phase as usize].record(d);
+    }
+
+    pub fn get(&self, phase: Phase) -> &Histogram {
+        &self.phases[phase as usize]
+    }
+}

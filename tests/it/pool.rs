@@ -1,0 +1,168 @@
+//! Containers started ahead of time: each serves one run, is removed after it, is replaced
+//! after waiting too long, and gives its memory back to a queued run. Control flow on the fake
+//! engine; the real thing against Docker.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use codebox::config::Config;
+use codebox::engine::fake::FakeEngine;
+use codebox::report::Status;
+use codebox::runs::RunManager;
+
+use crate::common::{limits, py, request};
+use crate::mcp_support::{docker_manager, eventually, fake_manager};
+
+fn pooled(sizes: &[(&str, usize)]) -> impl FnOnce(&mut Config) {
+    let sizes: BTreeMap<String, usize> = sizes.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    move |c: &mut Config| c.pool.sizes = sizes
+}
+
+fn idle(m: &RunManager) -> usize {
+    m.stats().pool.stats.idle.values().sum()
+}
+
+#[tokio::test]
+async fn a_run_takes_a_ready_container_which_is_then_removed_and_replaced() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, pooled(&[("python", 1)]));
+    m.start_pool();
+    eventually(10, "one python container is ready", || idle(&m) == 1).await;
+    let before = fake.specs();
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0].labels["codebox.run"], "pool");
+    assert_eq!(fake.started(), 1, "started ahead of time");
+    let run = m.submit(request("python", "print(1)")).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let s = m.stats().pool;
+    assert_eq!((s.hits, s.misses), (1, 0));
+    assert_eq!(
+        fake.payloads().len(),
+        1,
+        "the run's payload went to the pooled container"
+    );
+    eventually(10, "a fresh container replaces it", || {
+        idle(&m) == 1 && fake.specs().len() == 2
+    })
+    .await;
+    let live = fake.live_containers();
+    assert_eq!(live.len(), 1, "the used container was removed: {live:?}");
+    assert_ne!(live[0], before[0].name, "a container never serves two runs");
+    m.shutdown(Duration::from_secs(10)).await;
+    m.executor().cleanup().drain(Duration::from_secs(10)).await;
+    assert!(
+        fake.live_containers().is_empty(),
+        "shutdown removes the pool"
+    );
+}
+
+#[tokio::test]
+async fn other_limits_update_a_ready_container_of_the_same_image() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, pooled(&[("python", 1)]));
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    let name = fake.specs()[0].name.clone();
+    let mut req = py("print(1)");
+    req.limits = Some(codebox::executor::LimitsInput {
+        memory_mb: Some(1024.0),
+        cpus: Some(0.5),
+        ..Default::default()
+    });
+    let run = m.submit(req).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let updated = fake.updated(&name);
+    assert!(updated.is_some(), "{:?}", m.stats().pool);
+    let u = updated.unwrap();
+    assert_eq!(
+        (u.memory_bytes, u.cpu_quota_us, u.cpu_period_us),
+        (1024 << 20, 50_000, 100_000)
+    );
+    assert_eq!(m.stats().pool.updated_hits, 1);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_queued_run_gets_the_memory_of_idle_containers_back() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        c.pool.sizes = BTreeMap::from([("bash".to_string(), 1)]);
+        c.runs.memory_budget_mb = 1024;
+    });
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    assert_eq!(m.stats().pool.stats.memory_mb, 512);
+    // 1024 MB fits the budget only without the idle container.
+    let mut req = py("print(1)");
+    req.limits = limits(Some(1024.0), None);
+    let run = m.submit(req).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_that_waited_too_long_is_replaced() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        c.pool.sizes = BTreeMap::from([("bash".to_string(), 1)]);
+        c.pool.idle_seconds = 60;
+    });
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    let first = fake.specs()[0].name.clone();
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    eventually(10, "replaced", || {
+        idle(&m) == 1 && !fake.live_containers().contains(&first)
+    })
+    .await;
+    assert_eq!(m.stats().pool.expired, 1);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn against_docker_a_pooled_run_gets_its_own_limits_and_a_fresh_container() {
+    let m = docker_manager(pooled(&[("python", 1)]), None);
+    m.start_pool();
+    eventually(60, "a python container is ready", || idle(&m) == 1).await;
+    let code = "print(open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read().strip(), len(__import__('os').listdir('.')))";
+    let mut req = py(code);
+    req.limits = limits(Some(256.0), None);
+    let a = m.submit(req.clone()).unwrap();
+    let a = m.wait(&a.run_id, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(a.status, Status::Succeeded, "{a:?}");
+    assert_eq!(
+        a.stdout,
+        format!("{} 1\n", 256u64 << 20),
+        "only main.py is there"
+    );
+    let s = m.stats().pool;
+    assert_eq!(s.updated_hits + s.hits, 1, "{s:?}");
+    m.shutdown(Duration::from_secs(30)).await;
+    m.executor().cleanup().drain(Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn a_ready_container_found_dead_is_replaced_by_a_new_one_for_the_run() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, pooled(&[("bash", 1)]));
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    // The pooled container ends without a word (as if killed from outside while it waited).
+    fake.script(codebox::engine::fake::Behaviour::Raw(Vec::new()));
+    let run = m.submit(request("bash", "echo hi")).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let s = m.stats().pool;
+    assert_eq!((s.hits, s.failed), (1, 1), "{s:?}");
+    assert!(
+        fake.specs()
+            .iter()
+            .any(|s| s.labels["codebox.run"] == run.run_id),
+        "a container was created for the run"
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+}
