@@ -91,11 +91,11 @@ section! {
     ///
     /// # Security
     /// Each of these bounds what one run can take from the host: raising `pids_limit` weakens
-    /// the fork-bomb defence, `output_limit_bytes` bounds the server's memory per run,
-    /// `tmpfs_mb` counts against the run's memory, `max_file_size_mb` bounds any single file a
-    /// program or compiler writes (the compile workspace is a Docker volume with no size limit
-    /// of its own). The request caps (`max_code_bytes` to `max_arg_bytes`) bound what a client
-    /// can make codebox hold and copy.
+    /// the fork-bomb defence, `output_limit_bytes` and the `max_output_*` caps bound the
+    /// server's memory per run, `tmpfs_mb` and `workspace_mb` are memory counted against the
+    /// run's own limit, `max_file_size_mb` bounds any single file a program or compiler
+    /// writes. The request caps (`max_code_bytes` to `max_arg_bytes`) bound what a client can
+    /// make codebox hold and copy.
     pub struct SandboxSettings {
         /// Most processes and threads in one container.
         pub pids_limit: i64 = 256,
@@ -131,7 +131,8 @@ section! {
         pub max_output_file_bytes: u64 = 4 * 1024 * 1024,
         /// The OCI runtime every container runs under: `runc`, `runsc` (gVisor: the
         /// program talks to a user-space kernel, not the host's), or any runtime registered
-        /// with the daemon. `codebox doctor` lists what the daemon offers.
+        /// with the daemon (`codebox doctor` lists what the daemon offers and checks the
+        /// configured one).
         ///
         /// # Security
         /// With `runc` every run shares the host's kernel, so a kernel exploit escapes the
@@ -242,6 +243,16 @@ section! {
 }
 
 section! {
+    /// The compile cache: artifacts (or the compile error) of code compiled before, kept in
+    /// codebox's memory, where no run can change them.
+    pub struct CacheSettings {
+        /// Most memory the cached artifacts and compiler output may take, in MB; the least
+        /// recently used go first. 0 turns the cache off.
+        pub compile_mb: u64 = 128,
+    }
+}
+
+section! {
     /// Everything codebox needs to know from its operator.
     pub struct Config {
         /// The language registry file; when unset, `languages.toml` in the current folder,
@@ -256,6 +267,7 @@ section! {
         pub history: HistorySettings = HistorySettings::default(),
         pub http: HttpSettings = HttpSettings::default(),
         pub pool: PoolSettings = PoolSettings::default(),
+        pub cache: CacheSettings = CacheSettings::default(),
     }
 }
 

@@ -143,6 +143,34 @@ pub struct CompileReport {
     pub cached: bool,
 }
 
+/// One test case of a run with `tests`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TestReport {
+    pub name: String,
+    /// How the program ended for this case (`succeeded`, `failed`, `timed_out`...).
+    pub status: Status,
+    /// Whether stdout matched `expected_stdout`; null when the case had none.
+    pub passed: Option<bool>,
+    pub exit_code: Option<i64>,
+    pub signal: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+    pub usage: Usage,
+}
+
+/// Counts of a run with `tests`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TestsSummary {
+    /// Cases that passed: stdout matched, or (without `expected_stdout`) the program
+    /// succeeded.
+    pub passed: u64,
+    pub failed: u64,
+    pub total: u64,
+}
+
 /// The account of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RunReport {
@@ -181,6 +209,12 @@ pub struct RunReport {
     /// cap is listed with its reason.
     #[serde(default)]
     pub files: Vec<FileReport>,
+    /// One entry per test case, for a run with `tests`; empty otherwise.
+    #[serde(default)]
+    pub tests: Vec<TestReport>,
+    /// Counts of the test cases; null for a run without `tests`.
+    #[serde(default)]
+    pub tests_summary: Option<TestsSummary>,
 }
 
 /// A number for people: `30` rather than `30.0`, `0.5` as is.

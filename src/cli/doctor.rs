@@ -75,6 +75,22 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
             info.address, info.version, info.api_version
         ),
     )?;
+    let runtime = &app.config.sandbox.runtime;
+    check(
+        out,
+        info.runtimes.iter().any(|r| r == runtime),
+        if info.runtimes.iter().any(|r| r == runtime) {
+            format!(
+                "runtime `{runtime}` (sandbox.runtime) is registered; the daemon offers {}",
+                info.runtimes.join(", ")
+            )
+        } else {
+            format!(
+                "runtime `{runtime}` (sandbox.runtime) is not registered with the daemon, which offers {}: register it in the daemon's daemon.json (for gVisor: scripts/ensure-docker.sh --with-runsc) or set sandbox.runtime to one of those",
+                info.runtimes.join(", ")
+            )
+        },
+    )?;
     writeln!(out, "Images:")?;
     let list = images::status(app.engine.as_ref(), &app.registry).await?;
     for i in &list {

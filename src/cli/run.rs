@@ -118,6 +118,7 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
             timeout_seconds: args.timeout_seconds,
             cpus: args.cpus,
         }),
+        ..Default::default()
     };
     // A reachable daemon first gets its leftovers swept and the image built if missing; an
     // unreachable one is reported by the run itself, as a sandbox_error that says where.

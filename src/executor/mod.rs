@@ -7,6 +7,7 @@
 //! A program's failure is an outcome (`Ok` report); only a broken sandbox is a
 //! `sandbox_error`, and the report says what broke.
 
+pub mod cache;
 pub mod outcome;
 pub mod outputs;
 pub mod pool;
@@ -30,10 +31,17 @@ use crate::engine::{
     ContainerEngine, EngineError, LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_RUN,
 };
 use crate::registry::Language;
-use crate::report::{fmt_num, CompileReport, RunReport, Stage, Status, Usage};
+use crate::report::{
+    fmt_num, CompileReport, RunReport, Stage, Status, TestReport, TestsSummary, Usage,
+};
+use cache::{CompileCache, Verdict};
+use futures_util::StreamExt;
 use outcome::{classify, Outcome};
 use pool::{run_workspace_mb, Pool, Shape};
-pub use request::{Encoding, FileInput, LimitsInput, RequestError, RunRequest, ValidRequest};
+pub use request::{
+    Compare, Encoding, FileInput, LimitsInput, RequestError, RunRequest, TestInput, ValidRequest,
+    ValidTest,
+};
 use stage::{run_stage, StageRequest, StageResult};
 use timings::{Phase as TimedPhase, Timings};
 
@@ -79,6 +87,7 @@ pub struct Executor {
     cleanup: Cleanup,
     pool: Pool,
     timings: Arc<Timings>,
+    cache: CompileCache,
 }
 
 /// The container a stage needs.
@@ -167,6 +176,7 @@ impl Executor {
             cleanup.clone(),
         );
         Executor {
+            cache: CompileCache::new(config.cache.compile_mb),
             engine,
             config,
             instance,
@@ -175,6 +185,11 @@ impl Executor {
             pool,
             timings,
         }
+    }
+
+    /// The compile cache.
+    pub fn cache(&self) -> &CompileCache {
+        &self.cache
     }
 
     /// Where runs spend their time, phase by phase.
@@ -227,6 +242,8 @@ impl Executor {
             image_id: None,
             message: "waiting for a free slot".to_string(),
             files: Vec::new(),
+            tests: Vec::new(),
+            tests_summary: None,
         }
     }
 
@@ -480,28 +497,29 @@ impl Executor {
         };
         let run_timeout = Duration::from_secs_f64(req.limits.timeout_seconds);
         let (run_limits, run_workspace_mb) = self.run_limits(req);
-        let run_want = Want {
-            name: format!("codebox-{run_id}-run"),
+        let run_want = |suffix: &str| Want {
+            name: format!("codebox-{run_id}-{suffix}"),
             image_tag: lang.image.tag.clone(),
             image_name: lang.image.name.clone(),
             limits: run_limits,
             workspace_mb: run_workspace_mb,
             labels: self.labels(run_id, check_budget + run_timeout),
         };
-        let prepare_run = self.acquire(&run_want);
+        let first_want = run_want(if req.tests.is_empty() { "run" } else { "t1" });
+        let prepare_run = self.acquire(&first_want);
         // Compile while the run's container is being created.
-        let (entries, run_guard) = if lang.is_compiled() {
+        let (entries, first) = if lang.is_compiled() {
             let compile = async {
                 let began = Instant::now();
-                let compiled = self.compile(run_id, req, report, cancel).await;
+                let compiled = self.compile_cached(run_id, req, report, cancel).await;
                 self.timings.record(TimedPhase::Compile, began.elapsed());
                 compiled
             };
-            let (compiled, run_guard) = tokio::join!(compile, prepare_run);
+            let (compiled, first) = tokio::join!(compile, prepare_run);
             match compiled? {
-                Some(artifacts) => (artifacts, run_guard?),
+                Some(artifacts) => (artifacts, first?),
                 None => {
-                    if let Ok(c) = run_guard {
+                    if let Ok(c) = first {
                         c.guard.remove_later();
                     }
                     return Ok(());
@@ -511,7 +529,7 @@ impl Executor {
             (Executor::sources(req), prepare_run.await?)
         };
         if cancel.is_cancelled() {
-            run_guard.guard.remove_later();
+            first.guard.remove_later();
             report.status = Status::Stopped;
             report.message = "stopped before the program ran".into();
             return Ok(());
@@ -521,84 +539,258 @@ impl Executor {
             .map(|e| e.content.len() as u64 + ENTRY_OVERHEAD_BYTES)
             .sum();
         if needed > mb(run_workspace_mb) {
-            run_guard.guard.remove_later();
+            first.guard.remove_later();
             return Err(SandboxFailure::Sandbox(format!(
                 "the program's files take {} MB, more than its {run_workspace_mb} MB working directory holds (sandbox.workspace_mb = {}, at most half of the run's memory)",
                 needed.div_ceil(mb(1)),
                 self.config.sandbox.workspace_mb
             )));
         }
+        report.stage = Some(Stage::Run);
         let s = &self.config.sandbox;
-        let mut run = lang.run.clone();
-        run.extend(req.args.iter().cloned());
-        let payload = Payload {
-            env: lang.env.clone(),
-            check: lang.check.clone(),
-            run: Some(run),
-            check_timeout: check_budget,
-            timeout: run_timeout,
-            output_limit: s.output_limit_bytes,
-            collect: Some(Collect::Outputs {
+        let payload = |args: &[String], stdin: Option<Bytes>, check: bool, collect: Collect| {
+            let mut run = lang.run.clone();
+            run.extend(args.iter().cloned());
+            Payload {
+                env: lang.env.clone(),
+                check: lang.check.clone().filter(|_| check),
+                run: Some(run),
+                check_timeout: check_budget,
+                timeout: run_timeout,
+                output_limit: s.output_limit_bytes,
+                collect: Some(collect),
+                entries: entries.clone(),
+                stdin,
+            }
+        };
+        let limit = check_budget + run_timeout;
+        if req.tests.is_empty() {
+            let outputs = Collect::Outputs {
                 max_files: s.max_output_files,
                 max_bytes: s.max_output_bytes,
                 max_file_bytes: s.max_output_file_bytes,
-            }),
-            entries,
-            stdin: req.stdin.clone().map(Bytes::from),
-        };
-        report.stage = Some(Stage::Run);
-        let result = self
-            .stage(
-                &run_want,
-                run_guard,
-                payload,
-                check_budget + run_timeout,
-                s.max_output_bytes,
-                cancel,
-            )
-            .await?;
-        report.image_id = report.image_id.take().or(result.image_id.clone());
-        if let Some(check) = result.decoded.phase(PhaseName::Check) {
-            let o = classify(Some(check), &result);
-            if o.status != Status::Succeeded {
-                self.finish_compile(report, o, check, &result, lang, false);
+            };
+            let result = self
+                .stage(
+                    &first_want,
+                    first,
+                    payload(&req.args, req.stdin.clone(), true, outputs),
+                    limit,
+                    s.max_output_bytes,
+                    cancel,
+                )
+                .await?;
+            report.image_id = report.image_id.take().or(result.image_id.clone());
+            if !self.record_check(report, &result, lang) {
                 return Ok(());
             }
-            report.compile = Some(compile_report(Status::Succeeded, check, &result, o.usage));
+            let phase = result.decoded.phase(PhaseName::Run);
+            let o = classify(phase, &result);
+            let st = streams(phase);
+            report.stdout_truncated = st.stdout_bytes > st.stdout.len() as u64;
+            report.stderr_truncated = st.stderr_bytes > st.stderr.len() as u64;
+            report.stdout = st.stdout;
+            report.stderr = st.stderr;
+            report.stdout_bytes = st.stdout_bytes;
+            report.stderr_bytes = st.stderr_bytes;
+            report.files = outputs::report_files(&result.decoded.files);
+            report.message = run_message(&o, req);
+            report.status = o.status;
+            report.exit_code = o.exit_code;
+            report.signal = o.signal;
+            report.usage = o.usage;
+            return Ok(());
         }
-        let phase = result.decoded.phase(PhaseName::Run);
-        let o = classify(phase, &result);
-        let st = streams(phase);
-        report.status = o.status;
-        report.exit_code = o.exit_code;
-        report.signal = o.signal.clone();
-        report.stdout_truncated = st.stdout_bytes > st.stdout.len() as u64;
-        report.stderr_truncated = st.stderr_bytes > st.stderr.len() as u64;
-        report.stdout = st.stdout;
-        report.stderr = st.stderr;
-        report.stdout_bytes = st.stdout_bytes;
-        report.stderr_bytes = st.stderr_bytes;
-        report.usage = o.usage.clone();
-        report.files = outputs::report_files(&result.decoded.files);
-        report.message = match (o.status, &o.problem) {
-            (Status::SandboxError, Some(problem)) => problem.clone(),
-            (Status::Succeeded, _) => "exited with code 0".to_string(),
-            (Status::Stopped, _) => "stopped before it finished".to_string(),
-            (Status::TimedOut, _) => format!(
-                "killed at the {} s wall-clock limit",
-                fmt_num(req.limits.timeout_seconds)
-            ),
-            (Status::OutOfMemory, _) => format!(
-                "killed by the out-of-memory killer at the {} MB memory limit",
-                req.limits.memory_mb
-            ),
-            _ => match (&o.signal, o.exit_code) {
-                (Some(sig), _) => format!("killed by {sig}"),
-                (None, Some(code)) => format!("exited with code {code}"),
-                (None, None) => "ended without an exit code".to_string(),
-            },
+        // Test cases: the first runs the check (if the language has one) alone; then every
+        // other case runs in a fresh container of its own, several at once.
+        let case = |i: usize, container: Option<Acquired>, check: bool| {
+            let t = &req.tests[i];
+            let want = run_want(&format!("t{}", i + 1));
+            let p = payload(&t.args, t.stdin.clone(), check, Collect::None);
+            async move {
+                let container = match container {
+                    Some(c) => c,
+                    None => self.acquire(&want).await?,
+                };
+                self.stage(&want, container, p, limit, 0, cancel).await
+            }
         };
+        let first_result = case(0, Some(first), true).await?;
+        report.image_id = report.image_id.take().or(first_result.image_id.clone());
+        if !self.record_check(report, &first_result, lang) {
+            return Ok(());
+        }
+        let parallel = parallelism(req, &self.config);
+        let rest: Vec<Result<StageResult, SandboxFailure>> =
+            futures_util::stream::iter(1..req.tests.len())
+                .map(|i| case(i, None, false))
+                .buffered(parallel)
+                .collect()
+                .await;
+        let mut results = vec![Ok(first_result)];
+        results.extend(rest);
+        self.finish_tests(report, req, results);
         Ok(())
+    }
+
+    /// Record a check phase in the report; `false` when it failed and the run ends here.
+    fn record_check(&self, report: &mut RunReport, result: &StageResult, lang: &Language) -> bool {
+        let Some(check) = result.decoded.phase(PhaseName::Check) else {
+            return true;
+        };
+        let o = classify(Some(check), result);
+        if o.status != Status::Succeeded {
+            self.finish_compile(report, o, check, result, lang, false);
+            return false;
+        }
+        report.compile = Some(compile_report(Status::Succeeded, check, result, o.usage));
+        true
+    }
+
+    /// Fill a report from its test cases' results.
+    fn finish_tests(
+        &self,
+        report: &mut RunReport,
+        req: &ValidRequest,
+        results: Vec<Result<StageResult, SandboxFailure>>,
+    ) {
+        let mut cases = Vec::with_capacity(results.len());
+        for (t, result) in req.tests.iter().zip(results) {
+            let case = match result {
+                Ok(result) => {
+                    let phase = result.decoded.phase(PhaseName::Run);
+                    let o = classify(phase, &result);
+                    let st = streams(phase);
+                    TestReport {
+                        name: t.name.clone(),
+                        passed: t.expected_stdout.as_deref().map(|e| {
+                            o.status == Status::Succeeded && req.compare.matches(e, &st.stdout)
+                        }),
+                        status: o.status,
+                        exit_code: o.exit_code,
+                        signal: o.signal,
+                        stdout_truncated: st.stdout_bytes > st.stdout.len() as u64,
+                        stderr_truncated: st.stderr_bytes > st.stderr.len() as u64,
+                        stdout: st.stdout,
+                        stderr: match o.problem {
+                            Some(problem) => problem,
+                            None => st.stderr,
+                        },
+                        duration_ms: phase
+                            .and_then(|p| p.end.as_ref())
+                            .map_or_else(|| ms(result.duration), |e| e.wall_ms),
+                        usage: o.usage,
+                    }
+                }
+                Err(e) => TestReport {
+                    name: t.name.clone(),
+                    status: Status::SandboxError,
+                    passed: t.expected_stdout.as_ref().map(|_| false),
+                    exit_code: None,
+                    signal: None,
+                    stdout: String::new(),
+                    stderr: e.to_string(),
+                    stdout_truncated: false,
+                    stderr_truncated: false,
+                    duration_ms: 0,
+                    usage: Usage::default(),
+                },
+            };
+            cases.push(case);
+        }
+        let passed = cases
+            .iter()
+            .filter(|c| c.passed.unwrap_or(c.status == Status::Succeeded))
+            .count() as u64;
+        let total = cases.len() as u64;
+        const SEVERITY: [Status; 5] = [
+            Status::SandboxError,
+            Status::Stopped,
+            Status::TimedOut,
+            Status::OutOfMemory,
+            Status::Failed,
+        ];
+        report.status = SEVERITY
+            .into_iter()
+            .find(|s| cases.iter().any(|c| c.status == *s))
+            .unwrap_or(Status::Succeeded);
+        report.usage = Usage {
+            cpu_time_ms: cases.iter().map(|c| c.usage.cpu_time_ms).sum(),
+            peak_memory_kb: cases.iter().filter_map(|c| c.usage.peak_memory_kb).max(),
+        };
+        report.message = format!("{passed} of {total} tests passed");
+        report.tests_summary = Some(TestsSummary {
+            passed,
+            failed: total - passed,
+            total,
+        });
+        report.tests = cases;
+    }
+
+    /// The compile stage, or its verdict from the compile cache when the same inputs were
+    /// compiled before. `None` when the run should not go on (the report then says why).
+    async fn compile_cached(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        report: &mut RunReport,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Vec<Entry>>, SandboxFailure> {
+        let lang = &req.language;
+        let image = self
+            .engine
+            .inspect_image(&lang.image.tag)
+            .await?
+            .ok_or_else(|| SandboxFailure::ImageMissing {
+                tag: lang.image.tag.clone(),
+                image: lang.image.name.clone(),
+            })?;
+        report.image_id = Some(image.id.clone());
+        let key = cache::key(&image.id, lang, &req.code, &req.files);
+        let from_cache = |c: &CompileReport| CompileReport {
+            cached: true,
+            duration_ms: 0,
+            usage: Usage::default(),
+            ..c.clone()
+        };
+        match self.cache.get(&key) {
+            Some(Verdict::Compiled {
+                report: c,
+                artifacts,
+            }) => {
+                report.compile = Some(from_cache(&c));
+                return Ok(Some(artifacts.to_vec()));
+            }
+            Some(Verdict::Refused { report: c }) => {
+                report.stage = Some(Stage::Compile);
+                report.status = Status::CompileError;
+                report.exit_code = c.exit_code;
+                report.message = format!(
+                    "compilation failed with exit code {} (the same code and files failed before); the compiler's output is in compile.stderr",
+                    c.exit_code.unwrap_or(-1)
+                );
+                report.compile = Some(from_cache(&c));
+                return Ok(None);
+            }
+            None => {}
+        }
+        let compiled = self.compile(run_id, req, report, cancel).await?;
+        if let Some(c) = &report.compile {
+            match &compiled {
+                Some(artifacts) => self.cache.put(
+                    key,
+                    Verdict::Compiled {
+                        report: c.clone(),
+                        artifacts: Arc::new(artifacts.clone()),
+                    },
+                ),
+                None if report.status == Status::CompileError => {
+                    self.cache.put(key, Verdict::Refused { report: c.clone() })
+                }
+                None => {}
+            }
+        }
+        Ok(compiled)
     }
 
     /// The compile stage: the source and files in, the whole working directory back. `None`
@@ -746,6 +938,42 @@ impl Executor {
         };
         report.message = message;
     }
+}
+
+/// One sentence on how a program ended.
+fn run_message(o: &Outcome, req: &ValidRequest) -> String {
+    match (o.status, &o.problem) {
+        (Status::SandboxError, Some(problem)) => problem.clone(),
+        (Status::Succeeded, _) => "exited with code 0".to_string(),
+        (Status::Stopped, _) => "stopped before it finished".to_string(),
+        (Status::TimedOut, _) => format!(
+            "killed at the {} s wall-clock limit",
+            fmt_num(req.limits.timeout_seconds)
+        ),
+        (Status::OutOfMemory, _) => format!(
+            "killed by the out-of-memory killer at the {} MB memory limit",
+            req.limits.memory_mb
+        ),
+        _ => match (&o.signal, o.exit_code) {
+            (Some(sig), _) => format!("killed by {sig}"),
+            (None, Some(code)) => format!("exited with code {code}"),
+            (None, None) => "ended without an exit code".to_string(),
+        },
+    }
+}
+
+/// How many containers of a run execute at once: one, or for test cases as many as the
+/// concurrency cap and the memory budget allow (the run manager admits the run for that many).
+pub fn parallelism(req: &ValidRequest, config: &Config) -> usize {
+    if req.tests.len() <= 1 {
+        return 1;
+    }
+    let by_memory = (config.runs.memory_budget_mb / req.limits.memory_mb.max(1)).max(1) as usize;
+    req.tests
+        .len()
+        .min(config.runs.max_concurrent_runs)
+        .min(by_memory)
+        .max(1)
 }
 
 fn compile_report(

@@ -4,6 +4,7 @@
 use std::path::{Component, Path};
 
 use base64::Engine as _;
+use bytes::Bytes;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +46,58 @@ pub struct LimitsInput {
     pub cpus: Option<f64>,
 }
 
+/// One test case of a run: its own stdin and arguments, and what it should print.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestInput {
+    /// A name for the report (default: `test-1`, `test-2`...).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Text written to the program's standard input.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Command-line arguments.
+    #[serde(default)]
+    pub args: Option<Vec<String>>,
+    /// What stdout should be; the case passes when it matches (see `compare`). Without it,
+    /// `passed` is null.
+    #[serde(default)]
+    pub expected_stdout: Option<String>,
+}
+
+/// How a test case's stdout is compared with `expected_stdout`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Compare {
+    /// Trailing whitespace of each line, and trailing empty lines, are ignored.
+    #[default]
+    Trim,
+    /// Byte for byte.
+    Exact,
+}
+
+impl Compare {
+    /// Whether `actual` matches `expected` under this comparison.
+    pub fn matches(self, expected: &str, actual: &str) -> bool {
+        match self {
+            Compare::Exact => expected == actual,
+            Compare::Trim => trimmed_lines(expected) == trimmed_lines(actual),
+        }
+    }
+}
+
+/// The lines of `s` without trailing whitespace, without trailing empty lines.
+fn trimmed_lines(s: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = s.lines().map(str::trim_end).collect();
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    lines
+}
+
+/// Most test cases in one request.
+pub const MAX_TESTS: usize = 64;
+
 /// What a client asks to run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +118,22 @@ pub struct RunRequest {
     /// Resource limits; defaults apply to what is left out.
     #[serde(default)]
     pub limits: Option<LimitsInput>,
+    /// Test cases (at most 64): the program is compiled once, then each case runs in a fresh
+    /// container of its own with its stdin and args. Not together with `stdin` or `args`.
+    #[serde(default)]
+    pub tests: Option<Vec<TestInput>>,
+    /// How `expected_stdout` is compared: `trim` (default) or `exact`.
+    #[serde(default)]
+    pub compare: Option<Compare>,
+}
+
+/// A test case that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidTest {
+    pub name: String,
+    pub stdin: Option<Bytes>,
+    pub args: Vec<String>,
+    pub expected_stdout: Option<String>,
 }
 
 /// A request that passed validation.
@@ -72,10 +141,13 @@ pub struct RunRequest {
 pub struct ValidRequest {
     pub language: Language,
     pub code: String,
-    pub stdin: Option<Vec<u8>>,
+    pub stdin: Option<Bytes>,
     pub args: Vec<String>,
-    pub files: Vec<(String, Vec<u8>)>,
+    pub files: Vec<(String, Bytes)>,
     pub limits: RunLimits,
+    /// Empty for a single run.
+    pub tests: Vec<ValidTest>,
+    pub compare: Compare,
 }
 
 /// A rejected request: which field, and why.
@@ -212,37 +284,48 @@ impl ValidRequest {
                 ),
             );
         }
-        let stdin = match req.stdin {
-            Some(text) if text.len() > s.max_stdin_bytes => {
-                return reject(
-                    "stdin",
-                    format!(
-                        "is {} bytes; the maximum is {} bytes",
-                        text.len(),
-                        s.max_stdin_bytes
-                    ),
-                )
-            }
-            Some(text) if !text.is_empty() => Some(text.into_bytes()),
-            _ => None,
-        };
-        let args = req.args.unwrap_or_default();
-        if args.len() > s.max_args {
+        let stdin = check_stdin("stdin", req.stdin, config)?;
+        let args = check_args("args", req.args, config)?;
+        let tests = req.tests.unwrap_or_default();
+        if !tests.is_empty() && (stdin.is_some() || !args.is_empty()) {
             return reject(
-                "args",
-                format!("has {} items; the maximum is {}", args.len(), s.max_args),
+                "tests",
+                "cannot be combined with top-level stdin or args; give each case its own",
             );
         }
-        for (i, a) in args.iter().enumerate() {
-            if a.len() > s.max_arg_bytes || a.contains('\0') {
+        if tests.len() > MAX_TESTS {
+            return reject(
+                "tests",
+                format!("has {} cases; the maximum is {MAX_TESTS}", tests.len()),
+            );
+        }
+        let mut valid_tests = Vec::with_capacity(tests.len());
+        for (i, t) in tests.into_iter().enumerate() {
+            let name = t.name.unwrap_or_else(|| format!("test-{}", i + 1));
+            if name.is_empty() || name.len() > 128 || name.contains(char::is_control) {
                 return reject(
-                    format!("args[{i}]"),
-                    format!(
-                        "must be at most {} bytes with no NUL character",
-                        s.max_arg_bytes
-                    ),
+                    format!("tests[{i}].name"),
+                    "must be 1 to 128 characters, none of them control characters",
                 );
             }
+            if let Some(e) = &t.expected_stdout {
+                if e.len() > config.sandbox.output_limit_bytes as usize {
+                    return reject(
+                        format!("tests[{i}].expected_stdout"),
+                        format!(
+                            "is {} bytes; output is kept up to {} bytes",
+                            e.len(),
+                            config.sandbox.output_limit_bytes
+                        ),
+                    );
+                }
+            }
+            valid_tests.push(ValidTest {
+                name,
+                stdin: check_stdin(&format!("tests[{i}].stdin"), t.stdin, config)?,
+                args: check_args(&format!("tests[{i}].args"), t.args, config)?,
+                expected_stdout: t.expected_stdout,
+            });
         }
         let raw_files = req.files.unwrap_or_default();
         if raw_files.len() > s.max_files {
@@ -255,7 +338,7 @@ impl ValidRequest {
                 ),
             );
         }
-        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut files: Vec<(String, Bytes)> = Vec::new();
         let mut total = 0usize;
         for (i, f) in raw_files.into_iter().enumerate() {
             let field = format!("files[{i}].path");
@@ -291,7 +374,7 @@ impl ValidRequest {
                     ),
                 );
             }
-            files.push((path, content));
+            files.push((path, Bytes::from(content)));
         }
         let l = req.limits.unwrap_or_default();
         let (d, c) = (config.limits.defaults(), config.limits.ceilings());
@@ -330,6 +413,17 @@ impl ValidRequest {
                 format!("requested {cpus} cpus; the minimum is 0.01"),
             );
         }
+        // The source and files must fit the working directory (a tmpfs within the memory).
+        let workspace_mb = config.sandbox.workspace_mb.min(memory as u64 / 2).max(1);
+        let needed = req.code.len() + files.iter().map(|(_, c)| c.len()).sum::<usize>();
+        if needed as u64 > workspace_mb * 1024 * 1024 {
+            return reject(
+                "files",
+                format!(
+                    "the code and files take {needed} bytes; a run with {memory} MB of memory has a {workspace_mb} MB working directory (at most half of limits.memory_mb)"
+                ),
+            );
+        }
         Ok(ValidRequest {
             language: language.clone(),
             code: req.code,
@@ -341,6 +435,68 @@ impl ValidRequest {
                 timeout_seconds: timeout,
                 cpus,
             },
+            tests: valid_tests,
+            compare: req.compare.unwrap_or_default(),
         })
+    }
+}
+
+/// Check one stdin: within the cap; empty is none.
+fn check_stdin(
+    field: &str,
+    stdin: Option<String>,
+    config: &Config,
+) -> Result<Option<Bytes>, RequestError> {
+    let max = config.sandbox.max_stdin_bytes;
+    match stdin {
+        Some(text) if text.len() > max => reject(
+            field,
+            format!("is {} bytes; the maximum is {max} bytes", text.len()),
+        ),
+        Some(text) if !text.is_empty() => Ok(Some(Bytes::from(text.into_bytes()))),
+        _ => Ok(None),
+    }
+}
+
+/// Check one argument list: count and length caps, no NUL.
+fn check_args(
+    field: &str,
+    args: Option<Vec<String>>,
+    config: &Config,
+) -> Result<Vec<String>, RequestError> {
+    let s = &config.sandbox;
+    let args = args.unwrap_or_default();
+    if args.len() > s.max_args {
+        return reject(
+            field,
+            format!("has {} items; the maximum is {}", args.len(), s.max_args),
+        );
+    }
+    for (i, a) in args.iter().enumerate() {
+        if a.len() > s.max_arg_bytes || a.contains('\0') {
+            return reject(
+                format!("{field}[{i}]"),
+                format!(
+                    "must be at most {} bytes with no NUL character",
+                    s.max_arg_bytes
+                ),
+            );
+        }
+    }
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Compare;
+
+    #[test]
+    fn trim_ignores_trailing_whitespace_and_empty_lines_exact_does_not() {
+        assert!(Compare::Trim.matches("a\nb\n", "a  \nb\n\n\n"));
+        assert!(Compare::Trim.matches("a\r\nb", "a\nb\n"));
+        assert!(!Compare::Trim.matches("a\nb", "a\n b"));
+        assert!(!Compare::Trim.matches("a", "a\nb"));
+        assert!(!Compare::Exact.matches("a\n", "a"));
+        assert!(Compare::Exact.matches("a\n", "a\n"));
     }
 }

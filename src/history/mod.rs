@@ -708,6 +708,8 @@ mod tests {
             image_id: None,
             message: "exited with code 0".into(),
             files: Vec::new(),
+            tests: Vec::new(),
+            tests_summary: None,
         }
     }
 

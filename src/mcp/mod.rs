@@ -129,7 +129,13 @@ pub fn report_result(report: RunReport) -> CallToolResult {
     }
     let mut summary = report.clone();
     for f in &mut summary.files {
-        f.content_base64 = None;
+        if f.content_base64.take().is_some() {
+            f.omitted_reason = Some(if outputs::is_image(&f.mime_type) {
+                "content in an image block of this result".to_string()
+            } else {
+                "content in an embedded resource of this result".to_string()
+            });
+        }
     }
     let text = serde_json::to_string(&summary).unwrap_or_default();
     let structured = serde_json::to_value(&report).unwrap_or_default();
@@ -160,13 +166,23 @@ impl CodeboxServer {
         format!(
             "{n} languages: {ids}. Each run gets fresh containers with no network, a read-only root \
              filesystem and a non-root user; compiled languages compile first (a compiler failure is \
-             status compile_error). Limits (optional `limits` object): memory_mb default {dm} (max {mm}), \
+             status compile_error). The working directory is writable scratch of {ws} MB (memory); \
+             files the program leaves under outputs/ come back in the report's `files` (at most \
+             {of} files, {ob} bytes in all, {ofb} per file), images also as image content. \
+             Limits (optional `limits` object): memory_mb default {dm} (max {mm}), \
              timeout_seconds default {dt} (max {mt}), cpus default {dc} (max {mc}); over a maximum is \
              rejected, never clamped. stdout and stderr are kept up to {out} bytes each. Code at most \
              {code} bytes; stdin at most {stdin} bytes; `files` at most {files} files, {fbytes} bytes in \
-             all, relative paths only. At most {conc} runs execute at once and the rest wait in a queue \
-             of {queue}; when it is full the call fails and can be retried.",
+             all, relative paths only. `tests` (at most {mt_cases} cases of stdin, args and \
+             expected_stdout) compiles once and runs each case in a fresh container; the report \
+             then has `tests` and `tests_summary`. At most {conc} runs execute at once and the rest \
+             wait in a queue of {queue}; when it is full the call fails and can be retried.",
             n = ids.len(),
+            ws = s.workspace_mb,
+            of = s.max_output_files,
+            ob = s.max_output_bytes,
+            ofb = s.max_output_file_bytes,
+            mt_cases = crate::executor::request::MAX_TESTS,
             ids = ids.join(", "),
             dm = d.memory_mb,
             mm = m.memory_mb.min(c.runs.memory_budget_mb),
@@ -224,8 +240,8 @@ impl CodeboxServer {
             ),
             (
                 "stop_run",
-                "Stop a run: a queued run ends at once, a running one is killed and its containers \
-                 removed; returns the final report (status stopped, with the output produced so far). \
+                "Stop a run: a queued run ends at once, a running one is stopped and its containers \
+                 removed right after; returns the final report (status stopped, with the output produced so far). \
                  On a run that already finished it returns that run's report unchanged, without error."
                     .to_string(),
                 ToolAnnotations::new().read_only(false).destructive(true).idempotent(true).open_world(false),
@@ -234,8 +250,9 @@ impl CodeboxServer {
                 "list_supported_languages",
                 format!(
                     "List the {} supported languages (id, display name, aliases, Docker image, whether \
-                     the image is present, source file name, whether it compiles, toolchain version) and \
-                     the default and maximum limits a run may ask for.",
+                     the image is present, source file name, whether it compiles, toolchain version, and \
+                     `packages`: the libraries programs can use, e.g. numpy for Python; nothing can be \
+                     installed at run time) and the default and maximum limits a run may ask for.",
                     manager.registry().languages.len()
                 ),
                 ToolAnnotations::new().read_only(true).destructive(false).idempotent(true).open_world(false),

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::executor::pool::Pool;
-use crate::executor::{new_run_id, Executor, RequestError, RunRequest, ValidRequest};
+use crate::executor::{new_run_id, parallelism, Executor, RequestError, RunRequest, ValidRequest};
 use crate::history::{now_ms, History, NewRun};
 use crate::registry::{Language, Registry};
 use crate::report::{RunLimits, RunReport, Status};
@@ -46,13 +46,25 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 pub const REPORT_OVERHEAD_BYTES: u64 = 1024;
 
 /// What a finished report counts against `runs.retained_reports_mb`: its stdout, stderr,
-/// compile output and message, plus [`REPORT_OVERHEAD_BYTES`].
+/// compile output, message, returned files and test cases' output, plus
+/// [`REPORT_OVERHEAD_BYTES`].
 pub fn report_bytes(r: &RunReport) -> u64 {
     let compile = r
         .compile
         .as_ref()
         .map_or(0, |c| c.stdout.len() + c.stderr.len());
-    (r.stdout.len() + r.stderr.len() + compile + r.message.len()) as u64 + REPORT_OVERHEAD_BYTES
+    let files: usize = r
+        .files
+        .iter()
+        .map(|f| f.path.len() + f.content_base64.as_ref().map_or(0, String::len))
+        .sum();
+    let tests: usize = r
+        .tests
+        .iter()
+        .map(|t| t.name.len() + t.stdout.len() + t.stderr.len())
+        .sum();
+    (r.stdout.len() + r.stderr.len() + compile + r.message.len() + files + tests) as u64
+        + REPORT_OVERHEAD_BYTES
 }
 
 /// A run accepted by [`RunManager::submit`].
@@ -165,6 +177,8 @@ struct Run {
     /// The report before anything happened (status `queued`).
     base: RunReport,
     charge_mb: u64,
+    /// Containers it runs at once (test cases): the concurrency slots it takes.
+    slots: usize,
     budget: Duration,
     accepted: Instant,
     phase: Phase,
@@ -205,13 +219,15 @@ pub struct RunManager {
     inner: Arc<Inner>,
 }
 
-/// Memory a run holds while admitted: its own limit, or its compile stage's if larger (the
-/// stages' working directories are tmpfs within those limits).
-pub fn memory_charge(language: &Language, limits: &RunLimits) -> u64 {
+/// Memory a run holds while admitted: its own limit (times the test cases it runs at once),
+/// or its compile stage's if larger (the stages' working directories are tmpfs within those
+/// limits).
+pub fn memory_charge(language: &Language, limits: &RunLimits, parallel: usize) -> u64 {
+    let run = limits.memory_mb * parallel as u64;
     if language.is_compiled() {
-        limits.memory_mb.max(language.compile_limits.memory_mb)
+        run.max(language.compile_limits.memory_mb)
     } else {
-        limits.memory_mb
+        run
     }
 }
 
@@ -288,7 +304,8 @@ impl RunManager {
         let code_for_history = req.code.clone();
         let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
         let policy = &self.inner.config.runs;
-        let charge_mb = memory_charge(&valid.language, &valid.limits);
+        let slots = parallelism(&valid, &self.inner.config);
+        let charge_mb = memory_charge(&valid.language, &valid.limits, slots);
         if charge_mb > policy.memory_budget_mb {
             return Err(SubmitError::Invalid(RequestError {
                 field: "limits.memory_mb".into(),
@@ -305,7 +322,7 @@ impl RunManager {
             return Err(SubmitError::ShuttingDown);
         }
         let starts_now = st.queue.is_empty()
-            && st.active < policy.max_concurrent_runs
+            && st.active + slots <= policy.max_concurrent_runs
             && st.active_memory_mb + charge_mb <= policy.memory_budget_mb;
         if !starts_now && st.queue.len() >= policy.max_queued_runs {
             self.inner.metrics.rejected_queue_full();
@@ -340,6 +357,7 @@ impl RunManager {
             Run {
                 base,
                 charge_mb,
+                slots,
                 budget,
                 accepted: Instant::now(),
                 phase: Phase::Queued {
@@ -371,7 +389,7 @@ impl RunManager {
                 st.queue.pop_front();
                 continue;
             };
-            if st.active >= policy.max_concurrent_runs {
+            if st.active + run.slots > policy.max_concurrent_runs {
                 break;
             }
             let need = st.active_memory_mb + run.charge_mb;
@@ -396,7 +414,7 @@ impl RunManager {
             };
             let queued_ms = now.duration_since(run.accepted).as_millis() as u64;
             let cancel = run.cancel.clone();
-            st.active += 1;
+            st.active += run.slots;
             st.active_memory_mb += run.charge_mb;
             st.peak_active = st.peak_active.max(st.active);
             if let Some(h) = &self.inner.history {
@@ -497,7 +515,7 @@ impl RunManager {
             report: report.clone(),
             ended: Instant::now(),
         };
-        let charge = run.charge_mb;
+        let (charge, slots) = (run.charge_mb, run.slots);
         if let Some(h) = &self.inner.history {
             h.finish(report.clone());
         }
@@ -506,7 +524,7 @@ impl RunManager {
         run.done.send_replace(Some(report));
         st.done.push_back(run_id.to_string());
         if was_running {
-            st.active -= 1;
+            st.active -= slots;
             st.active_memory_mb -= charge;
         }
         self.evict_over_budget(st);
@@ -855,7 +873,15 @@ compile_limits = { memory_mb = 1024, workspace_mb = 256 }
             timeout_seconds: 1.0,
             cpus: 1.0,
         };
-        assert_eq!(memory_charge(&registry.languages["plain"], &limits), 512);
-        assert_eq!(memory_charge(&registry.languages["heavy"], &limits), 1024);
+        assert_eq!(memory_charge(&registry.languages["plain"], &limits, 1), 512);
+        assert_eq!(
+            memory_charge(&registry.languages["heavy"], &limits, 1),
+            1024
+        );
+        assert_eq!(
+            memory_charge(&registry.languages["heavy"], &limits, 3),
+            1536,
+            "three test cases at once"
+        );
     }
 }

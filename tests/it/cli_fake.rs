@@ -114,3 +114,32 @@ async fn doctor_passes_a_locked_down_probe_and_fails_a_root_one() {
         assert!(out.contains("reachable at fake://"), "{out}");
     }
 }
+
+#[tokio::test]
+async fn doctor_names_the_fix_when_the_configured_runtime_is_missing() {
+    let data = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(exited(
+        0,
+        "uid=10001\ncapeff=0000000000000000\nnnp=1\nnet=lo\nrootfs=readonly\n",
+    ));
+    let config = Config {
+        data_dir: data.path().to_path_buf(),
+        sandbox: codebox::config::SandboxSettings {
+            runtime: "runsc".into(),
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let registry = Registry::load(&root().join("languages.toml")).unwrap();
+    let engine: Arc<dyn ContainerEngine> = fake.clone();
+    let app = App::build(config, registry, engine).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(cli::doctor(&app, &mut out).await.unwrap(), 1);
+    let out = text(out);
+    assert!(
+        out.contains("FAIL runtime `runsc` (sandbox.runtime) is not registered")
+            && out.contains("--with-runsc"),
+        "{out}"
+    );
+}

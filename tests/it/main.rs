@@ -1,6 +1,7 @@
 //! The integration test binary. Modules that talk to Docker need a running daemon and the
 //! images built (`.ci/run` does both); they never skip when Docker is missing: they fail.
 
+mod batch;
 mod cli;
 mod cli_fake;
 mod common;

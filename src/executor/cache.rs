@@ -1,0 +1,221 @@
+//! The compile cache: what a compile stage produced, by everything it depended on.
+//!
+//! The key is a SHA-256 over the image id (not its tag: a rebuilt image never serves old
+//! artifacts), the compile command, the language's environment, its compile limits, the source
+//! file's name, the code and every request file. A hit hands back the artifacts (or the
+//! `compile_error` verdict with the compiler's output) without a compile container. Only those
+//! two verdicts are kept: a timeout, an OOM kill or a sandbox error says nothing certain about
+//! the inputs.
+//!
+//! Entries live in codebox's own memory, where no run can reach them, bounded by
+//! `cache.compile_mb` with least-recently-used eviction.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sha2::{Digest, Sha256};
+
+use crate::engine::protocol::Entry;
+use crate::registry::Language;
+use crate::report::CompileReport;
+
+/// What a compile stage produced.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// The whole working directory, ready for the run stage.
+    Compiled {
+        report: CompileReport,
+        artifacts: Arc<Vec<Entry>>,
+    },
+    /// The compiler refused the code.
+    Refused { report: CompileReport },
+}
+
+impl Verdict {
+    fn bytes(&self) -> u64 {
+        let (report, artifacts) = match self {
+            Verdict::Compiled { report, artifacts } => (report, artifacts.as_slice()),
+            Verdict::Refused { report } => (report, &[][..]),
+        };
+        let content: usize = artifacts
+            .iter()
+            .map(|e| e.content.len() + e.path.len() + 64)
+            .sum();
+        (content + report.stdout.len() + report.stderr.len() + 256) as u64
+    }
+}
+
+/// A cache key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Key([u8; 32]);
+
+/// Everything a compile stage's result depends on.
+pub fn key(image_id: &str, lang: &Language, code: &str, files: &[(String, bytes::Bytes)]) -> Key {
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(image_id.as_bytes());
+    for a in lang.compile.iter().flatten() {
+        field(a.as_bytes());
+    }
+    for (k, v) in &lang.env {
+        field(k.as_bytes());
+        field(v.as_bytes());
+    }
+    let l = lang.compile_limits;
+    field(
+        format!(
+            "{}/{}/{}/{}",
+            l.timeout_seconds, l.memory_mb, l.cpus, l.workspace_mb
+        )
+        .as_bytes(),
+    );
+    field(lang.source_file.as_bytes());
+    field(code.as_bytes());
+    for (path, content) in files {
+        field(path.as_bytes());
+        field(content);
+    }
+    Key(h.finalize().into())
+}
+
+struct Slot {
+    verdict: Verdict,
+    bytes: u64,
+    /// Larger: used more recently.
+    used: u64,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<Key, Slot>,
+    bytes: u64,
+    clock: u64,
+}
+
+/// The cache of one process.
+pub struct CompileCache {
+    max_bytes: u64,
+    state: Mutex<State>,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+}
+
+impl CompileCache {
+    pub fn new(max_mb: u64) -> CompileCache {
+        CompileCache {
+            max_bytes: max_mb * 1024 * 1024,
+            state: Mutex::new(State::default()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Verdict> {
+        if self.max_bytes == 0 {
+            return None;
+        }
+        let mut st = self.state();
+        st.clock += 1;
+        let now = st.clock;
+        match st.slots.get_mut(key) {
+            Some(slot) => {
+                slot.used = now;
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(slot.verdict.clone())
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Keep a verdict; the least recently used ones go when the cache is over its size. A
+    /// verdict larger than a quarter of the cache is not kept.
+    pub fn put(&self, key: Key, verdict: Verdict) {
+        let bytes = verdict.bytes();
+        if bytes > self.max_bytes / 4 {
+            return;
+        }
+        let mut st = self.state();
+        st.clock += 1;
+        let used = st.clock;
+        if let Some(old) = st.slots.insert(
+            key,
+            Slot {
+                verdict,
+                bytes,
+                used,
+            },
+        ) {
+            st.bytes -= old.bytes;
+        }
+        st.bytes += bytes;
+        while st.bytes > self.max_bytes {
+            let Some(oldest) = st.slots.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| *k) else {
+                break;
+            };
+            if let Some(s) = st.slots.remove(&oldest) {
+                st.bytes -= s.bytes;
+            }
+        }
+    }
+
+    /// (entries, bytes)
+    pub fn size(&self) -> (usize, u64) {
+        let st = self.state();
+        (st.slots.len(), st.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Status, Usage};
+
+    fn report() -> CompileReport {
+        CompileReport {
+            status: Status::Succeeded,
+            exit_code: Some(0),
+            stdout: String::new(),
+            stderr: String::new(),
+            duration_ms: 5,
+            usage: Usage::default(),
+            cached: false,
+        }
+    }
+
+    fn compiled(size: usize) -> Verdict {
+        Verdict::Compiled {
+            report: report(),
+            artifacts: Arc::new(vec![Entry::file("main", 0o755, vec![0u8; size])]),
+        }
+    }
+
+    #[test]
+    fn least_recently_used_entries_leave_first() {
+        let cache = CompileCache::new(2);
+        let k = |n: u8| Key([n; 32]);
+        for n in 0..3 {
+            cache.put(k(n), compiled(500 * 1024));
+        }
+        assert!(cache.get(&k(0)).is_some(), "touch 0: 1 is now the oldest");
+        for n in 3..5 {
+            cache.put(k(n), compiled(500 * 1024));
+        }
+        assert!(cache.get(&k(0)).is_some());
+        assert!(cache.get(&k(1)).is_none() && cache.get(&k(2)).is_some());
+        assert!(cache.get(&k(4)).is_some());
+        assert!(cache.size().1 <= 2 * 1024 * 1024);
+        cache.put(k(9), compiled(600 * 1024));
+        assert!(cache.get(&k(9)).is_none(), "over a quarter of the cache");
+    }
+}
