@@ -432,7 +432,12 @@ pub async fn bench(
                 ours.push(ms(t.elapsed()));
                 cpu += cpu_time().saturating_sub(c);
                 if r.status != Status::Succeeded {
-                    bail!("codebox: {} hello ended {}: {}", lang.id, r.status, r.message);
+                    bail!(
+                        "codebox: {} hello ended {}: {}",
+                        lang.id,
+                        r.status,
+                        r.message
+                    );
                 }
                 if lang.is_compiled() && r.compile.as_ref().is_some_and(|c| c.cached) == fresh {
                     bail!("codebox: {label}: the compile cache did not behave as measured");

@@ -162,7 +162,7 @@ fn safe_relative(path: &str) -> bool {
 
 impl Executor {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
-        let uids = UidPool::new();
+        let uids = UidPool::new(&config.data_dir);
         let timings = Arc::new(Timings::default());
         let cleanup = {
             let timings = timings.clone();

@@ -298,3 +298,31 @@ fn run_outputs_writes_the_returned_files_into_a_folder() {
         (0..=255u8).collect::<Vec<u8>>()
     );
 }
+
+#[test]
+fn a_uid_another_codebox_process_holds_is_never_leased() {
+    // Another process (this test) holds the locks of 63 of the 64 sandbox users in the data
+    // directory the binary uses: its run must get the remaining one.
+    let data = tempfile::tempdir().unwrap();
+    let locks = data.path().join("uids");
+    std::fs::create_dir_all(&locks).unwrap();
+    let free_uid = 10001 + (std::process::id() % 64);
+    let held: Vec<std::fs::File> = (10001..=10064)
+        .filter(|u| *u != free_uid)
+        .map(|u| {
+            let f = std::fs::File::create(locks.join(format!("{u}.lock"))).unwrap();
+            f.lock().unwrap();
+            f
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let prog = write_temp(&dir, "uid.py", "import os\nprint(os.getuid())\n");
+    let out = crate::common::codebox_command()
+        .env("CODEBOX_DATA_DIR", data.path())
+        .args(["run", &prog])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{free_uid}\n"));
+    drop(held);
+}
