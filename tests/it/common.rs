@@ -35,7 +35,23 @@ pub fn docker_executor() -> Executor {
     docker_executor_with(Config::default())
 }
 
-pub fn docker_executor_with(config: Config) -> Executor {
+/// The OCI runtime the real-Docker tests run under: `runc`, or what `CODEBOX_TEST_RUNTIME`
+/// names (`scripts/test` runs the posture and outcome tests a second time under `runsc`).
+pub fn test_runtime() -> String {
+    std::env::var("CODEBOX_TEST_RUNTIME")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "runc".to_string())
+}
+
+/// Whether the tests run under gVisor, where a few behaviours differ (each test says which and
+/// why; README's "Under gVisor" lists them).
+pub fn gvisor() -> bool {
+    test_runtime() == "runsc"
+}
+
+pub fn docker_executor_with(mut config: Config) -> Executor {
+    config.sandbox.runtime = test_runtime();
     let engine = DockerEngine::connect().expect("docker client");
     Executor::new(Arc::new(engine), Arc::new(config), instance().to_string())
 }
@@ -148,6 +164,7 @@ pub fn codebox_command() -> Command {
     let mut c = Command::new(codebox_bin());
     c.env("CODEBOX_LANGUAGES", root().join("languages.toml"))
         .env("CODEBOX_DATA_DIR", data_dir())
+        .env("CODEBOX_SANDBOX_RUNTIME", test_runtime())
         .env_remove("CODEBOX_CONFIG")
         .env_remove("CODEBOX_TOKEN");
     c

@@ -47,7 +47,10 @@ pub fn fake_manager(fake: &Arc<FakeEngine>, tweak: impl FnOnce(&mut Config)) -> 
 pub fn docker_manager(tweak: impl FnOnce(&mut Config), history: Option<History>) -> RunManager {
     manager_on(
         Arc::new(DockerEngine::connect().expect("docker client")),
-        tweak,
+        |c| {
+            c.sandbox.runtime = crate::common::test_runtime();
+            tweak(c)
+        },
         history,
     )
 }
