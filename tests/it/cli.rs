@@ -165,8 +165,8 @@ display_name = "AWK (mawk)"
 aliases = ["mawk"]
 image = "bash"
 source_file = "main.awk"
-run = ["awk", "-f", "main.awk"]
-version = ["awk", "-W", "version"]
+run = ["mawk", "-f", "main.awk"]
+version = ["mawk", "-W", "version"]
 
 [[languages.awk.tests]]
 name = "hello"

@@ -82,7 +82,7 @@ async fn smoke_counts_passes_and_failures_and_fails_on_any_mismatch() {
     let out = text(out);
     assert_eq!(code, 1, "{out}");
     let last = out.lines().last().unwrap();
-    assert_eq!(last, "0 passed, 4 failed", "{out}");
+    assert_eq!(last, "0 passed, 6 failed", "{out}");
     assert!(
         out.contains("FAIL bash/hello: expected stdout \"hello\\n\", got \"\""),
         "{out}"

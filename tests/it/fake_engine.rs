@@ -270,12 +270,13 @@ async fn a_helper_that_never_reports_is_killed_at_the_backstop() {
     let fake = Arc::new(FakeEngine::new());
     fake.set_default(Behaviour::HangHard);
     let started = tokio::time::Instant::now();
+    // Ruby has no check: a check's budget (compile_limits.timeout_seconds) would come first.
     let req = RunRequest {
         limits: Some(LimitsInput {
             timeout_seconds: Some(2.0),
             ..Default::default()
         }),
-        ..request("bash", "sleep 100")
+        ..request("ruby", "sleep 100")
     };
     let r = run(&fake, req).await;
     assert_eq!(
@@ -455,9 +456,9 @@ fn with_limits(
 
 #[test]
 fn unknown_language_is_rejected_naming_the_choices() {
-    let msg = reject(request("cobol", "x"));
+    let msg = reject(request("intercal", "x"));
     assert!(
-        msg.starts_with("language: unknown language `cobol`"),
+        msg.starts_with("language: unknown language `intercal`"),
         "{msg}"
     );
     assert!(msg.contains("python"), "{msg}");

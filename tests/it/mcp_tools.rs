@@ -171,7 +171,7 @@ async fn invalid_arguments_are_tool_errors_that_name_the_field() {
     for (tool, args, field) in [
         (
             "run_code",
-            json!({"language": "cobol", "code": "x"}),
+            json!({"language": "intercal", "code": "x"}),
             "language",
         ),
         (

@@ -23,10 +23,31 @@ fn shipped_registry_has_the_promised_languages() {
         "php",
         "lua",
         "perl",
+        "csharp",
+        "kotlin",
+        "scala",
+        "clojure",
+        "d",
+        "fortran",
+        "pascal",
+        "cobol",
+        "erlang",
+        "elixir",
+        "ocaml",
+        "nim",
+        "crystal",
+        "prolog",
+        "racket",
+        "scheme",
+        "commonlisp",
+        "tcl",
+        "awk",
+        "octave",
+        "verilog",
     ] {
         assert!(r.languages.contains_key(id), "missing language {id}");
     }
-    assert!(r.languages.len() >= 14, "{} languages", r.languages.len());
+    assert!(r.languages.len() >= 32, "{} languages", r.languages.len());
 }
 
 #[test]
@@ -192,4 +213,51 @@ fn every_extension_maps_to_one_language() {
             }
         }
     }
+}
+
+/// The README's language table, as the registry has it.
+fn readme_language_table() -> String {
+    let r = registry();
+    let mut out = format!(
+        "{} languages ship (`codebox languages` adds the toolchain versions):\n\n",
+        r.languages.len()
+    );
+    out.push_str("| id | language | image | syntax errors found |\n|---|---|---|---|\n");
+    for lang in r.languages.values() {
+        let stage = if lang.is_compiled() {
+            "by the compile stage"
+        } else if lang.check.is_some() {
+            "by a check before the run"
+        } else {
+            "while running"
+        };
+        out.push_str(&format!(
+            "| `{}` | {} | `{}` | {stage} |\n",
+            lang.id, lang.display_name, lang.image.tag
+        ));
+    }
+    // A blank line ends the table before the end marker.
+    out.push('\n');
+    out
+}
+
+#[test]
+fn the_readme_lists_the_registry_languages() {
+    const BEGIN: &str =
+        "<!-- languages: kept in step with languages.toml by tests/it/registry_file.rs -->\n";
+    const END: &str = "<!-- /languages -->";
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme
+        .find(BEGIN)
+        .expect("README.md has no languages marker")
+        + BEGIN.len();
+    let end = start
+        + readme[start..]
+            .find(END)
+            .expect("README.md has no end marker");
+    let expected = readme_language_table();
+    assert!(
+        readme[start..end] == expected,
+        "README.md's language table is out of step with languages.toml; between the markers it should read:\n{expected}"
+    );
 }
