@@ -132,6 +132,7 @@ impl Docker {
             "--hostname=sandbox",
             "--log-driver=none",
             "--workdir=/workspace",
+            &format!("--runtime={}", s.runtime),
         ]
         .iter()
         .map(|f| f.to_string())
@@ -365,12 +366,13 @@ pub async fn bench(
     let docker = Arc::new(Docker::new(app)?);
     writeln!(
         out,
-        "codebox {} vs `docker run --rm` (same image and lockdown flags), {}",
+        "codebox {} vs `docker run --rm` (same image, lockdown flags and runtime: {}), {}",
         if args.no_pool {
             "cold (no pool)"
         } else {
             "warm (pool)"
         },
+        app.config.sandbox.runtime,
         if args.concurrency > 1 || args.workload.is_some() {
             format!("{} at once", args.concurrency)
         } else {
