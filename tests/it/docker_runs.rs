@@ -471,7 +471,7 @@ async fn cancelling_a_run_stops_it_and_removes_its_containers() {
         while common::leftovers(&watched).is_empty() {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
         stopper.cancel();
     });
     let r = exec.execute(&id, &valid, 0, cancel).await;

@@ -300,7 +300,7 @@ async fn a_detached_signal_ignoring_grandchild_dies_with_the_run() {
          grep -qa '[{first}]{rest}' /proc/[0-9]*/cmdline && echo detached\nsleep 1000\n"
     );
     let mut req = request("bash", &code);
-    req.limits = limits(None, Some(3.0));
+    req.limits = limits(None, Some(10.0));
     let r = run(req).await;
     assert_eq!(r.status, Status::TimedOut, "{r:?}");
     assert_eq!(r.stdout, "detached\n");
