@@ -7,43 +7,75 @@ use std::time::Duration;
 use crate::app::App;
 use crate::images;
 
-/// The posture probe: printed facts, checked one by one.
+/// The posture probe: printed facts, checked one by one. Each works under runc and gVisor
+/// alike (gVisor's sysfs has no `/sys/class/net`, so interfaces come from `/proc/net/dev`;
+/// its kernel log names it).
 const PROBE: &str = "echo uid=$(id -u); \
 echo capeff=$(awk '/^CapEff/{print $2}' /proc/self/status); \
 echo nnp=$(awk '/^NoNewPrivs/{print $2}' /proc/self/status); \
-echo net=$(ls /sys/class/net | tr '\\n' ' '); \
+echo net=$(awk -F: 'NR>2{gsub(/ /,\"\",$1); print $1}' /proc/net/dev | tr '\\n' ' '); \
+if dmesg 2>/dev/null | grep -q gVisor; then echo kernel=gvisor; else echo kernel=host; fi; \
 if touch /codebox-probe 2>/dev/null; then echo rootfs=writable; else echo rootfs=readonly; fi";
 
-/// One fact of the probe's output (`key=value` lines); `?` when it is missing.
+/// One fact of the probe's output (`key=value` lines); `?` when it is missing or empty.
 fn probe_fact(out: &str, key: &str) -> String {
-    out.lines()
+    match out
+        .lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-        .unwrap_or("?")
-        .trim()
-        .to_string()
+        .map(str::trim)
+    {
+        Some(v) if !v.is_empty() => v.to_string(),
+        _ => "?".to_string(),
+    }
 }
 
-/// Each posture fact of the probe's output: (passed, what it says).
-pub fn judge_probe(out: &str) -> Vec<(bool, String)> {
+/// Each posture fact of the probe's output, for the configured runtime: (passed, what it
+/// says).
+pub fn judge_probe(out: &str, runtime: &str) -> Vec<(bool, String)> {
     let uid = probe_fact(out, "uid");
     let cap = probe_fact(out, "capeff");
     let nnp = probe_fact(out, "nnp");
     let net = probe_fact(out, "net");
+    let kernel = probe_fact(out, "kernel");
     let rootfs = probe_fact(out, "rootfs");
+    let gvisor = kernel == "gvisor";
     vec![
         (
             uid != "0" && uid.parse::<u32>().is_ok(),
             format!("runs as uid {uid}, not root"),
         ),
         (
-            !cap.is_empty() && cap != "?" && cap.chars().all(|c| c == '0'),
+            cap != "?" && cap.chars().all(|c| c == '0'),
             format!("no capabilities (CapEff {cap})"),
         ),
-        (nnp == "1", format!("no new privileges (NoNewPrivs {nnp})")),
+        if gvisor && nnp == "?" {
+            (
+                true,
+                "no new privileges: set in the container's spec (gVisor's /proc does not show \
+                 NoNewPrivs)"
+                    .to_string(),
+            )
+        } else {
+            (nnp == "1", format!("no new privileges (NoNewPrivs {nnp})"))
+        },
         (
             net == "lo",
             format!("network interfaces: {net} (only lo allowed)"),
         ),
+        match runtime {
+            "runsc" => (
+                gvisor,
+                format!("kernel: {kernel} (sandbox.runtime runsc must give gVisor's)"),
+            ),
+            "runc" => (
+                kernel == "host",
+                format!("kernel: {kernel} (sandbox.runtime runc shares the host's)"),
+            ),
+            other => (
+                kernel != "?",
+                format!("kernel: {kernel} (under sandbox.runtime {other})"),
+            ),
+        },
         (rootfs == "readonly", format!("root filesystem is {rootfs}")),
     ]
 }
@@ -126,7 +158,7 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
     {
         Err(e) => check(out, false, format!("the probe container failed: {e}"))?,
         Ok(exec) => {
-            for (pass, what) in judge_probe(&exec.stdout) {
+            for (pass, what) in judge_probe(&exec.stdout, &app.config.sandbox.runtime) {
                 check(out, pass, what)?;
             }
         }
@@ -142,22 +174,46 @@ mod tests {
 
     #[test]
     fn probe_facts_pass_only_for_the_locked_down_answers() {
-        let good = "uid=10007\ncapeff=0000000000000000\nnnp=1\nnet=lo\nrootfs=readonly\n";
-        assert!(judge_probe(good).iter().all(|(pass, _)| *pass));
+        let good =
+            "uid=10007\ncapeff=0000000000000000\nnnp=1\nnet=lo\nkernel=host\nrootfs=readonly\n";
+        assert!(judge_probe(good, "runc").iter().all(|(pass, _)| *pass));
         for bad in [
             good.replace("uid=10007", "uid=0"),
             good.replace("capeff=0000000000000000", "capeff=00000000a80425fb"),
             good.replace("nnp=1", "nnp=0"),
+            good.replace("nnp=1", "nnp="),
             good.replace("net=lo", "net=eth0 lo"),
+            good.replace("kernel=host", "kernel=gvisor"),
             good.replace("rootfs=readonly", "rootfs=writable"),
             good.replace("uid=10007\n", ""),
         ] {
-            let facts = judge_probe(&bad);
+            let facts = judge_probe(&bad, "runc");
             assert_eq!(
                 facts.iter().filter(|(pass, _)| !pass).count(),
                 1,
                 "{bad:?}: {facts:?}"
             );
         }
+    }
+
+    #[test]
+    fn under_gvisor_the_kernel_must_be_gvisors_and_a_missing_no_new_privs_line_is_expected() {
+        let good =
+            "uid=10007\ncapeff=0000000000000000\nnnp=\nnet=lo\nkernel=gvisor\nrootfs=readonly\n";
+        assert!(judge_probe(good, "runsc").iter().all(|(pass, _)| *pass));
+        let host = good.replace("kernel=gvisor", "kernel=host");
+        let facts = judge_probe(&host, "runsc");
+        // The host's kernel under runsc fails twice: the kernel, and NoNewPrivs now missing.
+        assert_eq!(
+            facts.iter().filter(|(pass, _)| !pass).count(),
+            2,
+            "{facts:?}"
+        );
+        let facts = judge_probe(&good.replace("nnp=", "nnp=0"), "runsc");
+        assert_eq!(
+            facts.iter().filter(|(pass, _)| !pass).count(),
+            1,
+            "{facts:?}"
+        );
     }
 }

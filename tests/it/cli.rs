@@ -127,15 +127,28 @@ fn unreachable_docker_is_one_clear_sentence() {
 
 #[test]
 fn doctor_verifies_the_posture_from_inside() {
-    let out = codebox(&["doctor"]);
+    // Under the suite's runtime: scripts/test runs this again with CODEBOX_TEST_RUNTIME=runsc.
+    let runtime = crate::common::test_runtime();
+    let out = codebox(&["doctor", "--set", &format!("sandbox.runtime={runtime}")]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let gvisor = crate::common::gvisor();
     for line in [
         "runs as uid 100",
         "no capabilities (CapEff 0000000000000000)",
-        "no new privileges (NoNewPrivs 1)",
+        if gvisor {
+            "no new privileges: set in the container's spec"
+        } else {
+            "no new privileges (NoNewPrivs 1)"
+        },
         "network interfaces: lo (only lo allowed)",
+        if gvisor {
+            "kernel: gvisor"
+        } else {
+            "kernel: host"
+        },
         "root filesystem is readonly",
+        &format!("runtime `{runtime}` (sandbox.runtime) is registered"),
     ] {
         assert!(stdout.contains(line), "missing `{line}` in:\n{stdout}");
     }
