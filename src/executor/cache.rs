@@ -57,10 +57,14 @@ pub fn key(image_id: &str, lang: &Language, code: &str, files: &[(String, bytes:
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
+    // Every list is preceded by its length, so no two different inputs hash the same fields.
     field(image_id.as_bytes());
-    for a in lang.compile.iter().flatten() {
+    let compile = lang.compile.as_deref().unwrap_or_default();
+    field(&(compile.len() as u64).to_le_bytes());
+    for a in compile {
         field(a.as_bytes());
     }
+    field(&(lang.env.len() as u64).to_le_bytes());
     for (k, v) in &lang.env {
         field(k.as_bytes());
         field(v.as_bytes());
@@ -75,6 +79,7 @@ pub fn key(image_id: &str, lang: &Language, code: &str, files: &[(String, bytes:
     );
     field(lang.source_file.as_bytes());
     field(code.as_bytes());
+    field(&(files.len() as u64).to_le_bytes());
     for (path, content) in files {
         field(path.as_bytes());
         field(content);
@@ -198,6 +203,65 @@ mod tests {
             report: report(),
             artifacts: Arc::new(vec![Entry::file("main", 0o755, vec![0u8; size])]),
         }
+    }
+
+    fn language() -> crate::registry::Language {
+        let registry = crate::registry::Registry::parse(
+            std::path::Path::new("t.toml"),
+            r#"
+[images.gcc]
+tag = "codebox/gcc:12"
+context = "images/gcc"
+
+[languages.c]
+display_name = "C"
+image = "gcc"
+source_file = "main.c"
+compile = ["gcc", "main.c"]
+run = ["./a.out"]
+"#,
+        )
+        .unwrap();
+        registry.languages["c"].clone()
+    }
+
+    #[test]
+    fn every_input_of_a_compile_is_part_of_its_key() {
+        let lang = language();
+        let file = |p: &str, c: &str| (p.to_string(), bytes::Bytes::from(c.to_string()));
+        let base = key("sha256:a", &lang, "int main(){}", &[file("x.h", "1")]);
+        assert_eq!(
+            base,
+            key("sha256:a", &lang, "int main(){}", &[file("x.h", "1")])
+        );
+        let mut variants = vec![
+            key("sha256:b", &lang, "int main(){}", &[file("x.h", "1")]),
+            key("sha256:a", &lang, "int main(){ }", &[file("x.h", "1")]),
+            key("sha256:a", &lang, "int main(){}", &[file("x.h", "2")]),
+            key("sha256:a", &lang, "int main(){}", &[file("y.h", "1")]),
+            key("sha256:a", &lang, "int main(){}", &[]),
+        ];
+        let mut changed = |f: &dyn Fn(&mut crate::registry::Language)| {
+            let mut l = lang.clone();
+            f(&mut l);
+            variants.push(key("sha256:a", &l, "int main(){}", &[file("x.h", "1")]));
+        };
+        changed(&|l| l.compile = Some(vec!["gcc".into(), "-O2".into(), "main.c".into()]));
+        changed(&|l| {
+            l.env.insert("CFLAGS".into(), "-O2".into());
+        });
+        changed(&|l| l.compile_limits.memory_mb += 1);
+        changed(&|l| l.compile_limits.timeout_seconds += 1.0);
+        changed(&|l| l.source_file = "prog.c".into());
+        for (i, v) in variants.iter().enumerate() {
+            assert_ne!(*v, base, "variant {i} has the base's key");
+        }
+        // An argument moved from the command into the environment is a different input.
+        let mut a = lang.clone();
+        a.compile = Some(vec!["gcc".into(), "main.c".into(), "K".into(), "V".into()]);
+        let mut b = lang.clone();
+        b.env.insert("K".into(), "V".into());
+        assert_ne!(key("i", &a, "", &[]), key("i", &b, "", &[]));
     }
 
     #[test]

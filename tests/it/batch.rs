@@ -226,3 +226,37 @@ async fn against_docker_cases_pass_fail_and_compiled_artifacts_come_from_the_cac
         "the cached binary runs"
     );
 }
+
+#[tokio::test]
+async fn a_run_that_spoils_its_compiled_program_leaves_the_cached_one_intact() {
+    // The run stage gets its own copy of the artifacts in its own tmpfs: replacing the binary
+    // there changes nothing for the next run the cache serves.
+    let exec = common::docker_executor();
+    let code = format!(
+        "// {}\n#include <stdio.h>\n#include <sys/stat.h>\n#include <unistd.h>\n\
+         int main(int argc, char **argv) {{\n\
+           if (argc > 1) {{\n\
+             unlink(argv[0]);\n\
+             FILE *f = fopen(argv[0], \"w\");\n\
+             fputs(\"#!/bin/sh\\necho spoiled\\n\", f);\n\
+             fclose(f);\n\
+             chmod(argv[0], 0755);\n\
+             puts(\"replaced\");\n\
+             return 0;\n\
+           }}\n\
+           puts(\"intact\");\n\
+         }}\n",
+        new_run_id()
+    );
+    let spoil = RunRequest {
+        args: Some(vec!["spoil".into()]),
+        ..request("c", &code)
+    };
+    let first = common::run_with(&exec, spoil).await;
+    assert_eq!(first.status, Status::Succeeded, "{first:?}");
+    assert_eq!(first.stdout, "replaced\n");
+    assert!(!first.compile.as_ref().unwrap().cached);
+    let again = common::run_with(&exec, request("c", &code)).await;
+    assert!(again.compile.as_ref().unwrap().cached, "{again:?}");
+    assert_eq!(again.stdout, "intact\n", "{again:?}");
+}

@@ -36,6 +36,83 @@ async fn programs_run_as_a_non_root_user() {
 }
 
 #[tokio::test]
+async fn the_daemon_holds_the_full_posture_for_a_live_run_container() {
+    // Read back from the daemon what the posture check cannot see in a spec, because the
+    // Docker adapter fixes it: no mounts, binds or devices, no added capabilities, a private
+    // IPC namespace, no log on the daemon's disk, not privileged.
+    let exec = common::docker_executor();
+    let valid = ValidRequest::new(
+        py("import time; time.sleep(60)"),
+        &common::registry(),
+        exec.config(),
+    )
+    .unwrap();
+    let id = codebox::executor::new_run_id();
+    let cancel = CancellationToken::new();
+    let run = {
+        let (id, cancel) = (id.clone(), cancel.clone());
+        tokio::spawn(async move { exec.execute(&id, &valid, 0, cancel).await })
+    };
+    let container = loop {
+        if let Some(c) = common::leftovers(&id).into_iter().next() {
+            break c;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let out = std::process::Command::new("docker")
+        .args(["inspect", &container])
+        .output()
+        .expect("docker CLI");
+    cancel.cancel();
+    let r = run.await.unwrap();
+    assert_eq!(r.status, Status::Stopped, "{r:?}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (c, h) = (&v[0]["Config"], &v[0]["HostConfig"]);
+    let empty = |x: &serde_json::Value| x.is_null() || x.as_array().is_some_and(|a| a.is_empty());
+    assert_eq!(h["Runtime"], common::test_runtime().as_str());
+    assert_eq!(h["NetworkMode"], "none");
+    assert_eq!(c["NetworkDisabled"], true);
+    assert_eq!(h["ReadonlyRootfs"], true);
+    assert_eq!(h["Privileged"], false);
+    assert_eq!(h["CapDrop"], serde_json::json!(["ALL"]));
+    assert!(empty(&h["CapAdd"]), "{}", h["CapAdd"]);
+    assert!(
+        empty(&h["Binds"]) && empty(&h["Mounts"]) && empty(&v[0]["Mounts"]),
+        "{v}"
+    );
+    assert!(empty(&h["Devices"]), "{}", h["Devices"]);
+    assert_eq!(h["IpcMode"], "private");
+    assert_eq!(h["LogConfig"]["Type"], "none");
+    assert_eq!(h["PidsLimit"], 256);
+    assert_eq!(h["Memory"], h["MemorySwap"]);
+    assert!(h["CpuQuota"].as_i64().unwrap() > 0, "{}", h["CpuQuota"]);
+    assert!(h["Init"].is_null() || h["Init"] == false, "{}", h["Init"]);
+    assert_eq!(c["Hostname"], "sandbox");
+    assert_eq!(c["Cmd"], serde_json::json!(["/usr/local/bin/codebox-init"]));
+    let opts: Vec<&str> = h["SecurityOpt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.as_str())
+        .collect();
+    assert!(opts.contains(&"no-new-privileges"), "{opts:?}");
+    assert!(opts.iter().any(|o| o.starts_with("seccomp=")), "{opts:?}");
+    let tmpfs = h["Tmpfs"].as_object().unwrap();
+    assert_eq!(
+        tmpfs.keys().collect::<Vec<_>>(),
+        ["/tmp", "/workspace"],
+        "{tmpfs:?}"
+    );
+    assert!(tmpfs["/tmp"].as_str().unwrap().contains("noexec"));
+    common::assert_no_leftovers(&id).await;
+}
+
+#[tokio::test]
 async fn concurrent_runs_get_different_uids() {
     // Per-user kernel limits (inotify instances, message queues, pipe buffers) are then
     // never shared between runs that execute at the same time.
