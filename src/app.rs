@@ -57,8 +57,8 @@ impl App {
             config.clone(),
             instance.id.clone(),
         ));
-        let history = History::open(
-            &config.history_path(),
+        let history = History::connect(
+            &config.history_store(),
             Owner {
                 instance: instance.id.clone(),
                 data_dir: config.data_dir.clone(),

@@ -88,6 +88,18 @@ impl Instance {
     }
 }
 
+/// This host's name (for the history's record of instances), or `unknown`.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into our own buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_string(),
+        _ => "unknown".to_string(),
+    }
+}
+
 impl Drop for Instance {
     fn drop(&mut self) {
         if let Some((_, path)) = self.lock.take() {
