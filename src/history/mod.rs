@@ -672,6 +672,12 @@ mod tests {
             assert_eq!(r.status, Status::SandboxError);
             assert_eq!(r.message, INTERRUPTED_MESSAGE);
             assert!(r.ended_at.is_some());
+            // Its report is stored too, for get_result on any server.
+            let report = h.report(&r.run_id, None).await.unwrap().unwrap();
+            assert_eq!(
+                (report.status, report.message.as_str(), report.limits),
+                (Status::SandboxError, INTERRUPTED_MESSAGE, limits())
+            );
         }
     }
 

@@ -7,7 +7,7 @@ use super::{
     INTERRUPTED_MESSAGE, MAX_QUERY_LIMIT,
 };
 use crate::instance::{Instance, Liveness};
-use crate::report::{RunLimits, RunReport, Stage, Status};
+use crate::report::{RunLimits, RunReport, Stage, Status, Usage};
 
 /// How long an instance's row is kept after its last heartbeat.
 const FORGET_INSTANCES_AFTER_MS: i64 = 24 * 3600 * 1000;
@@ -82,11 +82,23 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
         if !is_dead(db, owner, &instance, now)? {
             continue;
         }
-        let n = db.execute(
-            "UPDATE runs SET status = 'sandbox_error', message = ?1, ended_at = ?2
-             WHERE instance = ?3 AND status IN ('queued', 'running')",
-            values![INTERRUPTED_MESSAGE, now_ms(), &instance],
+        let runs = db.query(
+            "SELECT id, language, memory_mb, timeout_seconds, cpus, created_at, started_at
+             FROM runs WHERE instance = ?1 AND status IN ('queued', 'running')",
+            values![&instance],
         )?;
+        let mut n = 0;
+        for run in &runs {
+            let report = interrupted_report(run);
+            let json = serde_json::to_string(&report).ok();
+            // Only if still unfinished: another server may be marking the same rows.
+            n += db.execute(
+                "UPDATE runs SET status = 'sandbox_error', message = ?1, ended_at = ?2,
+                    report = ?3
+                 WHERE id = ?4 AND status IN ('queued', 'running')",
+                values![INTERRUPTED_MESSAGE, now_ms(), json, &report.run_id],
+            )?;
+        }
         if n > 0 {
             tracing::warn!(
                 runs = n,
@@ -97,6 +109,43 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
         marked += n;
     }
     Ok(marked)
+}
+
+/// The final report of a run whose server died, from its row (`id, language, memory_mb,
+/// timeout_seconds, cpus, created_at, started_at`): stored like any other, so that every
+/// server sharing the database answers `get_result` for it.
+fn interrupted_report(row: &Row) -> RunReport {
+    RunReport {
+        run_id: row.text(0).unwrap_or_default(),
+        language: row.text(1).unwrap_or_default(),
+        status: Status::SandboxError,
+        stage: None,
+        exit_code: None,
+        signal: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        compile: None,
+        duration_ms: 0,
+        queued_ms: match (row.int(5), row.int(6)) {
+            (Some(created), Some(started)) => (started - created).max(0) as u64,
+            _ => 0,
+        },
+        usage: Usage::default(),
+        limits: RunLimits {
+            memory_mb: row.int(2).unwrap_or(0).max(0) as u64,
+            timeout_seconds: row.real(3).unwrap_or(0.0),
+            cpus: row.real(4).unwrap_or(0.0),
+        },
+        image_id: None,
+        message: INTERRUPTED_MESSAGE.to_string(),
+        files: Vec::new(),
+        tests: Vec::new(),
+        tests_summary: None,
+    }
 }
 
 pub fn insert(db: &mut dyn Database, r: &NewRun) -> Result<(), DbError> {

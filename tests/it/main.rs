@@ -22,4 +22,5 @@ mod postgres;
 mod reaper;
 mod registry_file;
 mod runs;
+mod shared_store;
 mod workspace;
