@@ -18,6 +18,9 @@ use crate::runs::{self, RunManager};
 /// How long [`App::shutdown`] waits for unfinished runs to stop and remove their containers.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
+/// How long [`App::shutdown`] waits for the history's last writes.
+pub const HISTORY_FLUSH: Duration = Duration::from_secs(10);
+
 /// Why the application could not be assembled.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -98,7 +101,8 @@ impl App {
     }
 
     /// Stop every unfinished run, then wait (up to `grace` each) until every container of
-    /// this process is gone. If some could not be removed, the instance's lock file is kept
+    /// this process is gone, and (up to [`HISTORY_FLUSH`]) until the history has written what
+    /// it was sent. If some could not be removed, the instance's lock file is kept
     /// when the process ends, so the next start knows this instance died with objects left
     /// and reaps them at once (not after their expiry).
     pub async fn shutdown(&self, grace: Duration) {
@@ -110,6 +114,9 @@ impl App {
                 "some containers could not be removed; the next start reaps them"
             );
             self.instance.keep_lock_file();
+        }
+        if !self.history.flush(HISTORY_FLUSH).await {
+            tracing::warn!(store = self.history.store(), "the history database did not take the last writes in time; some runs may be unrecorded");
         }
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! Each codebox process holds an exclusive lock on `<data dir>/instances/<id>.lock` while it
 //! lives. The reaper removes containers of an instance whose lock is free (it died), or whose
-//! containers are past their expiry label (another machine, or no lock file).
+//! containers are past their expiry label (another machine, or no lock file). Lock files only
+//! tell about processes sharing this data directory on this host; for the others the history
+//! keeps a heartbeat per instance (see `history`).
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};

@@ -243,6 +243,10 @@ enum Command {
         run_id: String,
         reply: Reply<Option<Whereabouts>>,
     },
+    /// Answered once every command sent before it is done.
+    Flush {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// Why a query got no answer.
@@ -385,6 +389,14 @@ impl History {
         self.ask(|reply| Command::Get { run_id, reply }).await
     }
 
+    /// Wait (at most `timeout`) until every write sent before has been carried out or
+    /// dropped: a process about to exit calls it so that its last runs are recorded.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Flush { reply });
+        matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(())))
+    }
+
     /// Where a run stands and which instance has it (for a run this process does not hold).
     pub async fn whereabouts(&self, run_id: &str) -> Result<Option<Whereabouts>, HistoryError> {
         let run_id = run_id.to_string();
@@ -522,6 +534,9 @@ impl Actor {
                 Command::Whereabouts { reply, .. } => {
                     let _ = reply.send(Err(unavailable()));
                 }
+                Command::Flush { reply } => {
+                    let _ = reply.send(());
+                }
                 _ => {}
             }
             return;
@@ -579,6 +594,10 @@ impl Actor {
                     Err(e)
                 }
             },
+            Command::Flush { reply } => {
+                let _ = reply.send(());
+                Ok(())
+            }
             Command::Whereabouts { run_id, reply } => match store::whereabouts(db, &run_id) {
                 Ok(w) => {
                     let _ = reply.send(Ok(w));
@@ -840,5 +859,9 @@ mod tests {
         ));
         let err = h.query(Query::default()).await.unwrap_err();
         assert!(matches!(err, HistoryError::Unavailable { .. }), "{err}");
+        assert!(
+            h.flush(Duration::from_secs(5)).await,
+            "a flush answers even without a database"
+        );
     }
 }
