@@ -86,6 +86,9 @@ impl App {
 
     /// Remove what crashed or killed instances left on the daemon; a failure is only logged.
     pub async fn reap(&self) {
+        // The history first marks the runs of dead instances, judged by their lock files,
+        // which the reaper deletes once it has removed their containers.
+        self.history.flush(HISTORY_FLUSH).await;
         match reaper::reap(
             self.engine.as_ref(),
             &self.instance.id,
