@@ -40,6 +40,12 @@ pub use metrics::Metrics;
 
 /// How often `get_result` with `wait_seconds` looks again at a run another server holds.
 const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
+/// How long `get_result` with `wait_seconds` looks again for a run id the history does not
+/// know yet: another server sharing it may have accepted the run a moment ago (its history
+/// writes trail its answers).
+const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
+/// How often it looks during that grace.
+const UNKNOWN_POLL: Duration = Duration::from_millis(100);
 /// How long `stop` waits for a running run's containers to be killed and removed.
 const STOP_WAIT: Duration = Duration::from_secs(120);
 /// How often finished reports past their retention are dropped.
@@ -641,21 +647,28 @@ impl RunManager {
     }
 
     /// A run not in memory: its stored report; or, while another server holds it unfinished,
-    /// look again every [`ELSEWHERE_POLL`] until it has ended or `timeout` has passed.
+    /// look again every [`ELSEWHERE_POLL`] until it has ended or `timeout` has passed. An id
+    /// the history does not know is looked for again during [`UNKNOWN_GRACE`] (within
+    /// `timeout`).
     async fn wait_in_store(
         &self,
         run_id: &str,
         timeout: Duration,
     ) -> Result<RunReport, LookupError> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let grace = start + timeout.min(UNKNOWN_GRACE);
         loop {
-            match self.stored_report(run_id).await {
-                Err(LookupError::Elsewhere { .. }) if Instant::now() < deadline => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    tokio::time::sleep(left.min(ELSEWHERE_POLL)).await;
+            let outcome = self.stored_report(run_id).await;
+            let now = Instant::now();
+            let pause = match &outcome {
+                Err(LookupError::Elsewhere { .. }) if now < deadline => ELSEWHERE_POLL,
+                Err(LookupError::Unknown { .. }) if now < grace && self.inner.history.is_some() => {
+                    UNKNOWN_POLL
                 }
-                outcome => return outcome,
-            }
+                _ => return outcome,
+            };
+            tokio::time::sleep(pause.min(deadline.saturating_duration_since(now))).await;
         }
     }
 

@@ -14,7 +14,7 @@ use codebox::report::{RunLimits, Status};
 use codebox::runs::RunManager;
 
 use crate::common::request;
-use crate::mcp_support::manager_on;
+use crate::mcp_support::{eventually, manager_on};
 use crate::pg_cluster::PgCluster;
 
 fn postgres(url: &str, instance: &str, data_dir: &std::path::Path) -> History {
@@ -151,6 +151,12 @@ async fn record_three_runs(history: &History) -> Vec<HistoryRow> {
     fake.hang_on_start();
     let hanging = m.submit(request("bash", "sleep 1000")).unwrap();
     let queued = m.submit(request("bash", "echo never")).unwrap();
+    eventually(10, "the hanging program's container is attached", || {
+        fake.attached() == 3
+    })
+    .await;
+    // Past attaching, the program is handed over within microseconds; stop it after that.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     m.stop(&queued.run_id).await.unwrap();
     m.stop(&hanging.run_id).await.unwrap();
     // The stored report is the final report, read back from the database.

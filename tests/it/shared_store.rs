@@ -108,6 +108,10 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
     let (ids_a, ids_b) = (ids(&reports_a), ids(&reports_b));
 
     // get_execution_history on either shows every run, each with the instance that ran it.
+    // Each server's history thread writes a run's end a moment after the server answered,
+    // and answers its own queries after its own writes: one query on each is the barrier.
+    history(&ca).await;
+    history(&cb).await;
     let (rows_a, rows_b) = (history(&ca).await, history(&cb).await);
     assert_eq!(rows_a, rows_b, "one history, whichever server is asked");
     let instance_of = |id: &str| -> String {
@@ -147,6 +151,17 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
 
     // A run server A holds: B names A while it runs, cannot stop it, and answers once it ends.
     let slow = start(&ca, "import time\ntime.sleep(3)\nprint('slow')").await;
+    // A's history thread records the run a moment after start_run answered.
+    for _ in 0..100 {
+        if history(&cb)
+            .await
+            .iter()
+            .any(|r| r["run_id"] == slow.as_str())
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     for tool in ["get_result", "stop_run"] {
         let msg = tool_error(&cb, tool, json!({"run_id": slow})).await;
         assert!(
@@ -157,6 +172,21 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
             "{tool}: {msg}"
         );
     }
+    // A client that moves to B right after start_run on A, asking with wait_seconds, gets
+    // the report: B looks again for an id it does not know yet, then for the end.
+    let quick = start(&ca, "print('quick')").await;
+    let r = ok(
+        &cb,
+        "get_result",
+        json!({"run_id": quick, "wait_seconds": 30}),
+    )
+    .await;
+    assert_eq!(
+        (r["status"].as_str(), r["stdout"].as_str()),
+        (Some("succeeded"), Some("quick\n")),
+        "{r}"
+    );
+
     let t = Instant::now();
     let waited = ok(
         &cb,
@@ -179,6 +209,11 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
         })
         .await;
     }
+    // B's history has the run (a query on B comes after B's own writes).
+    assert!(history(&cb)
+        .await
+        .iter()
+        .any(|r| r["run_id"] == killed.as_str()));
     drop(cb);
     b.kill(libc::SIGKILL).await;
     let b2 = Server::start_named("server b2", dir_b.path(), &env).await;
@@ -210,7 +245,13 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
         (Some("succeeded"), Some("survived\n")),
         "{r}"
     );
-    let r = ok(&cb2, "get_result", json!({"run_id": kept})).await;
+    // A's history thread writes the end a moment after A answered: B2 waits for it.
+    let r = ok(
+        &cb2,
+        "get_result",
+        json!({"run_id": kept, "wait_seconds": 10}),
+    )
+    .await;
     assert_eq!(r["status"], "succeeded", "{r}");
 
     let rows = history(&cb2).await;
@@ -231,13 +272,17 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
         waited_for.as_secs_f64(),
         t0.elapsed().as_secs_f64(),
     );
-    assert_eq!(count(&instance_a), EACH + 2);
+    assert_eq!(count(&instance_a), EACH + 3);
     assert_eq!(count(&instance_b), EACH + 1);
 
     drop((ca, cb2));
     a.kill(libc::SIGTERM).await;
     b2.kill(libc::SIGTERM).await;
-    for id in ids_a.iter().chain(&ids_b).chain([&slow, &kept, &killed]) {
+    for id in ids_a
+        .iter()
+        .chain(&ids_b)
+        .chain([&slow, &quick, &kept, &killed])
+    {
         assert!(leftovers(id).is_empty(), "run {id} left containers");
     }
 }
