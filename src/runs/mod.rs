@@ -17,6 +17,10 @@
 //! database, which stores every final report until its retention passes. Without a working
 //! history an evicted report is gone, and asking for it is an error naming the setting: the
 //! memory bound wins over keeping every report.
+//!
+//! Several servers may share one history database (PostgreSQL). A run another server accepted
+//! is answered from the database once it has ended; while it is unfinished there, the answer
+//! is [`LookupError::Elsewhere`], naming that server, and `wait` looks again until the end.
 
 pub mod metrics;
 
