@@ -18,6 +18,9 @@ use crate::runs::{self, RunManager};
 /// How long [`App::shutdown`] waits for unfinished runs to stop and remove their containers.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
+/// How long [`App::shutdown`] waits for the history's last writes.
+pub const HISTORY_FLUSH: Duration = Duration::from_secs(10);
+
 /// Why the application could not be assembled.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -57,8 +60,8 @@ impl App {
             config.clone(),
             instance.id.clone(),
         ));
-        let history = History::open(
-            &config.history_path(),
+        let history = History::connect(
+            &config.history_store(),
             Owner {
                 instance: instance.id.clone(),
                 data_dir: config.data_dir.clone(),
@@ -83,6 +86,9 @@ impl App {
 
     /// Remove what crashed or killed instances left on the daemon; a failure is only logged.
     pub async fn reap(&self) {
+        // The history first marks the runs of dead instances, judged by their lock files,
+        // which the reaper deletes once it has removed their containers.
+        self.history.flush(HISTORY_FLUSH).await;
         match reaper::reap(
             self.engine.as_ref(),
             &self.instance.id,
@@ -98,7 +104,8 @@ impl App {
     }
 
     /// Stop every unfinished run, then wait (up to `grace` each) until every container of
-    /// this process is gone. If some could not be removed, the instance's lock file is kept
+    /// this process is gone, and (up to [`HISTORY_FLUSH`]) until the history has written what
+    /// it was sent. If some could not be removed, the instance's lock file is kept
     /// when the process ends, so the next start knows this instance died with objects left
     /// and reaps them at once (not after their expiry).
     pub async fn shutdown(&self, grace: Duration) {
@@ -110,6 +117,9 @@ impl App {
                 "some containers could not be removed; the next start reaps them"
             );
             self.instance.keep_lock_file();
+        }
+        if !self.history.flush(HISTORY_FLUSH).await {
+            tracing::warn!(store = self.history.store(), "the history database did not take the last writes in time; some runs may be unrecorded");
         }
     }
 }

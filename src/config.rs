@@ -185,14 +185,97 @@ pub enum CodePolicy {
 pub const CODE_PREVIEW_CHARS: usize = 500;
 
 section! {
-    /// The run history database.
+    /// The run history database: an SQLite file (the default, embedded), or a PostgreSQL
+    /// database that several codebox servers share.
+    ///
+    /// # Security
+    /// The history holds every run's code (as `code` says) and, for the retention period, its
+    /// output. A PostgreSQL password is never part of `url` (the configuration is printed by
+    /// `codebox config` and named in log lines): put it in `password_file`. codebox speaks to
+    /// PostgreSQL without TLS, so reach it over a Unix socket, loopback or a private network.
     pub struct HistorySettings {
-        /// The SQLite file; when unset, `history.sqlite3` in the data directory.
+        /// The SQLite file; when unset, `history.sqlite3` in the data directory. Unused when
+        /// `url` is set.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub path: Option<PathBuf> = None,
+        /// A PostgreSQL database instead of the SQLite file, e.g.
+        /// `postgres://codebox@db.internal/codebox`, or over a Unix socket
+        /// `postgres://codebox@%2Frun%2Fpostgresql/codebox`. Every server given the same URL
+        /// records into it and reads all runs from it. No password here: see `password_file`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub url: Option<String> = None,
+        /// File holding the PostgreSQL password (its first line), when the server asks for one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub password_file: Option<PathBuf> = None,
         /// How much code is stored with each run: `none`, `preview` (500 characters) or `full`.
         pub code: CodePolicy = CodePolicy::Preview,
     }
+}
+
+/// Where the run history lives, as resolved from the `[history]` settings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HistoryStore {
+    /// An SQLite file (created with its folder when missing).
+    Sqlite(PathBuf),
+    /// A PostgreSQL database.
+    Postgres {
+        /// `history.url` (validated: it parses, and holds no password).
+        url: String,
+        /// `history.password_file`.
+        password_file: Option<PathBuf>,
+    },
+}
+
+impl std::fmt::Display for HistoryStore {
+    /// How logs and messages name the store: the file, or the URL (which holds no password).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HistoryStore::Sqlite(path) => write!(f, "{}", path.display()),
+            HistoryStore::Postgres { url, .. } => f.write_str(url),
+        }
+    }
+}
+
+/// `url` with the password of its user part (`user:password@`), if any, shown as `***`.
+pub fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Check a `history.url`: a `postgres://` or `postgresql://` URL that the PostgreSQL client
+/// parses, holding no password, asking for no TLS (codebox connects without it).
+pub fn check_postgres_url(url: &str) -> Result<postgres::Config, String> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(
+            "must be a PostgreSQL URL starting with postgres:// or postgresql://, e.g. postgres://codebox@db.internal/codebox".into(),
+        );
+    }
+    let config: postgres::Config = url
+        .parse()
+        .map_err(|e| format!("is not a PostgreSQL URL the client understands: {e}"))?;
+    if config.get_password().is_some() {
+        return Err("must not hold a password (the configuration is printed and logged); put it in history.password_file".into());
+    }
+    if config.get_ssl_mode() == postgres::config::SslMode::Require {
+        return Err("asks for sslmode=require, but codebox connects to PostgreSQL without TLS (use a Unix socket, loopback or a private network)".into());
+    }
+    if config.get_hosts().is_empty() {
+        return Err(
+            "names no host (give one after the @, or a socket folder such as %2Frun%2Fpostgresql)"
+                .into(),
+        );
+    }
+    Ok(config)
 }
 
 /// Host header values accepted by `/mcp` (any port) unless `http.allowed_hosts` says otherwise.
@@ -465,12 +548,23 @@ impl Config {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
     }
 
-    /// The history database file.
+    /// The SQLite history file (used when `history.url` is unset).
     pub fn history_path(&self) -> PathBuf {
         self.history
             .path
             .clone()
             .unwrap_or_else(|| self.data_dir.join(DEFAULT_HISTORY_FILE))
+    }
+
+    /// Where the history lives: PostgreSQL when `history.url` is set, else the SQLite file.
+    pub fn history_store(&self) -> HistoryStore {
+        match &self.history.url {
+            Some(url) => HistoryStore::Postgres {
+                url: url.clone(),
+                password_file: self.history.password_file.clone(),
+            },
+            None => HistoryStore::Sqlite(self.history_path()),
+        }
     }
 
     /// Check every setting once, at start.
@@ -621,6 +715,29 @@ impl Config {
                 "pool.idle_seconds",
                 p.idle_seconds,
                 "must be at least 10",
+            ));
+        }
+        let hist = &self.history;
+        if let Some(url) = &hist.url {
+            check_postgres_url(url).map_err(|reason| {
+                invalid(
+                    "history.url",
+                    format!("{:?}", redact_password(url)),
+                    &reason,
+                )
+            })?;
+            if let Some(path) = &hist.path {
+                return Err(invalid(
+                    "history.path",
+                    path.display(),
+                    "is the SQLite file, but history.url is set too: set one of them",
+                ));
+            }
+        } else if let Some(file) = &hist.password_file {
+            return Err(invalid(
+                "history.password_file",
+                file.display(),
+                "is only used with history.url (PostgreSQL)",
             ));
         }
         let h = &self.http;
@@ -972,6 +1089,73 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("runs.result_retention_seconds"), "{msg}");
+    }
+
+    #[test]
+    fn a_postgres_history_url_is_checked_and_never_holds_a_password() {
+        let c = Config::resolve(
+            None,
+            no_env,
+            &["history.url=postgres://codebox@db.internal:5433/codebox".into()],
+        )
+        .unwrap();
+        assert!(
+            matches!(c.history_store(), HistoryStore::Postgres { ref url, .. } if url.ends_with("/codebox"))
+        );
+        assert_eq!(
+            Config::default().history_store(),
+            HistoryStore::Sqlite(Config::default().data_dir.join(DEFAULT_HISTORY_FILE)),
+            "SQLite stays the default"
+        );
+        let socket = "postgres://codebox@%2Frun%2Fpostgresql/codebox";
+        let env = |k: &str| (k == "CODEBOX_HISTORY_URL").then(|| socket.to_string());
+        assert_eq!(
+            Config::resolve(None, env, &[])
+                .unwrap()
+                .history
+                .url
+                .as_deref(),
+            Some(socket)
+        );
+        for (url, words) in [
+            ("mysql://x@y/z", "postgres://"),
+            ("postgres://codebox:hunter2@db/codebox", "password_file"),
+            (
+                "postgres://codebox@db/codebox?sslmode=require",
+                "without TLS",
+            ),
+            ("postgres://codebox@db/codebox?bogus=1", "understands"),
+        ] {
+            let msg = Config::resolve(None, no_env, &[format!("history.url={url}")])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains("history.url") && msg.contains(words),
+                "{url}: {msg}"
+            );
+            assert!(
+                !msg.contains("hunter2"),
+                "the password is never repeated: {msg}"
+            );
+        }
+        let msg = Config::resolve(
+            None,
+            no_env,
+            &[
+                "history.url=postgres://codebox@db/codebox".into(),
+                "history.path=/x/h.sqlite3".into(),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("history.path") && msg.contains("one of them"),
+            "{msg}"
+        );
+        let msg = Config::resolve(None, no_env, &["history.password_file=/pw".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("history.password_file"), "{msg}");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! Each codebox process holds an exclusive lock on `<data dir>/instances/<id>.lock` while it
 //! lives. The reaper removes containers of an instance whose lock is free (it died), or whose
-//! containers are past their expiry label (another machine, or no lock file).
+//! containers are past their expiry label (another machine, or no lock file). Lock files only
+//! tell about processes sharing this data directory on this host; for the others the history
+//! keeps a heartbeat per instance (see `history`).
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -85,6 +87,18 @@ impl Instance {
         if Instance::liveness(data_dir, id) == Liveness::Dead {
             let _ = std::fs::remove_file(lock_path(data_dir, id));
         }
+    }
+}
+
+/// This host's name (for the history's record of instances), or `unknown`.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into our own buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_string(),
+        _ => "unknown".to_string(),
     }
 }
 

@@ -12,7 +12,8 @@
 //! - [`mcp`]: the six MCP tools, typed parameters and results.
 //! - [`runs`]: the run manager (admission queue, concurrency cap, memory budget, stop,
 //!   retention) and its metrics.
-//! - [`history`]: the SQLite run history on its own thread, with migrations.
+//! - [`history`]: the run history on its own thread, in SQLite or a shared PostgreSQL behind
+//!   one seam, with one list of migrations and the instances' heartbeats.
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.

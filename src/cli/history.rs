@@ -64,7 +64,7 @@ pub async fn history(
         super::flush(out)?;
         return Ok(0);
     }
-    let path = app.history.path().display();
+    let path = app.history.store();
     if runs.is_empty() {
         if filtered {
             writeln!(out, "(no matching runs in {path})")?;

@@ -1,32 +1,50 @@
-//! The run history: one SQLite row per run, written from a dedicated blocking thread.
+//! The run history: one row per run, in an SQLite file (the embedded default) or in a
+//! PostgreSQL database that several codebox servers share, written from a dedicated thread.
 //!
 //! The async side holds a cloneable [`History`] handle and sends commands over a channel; it
 //! never waits for a write. A write that fails is logged (`warn`) and dropped: history is a
 //! record, and a broken database must never fail or delay a run. Queries get their answer over
-//! a oneshot channel.
+//! a oneshot channel. If the database cannot be reached (at start, or a PostgreSQL connection
+//! is lost), the thread tries again every [`RECONNECT_INTERVAL`]; meanwhile writes are
+//! dropped and queries answer [`HistoryError::Unavailable`].
 //!
-//! At open, rows another (now dead) server instance left `queued` or `running` are marked
-//! `sandbox_error` with the message "interrupted by server restart".
+//! Both backends sit behind one seam, [`db::Database`]: the schema, its migrations, the
+//! queries and the row mapping are written once (`schema.rs`, `store.rs`) in SQL that both
+//! accept.
+//!
+//! Each codebox process (an *instance*) writes a heartbeat into the `instances` table every
+//! [`HEARTBEAT_INTERVAL`]. At open, and at every heartbeat, rows that a dead instance left
+//! `queued` or `running` are marked `sandbox_error` with the message "interrupted by server
+//! restart". An instance is dead when its lock file in this process's data directory says so
+//! (same host, same data directory: known at once), or else when its heartbeat is older than
+//! [`INSTANCE_EXPIRY`] by the database's clock (another host: known within a minute). The
+//! runs of living instances, wherever they are, are never touched.
 //!
 //! Besides the metadata kept forever (SPEC section 9), a row holds the run's full final report
 //! (JSON, `report` column) for the retention period only: the run manager serves reports it
 //! evicted from memory from here, and clears the column when the retention has passed
-//! ([`History::forget_reports`], [`History::forget_reports_ended_before`]).
+//! ([`History::forget_reports`], [`History::forget_reports_ended_before`]). With a shared
+//! store, any server answers `get_result` for a finished run of another from this column.
 
+pub(crate) mod db;
+mod pg;
 mod schema;
+mod sqlite;
+mod store;
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection, OptionalExtension};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use crate::config::{CodePolicy, CODE_PREVIEW_CHARS};
-use crate::instance::{Instance, Liveness};
+use crate::config::{CodePolicy, HistoryStore, CODE_PREVIEW_CHARS};
 use crate::report::{RunLimits, RunReport, Stage, Status};
+use db::{Database, DbError};
+pub use schema::SCHEMA_VERSION;
 
 /// Message written on rows a crashed server left unfinished.
 pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
@@ -34,6 +52,13 @@ pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
 pub const DEFAULT_QUERY_LIMIT: usize = 20;
 /// Most rows one query returns.
 pub const MAX_QUERY_LIMIT: usize = 1000;
+/// How often each instance records that it is alive (and marks the runs of dead ones).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// An instance whose last heartbeat is older than this (by the database's clock), and whose
+/// liveness no lock file in this data directory tells, is dead.
+pub const INSTANCE_EXPIRY: Duration = Duration::from_secs(60);
+/// How often the history thread tries again to open a database it cannot reach.
+pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// One run as the history records it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -83,6 +108,9 @@ pub struct HistoryRow {
     pub code_preview: Option<String>,
     /// One sentence on what happened.
     pub message: String,
+    /// The codebox process (server or command) that accepted the run: several servers may
+    /// share one history database.
+    pub instance: String,
 }
 
 /// Result of `get_execution_history` and `codebox history --json`.
@@ -103,11 +131,25 @@ pub struct Query {
     pub language: Option<String>,
 }
 
+/// Where a run stands in the store and which instance has it: what a server that does not
+/// hold a run can tell about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Whereabouts {
+    pub run_id: String,
+    pub status: Status,
+    /// The instance that accepted the run.
+    pub instance: String,
+    /// That instance's host name, if it ever sent a heartbeat.
+    pub host: Option<String>,
+    /// Milliseconds since that instance's last heartbeat.
+    pub last_seen_ms_ago: Option<i64>,
+}
+
 /// A history operation that failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum HistoryError {
-    #[error("the history database {path} is not available: {detail}")]
-    Unavailable { path: PathBuf, detail: String },
+    #[error("the history database {store} is not available: {detail}")]
+    Unavailable { store: String, detail: String },
     #[error("querying the history failed: {0}")]
     Query(String),
 }
@@ -166,12 +208,6 @@ pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-        .unwrap_or_default()
-}
-
 type Reply<T> = oneshot::Sender<Result<T, HistoryError>>;
 
 enum Command {
@@ -203,6 +239,14 @@ enum Command {
         run_id: String,
         reply: Reply<Option<HistoryRow>>,
     },
+    Whereabouts {
+        run_id: String,
+        reply: Reply<Option<Whereabouts>>,
+    },
+    /// Answered once every command sent before it is done.
+    Flush {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// Why a query got no answer.
@@ -215,39 +259,46 @@ const QUEUE_CAPACITY: usize = 4096;
 #[derive(Clone)]
 pub struct History {
     tx: mpsc::SyncSender<Command>,
-    path: PathBuf,
+    /// How logs and errors name the store (a file, or a URL without password).
+    store: String,
 }
 
-/// Where [`History::open`] looks for living instances when marking interrupted rows.
+/// This process, as the history records and judges instances.
 #[derive(Debug, Clone)]
 pub struct Owner {
-    /// This server's instance id (recorded on each row).
+    /// This process's instance id (recorded on each row and in `instances`).
     pub instance: String,
     /// The data directory holding instance locks.
     pub data_dir: PathBuf,
 }
 
 impl History {
-    /// Start the history thread on the database at `path` (created with its folder if
-    /// missing). Never fails: if the database cannot be opened, a warning is logged and
-    /// every later write is dropped; queries then answer [`HistoryError::Unavailable`].
+    /// The history in the SQLite file at `path` (created with its folder if missing).
     pub fn open(path: &Path, owner: Owner) -> History {
+        History::connect(&HistoryStore::Sqlite(path.to_path_buf()), owner)
+    }
+
+    /// Start the history thread on `store`. Never fails: if the database cannot be opened,
+    /// a warning is logged, writes are dropped and queries answer
+    /// [`HistoryError::Unavailable`] until it can (tried again every [`RECONNECT_INTERVAL`]).
+    pub fn connect(store: &HistoryStore, owner: Owner) -> History {
         let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
-        let thread_path = path.to_path_buf();
+        let thread_store = store.clone();
         let spawned = std::thread::Builder::new()
             .name("codebox-history".into())
-            .spawn(move || actor(thread_path, owner, rx));
+            .spawn(move || Actor::new(thread_store, owner).run(rx));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the history thread; runs will not be recorded");
         }
         History {
             tx,
-            path: path.to_path_buf(),
+            store: store.to_string(),
         }
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The store, as logs name it: the SQLite file, or the PostgreSQL URL.
+    pub fn store(&self) -> &str {
+        &self.store
     }
 
     /// Never blocks: when the database falls behind by [`QUEUE_CAPACITY`] commands, the
@@ -257,10 +308,10 @@ impl History {
         match self.tx.try_send(cmd) {
             Ok(()) => {}
             Err(mpsc::TrySendError::Full(_)) => {
-                tracing::warn!(path = %self.path.display(), "the history database is behind by {QUEUE_CAPACITY} writes; one was dropped");
+                tracing::warn!(store = %self.store, "the history database is behind by {QUEUE_CAPACITY} writes; one was dropped");
             }
             Err(mpsc::TrySendError::Disconnected(_)) => {
-                tracing::warn!(path = %self.path.display(), "the history thread has stopped; a run was not recorded");
+                tracing::warn!(store = %self.store, "the history thread has stopped; a run was not recorded");
             }
         }
     }
@@ -300,6 +351,17 @@ impl History {
         self.send(Command::ForgetReportsEndedBefore { cutoff_ms });
     }
 
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, HistoryError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(make(reply));
+        rx.await.unwrap_or_else(|_| {
+            Err(HistoryError::Unavailable {
+                store: self.store.clone(),
+                detail: NO_ANSWER.to_string(),
+            })
+        })
+    }
+
     /// A finished run's full report, if it is still stored (and, with `ended_after_ms`, if the
     /// run ended at or after that Unix ms time). Sees every write sent before it.
     pub async fn report(
@@ -307,314 +369,251 @@ impl History {
         run_id: &str,
         ended_after_ms: Option<i64>,
     ) -> Result<Option<RunReport>, HistoryError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Report {
-            run_id: run_id.to_string(),
+        let run_id = run_id.to_string();
+        self.ask(|reply| Command::Report {
+            run_id,
             ended_after_ms,
             reply,
-        });
-        rx.await
-            .unwrap_or_else(|_| Err(self.unavailable(NO_ANSWER)))
+        })
+        .await
     }
 
     /// Rows matching `query`, newest first. Sees every write sent before it.
     pub async fn query(&self, query: Query) -> Result<Vec<HistoryRow>, HistoryError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Query { query, reply });
-        rx.await
-            .unwrap_or_else(|_| Err(self.unavailable(NO_ANSWER)))
+        self.ask(|reply| Command::Query { query, reply }).await
     }
 
     /// One run's row.
     pub async fn get(&self, run_id: &str) -> Result<Option<HistoryRow>, HistoryError> {
+        let run_id = run_id.to_string();
+        self.ask(|reply| Command::Get { run_id, reply }).await
+    }
+
+    /// Wait (at most `timeout`) until every write sent before has been carried out or
+    /// dropped: a process about to exit calls it so that its last runs are recorded.
+    pub async fn flush(&self, timeout: Duration) -> bool {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Get {
-            run_id: run_id.to_string(),
-            reply,
+        self.send(Command::Flush { reply });
+        matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(())))
+    }
+
+    /// Where a run stands and which instance has it (for a run this process does not hold).
+    pub async fn whereabouts(&self, run_id: &str) -> Result<Option<Whereabouts>, HistoryError> {
+        let run_id = run_id.to_string();
+        self.ask(|reply| Command::Whereabouts { run_id, reply })
+            .await
+    }
+}
+
+/// Open the store, migrate it, announce this instance and mark what dead ones left.
+fn open_store(store: &HistoryStore, owner: &Owner) -> Result<Box<dyn Database>, DbError> {
+    let mut db: Box<dyn Database> = match store {
+        HistoryStore::Sqlite(path) => Box::new(sqlite::Sqlite::open(path)?),
+        HistoryStore::Postgres { url, password_file } => {
+            Box::new(pg::Postgres::connect(url, password_file.as_deref())?)
+        }
+    };
+    store::prepare(db.as_mut(), owner)?;
+    Ok(db)
+}
+
+/// The history thread: owns the connection, runs the commands in order, beats the heart.
+struct Actor {
+    store: HistoryStore,
+    name: String,
+    owner: Owner,
+    db: Option<Box<dyn Database>>,
+    /// When to try opening the store again (while `db` is `None`).
+    retry_at: Instant,
+    /// When the next heartbeat is due (while `db` is `Some`).
+    beat_at: Instant,
+    /// Whether the current outage was reported (one warning per outage, not per write).
+    outage_reported: bool,
+}
+
+impl Actor {
+    fn new(store: HistoryStore, owner: Owner) -> Actor {
+        let now = Instant::now();
+        Actor {
+            name: store.to_string(),
+            store,
+            owner,
+            db: None,
+            retry_at: now,
+            beat_at: now,
+            outage_reported: false,
+        }
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            self.connect_if_due();
+            self.beat_if_due();
+            let now = Instant::now();
+            let next = if self.db.is_some() {
+                self.beat_at
+            } else {
+                self.retry_at
+            };
+            let cmd = match rx.recv_timeout(next.saturating_duration_since(now)) {
+                Ok(cmd) => cmd,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            self.connect_if_due();
+            self.handle(cmd);
+        }
+    }
+
+    fn connect_if_due(&mut self) {
+        if self.db.is_some() || Instant::now() < self.retry_at {
+            return;
+        }
+        match open_store(&self.store, &self.owner) {
+            Ok(db) => {
+                if self.outage_reported {
+                    tracing::info!(store = %self.name, "the history database is reachable again; runs are recorded");
+                }
+                self.db = Some(db);
+                self.outage_reported = false;
+                self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+            }
+            Err(e) => {
+                if !self.outage_reported {
+                    tracing::warn!(store = %self.name, error = %e, "cannot open the history database; runs will be served but not recorded (trying again every {} s)", RECONNECT_INTERVAL.as_secs());
+                    self.outage_reported = true;
+                }
+                self.retry_at = Instant::now() + RECONNECT_INTERVAL;
+            }
+        }
+    }
+
+    fn beat_if_due(&mut self) {
+        let Some(db) = self.db.as_mut() else { return };
+        if Instant::now() < self.beat_at {
+            return;
+        }
+        self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+        let beat = db.now_ms().and_then(|now| {
+            store::heartbeat(db.as_mut(), &self.owner, now)?;
+            store::mark_interrupted(db.as_mut(), &self.owner, now)
         });
-        rx.await
-            .unwrap_or_else(|_| Err(self.unavailable(NO_ANSWER)))
-    }
-
-    fn unavailable(&self, detail: &str) -> HistoryError {
-        HistoryError::Unavailable {
-            path: self.path.clone(),
-            detail: detail.to_string(),
+        if let Err(e) = beat {
+            self.failed(e, "recording this server's heartbeat failed");
         }
     }
-}
 
-/// Open the database, migrate it, and mark rows of dead instances as interrupted.
-fn open_db(path: &Path, owner: &Owner) -> Result<Connection, rusqlite::Error> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            return Err(rusqlite::Error::ToSqlConversionFailure(Box::new(e)));
+    /// Log a failed operation; drop a connection that is gone, so the next command reconnects.
+    fn failed(&mut self, e: DbError, what: &str) {
+        if self.db.as_ref().is_some_and(|db| db.is_broken()) {
+            self.db = None;
+            self.retry_at = Instant::now();
+            tracing::warn!(store = %self.name, error = %e, "{what}; the connection to the history database was lost (reconnecting)");
+            self.outage_reported = true;
+        } else {
+            tracing::warn!(store = %self.name, error = %e, "{what}; the run itself is unaffected");
         }
     }
-    let conn = Connection::open(path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    schema::migrate(&conn)?;
-    mark_interrupted(&conn, owner)?;
-    Ok(conn)
-}
 
-fn mark_interrupted(conn: &Connection, owner: &Owner) -> Result<usize, rusqlite::Error> {
-    let mut stmt =
-        conn.prepare("SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')")?;
-    let instances: Vec<String> = stmt
-        .query_map([], |r| r.get::<_, String>(0))?
-        .collect::<Result<_, _>>()?;
-    let mut marked = 0;
-    for instance in instances {
-        if instance == owner.instance
-            || Instance::liveness(&owner.data_dir, &instance) == Liveness::Alive
-        {
-            continue;
-        }
-        marked += conn.execute(
-            "UPDATE runs SET status = 'sandbox_error', message = ?1, ended_at = ?2
-             WHERE instance = ?3 AND status IN ('queued', 'running')",
-            params![INTERRUPTED_MESSAGE, now_ms(), instance],
-        )?;
-    }
-    if marked > 0 {
-        tracing::warn!(
-            runs = marked,
-            "marked runs of a crashed server as sandbox_error ({INTERRUPTED_MESSAGE})"
-        );
-    }
-    Ok(marked)
-}
-
-fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
-    let conn = match open_db(&path, &owner) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot open the history database; runs will be served but not recorded");
-            None
-        }
-    };
-    let unavailable = |detail: &str| HistoryError::Unavailable {
-        path: path.clone(),
-        detail: detail.to_string(),
-    };
-    while let Ok(cmd) = rx.recv() {
-        let Some(conn) = conn.as_ref() else {
+    fn handle(&mut self, cmd: Command) {
+        let Some(db) = self.db.as_mut() else {
+            let unavailable = || HistoryError::Unavailable {
+                store: self.name.clone(),
+                detail: "it could not be opened (see the log)".to_string(),
+            };
             match cmd {
                 Command::Query { reply, .. } => {
-                    let _ = reply.send(Err(unavailable("it could not be opened (see the log)")));
+                    let _ = reply.send(Err(unavailable()));
                 }
                 Command::Get { reply, .. } => {
-                    let _ = reply.send(Err(unavailable("it could not be opened (see the log)")));
+                    let _ = reply.send(Err(unavailable()));
                 }
                 Command::Report { reply, .. } => {
-                    let _ = reply.send(Err(unavailable("it could not be opened (see the log)")));
+                    let _ = reply.send(Err(unavailable()));
+                }
+                Command::Whereabouts { reply, .. } => {
+                    let _ = reply.send(Err(unavailable()));
+                }
+                Command::Flush { reply } => {
+                    let _ = reply.send(());
                 }
                 _ => {}
             }
-            continue;
+            return;
         };
-        let written = match cmd {
-            Command::Insert(run) => insert(conn, &run).map(|_| ()),
-            Command::Started { run_id, at_ms } => conn
-                .execute(
-                    "UPDATE runs SET status = 'running', started_at = ?2 WHERE id = ?1 AND status = 'queued'",
-                    params![run_id, at_ms],
-                )
-                .map(|_| ()),
-            Command::Finish { report, at_ms } => finish(conn, &report, at_ms).map(|_| ()),
-            Command::ForgetReports { run_ids } => forget_reports(conn, &run_ids).map(|_| ()),
-            Command::ForgetReportsEndedBefore { cutoff_ms } => conn
-                .execute(
-                    "UPDATE runs SET report = NULL WHERE report IS NOT NULL AND ended_at < ?1",
-                    params![cutoff_ms],
-                )
-                .map(|_| ()),
-            Command::Report { run_id, ended_after_ms, reply } => {
-                let _ = reply.send(stored_report(conn, &run_id, ended_after_ms));
+        let db = db.as_mut();
+        let query_error = |e: &DbError| HistoryError::Query(e.to_string());
+        let outcome: Result<(), DbError> = match cmd {
+            Command::Insert(run) => store::insert(db, &run),
+            Command::Started { run_id, at_ms } => store::started(db, &run_id, at_ms),
+            Command::Finish { report, at_ms } => store::finish(db, &report, at_ms),
+            Command::ForgetReports { run_ids } => store::forget_reports(db, &run_ids),
+            Command::ForgetReportsEndedBefore { cutoff_ms } => {
+                store::forget_reports_ended_before(db, cutoff_ms)
+            }
+            Command::Report {
+                run_id,
+                ended_after_ms,
+                reply,
+            } => match store::stored_report(db, &run_id, ended_after_ms) {
+                Ok(json) => {
+                    let parsed = json
+                        .map(|j| {
+                            serde_json::from_str(&j).map_err(|e| {
+                                HistoryError::Query(format!(
+                                    "the stored report of run {run_id} is unreadable: {e}"
+                                ))
+                            })
+                        })
+                        .transpose();
+                    let _ = reply.send(parsed);
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(query_error(&e)));
+                    Err(e)
+                }
+            },
+            Command::Query { query, reply } => match store::select(db, &query) {
+                Ok(rows) => {
+                    let _ = reply.send(Ok(rows));
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(query_error(&e)));
+                    Err(e)
+                }
+            },
+            Command::Get { run_id, reply } => match store::get(db, &run_id) {
+                Ok(row) => {
+                    let _ = reply.send(Ok(row));
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(query_error(&e)));
+                    Err(e)
+                }
+            },
+            Command::Flush { reply } => {
+                let _ = reply.send(());
                 Ok(())
             }
-            Command::Query { query, reply } => {
-                let _ = reply.send(select(conn, &query).map_err(|e| HistoryError::Query(e.to_string())));
-                Ok(())
-            }
-            Command::Get { run_id, reply } => {
-                let _ = reply.send(get(conn, &run_id).map_err(|e| HistoryError::Query(e.to_string())));
-                Ok(())
-            }
+            Command::Whereabouts { run_id, reply } => match store::whereabouts(db, &run_id) {
+                Ok(w) => {
+                    let _ = reply.send(Ok(w));
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(query_error(&e)));
+                    Err(e)
+                }
+            },
         };
-        if let Err(e) = written {
-            tracing::warn!(path = %path.display(), error = %e, "writing the run history failed; the run itself is unaffected");
+        if let Err(e) = outcome {
+            self.failed(e, "a history operation failed");
         }
+        self.beat_if_due();
     }
-}
-
-fn insert(conn: &Connection, r: &NewRun) -> Result<usize, rusqlite::Error> {
-    conn.execute(
-        "INSERT OR IGNORE INTO runs (id, instance, created_at, language, memory_mb, timeout_seconds, cpus,
-            status, code_sha256, code_bytes, code_preview, message)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8, ?9, ?10, 'waiting for a free slot')",
-        params![
-            r.run_id,
-            r.instance,
-            r.created_at_ms,
-            r.language,
-            r.limits.memory_mb as i64,
-            r.limits.timeout_seconds,
-            r.limits.cpus,
-            r.code_sha256,
-            r.code_bytes as i64,
-            r.code_preview,
-        ],
-    )
-}
-
-/// The report as the history keeps it: returned files by name, size and hash, never their
-/// content.
-fn without_file_contents(r: &RunReport) -> RunReport {
-    let mut r = r.clone();
-    for f in &mut r.files {
-        if f.content_base64.take().is_some() {
-            f.omitted_reason = Some("not kept by the history".to_string());
-        }
-    }
-    r
-}
-
-fn finish(conn: &Connection, r: &RunReport, at_ms: i64) -> Result<usize, rusqlite::Error> {
-    let json = serde_json::to_string(&without_file_contents(r))
-        .map_err(|e| tracing::warn!(run_id = r.run_id, error = %e, "cannot store a run's report"))
-        .ok();
-    conn.execute(
-        "UPDATE runs SET status = ?2, stage = ?3, exit_code = ?4, signal = ?5, image_id = ?6,
-            duration_ms = ?7, queued_ms = ?8, compile_duration_ms = ?9,
-            stdout_bytes = ?10, stderr_bytes = ?11, stdout_truncated = ?12, stderr_truncated = ?13,
-            message = ?14, ended_at = ?15, report = ?16
-         WHERE id = ?1",
-        params![
-            r.run_id,
-            r.status.as_str(),
-            r.stage.map(Stage::as_str),
-            r.exit_code,
-            r.signal,
-            r.image_id,
-            r.duration_ms as i64,
-            r.queued_ms as i64,
-            r.compile.as_ref().map(|c| c.duration_ms as i64),
-            r.stdout_bytes as i64,
-            r.stderr_bytes as i64,
-            r.stdout_truncated,
-            r.stderr_truncated,
-            r.message,
-            at_ms,
-            json,
-        ],
-    )
-}
-
-fn forget_reports(conn: &Connection, run_ids: &[String]) -> Result<(), rusqlite::Error> {
-    let tx = conn.unchecked_transaction()?;
-    {
-        let mut stmt = tx
-            .prepare_cached("UPDATE runs SET report = NULL WHERE id = ?1 AND report IS NOT NULL")?;
-        for id in run_ids {
-            stmt.execute(params![id])?;
-        }
-    }
-    tx.commit()
-}
-
-fn stored_report(
-    conn: &Connection,
-    run_id: &str,
-    ended_after_ms: Option<i64>,
-) -> Result<Option<RunReport>, HistoryError> {
-    let json: Option<String> = conn
-        .query_row(
-            "SELECT report FROM runs
-             WHERE id = ?1 AND report IS NOT NULL AND (?2 IS NULL OR ended_at >= ?2)",
-            params![run_id, ended_after_ms],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(|e| HistoryError::Query(e.to_string()))?;
-    json.map(|j| {
-        serde_json::from_str(&j).map_err(|e| {
-            HistoryError::Query(format!(
-                "the stored report of run {run_id} is unreadable: {e}"
-            ))
-        })
-    })
-    .transpose()
-}
-
-const COLUMNS: &str = "id, created_at, started_at, ended_at, language, image_id, memory_mb, timeout_seconds,
-    cpus, status, stage, exit_code, signal, duration_ms, queued_ms, compile_duration_ms, stdout_bytes,
-    stderr_bytes, stdout_truncated, stderr_truncated, code_sha256, code_bytes, code_preview, message";
-
-fn row(r: &rusqlite::Row<'_>) -> Result<HistoryRow, rusqlite::Error> {
-    let status: String = r.get(9)?;
-    let stage: Option<String> = r.get(10)?;
-    let opt_u64 = |i: usize| -> Result<Option<u64>, rusqlite::Error> {
-        Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
-    };
-    Ok(HistoryRow {
-        run_id: r.get(0)?,
-        created_at: rfc3339(r.get(1)?),
-        started_at: r.get::<_, Option<i64>>(2)?.map(rfc3339),
-        ended_at: r.get::<_, Option<i64>>(3)?.map(rfc3339),
-        language: r.get(4)?,
-        image_id: r.get(5)?,
-        limits: RunLimits {
-            memory_mb: r.get::<_, i64>(6)?.max(0) as u64,
-            timeout_seconds: r.get(7)?,
-            cpus: r.get(8)?,
-        },
-        status: Status::parse(&status).unwrap_or(Status::SandboxError),
-        stage: stage.as_deref().and_then(|s| match s {
-            "compile" => Some(Stage::Compile),
-            "run" => Some(Stage::Run),
-            _ => None,
-        }),
-        exit_code: r.get(11)?,
-        signal: r.get(12)?,
-        duration_ms: opt_u64(13)?,
-        queued_ms: opt_u64(14)?,
-        compile_duration_ms: opt_u64(15)?,
-        stdout_bytes: opt_u64(16)?.unwrap_or(0),
-        stderr_bytes: opt_u64(17)?.unwrap_or(0),
-        stdout_truncated: r.get::<_, Option<bool>>(18)?.unwrap_or(false),
-        stderr_truncated: r.get::<_, Option<bool>>(19)?.unwrap_or(false),
-        code_sha256: r.get(20)?,
-        code_bytes: opt_u64(21)?.unwrap_or(0),
-        code_preview: r.get(22)?,
-        message: r.get::<_, Option<String>>(23)?.unwrap_or_default(),
-    })
-}
-
-fn select(conn: &Connection, q: &Query) -> Result<Vec<HistoryRow>, rusqlite::Error> {
-    let limit = q
-        .limit
-        .unwrap_or(DEFAULT_QUERY_LIMIT)
-        .clamp(1, MAX_QUERY_LIMIT) as i64;
-    let sql = format!(
-        "SELECT {COLUMNS} FROM runs
-         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR language = ?2)
-         ORDER BY created_at DESC, rowid DESC LIMIT ?3"
-    );
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(
-        params![q.status.map(Status::as_str), q.language, limit],
-        row,
-    )?;
-    rows.collect()
-}
-
-fn get(conn: &Connection, run_id: &str) -> Result<Option<HistoryRow>, rusqlite::Error> {
-    let sql = format!("SELECT {COLUMNS} FROM runs WHERE id = ?1");
-    conn.query_row(&sql, params![run_id], row).optional()
 }
 
 #[cfg(test)]
@@ -647,35 +646,44 @@ mod tests {
         );
     }
 
+    fn new_run(id: &str, instance: &str) -> NewRun {
+        NewRun::new(
+            id,
+            "python",
+            limits(),
+            "print(1)",
+            CodePolicy::Preview,
+            instance,
+        )
+    }
+
     #[tokio::test]
-    async fn rows_of_dead_instances_are_marked_interrupted_at_open() {
+    async fn rows_of_an_instance_whose_lock_file_says_dead_are_marked_interrupted_at_open() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.sqlite3");
         let owner = |i: &str| Owner {
             instance: i.to_string(),
             data_dir: dir.path().to_path_buf(),
         };
-        let h = History::open(&path, owner("old"));
-        h.insert(NewRun::new(
-            "r1",
-            "python",
-            limits(),
-            "print(1)",
-            CodePolicy::Preview,
-            "old",
-        ));
-        h.insert(NewRun::new(
-            "r2",
-            "python",
-            limits(),
-            "print(2)",
-            CodePolicy::Preview,
-            "old",
-        ));
+        let old = crate::instance::Instance::register(dir.path());
+        let h = History::open(&path, owner(&old.id));
+        h.insert(new_run("r1", &old.id));
+        h.insert(new_run("r2", &old.id));
         h.started("r2");
         assert_eq!(h.query(Query::default()).await.unwrap().len(), 2);
+        // Alive (it holds its lock): a second process leaves its rows alone, though the
+        // heartbeat is fresh either way.
+        let other = History::open(&path, owner("other"));
+        assert!(other
+            .query(Query::default())
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.status != Status::SandboxError));
+        // It crashes: its lock file stays, unlocked, and the next open knows at once.
+        old.keep_lock_file();
+        drop(old);
         drop(h);
-        // The old thread may still hold the file a moment; a new handle opens it again.
         let h = History::open(&path, owner("new"));
         let rows = h.query(Query::default()).await.unwrap();
         assert_eq!(rows.len(), 2);
@@ -683,7 +691,74 @@ mod tests {
             assert_eq!(r.status, Status::SandboxError);
             assert_eq!(r.message, INTERRUPTED_MESSAGE);
             assert!(r.ended_at.is_some());
+            // Its report is stored too, for get_result on any server.
+            let report = h.report(&r.run_id, None).await.unwrap().unwrap();
+            assert_eq!(
+                (report.status, report.message.as_str(), report.limits),
+                (Status::SandboxError, INTERRUPTED_MESSAGE, limits())
+            );
         }
+    }
+
+    #[test]
+    fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = |i: &str| Owner {
+            instance: i.to_string(),
+            data_dir: dir.path().to_path_buf(),
+        };
+        let mut db = sqlite::Sqlite::in_memory().unwrap();
+        store::prepare(&mut db, &owner("me")).unwrap();
+        let now = db.now_ms().unwrap();
+        let expiry = INSTANCE_EXPIRY.as_millis() as i64;
+        // Another host's server, heard from a moment ago; one silent for longer than the
+        // expiry; one that never sent a heartbeat (a codebox from before heartbeats).
+        store::heartbeat(&mut db, &owner("fresh"), now - 5_000).unwrap();
+        store::heartbeat(&mut db, &owner("silent"), now - expiry - 1).unwrap();
+        for (run, instance) in [
+            ("a", "fresh"),
+            ("b", "silent"),
+            ("c", "legacy"),
+            ("d", "me"),
+        ] {
+            store::insert(&mut db, &new_run(run, instance)).unwrap();
+        }
+        assert_eq!(
+            store::mark_interrupted(&mut db, &owner("me"), now).unwrap(),
+            2
+        );
+        let status =
+            |db: &mut sqlite::Sqlite, id: &str| store::get(db, id).unwrap().unwrap().status;
+        assert_eq!(
+            status(&mut db, "a"),
+            Status::Queued,
+            "alive on another host"
+        );
+        assert_eq!(status(&mut db, "b"), Status::SandboxError);
+        assert_eq!(status(&mut db, "c"), Status::SandboxError);
+        assert_eq!(status(&mut db, "d"), Status::Queued, "our own");
+        let w = store::whereabouts(&mut db, "a").unwrap().unwrap();
+        assert_eq!((w.instance.as_str(), w.status), ("fresh", Status::Queued));
+        assert_eq!(w.host, Some(crate::instance::hostname()));
+        assert!(w.last_seen_ms_ago.unwrap() >= 5_000);
+        assert_eq!(store::whereabouts(&mut db, "nope").unwrap(), None);
+    }
+
+    #[test]
+    fn runs_accepted_in_the_same_millisecond_list_the_later_first() {
+        let mut db = sqlite::Sqlite::in_memory().unwrap();
+        schema::migrate(&mut db).unwrap();
+        for id in ["z", "a", "m"] {
+            let mut r = new_run(id, "x");
+            r.created_at_ms = 1000;
+            store::insert(&mut db, &r).unwrap();
+        }
+        let ids: Vec<String> = store::select(&mut db, &Query::default())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(ids, ["m", "a", "z"]);
     }
 
     fn report(run_id: &str, stdout: &str) -> RunReport {
@@ -784,5 +859,9 @@ mod tests {
         ));
         let err = h.query(Query::default()).await.unwrap_err();
         assert!(matches!(err, HistoryError::Unavailable { .. }), "{err}");
+        assert!(
+            h.flush(Duration::from_secs(5)).await,
+            "a flush answers even without a database"
+        );
     }
 }

@@ -17,6 +17,10 @@
 //! database, which stores every final report until its retention passes. Without a working
 //! history an evicted report is gone, and asking for it is an error naming the setting: the
 //! memory bound wins over keeping every report.
+//!
+//! Several servers may share one history database (PostgreSQL). A run another server accepted
+//! is answered from the database once it has ended; while it is unfinished there, the answer
+//! is [`LookupError::Elsewhere`], naming that server, and `wait` looks again until the end.
 
 pub mod metrics;
 
@@ -38,6 +42,14 @@ use crate::registry::{Language, Registry};
 use crate::report::{RunLimits, RunReport, Status};
 pub use metrics::Metrics;
 
+/// How often `get_result` with `wait_seconds` looks again at a run another server holds.
+const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
+/// How long `get_result` with `wait_seconds` looks again for a run id the history does not
+/// know yet: another server sharing it may have accepted the run a moment ago (its history
+/// writes trail its answers).
+const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
+/// How often it looks during that grace.
+const UNKNOWN_POLL: Duration = Duration::from_millis(100);
 /// How long `stop` waits for a running run's containers to be killed and removed.
 const STOP_WAIT: Duration = Duration::from_secs(120);
 /// How often finished reports past their retention are dropped.
@@ -107,6 +119,15 @@ pub enum LookupError {
     Unknown {
         run_id: String,
         retention_seconds: u64,
+    },
+    /// Accepted by another codebox server that shares this history database, and not
+    /// finished (as far as the database knows): only that server holds it and can stop it.
+    #[error("run_id: run `{run_id}` is {status} on another codebox server ({owner}); only that server holds it and can stop it. Its report can be read from any server sharing the history database once it ends (get_result with wait_seconds waits for that)", status = status.as_str())]
+    Elsewhere {
+        run_id: String,
+        status: Status,
+        /// The owning instance, its host and when it was last heard from.
+        owner: String,
     },
     /// Finished within the retention, but its report left memory (the reports held exceeded
     /// `runs.retained_reports_mb`) and the history database cannot give it back.
@@ -613,7 +634,7 @@ impl RunManager {
     pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunReport, LookupError> {
         let rx = self.lock().runs.get(run_id).map(|r| r.done.subscribe());
         let Some(mut rx) = rx else {
-            return self.stored_report(run_id).await;
+            return self.wait_in_store(run_id, timeout).await;
         };
         if !timeout.is_zero() {
             let _ = tokio::time::timeout(timeout, rx.wait_for(|r| r.is_some())).await;
@@ -626,6 +647,32 @@ impl RunManager {
         match self.report(run_id) {
             Some(r) => Ok(r),
             None => self.stored_report(run_id).await,
+        }
+    }
+
+    /// A run not in memory: its stored report; or, while another server holds it unfinished,
+    /// look again every [`ELSEWHERE_POLL`] until it has ended or `timeout` has passed. An id
+    /// the history does not know is looked for again during [`UNKNOWN_GRACE`] (within
+    /// `timeout`).
+    async fn wait_in_store(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+    ) -> Result<RunReport, LookupError> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let grace = start + timeout.min(UNKNOWN_GRACE);
+        loop {
+            let outcome = self.stored_report(run_id).await;
+            let now = Instant::now();
+            let pause = match &outcome {
+                Err(LookupError::Elsewhere { .. }) if now < deadline => ELSEWHERE_POLL,
+                Err(LookupError::Unknown { .. }) if now < grace && self.inner.history.is_some() => {
+                    UNKNOWN_POLL
+                }
+                _ => return outcome,
+            };
+            tokio::time::sleep(pause.min(deadline.saturating_duration_since(now))).await;
         }
     }
 
@@ -687,7 +734,7 @@ impl RunManager {
                 let since = now_ms().saturating_sub(retention.as_millis() as i64);
                 match h.report(run_id, Some(since)).await {
                     Ok(Some(r)) => Ok(r),
-                    Ok(None) => Err(unknown()),
+                    Ok(None) => Err(self.held_elsewhere(h, run_id).await.unwrap_or_else(unknown)),
                     Err(e) => {
                         tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
                         Err(unknown())
@@ -704,6 +751,36 @@ impl RunManager {
                 Err(e) => Err(evicted(e.to_string())),
             },
         }
+    }
+
+    /// [`LookupError::Elsewhere`] if the history says another instance holds the run
+    /// unfinished.
+    async fn held_elsewhere(&self, history: &History, run_id: &str) -> Option<LookupError> {
+        let w = match history.whereabouts(run_id).await {
+            Ok(w) => w?,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "cannot look up a run in the history");
+                return None;
+            }
+        };
+        if w.status.is_terminal() || w.instance == self.inner.executor.instance() {
+            return None;
+        }
+        let mut owner = format!("instance {}", w.instance);
+        if let Some(host) = &w.host {
+            owner.push_str(&format!(" on host {host}"));
+        }
+        if let Some(ms) = w.last_seen_ms_ago {
+            owner.push_str(&format!(
+                ", last heard from {:.0} s ago",
+                ms as f64 / 1000.0
+            ));
+        }
+        Some(LookupError::Elsewhere {
+            run_id: run_id.to_string(),
+            status: w.status,
+            owner,
+        })
     }
 
     pub fn stats(&self) -> Stats {

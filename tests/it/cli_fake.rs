@@ -93,12 +93,12 @@ async fn smoke_counts_passes_and_failures_and_fails_on_any_mismatch() {
 async fn doctor_passes_a_locked_down_probe_and_fails_a_root_one() {
     for (probe, code, failed) in [
         (
-            "uid=10001\ncapeff=0000000000000000\nnnp=1\nnet=lo\nrootfs=readonly\n",
+            "uid=10001\ncapeff=0000000000000000\nnnp=1\nnet=lo\nkernel=host\nrootfs=readonly\n",
             0,
             "0 failed",
         ),
         (
-            "uid=0\ncapeff=0000000000000000\nnnp=1\nnet=lo\nrootfs=readonly\n",
+            "uid=0\ncapeff=0000000000000000\nnnp=1\nnet=lo\nkernel=host\nrootfs=readonly\n",
             1,
             "1 failed",
         ),
@@ -121,7 +121,7 @@ async fn doctor_names_the_fix_when_the_configured_runtime_is_missing() {
     let fake = Arc::new(FakeEngine::new());
     fake.script(exited(
         0,
-        "uid=10001\ncapeff=0000000000000000\nnnp=1\nnet=lo\nrootfs=readonly\n",
+        "uid=10001\ncapeff=0000000000000000\nnnp=1\nnet=lo\nkernel=host\nrootfs=readonly\n",
     ));
     let config = Config {
         data_dir: data.path().to_path_buf(),

@@ -1,20 +1,10 @@
 //! Crash: the real binary serving HTTP is killed with SIGKILL while runs are active; the next
 //! start removes the runs' containers and marks their history rows.
 
-use std::process::Stdio;
-use std::time::Duration;
-
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::ServiceExt;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-use crate::common::{codebox_bin, leftovers};
-use crate::mcp_support::{eventually, params};
-
-const TOKEN: &str = "crash-test-token-0123456789";
+use crate::common::leftovers;
+use crate::mcp_support::{eventually, params, Server, TOKEN};
 
 /// Running run-stage containers of this run (the compile stage's do not count).
 fn running(run_id: &str) -> usize {
@@ -30,68 +20,10 @@ fn running(run_id: &str) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
-/// A `codebox serve --transport http` child on a free port; killed by PID when dropped.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    async fn start(data_dir: &std::path::Path) -> Server {
-        let mut child = Command::new(codebox_bin())
-            .args(["serve", "--transport", "http", "--listen", "127.0.0.1:0"])
-            .env("CODEBOX_DATA_DIR", data_dir)
-            .env("CODEBOX_TOKEN", TOKEN)
-            .env("CODEBOX_LOG", "info,bollard=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn codebox serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-                .await
-                .expect("server announces its address")
-                .unwrap()
-                .expect("server exited before serving");
-            if let Some(rest) = line.strip_prefix("codebox: serving MCP at http://") {
-                break rest.split('/').next().unwrap().to_string();
-            }
-        };
-        // Keep draining stderr so the child never blocks on a full pipe.
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[codebox serve] {line}");
-            }
-        });
-        Server { child, addr }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id().expect("running") as i32
-    }
-
-    async fn kill(mut self, signal: i32) {
-        // SAFETY: plain kill(2) on our own child's PID.
-        unsafe { libc::kill(self.pid(), signal) };
-        let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
-    }
-
-    async fn client(&self) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
-        let t = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
-                .auth_header(TOKEN),
-        );
-        ().serve(t).await.expect("MCP over HTTP")
-    }
-}
-
 #[tokio::test]
 async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_their_history() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
+    let server = Server::start(dir.path(), &[]).await;
     let client = server.client().await;
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -121,7 +53,7 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         );
     }
 
-    let server = Server::start(dir.path()).await;
+    let server = Server::start(dir.path(), &[]).await;
     for id in &ids {
         eventually(30, "the dead server's containers are removed", || {
             leftovers(id).is_empty()

@@ -1,0 +1,358 @@
+//! What the history does with its database, written once for both backends: the rows of runs,
+//! the stored reports, the instances' heartbeats, and marking the runs of dead instances.
+
+use super::db::{transaction, values, Database, DbError, Row};
+use super::{
+    now_ms, HistoryRow, NewRun, Owner, Query, Whereabouts, DEFAULT_QUERY_LIMIT, INSTANCE_EXPIRY,
+    INTERRUPTED_MESSAGE, MAX_QUERY_LIMIT,
+};
+use crate::instance::{Instance, Liveness};
+use crate::report::{RunLimits, RunReport, Stage, Status, Usage};
+
+/// How long an instance's row is kept after its last heartbeat.
+const FORGET_INSTANCES_AFTER_MS: i64 = 24 * 3600 * 1000;
+
+/// Bring the schema up to date, announce this instance, mark what dead instances left
+/// unfinished, and forget instances long gone.
+pub fn prepare(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
+    super::schema::migrate(db)?;
+    let now = db.now_ms()?;
+    heartbeat(db, owner, now)?;
+    mark_interrupted(db, owner, now)?;
+    db.execute(
+        "DELETE FROM instances WHERE heartbeat_at < ?1",
+        values![now - FORGET_INSTANCES_AFTER_MS],
+    )?;
+    Ok(())
+}
+
+/// Record that this instance is alive, by the database's clock `now`.
+pub fn heartbeat(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<(), DbError> {
+    db.execute(
+        "INSERT INTO instances (id, host, pid, started_at, heartbeat_at)
+         VALUES (?1, ?2, ?3, ?4, ?4)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+        values![
+            &owner.instance,
+            crate::instance::hostname(),
+            i64::from(std::process::id()),
+            now
+        ],
+    )?;
+    Ok(())
+}
+
+/// Whether instance `id` is dead, as far as `owner` can tell: its lock file in `owner`'s data
+/// directory decides when there is one (the same host and data directory); otherwise its
+/// heartbeat, which must be younger than [`INSTANCE_EXPIRY`] by the database's clock `now`.
+/// An instance with neither (rows written before heartbeats existed) is dead.
+fn is_dead(db: &mut dyn Database, owner: &Owner, id: &str, now: i64) -> Result<bool, DbError> {
+    if id == owner.instance {
+        return Ok(false);
+    }
+    Ok(match Instance::liveness(&owner.data_dir, id) {
+        Liveness::Alive => false,
+        Liveness::Dead => true,
+        Liveness::Unknown => {
+            let beat = db
+                .query(
+                    "SELECT heartbeat_at FROM instances WHERE id = ?1",
+                    values![id],
+                )?
+                .first()
+                .and_then(|r| r.int(0));
+            beat.is_none_or(|b| now - b > INSTANCE_EXPIRY.as_millis() as i64)
+        }
+    })
+}
+
+/// Mark the unfinished runs of dead instances `sandbox_error` ("interrupted by server
+/// restart"); the runs of living instances, on this host or another, are left alone.
+pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<u64, DbError> {
+    let instances: Vec<String> = db
+        .query(
+            "SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')",
+            &[],
+        )?
+        .iter()
+        .filter_map(|r| r.text(0))
+        .collect();
+    let mut marked = 0;
+    for instance in instances {
+        if !is_dead(db, owner, &instance, now)? {
+            continue;
+        }
+        let runs = db.query(
+            "SELECT id, language, memory_mb, timeout_seconds, cpus, created_at, started_at
+             FROM runs WHERE instance = ?1 AND status IN ('queued', 'running')",
+            values![&instance],
+        )?;
+        let mut n = 0;
+        for run in &runs {
+            let report = interrupted_report(run);
+            let json = serde_json::to_string(&report).ok();
+            // Only if still unfinished: another server may be marking the same rows.
+            n += db.execute(
+                "UPDATE runs SET status = 'sandbox_error', message = ?1, ended_at = ?2,
+                    report = ?3
+                 WHERE id = ?4 AND status IN ('queued', 'running')",
+                values![INTERRUPTED_MESSAGE, now_ms(), json, &report.run_id],
+            )?;
+        }
+        if n > 0 {
+            tracing::warn!(
+                runs = n,
+                instance,
+                "marked runs of a server that is gone as sandbox_error ({INTERRUPTED_MESSAGE})"
+            );
+        }
+        marked += n;
+    }
+    Ok(marked)
+}
+
+/// The final report of a run whose server died, from its row (`id, language, memory_mb,
+/// timeout_seconds, cpus, created_at, started_at`): stored like any other, so that every
+/// server sharing the database answers `get_result` for it.
+fn interrupted_report(row: &Row) -> RunReport {
+    RunReport {
+        run_id: row.text(0).unwrap_or_default(),
+        language: row.text(1).unwrap_or_default(),
+        status: Status::SandboxError,
+        stage: None,
+        exit_code: None,
+        signal: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        compile: None,
+        duration_ms: 0,
+        queued_ms: match (row.int(5), row.int(6)) {
+            (Some(created), Some(started)) => (started - created).max(0) as u64,
+            _ => 0,
+        },
+        usage: Usage::default(),
+        limits: RunLimits {
+            memory_mb: row.int(2).unwrap_or(0).max(0) as u64,
+            timeout_seconds: row.real(3).unwrap_or(0.0),
+            cpus: row.real(4).unwrap_or(0.0),
+        },
+        image_id: None,
+        message: INTERRUPTED_MESSAGE.to_string(),
+        files: Vec::new(),
+        tests: Vec::new(),
+        tests_summary: None,
+    }
+}
+
+pub fn insert(db: &mut dyn Database, r: &NewRun) -> Result<(), DbError> {
+    db.execute(
+        "INSERT INTO runs (id, instance, created_at, language, memory_mb, timeout_seconds, cpus,
+            status, code_sha256, code_bytes, code_preview, message, seq)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8, ?9, ?10, 'waiting for a free slot',
+            (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs))
+         ON CONFLICT (id) DO NOTHING",
+        values![
+            &r.run_id,
+            &r.instance,
+            r.created_at_ms,
+            &r.language,
+            r.limits.memory_mb,
+            r.limits.timeout_seconds,
+            r.limits.cpus,
+            &r.code_sha256,
+            r.code_bytes,
+            r.code_preview.clone(),
+        ],
+    )?;
+    Ok(())
+}
+
+pub fn started(db: &mut dyn Database, run_id: &str, at_ms: i64) -> Result<(), DbError> {
+    db.execute(
+        "UPDATE runs SET status = 'running', started_at = ?2 WHERE id = ?1 AND status = 'queued'",
+        values![run_id, at_ms],
+    )?;
+    Ok(())
+}
+
+/// The report as the history keeps it: returned files by name, size and hash, never their
+/// content.
+fn without_file_contents(r: &RunReport) -> RunReport {
+    let mut r = r.clone();
+    for f in &mut r.files {
+        if f.content_base64.take().is_some() {
+            f.omitted_reason = Some("not kept by the history".to_string());
+        }
+    }
+    r
+}
+
+pub fn finish(db: &mut dyn Database, r: &RunReport, at_ms: i64) -> Result<(), DbError> {
+    let json = serde_json::to_string(&without_file_contents(r))
+        .map_err(|e| tracing::warn!(run_id = r.run_id, error = %e, "cannot store a run's report"))
+        .ok();
+    db.execute(
+        "UPDATE runs SET status = ?2, stage = ?3, exit_code = ?4, signal = ?5, image_id = ?6,
+            duration_ms = ?7, queued_ms = ?8, compile_duration_ms = ?9,
+            stdout_bytes = ?10, stderr_bytes = ?11, stdout_truncated = ?12, stderr_truncated = ?13,
+            message = ?14, ended_at = ?15, report = ?16
+         WHERE id = ?1",
+        values![
+            &r.run_id,
+            r.status.as_str(),
+            r.stage.map(Stage::as_str),
+            r.exit_code,
+            r.signal.clone(),
+            r.image_id.clone(),
+            r.duration_ms,
+            r.queued_ms,
+            r.compile.as_ref().map(|c| c.duration_ms),
+            r.stdout_bytes,
+            r.stderr_bytes,
+            r.stdout_truncated,
+            r.stderr_truncated,
+            &r.message,
+            at_ms,
+            json,
+        ],
+    )?;
+    Ok(())
+}
+
+pub fn forget_reports(db: &mut dyn Database, run_ids: &[String]) -> Result<(), DbError> {
+    transaction(db, |db| {
+        for id in run_ids {
+            db.execute(
+                "UPDATE runs SET report = NULL WHERE id = ?1 AND report IS NOT NULL",
+                values![id],
+            )?;
+        }
+        Ok(())
+    })
+}
+
+pub fn forget_reports_ended_before(db: &mut dyn Database, cutoff_ms: i64) -> Result<(), DbError> {
+    db.execute(
+        "UPDATE runs SET report = NULL WHERE report IS NOT NULL AND ended_at < ?1",
+        values![cutoff_ms],
+    )?;
+    Ok(())
+}
+
+/// A finished run's stored report (JSON), if it is still kept (and ended at or after
+/// `ended_after_ms`, when given).
+pub fn stored_report(
+    db: &mut dyn Database,
+    run_id: &str,
+    ended_after_ms: Option<i64>,
+) -> Result<Option<String>, DbError> {
+    let rows = db.query(
+        "SELECT report FROM runs
+         WHERE id = ?1 AND report IS NOT NULL AND ended_at >= ?2",
+        values![run_id, ended_after_ms.unwrap_or(i64::MIN)],
+    )?;
+    Ok(rows.first().and_then(|r| r.text(0)))
+}
+
+const COLUMNS: &str = "id, created_at, started_at, ended_at, language, image_id, memory_mb, timeout_seconds,
+    cpus, status, stage, exit_code, signal, duration_ms, queued_ms, compile_duration_ms, stdout_bytes,
+    stderr_bytes, stdout_truncated, stderr_truncated, code_sha256, code_bytes, code_preview, message,
+    instance";
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+fn history_row(r: &Row) -> HistoryRow {
+    let count = |i: usize| r.int(i).map(|v| v.max(0) as u64);
+    HistoryRow {
+        run_id: r.text(0).unwrap_or_default(),
+        created_at: r.int(1).map(rfc3339).unwrap_or_default(),
+        started_at: r.int(2).map(rfc3339),
+        ended_at: r.int(3).map(rfc3339),
+        language: r.text(4).unwrap_or_default(),
+        image_id: r.text(5),
+        limits: RunLimits {
+            memory_mb: count(6).unwrap_or(0),
+            timeout_seconds: r.real(7).unwrap_or(0.0),
+            cpus: r.real(8).unwrap_or(0.0),
+        },
+        status: r
+            .text(9)
+            .and_then(|s| Status::parse(&s))
+            .unwrap_or(Status::SandboxError),
+        stage: r.text(10).and_then(|s| match s.as_str() {
+            "compile" => Some(Stage::Compile),
+            "run" => Some(Stage::Run),
+            _ => None,
+        }),
+        exit_code: r.int(11),
+        signal: r.text(12),
+        duration_ms: count(13),
+        queued_ms: count(14),
+        compile_duration_ms: count(15),
+        stdout_bytes: count(16).unwrap_or(0),
+        stderr_bytes: count(17).unwrap_or(0),
+        stdout_truncated: r.int(18).is_some_and(|v| v != 0),
+        stderr_truncated: r.int(19).is_some_and(|v| v != 0),
+        code_sha256: r.text(20).unwrap_or_default(),
+        code_bytes: count(21).unwrap_or(0),
+        code_preview: r.text(22),
+        message: r.text(23).unwrap_or_default(),
+        instance: r.text(24).unwrap_or_default(),
+    }
+}
+
+/// Rows matching `q`, newest first (runs accepted in the same millisecond: the later first).
+pub fn select(db: &mut dyn Database, q: &Query) -> Result<Vec<HistoryRow>, DbError> {
+    let limit = q
+        .limit
+        .unwrap_or(DEFAULT_QUERY_LIMIT)
+        .clamp(1, MAX_QUERY_LIMIT) as i64;
+    let sql = format!(
+        "SELECT {COLUMNS} FROM runs
+         WHERE (?1 = '' OR status = ?1) AND (?2 = '' OR language = ?2)
+         ORDER BY created_at DESC, seq DESC LIMIT ?3"
+    );
+    let rows = db.query(
+        &sql,
+        values![
+            q.status.map_or("", Status::as_str),
+            q.language.as_deref().unwrap_or(""),
+            limit
+        ],
+    )?;
+    Ok(rows.iter().map(history_row).collect())
+}
+
+pub fn get(db: &mut dyn Database, run_id: &str) -> Result<Option<HistoryRow>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM runs WHERE id = ?1");
+    Ok(db.query(&sql, values![run_id])?.first().map(history_row))
+}
+
+/// Where a run stands in the store, and which instance has it.
+pub fn whereabouts(db: &mut dyn Database, run_id: &str) -> Result<Option<Whereabouts>, DbError> {
+    let now = db.now_ms()?;
+    let rows = db.query(
+        "SELECT runs.status, runs.instance, instances.host, instances.heartbeat_at
+         FROM runs LEFT JOIN instances ON instances.id = runs.instance
+         WHERE runs.id = ?1",
+        values![run_id],
+    )?;
+    Ok(rows.first().map(|r| Whereabouts {
+        run_id: run_id.to_string(),
+        status: r
+            .text(0)
+            .and_then(|s| Status::parse(&s))
+            .unwrap_or(Status::SandboxError),
+        instance: r.text(1).unwrap_or_default(),
+        host: r.text(2),
+        last_seen_ms_ago: r.int(3).map(|b| (now - b).max(0)),
+    }))
+}
