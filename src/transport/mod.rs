@@ -2,6 +2,7 @@
 //! Streamable HTTP at `/mcp`, with `/healthz` and `/metrics` beside it.
 
 pub mod http;
+pub mod jsonrpc;
 pub mod stdio;
 
 use std::future::Future;

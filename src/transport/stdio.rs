@@ -15,26 +15,26 @@
 //!   that way. MCP forbids reusing an id within a session; such a request is now answered
 //!   at once with an error, and the first one keeps its answer.
 //!
-//! Bytes that are not JSON at all (or not UTF-8, or nested deeper than the parser allows)
-//! are dropped with a debug log, as rmcp and the other MCP SDKs do: there is no id to
-//! answer, and answering garbage can start an error storm with a peer that echoes it.
+//! Both transports read a message with [`jsonrpc::parse`]. Bytes that are not JSON at all
+//! (or not UTF-8, or nested deeper than the parser allows) are dropped here with a debug log,
+//! as rmcp and the other MCP SDKs do: there is no id to answer, and answering garbage can
+//! start an error storm with a peer that echoes it.
 
 use std::collections::HashSet;
 use std::future::Future;
 
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorData, GetMeta, JsonRpcMessage,
-    JsonRpcRequest, ProtocolVersion, RequestId, ServerJsonRpcMessage,
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, GetMeta, JsonRpcMessage,
+    ProtocolVersion, RequestId, ServerJsonRpcMessage,
 };
 use rmcp::service::Service;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::Transport;
 use rmcp::{RoleServer, ServiceExt};
-use serde::Deserialize;
-use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 use tokio::task::JoinSet;
 
+use super::jsonrpc::{self, Incoming};
 use super::ServeError;
 use crate::mcp::CodeboxServer;
 
@@ -169,8 +169,8 @@ where
                 }
                 Line::End => return None,
             };
-            match decode(&line) {
-                Decoded::Message(message) => {
+            match jsonrpc::parse(&line) {
+                Incoming::Message(message) => {
                     let message = *message;
                     match &message {
                         ClientJsonRpcMessage::Request(r) => {
@@ -179,7 +179,7 @@ where
                                     "invalid request: the id {} is already used by a request that has not been answered; ids must be unique within a session",
                                     r.id
                                 );
-                                self.answer(invalid(text, Some(r.id.clone())));
+                                self.answer(jsonrpc::invalid(text, Some(r.id.clone())));
                                 continue;
                             }
                             if !self.started {
@@ -204,12 +204,15 @@ where
                     }
                     return Some(message);
                 }
-                Decoded::Answer(errors) => {
-                    for e in errors {
+                Incoming::Invalid { answers, .. } => {
+                    tracing::debug!(answers = answers.len(), "answered an invalid message");
+                    for e in answers {
                         self.answer(e);
                     }
                 }
-                Decoded::Ignore => {}
+                Incoming::NotJson(error) => {
+                    tracing::debug!(%error, "ignored a line that is not JSON");
+                }
             }
         }
     }
@@ -218,81 +221,6 @@ where
         while self.answering.join_next().await.is_some() {}
         self.out.close().await
     }
-}
-
-/// What one line is.
-enum Decoded {
-    Message(Box<ClientJsonRpcMessage>),
-    /// JSON that is no valid message: the errors to answer it with.
-    Answer(Vec<ServerJsonRpcMessage>),
-    /// Blank, or not JSON.
-    Ignore,
-}
-
-const BATCH: &str =
-    "JSON-RPC batches are not supported by MCP; send each request on a line of its own";
-
-fn decode(line: &[u8]) -> Decoded {
-    let line = line.strip_prefix(b"\xef\xbb\xbf").unwrap_or(line);
-    if line.trim_ascii().is_empty() {
-        return Decoded::Ignore;
-    }
-    let error = match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
-        Ok(message) => return Decoded::Message(Box::new(message)),
-        Err(e) => e,
-    };
-    let value = match error.classify() {
-        serde_json::error::Category::Data => serde_json::from_slice::<Value>(line).ok(),
-        _ => None,
-    };
-    let Some(value) = value else {
-        tracing::debug!(%error, "ignored a line that is not JSON");
-        return Decoded::Ignore;
-    };
-    let mut answers: Vec<ServerJsonRpcMessage> = match &value {
-        Value::Array(items) => items
-            .iter()
-            .filter_map(request_id)
-            .map(|id| invalid(BATCH.to_string(), Some(id)))
-            .collect(),
-        _ => request_id(&value)
-            .map(|id| invalid(why_invalid(&value), Some(id)))
-            .into_iter()
-            .collect(),
-    };
-    if answers.is_empty() {
-        // No request whose id can be read: one error without an id, as JSON-RPC says.
-        answers.push(invalid(
-            "not a valid JSON-RPC 2.0 message with a usable id".into(),
-            None,
-        ));
-    }
-    tracing::debug!(%error, answers = answers.len(), "answered an invalid message");
-    Decoded::Answer(answers)
-}
-
-/// The id of a request (an object with a `method`), when a JSON-RPC id can be read from it:
-/// a string or an integer.
-fn request_id(v: &Value) -> Option<RequestId> {
-    let o = v.as_object()?;
-    o.get("method")?;
-    RequestId::deserialize(o.get("id")?).ok()
-}
-
-/// Why a request with a readable id is not valid, in the parser's words.
-fn why_invalid(v: &Value) -> String {
-    let method = match v.get("method").and_then(Value::as_str) {
-        Some(m) => format!(" `{}`", m.chars().take(100).collect::<String>()),
-        None => String::new(),
-    };
-    match serde_json::from_value::<JsonRpcRequest<ClientRequest>>(v.clone()) {
-        Err(e) => format!("invalid request{method}: {e}"),
-        Ok(_) => format!("invalid request{method}"),
-    }
-}
-
-fn invalid(message: String, id: Option<RequestId>) -> ServerJsonRpcMessage {
-    ServerJsonRpcMessage::error(ErrorData::invalid_request(message, None), id)
 }
 
 /// One line read by [`Lines::next`].
@@ -367,70 +295,6 @@ impl<R: AsyncBufRead + Unpin> Lines<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn answers(line: &str) -> Vec<Value> {
-        match decode(line.as_bytes()) {
-            Decoded::Answer(a) => a
-                .into_iter()
-                .map(|m| serde_json::to_value(m).unwrap())
-                .collect(),
-            Decoded::Message(_) => panic!("{line} decoded as a message"),
-            Decoded::Ignore => Vec::new(),
-        }
-    }
-
-    #[test]
-    fn an_invalid_request_is_answered_with_its_own_id() {
-        for (line, id) in [
-            (
-                r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":"x"}"#,
-                json!(3),
-            ),
-            (r#"{"jsonrpc":"1.0","id":"a","method":"ping"}"#, json!("a")),
-            (r#"{"id":4,"method":"ping"}"#, json!(4)),
-        ] {
-            let a = answers(line);
-            assert_eq!(a.len(), 1, "{line}");
-            assert_eq!(a[0]["id"], id, "{line}: {}", a[0]);
-            assert_eq!(a[0]["error"]["code"], -32600);
-        }
-    }
-
-    #[test]
-    fn each_request_of_a_batch_gets_an_error_with_its_id() {
-        let a = answers(
-            r#"[{"jsonrpc":"2.0","id":6,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"x","method":"tools/list"},42]"#,
-        );
-        let ids: Vec<&Value> = a.iter().map(|m| &m["id"]).collect();
-        assert_eq!(ids, [&json!(6), &json!("x")]);
-        assert!(a[0]["error"]["message"].as_str().unwrap().contains("batch"));
-    }
-
-    #[test]
-    fn messages_without_a_readable_id_get_one_anonymous_error_and_garbage_none() {
-        for line in [
-            r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
-            r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
-            "42",
-            "[]",
-        ] {
-            let a = answers(line);
-            assert_eq!(a.len(), 1, "{line}");
-            assert!(a[0].get("id").is_none(), "{line}: {}", a[0]);
-        }
-        for line in ["{", "\u{feff}", "   ", r#"{"a":"\ud800"}"#, "NaN"] {
-            assert!(answers(line).is_empty(), "{line}");
-        }
-        assert!(matches!(
-            decode(b"\xef\xbb\xbf{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}"),
-            Decoded::Message(_)
-        ));
-        assert!(matches!(
-            decode(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\"}"),
-            Decoded::Ignore
-        ));
-    }
 
     #[tokio::test]
     async fn lines_over_the_limit_are_skipped_and_the_next_one_is_read() {
