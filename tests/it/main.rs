@@ -11,6 +11,7 @@ mod fuzz_gen;
 mod hardening;
 mod http;
 mod layers;
+mod load_http;
 mod mcp_cli;
 mod mcp_crash;
 mod mcp_fuzz;
