@@ -246,14 +246,21 @@ async fn check_messages(
                 .into_inner()
                 .downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some();
+            // The rest of the body is not read: the connection cannot serve another request.
             return if too_large {
                 (
                     StatusCode::PAYLOAD_TOO_LARGE,
+                    [(header::CONNECTION, "close")],
                     format!("Payload Too Large: request body exceeds {max_body} bytes\n"),
                 )
                     .into_response()
             } else {
-                (StatusCode::BAD_REQUEST, "cannot read the request body\n").into_response()
+                (
+                    StatusCode::BAD_REQUEST,
+                    [(header::CONNECTION, "close")],
+                    "cannot read the request body\n",
+                )
+                    .into_response()
             };
         }
     };

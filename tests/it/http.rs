@@ -166,6 +166,8 @@ async fn an_oversized_body_is_refused_with_413() {
     )
     .await;
     assert_eq!(r.status(), 413);
+    // The body was not read: the connection is not reused.
+    assert_eq!(r.headers()["connection"], "close");
 }
 
 #[tokio::test]

@@ -558,8 +558,18 @@ async fn http_hostilities(server: &ServeChild, s: &HttpSession) -> usize {
         .unwrap();
     expect(r.status().as_u16(), &[406], "no Accept");
     let big = format!("{{\"x\":\"{}\"}}", "A".repeat(17 * 1024 * 1024));
-    // The server may answer and close before the client has sent it all.
-    match post(Some(&bearer), &session, big).await {
+    // The server may answer and close before the client has sent it all; a client of its
+    // own, so that no other request finds that connection in a pool.
+    let big_request = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &s.session)
+        .body(big)
+        .send()
+        .await;
+    match big_request {
         Ok(r) => expect(r.status().as_u16(), &[413], "a body over the cap"),
         Err(e) => {
             sent.set(sent.get() + 1);
