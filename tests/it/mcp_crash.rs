@@ -1,18 +1,14 @@
 //! Crash: the real binary serving HTTP is killed with SIGKILL while runs are active; the next
 //! start removes the runs' containers and marks their history rows.
 
-use std::process::Stdio;
-use std::time::Duration;
-
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ServiceExt;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-use crate::common::{codebox_bin, leftovers};
+use crate::common::leftovers;
 use crate::mcp_support::{eventually, params};
+use crate::serve_child::{Options, ServeChild};
 
 const TOKEN: &str = "crash-test-token-0123456789";
 
@@ -30,69 +26,31 @@ fn running(run_id: &str) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
-/// A `codebox serve --transport http` child on a free port; killed by PID when dropped.
-struct Server {
-    child: Child,
-    addr: String,
+/// A `codebox serve --transport http` child in `data`, on a free port.
+async fn start(data: tempfile::TempDir) -> ServeChild {
+    ServeChild::start_in(
+        data,
+        Options {
+            http_token: Some(TOKEN),
+            log: "info,bollard=warn",
+            echo_stderr: true,
+            ..Options::default()
+        },
+    )
+    .await
 }
 
-impl Server {
-    async fn start(data_dir: &std::path::Path) -> Server {
-        let mut child = Command::new(codebox_bin())
-            .args(["serve", "--transport", "http", "--listen", "127.0.0.1:0"])
-            .env("CODEBOX_DATA_DIR", data_dir)
-            .env("CODEBOX_TOKEN", TOKEN)
-            .env("CODEBOX_LOG", "info,bollard=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn codebox serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-                .await
-                .expect("server announces its address")
-                .unwrap()
-                .expect("server exited before serving");
-            if let Some(rest) = line.strip_prefix("codebox: serving MCP at http://") {
-                break rest.split('/').next().unwrap().to_string();
-            }
-        };
-        // Keep draining stderr so the child never blocks on a full pipe.
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[codebox serve] {line}");
-            }
-        });
-        Server { child, addr }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id().expect("running") as i32
-    }
-
-    async fn kill(mut self, signal: i32) {
-        // SAFETY: plain kill(2) on our own child's PID.
-        unsafe { libc::kill(self.pid(), signal) };
-        let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
-    }
-
-    async fn client(&self) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
-        let t = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
-                .auth_header(TOKEN),
-        );
-        ().serve(t).await.expect("MCP over HTTP")
-    }
+async fn connect(server: &ServeChild) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+    let t = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(server.http_url("/mcp")).auth_header(TOKEN),
+    );
+    ().serve(t).await.expect("MCP over HTTP")
 }
 
 #[tokio::test]
 async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_their_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path()).await;
-    let client = server.client().await;
+    let mut server = start(tempfile::tempdir().unwrap()).await;
+    let client = connect(&server).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
         let res = client
@@ -113,7 +71,7 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         eventually(60, "the run's program runs", || running(id) == 1).await;
     }
     drop(client);
-    server.kill(libc::SIGKILL).await;
+    server.signal_and_wait(libc::SIGKILL).await;
     for id in &ids {
         assert!(
             !leftovers(id).is_empty(),
@@ -121,14 +79,15 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         );
     }
 
-    let server = Server::start(dir.path()).await;
+    let ServeChild { data, .. } = server;
+    let mut server = start(data).await;
     for id in &ids {
         eventually(30, "the dead server's containers are removed", || {
             leftovers(id).is_empty()
         })
         .await;
     }
-    let client = server.client().await;
+    let client = connect(&server).await;
     let res = client
         .call_tool(params("get_execution_history", json!({"limit": 10})))
         .await
@@ -144,7 +103,7 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         assert_eq!(r["message"], "interrupted by server restart", "{r}");
     }
     let metrics = reqwest::Client::new()
-        .get(format!("http://{}/metrics", server.addr))
+        .get(server.http_url("/metrics"))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -160,5 +119,5 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         .unwrap();
     assert!(reaped >= 2, "{metrics}");
     drop(client);
-    server.kill(libc::SIGTERM).await;
+    server.signal_and_wait(libc::SIGTERM).await;
 }
