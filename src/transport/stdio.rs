@@ -50,10 +50,16 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let supported = server.supported_protocol_versions().into_owned();
     let transport = LineTransport::new(tokio::io::stdin(), tokio::io::stdout(), supported);
-    let running = server
-        .serve(transport)
-        .await
-        .map_err(|e| ServeError::Session(e.to_string()))?;
+    tokio::pin!(shutdown);
+    let running = tokio::select! {
+        running = server.serve(transport) => {
+            running.map_err(|e| ServeError::Session(e.to_string()))?
+        }
+        _ = &mut shutdown => {
+            tracing::info!("shutting down on signal before the client initialized the session");
+            return Ok(());
+        }
+    };
     let ct = running.cancellation_token();
     tokio::select! {
         quit = running.waiting() => {

@@ -287,7 +287,7 @@ async fn http_load_16_clients_500_mixed_runs_each_reported_and_recorded_once_not
         ..Options::default()
     })
     .await;
-    let instance = server.instance();
+    let instance = server.instance().await;
     let url = server.http_url("/mcp");
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
@@ -432,7 +432,7 @@ async fn http_load_16_clients_500_mixed_runs_each_reported_and_recorded_once_not
     })
     .await;
     // The SQLite file agrees: one row per run, each final.
-    let db = rusqlite::Connection::open(server.data.path().join("history.sqlite3")).unwrap();
+    let db = rusqlite::Connection::open(server.data_dir().join("history.sqlite3")).unwrap();
     let (rows, distinct, unfinished): (i64, i64, i64) = db
         .query_row(
             "SELECT COUNT(*), COUNT(DISTINCT id), SUM(status IN ('queued', 'running')) FROM runs",

@@ -79,8 +79,7 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         );
     }
 
-    let ServeChild { data, .. } = server;
-    let mut server = start(data).await;
+    let mut server = start(server.into_data()).await;
     for id in &ids {
         eventually(30, "the dead server's containers are removed", || {
             leftovers(id).is_empty()

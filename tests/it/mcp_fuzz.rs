@@ -288,7 +288,7 @@ async fn stdio_survives_hostile_messages_answers_every_request_and_leaks_nothing
         assert_eq!(report["stdout"], "42\n");
     }
     let peak_kb = server.peak_rss_kb();
-    let instance = server.instance();
+    let instance = server.instance().await;
 
     // Requests the client sends right before it closes its end are still answered; a run
     // started then is stopped and removed.
@@ -359,7 +359,7 @@ async fn stdio_client_that_stops_reading_leaves_the_server_alive_and_it_exits_cl
     line.clear();
     stdout.read_line(&mut line).await.unwrap();
     assert!(line.contains("run_id"), "{line}");
-    let instance = server.instance();
+    let instance = server.instance().await;
     // The client stops reading: every answer from now on fails to be written.
     drop(stdout);
     for i in 0..200 {
@@ -789,7 +789,7 @@ async fn http_survives_hostile_messages_answers_every_request_and_leaks_nothing(
         "/healthz failed: {health_failed:?}"
     );
     let peak_kb = server.peak_rss_kb();
-    let instance = server.instance();
+    let instance = server.instance().await;
     let status = server.signal_and_wait(libc::SIGTERM).await;
     assert!(status.success(), "codebox serve exited with {status}");
     assert_no_panics(&server);

@@ -2,7 +2,8 @@
 //! stdout, logs on stderr; and a history database that cannot be written does not stop runs.
 //! Plus the stdio transport in-process (`LineTransport` over a duplex pipe, the fake engine)
 //! for what the protocol fuzzer found: hostile messages before `initialize`, and ids reused
-//! while in flight.
+//! while in flight; and a SIGTERM before the client initialized, which left the pool's
+//! containers behind.
 
 use std::process::Stdio;
 use std::time::Instant;
@@ -306,4 +307,22 @@ async fn an_invalid_request_over_stdio_is_answered_with_its_id() {
         a["error"]["message"].as_str().unwrap().contains("batch"),
         "{a}"
     );
+}
+
+#[tokio::test]
+async fn sigterm_before_the_client_initializes_still_removes_the_pools_containers() {
+    use crate::serve_child::{instance_objects, Options, ServeChild};
+    // Found with the fuzz tests' server fixture: the signal handlers were installed only
+    // once the session had started, so a SIGTERM before `initialize` (a client that starts
+    // its servers and quits) killed the process at once, and the ready containers stayed
+    // until their expiry label, hours later.
+    let mut server = ServeChild::start(Options::default()).await;
+    let instance = server.instance().await;
+    crate::mcp_support::eventually(60, "the pool has containers", || {
+        !instance_objects(&instance).is_empty()
+    })
+    .await;
+    let status = server.signal_and_wait(libc::SIGTERM).await;
+    assert!(status.success(), "exited with {status}");
+    assert_eq!(instance_objects(&instance), Vec::<String>::new());
 }

@@ -1,7 +1,8 @@
 //! The real `codebox serve` binary as a child process with a data directory of its own, for
 //! the tests that treat it as a black box (crash, fuzzing, load): its instance id (so
 //! `docker ps` can be asked about exactly its containers), its peak memory, and whether it
-//! still runs. The child is killed by its PID when dropped.
+//! still runs. Dropped while it still runs (a test failed), it is stopped with SIGTERM so
+//! that it removes its containers (the pool's too), and killed only if that takes too long.
 
 #![allow(dead_code)]
 
@@ -29,8 +30,9 @@ pub struct StderrLog {
 /// A running `codebox serve`.
 pub struct ServeChild {
     pub child: Child,
-    /// Its data directory (history database, instance lock); removed with the value.
-    pub data: tempfile::TempDir,
+    /// Its data directory (history database, instance lock); removed with the value unless
+    /// taken by [`ServeChild::into_data`].
+    data: Option<tempfile::TempDir>,
     /// `host:port` with `--transport http`.
     pub addr: Option<String>,
     pub stdin: Option<ChildStdin>,
@@ -116,12 +118,21 @@ impl ServeChild {
         let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
         ServeChild {
             child,
-            data,
+            data: Some(data),
             addr,
             stdin,
             stdout,
             stderr,
         }
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.data.as_ref().expect("the data directory").path()
+    }
+
+    /// The data directory, kept for a next start (the child must have exited).
+    pub fn into_data(mut self) -> tempfile::TempDir {
+        self.data.take().expect("the data directory")
     }
 
     pub fn pid(&self) -> i32 {
@@ -133,21 +144,29 @@ impl ServeChild {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Its instance id: the name of the one lock file in its data directory.
-    pub fn instance(&self) -> String {
-        let dir = self.data.path().join("instances");
-        let ids: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_suffix(".lock"))
-                    .map(str::to_string)
-            })
-            .collect();
-        assert_eq!(ids.len(), 1, "one instance lock in {}", dir.display());
-        ids[0].clone()
+    /// Its instance id: the name of the one lock file in its data directory (waits up to
+    /// 60 s for the child to create it).
+    pub async fn instance(&self) -> String {
+        let dir = self.data_dir().join("instances");
+        for _ in 0..600 {
+            let ids: Vec<String> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_suffix(".lock"))
+                        .map(str::to_string)
+                })
+                .collect();
+            match ids.len() {
+                0 => tokio::time::sleep(Duration::from_millis(100)).await,
+                1 => return ids[0].clone(),
+                n => panic!("{n} instance locks in {}", dir.display()),
+            }
+        }
+        panic!("no instance lock in {} after 60 s", dir.display());
     }
 
     /// Peak resident memory so far (`VmHWM`), in KiB.
@@ -187,6 +206,27 @@ impl ServeChild {
             "http://{}{path}",
             self.addr.as_deref().expect("an HTTP server")
         )
+    }
+}
+
+/// How long a dropped child may take to stop after SIGTERM before it is killed.
+const DROP_GRACE: Duration = Duration::from_secs(30);
+
+impl Drop for ServeChild {
+    fn drop(&mut self) {
+        if !self.alive() {
+            return;
+        }
+        // SAFETY: plain kill(2) on our own child's PID.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + DROP_GRACE;
+        while std::time::Instant::now() < deadline {
+            if !self.alive() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.start_kill();
     }
 }
 
@@ -239,9 +279,4 @@ pub fn instance_objects(instance: &str) -> Vec<String> {
         );
     }
     found
-}
-
-/// Whether `path` is this child's history database.
-pub fn history_path(data: &Path) -> std::path::PathBuf {
-    data.join("history.sqlite3")
 }
