@@ -6,7 +6,9 @@
 //! it so).
 //! - [`cli`]: the `codebox` commands, one file each; with `main.rs` the only place that uses
 //!   clap and anyhow, and the only place that picks Docker as the engine.
-//! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth).
+//! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth),
+//!   which read client messages the same way (`jsonrpc`: invalid requests answered with
+//!   their ids).
 //! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
 //!   run manager for every command.
 //! - [`mcp`]: the six MCP tools, typed parameters and results.

@@ -50,14 +50,10 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
             )?,
         },
     };
+    // Watch for signals before any container exists, so that none is left by one.
+    let shutdown = transport::shutdown_signal();
     app.reap().await;
     app.runs.start_pool();
-    transport::serve(
-        app.runs.clone(),
-        &app.config,
-        transport,
-        transport::shutdown_signal(),
-    )
-    .await?;
+    transport::serve(app.runs.clone(), &app.config, transport, shutdown).await?;
     Ok(0)
 }

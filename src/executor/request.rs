@@ -98,6 +98,11 @@ fn trimmed_lines(s: &str) -> Vec<&str> {
 /// Most test cases in one request.
 pub const MAX_TESTS: usize = 64;
 
+/// The shortest wall-clock limit a request may ask for. `codebox-init` counts whole
+/// milliseconds and reads 0 as "no deadline", so a shorter limit would not be enforced (the
+/// protocol fuzzer found that a 0.0004 s limit let a 3 s program finish).
+pub const MIN_TIMEOUT_SECONDS: f64 = 0.001;
+
 /// What a client asks to run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -406,6 +411,12 @@ impl ValidRequest {
             "wall-clock time",
             "s",
         )?;
+        if timeout < MIN_TIMEOUT_SECONDS {
+            return reject(
+                "limits.timeout_seconds",
+                format!("requested {timeout} s; the minimum is {MIN_TIMEOUT_SECONDS} s"),
+            );
+        }
         let cpus = limit("limits.cpus", l.cpus, d.cpus, c.cpus, "CPU", "cpus")?;
         if cpus < 0.01 {
             return reject(

@@ -331,8 +331,9 @@ impl CodeboxServer {
         describe(
             &[limits[0], limits[1], limits[2], "timeout_seconds"],
             format!(
-                "Wall-clock limit of the run stage in seconds; default {}, at most {}.",
+                "Wall-clock limit of the run stage in seconds; default {}, at least {}, at most {}.",
                 fmt_num(d.timeout_seconds),
+                fmt_num(crate::executor::request::MIN_TIMEOUT_SECONDS),
                 fmt_num(m.timeout_seconds)
             ),
         );

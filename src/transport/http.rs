@@ -8,23 +8,30 @@
 //! bodies above `http.max_body_bytes` are refused with 413 before they are parsed.
 //! Without a token the server only starts on a loopback address and only with `--no-auth`.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use futures_util::StreamExt as _;
+use rmcp::model::{ErrorData, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
 
+use super::jsonrpc::{self, Incoming};
 use super::ServeError;
 use crate::config::HttpSettings;
 use crate::mcp::CodeboxServer;
@@ -169,6 +176,155 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// Whether a request says its body is JSON (`application/json`, parameters allowed).
+fn says_json(request: &Request) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Requests of each session whose answer is still being sent: (session id, request id).
+#[derive(Clone, Default)]
+struct InFlight(Arc<Mutex<HashSet<(String, String)>>>);
+
+/// One entry of [`InFlight`], removed when dropped (with the answer's body).
+struct InFlightEntry {
+    set: InFlight,
+    key: (String, String),
+}
+
+impl Drop for InFlightEntry {
+    fn drop(&mut self) {
+        let mut set = self.set.0.lock().unwrap_or_else(|p| p.into_inner());
+        set.remove(&self.key);
+    }
+}
+
+/// The id of a request (an object with a `method`), read without the rest of the message.
+fn request_id(body: &[u8]) -> Option<rmcp::model::RequestId> {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        method: Option<serde::de::IgnoredAny>,
+        id: Option<rmcp::model::RequestId>,
+    }
+    let probe: Probe = serde_json::from_slice(body).ok()?;
+    probe.method.and(probe.id)
+}
+
+#[derive(Clone)]
+struct BodyPolicy {
+    max_body: usize,
+    in_flight: InFlight,
+}
+
+/// Read a POST body (within `http.max_body_bytes`) and hand it to rmcp whole, with two
+/// answers of codebox's own, both as JSON-RPC errors (400) carrying the request's id:
+/// - a request whose id is in use by another request of the same session that is still
+///   being answered (rmcp would drop one of the two answers and leave its stream open);
+/// - a body rmcp refuses as unreadable (its 415 for a JSON content type; see the module
+///   doc).
+///
+/// rmcp's own checks (Host, Accept, session) keep their order and answers.
+async fn check_messages(
+    State(policy): State<BodyPolicy>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let json = says_json(&request);
+    let max_body = policy.max_body;
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, max_body).await {
+        Ok(b) => b,
+        Err(e) => {
+            let too_large = e
+                .into_inner()
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            // The rest of the body is not read: the connection cannot serve another request.
+            return if too_large {
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    [(header::CONNECTION, "close")],
+                    format!("Payload Too Large: request body exceeds {max_body} bytes\n"),
+                )
+                    .into_response()
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    [(header::CONNECTION, "close")],
+                    "cannot read the request body\n",
+                )
+                    .into_response()
+            };
+        }
+    };
+    let session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let entry = match (session, request_id(&bytes)) {
+        (Some(session), Some(id)) => {
+            let key = (session, id.to_string());
+            let mut set = policy.in_flight.0.lock().unwrap_or_else(|p| p.into_inner());
+            if !set.insert(key.clone()) {
+                let text = format!(
+                    "invalid request: the id {id} is already used by a request of this session that has not been answered; ids must be unique within a session"
+                );
+                return rpc_error(serde_json::to_value(jsonrpc::invalid(text, Some(id))));
+            }
+            Some(InFlightEntry {
+                set: policy.in_flight.clone(),
+                key,
+            })
+        }
+        _ => None,
+    };
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes.clone())))
+        .await;
+    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE && json {
+        let answer = match jsonrpc::parse(&bytes) {
+            Incoming::Message(_) => return response,
+            Incoming::Invalid { answers, batch } => {
+                if batch {
+                    serde_json::to_value(&answers)
+                } else {
+                    serde_json::to_value(&answers[0])
+                }
+            }
+            Incoming::NotJson(error) => serde_json::to_value(ServerJsonRpcMessage::error(
+                ErrorData::parse_error(format!("the body is not JSON: {error}"), None),
+                None,
+            )),
+        };
+        return rpc_error(answer);
+    }
+    // The id stays in use until the answer's body has been sent (or dropped).
+    match entry {
+        None => response,
+        Some(entry) => response.map(|body| {
+            Body::from_stream(body.into_data_stream().map(move |chunk| {
+                let _in_flight = &entry;
+                chunk
+            }))
+        }),
+    }
+}
+
+fn rpc_error(answer: Result<serde_json::Value, serde_json::Error>) -> Response {
+    match answer {
+        Ok(answer) => (StatusCode::BAD_REQUEST, axum::Json(answer)).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
 /// The whole HTTP application. `ct` ends open MCP streams at shutdown.
 pub fn router(
     server: CodeboxServer,
@@ -189,6 +345,13 @@ pub fn router(
     let state = AppState { manager, token };
     let protected = Router::new()
         .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(
+            BodyPolicy {
+                max_body: policy.max_body_bytes,
+                in_flight: InFlight::default(),
+            },
+            check_messages,
+        ))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state.clone());
@@ -228,12 +391,73 @@ pub async fn serve(
         }
     );
     let stop = ct.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down on signal");
-            stop.cancel();
-        })
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })
+    serve_connections(listener, app, async move {
+        shutdown.await;
+        tracing::info!("shutting down on signal");
+        stop.cancel();
+    })
+    .await;
+    Ok(())
+}
+
+/// How long a client may take to send a request's headers (slow clients would otherwise
+/// hold connections forever).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Pause after a failed accept (e.g. out of file descriptors) before the next one.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serve HTTP/1.1 connections until `shutdown` resolves, then let the open ones finish.
+///
+/// Not `axum::serve`, for two settings it does not expose: a client that closes its sending
+/// half after the request (`shutdown(SHUT_WR)`) still gets the answer (hyper's
+/// `half_close`), and headers must arrive within [`HEADER_READ_TIMEOUT`].
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+) {
+    let (closing, closing_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(
+            app.clone()
+                .map_request(|r: hyper::Request<hyper::body::Incoming>| r.map(Body::new)),
+        );
+        let mut closing = closing_rx.clone();
+        connections.spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .half_close(true)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "a connection ended with an error");
+                    }
+                    return;
+                }
+                _ = closing.wait_for(|c| *c) => {}
+            }
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        });
+        // Forget the connections that ended.
+        while connections.try_join_next().is_some() {}
+    }
+    let _ = closing.send(true);
+    while connections.join_next().await.is_some() {}
 }

@@ -548,6 +548,21 @@ fn non_positive_and_non_finite_limits_are_rejected() {
 }
 
 #[test]
+fn a_timeout_under_a_millisecond_is_rejected_as_it_could_not_be_enforced() {
+    // codebox-init counts whole milliseconds and reads 0 as "no deadline": a 0.0004 s limit
+    // let a 3 s program finish (found by the protocol fuzzer's odd limits).
+    for t in [0.0004, 1e-7, 5e-324] {
+        let msg = reject(with_limits(None, Some(t), None));
+        assert!(
+            msg.starts_with("limits.timeout_seconds:") && msg.contains("the minimum is 0.001 s"),
+            "{t}: {msg}"
+        );
+    }
+    let v = valid(with_limits(None, Some(0.001), None));
+    assert_eq!(v.limits.timeout_seconds, 0.001);
+}
+
+#[test]
 fn limits_within_ceilings_are_kept_exactly() {
     let v = valid(with_limits(Some(16384.0), Some(0.5), Some(4.0)));
     assert_eq!(

@@ -1,5 +1,7 @@
 //! The Streamable HTTP transport in-process (axum on 127.0.0.1, port 0): bearer token, Host
-//! check, body cap, `/healthz`, `/metrics`, and the start-up rules for authentication.
+//! check, body cap, `/healthz`, `/metrics`, the start-up rules for authentication, and what
+//! the protocol fuzzer found: invalid messages and ids reused in flight get JSON-RPC errors
+//! with their ids.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -164,6 +166,8 @@ async fn an_oversized_body_is_refused_with_413() {
     )
     .await;
     assert_eq!(r.status(), 413);
+    // The body was not read: the connection is not reused.
+    assert_eq!(r.headers()["connection"], "close");
 }
 
 #[tokio::test]
@@ -273,4 +277,161 @@ fn http_refuses_to_start_without_a_token_unless_no_auth_on_loopback() {
         .unwrap()
         .unwrap();
     assert!(other.accepts(Some(&header)), "the flag's file wins");
+}
+
+/// Open an MCP session with the raw client; returns its id.
+async fn open_session(addr: SocketAddr) -> String {
+    let auth = format!("Bearer {TOKEN}");
+    let r = post(addr, Some(&auth), None, initialize().to_string()).await;
+    assert_eq!(r.status(), 200);
+    let session = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let r = post_in(
+        addr,
+        &session,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status(), 202);
+    session
+}
+
+async fn post_in(addr: SocketAddr, session: &str, body: String) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("http://{addr}/mcp"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The JSON-RPC messages of an SSE or JSON response.
+async fn messages(r: reqwest::Response) -> Vec<serde_json::Value> {
+    let sse = r
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.to_str().unwrap().starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    if sse {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect()
+    } else {
+        match serde_json::from_str(&text).unwrap() {
+            serde_json::Value::Array(items) => items,
+            v => vec![v],
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_message_over_http_gets_a_jsonrpc_error_with_its_id() {
+    let fake = Arc::new(FakeEngine::new());
+    let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
+    let session = open_session(s.addr).await;
+    let r = post_in(
+        s.addr,
+        &session,
+        json!({"jsonrpc": "2.0", "id": "bad", "method": "tools/call", "params": "x"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let m = messages(r).await;
+    assert_eq!(
+        (m[0]["id"].clone(), m[0]["error"]["code"].clone()),
+        (json!("bad"), json!(-32600))
+    );
+    let r = post_in(
+        s.addr,
+        &session,
+        json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}]).to_string(),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let ids: Vec<serde_json::Value> = messages(r).await.iter().map(|m| m["id"].clone()).collect();
+    assert_eq!(
+        ids,
+        [json!(1), json!(2)],
+        "one error per request of a batch, in an array"
+    );
+    let r = post_in(s.addr, &session, "{\"jsonrpc\":".to_string()).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(messages(r).await[0]["error"]["code"], -32700);
+    // A wrong content type is still rmcp's 415.
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/mcp", s.addr))
+        .bearer_auth(TOKEN)
+        .header("content-type", "text/plain")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &session)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+}
+
+#[tokio::test]
+async fn a_request_reusing_an_id_in_flight_over_http_is_refused_and_the_first_keeps_its_answer() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
+    let session = open_session(s.addr).await;
+    let started = post_in(
+        s.addr,
+        &session,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "start_run", "arguments": {"language": "python", "code": "print(1)"}}})
+        .to_string(),
+    )
+    .await;
+    let run_id = messages(started).await[0]["result"]["structuredContent"]["run_id"].clone();
+    let poll = post_in(
+        s.addr,
+        &session,
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            "name": "get_result", "arguments": {"run_id": run_id, "wait_seconds": 2}}})
+        .to_string(),
+    );
+    let duplicate = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        post_in(
+            s.addr,
+            &session,
+            json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}).to_string(),
+        )
+        .await
+    };
+    let (poll, duplicate) = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        futures_util::future::join(async { messages(poll.await).await }, duplicate),
+    )
+    .await
+    .expect("both answered");
+    assert_eq!(duplicate.status(), 400);
+    let refused = messages(duplicate).await;
+    assert_eq!(refused[0]["id"], 7);
+    assert!(refused[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("already used"));
+    let answer = poll
+        .iter()
+        .find(|m| m["id"] == 7)
+        .expect("the first keeps its answer");
+    assert_eq!(answer["result"]["structuredContent"]["status"], "running");
+    // Answered, the id is free again.
+    let r = post_in(
+        s.addr,
+        &session,
+        json!({"jsonrpc": "2.0", "id": 7, "method": "ping"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(messages(r).await[0]["result"], json!({}));
 }

@@ -4,7 +4,10 @@
 use serde_json::json;
 
 use crate::common::leftovers;
-use crate::mcp_support::{eventually, params, Server, TOKEN};
+use crate::mcp_support::{eventually, params};
+use crate::serve_child::{Options, ServeChild};
+
+const TOKEN: &str = "crash-test-token-0123456789";
 
 /// Running run-stage containers of this run (the compile stage's do not count).
 fn running(run_id: &str) -> usize {
@@ -20,11 +23,24 @@ fn running(run_id: &str) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
+/// A `codebox serve --transport http` child in `data`, on a free port.
+async fn start(data: tempfile::TempDir) -> ServeChild {
+    ServeChild::start_in(
+        data,
+        Options {
+            http_token: Some(TOKEN),
+            log: "info,bollard=warn",
+            echo_stderr: true,
+            ..Options::default()
+        },
+    )
+    .await
+}
+
 #[tokio::test]
 async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_their_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]).await;
-    let client = server.client().await;
+    let mut server = start(tempfile::tempdir().unwrap()).await;
+    let client = server.client(TOKEN).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
         let res = client
@@ -45,7 +61,7 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         eventually(60, "the run's program runs", || running(id) == 1).await;
     }
     drop(client);
-    server.kill(libc::SIGKILL).await;
+    server.signal_and_wait(libc::SIGKILL).await;
     for id in &ids {
         assert!(
             !leftovers(id).is_empty(),
@@ -53,14 +69,14 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         );
     }
 
-    let server = Server::start(dir.path(), &[]).await;
+    let mut server = start(server.into_data()).await;
     for id in &ids {
         eventually(30, "the dead server's containers are removed", || {
             leftovers(id).is_empty()
         })
         .await;
     }
-    let client = server.client().await;
+    let client = server.client(TOKEN).await;
     let res = client
         .call_tool(params("get_execution_history", json!({"limit": 10})))
         .await
@@ -76,7 +92,7 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         assert_eq!(r["message"], "interrupted by server restart", "{r}");
     }
     let metrics = reqwest::Client::new()
-        .get(format!("http://{}/metrics", server.addr))
+        .get(server.http_url("/metrics"))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -92,5 +108,5 @@ async fn after_a_sigkill_the_next_start_removes_the_runs_containers_and_marks_th
         .unwrap();
     assert!(reaped >= 2, "{metrics}");
     drop(client);
-    server.kill(libc::SIGTERM).await;
+    server.signal_and_wait(libc::SIGTERM).await;
 }

@@ -1,10 +1,9 @@
 //! Shared fixtures for the MCP server tests: run managers on the fake engine or on Docker,
-//! an in-process rmcp client over `tokio::io::duplex`, tool-call helpers, and the real
-//! binary serving HTTP.
+//! an in-process rmcp client over `tokio::io::duplex`, and tool-call helpers (the real
+//! binary as a child: `serve_child`).
 
 #![allow(dead_code)]
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,14 +18,10 @@ use codebox::runs::RunManager;
 use rmcp::handler::client::ClientHandler;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ProgressNotificationParam};
 use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-use crate::common::{codebox_bin, instance, registry};
+use crate::common::{instance, registry};
 
 /// A manager on any engine; `tweak` edits the config (not validated, so tests may use
 /// values operators cannot, like a one-second retention).
@@ -178,80 +173,5 @@ pub fn labelled(run_id: &str) -> Vec<String> {
     crate::common::leftovers(run_id)
 }
 
-/// The bearer token of [`Server`]s.
+/// The bearer token of the test servers that serve HTTP.
 pub const TOKEN: &str = "serve-test-token-0123456789";
-
-/// A `codebox serve --transport http` child on a free port, logging to the test's stderr;
-/// killed by PID when dropped.
-pub struct Server {
-    child: Child,
-    pub addr: String,
-}
-
-impl Server {
-    /// Start one with this data directory and these extra variables (settings).
-    pub async fn start(data_dir: &std::path::Path, envs: &[(&str, &str)]) -> Server {
-        Server::start_named("codebox serve", data_dir, envs).await
-    }
-
-    /// The same, its log lines prefixed with `[name]`.
-    pub async fn start_named(
-        name: &str,
-        data_dir: &std::path::Path,
-        envs: &[(&str, &str)],
-    ) -> Server {
-        let mut child = Command::new(codebox_bin())
-            .args(["serve", "--transport", "http", "--listen", "127.0.0.1:0"])
-            .env("CODEBOX_DATA_DIR", data_dir)
-            .env("CODEBOX_TOKEN", TOKEN)
-            .env("CODEBOX_LOG", "info,bollard=warn")
-            .env_remove("CODEBOX_CONFIG")
-            .envs(envs.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn codebox serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-                .await
-                .expect("server announces its address")
-                .unwrap()
-                .expect("server exited before serving");
-            eprintln!("[{name}] {line}");
-            if let Some(rest) = line.strip_prefix("codebox: serving MCP at http://") {
-                break rest.split('/').next().unwrap().to_string();
-            }
-        };
-        // Keep draining stderr so the child never blocks on a full pipe.
-        let name = name.to_string();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("[{name}] {line}");
-            }
-        });
-        Server { child, addr }
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.id().expect("running") as i32
-    }
-
-    /// Send `signal` and wait (up to 60 s) for the process to end.
-    pub async fn kill(mut self, signal: i32) {
-        // SAFETY: plain kill(2) on our own child's PID.
-        unsafe { libc::kill(self.pid(), signal) };
-        let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
-    }
-
-    /// An MCP client over HTTP with the token.
-    pub async fn client(&self) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
-        let t = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
-                .auth_header(TOKEN),
-        );
-        ().serve(t).await.expect("MCP over HTTP")
-    }
-}

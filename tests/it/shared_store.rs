@@ -11,8 +11,9 @@ use rmcp::RoleClient;
 use serde_json::{json, Value};
 
 use crate::common::leftovers;
-use crate::mcp_support::{eventually, params, text, Server};
+use crate::mcp_support::{eventually, params, text, TOKEN};
 use crate::pg_cluster::PgCluster;
+use crate::serve_child::{Options, ServeChild};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -83,13 +84,22 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
     let pg = PgCluster::start();
     let url = pg.create_database("shared");
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let env = [
-        ("CODEBOX_HISTORY_URL", url.as_str()),
-        ("CODEBOX_POOL_SIZES", "{}"),
-    ];
-    let a = Server::start_named("server a", dir_a.path(), &env).await;
-    let b = Server::start_named("server b", dir_b.path(), &env).await;
-    let (ca, cb) = (a.client().await, b.client().await);
+    let history_url = format!("history.url={url}");
+    let sets = [history_url.as_str(), "pool.sizes={}"];
+    let serve = |dir| {
+        ServeChild::start_in(
+            dir,
+            Options {
+                http_token: Some(TOKEN),
+                sets: &sets,
+                log: "info,bollard=warn",
+                echo_stderr: true,
+            },
+        )
+    };
+    let mut a = serve(dir_a).await;
+    let mut b = serve(dir_b).await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
     eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
 
     // Both record: runs on each, at the same time.
@@ -215,9 +225,9 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
         .iter()
         .any(|r| r["run_id"] == killed.as_str()));
     drop(cb);
-    b.kill(libc::SIGKILL).await;
-    let b2 = Server::start_named("server b2", dir_b.path(), &env).await;
-    let cb2 = b2.client().await;
+    b.signal_and_wait(libc::SIGKILL).await;
+    let mut b2 = serve(b.into_data()).await;
+    let cb2 = b2.client(TOKEN).await;
     eventually(30, "the killed server's containers are removed", || {
         leftovers(&killed).is_empty()
     })
@@ -276,8 +286,8 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
     assert_eq!(count(&instance_b), EACH + 1);
 
     drop((ca, cb2));
-    a.kill(libc::SIGTERM).await;
-    b2.kill(libc::SIGTERM).await;
+    a.signal_and_wait(libc::SIGTERM).await;
+    b2.signal_and_wait(libc::SIGTERM).await;
     for id in ids_a
         .iter()
         .chain(&ids_b)
