@@ -116,7 +116,9 @@ impl PrivateDaemon {
         STOP_DIR.set(dir.clone()).expect("one private daemon");
         // SAFETY: registering a plain function to run at exit.
         unsafe { libc::atexit(stop_at_exit) };
+        // Detached (`--fork`: setsid returns at once), so that it outlives this process.
         Command::new("setsid")
+            .arg("--fork")
             .arg("bash")
             .arg(script())
             .arg("keep")
@@ -125,7 +127,7 @@ impl PrivateDaemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
+            .status()
             .expect("the keeper");
         let port = free_port();
         let port_text = port.to_string();
