@@ -185,6 +185,8 @@ pub enum EngineError {
     },
     #[error("TLS with Docker at {address} failed: {reason}")]
     Tls { address: String, reason: String },
+    #[error("Docker stopped answering while the container was being ended (nothing for {seconds} s after its time was up); codebox keeps trying to remove it, and the next start reaps it if that fails")]
+    Unresponsive { seconds: u64 },
     #[error("image {tag} is not present")]
     ImageMissing { tag: String },
     #[error("creating the container failed: {0}")]

@@ -2,6 +2,7 @@
 
 use super::stage::{HostEnding, StageResult};
 use crate::engine::protocol::{End, Phase, PhaseEnd};
+use crate::engine::EngineError;
 use crate::report::{Status, Usage};
 
 /// Name of a Linux signal number.
@@ -129,6 +130,16 @@ pub fn classify(phase: Option<&Phase>, stage: &StageResult) -> Outcome {
         };
     }
     let started = phase.is_some();
+    // The daemon stopped answering: nothing is known of how the program ended.
+    if let Some(e @ EngineError::Unresponsive { .. }) = &stage.stream_error {
+        return Outcome {
+            status: Status::SandboxError,
+            exit_code: None,
+            signal: None,
+            problem: Some(e.to_string()),
+            usage: Usage::default(),
+        };
+    }
     if stage.host_ending == HostEnding::Stopped {
         return killed(Status::Stopped, Usage::default());
     }
