@@ -1,8 +1,10 @@
 //! The run history: one SQLite row per run, written from a dedicated blocking thread.
 //!
 //! The async side holds a cloneable [`History`] handle and sends commands over a channel; it
-//! never waits for a write. A write that fails is logged (`warn`) and dropped: history is a
-//! record, and a broken database must never fail or delay a run. Queries get their answer over
+//! never waits for a write. A write that fails is dropped: history is a record, and a broken
+//! database (unwritable, its disk full) must never fail or delay a run. The first failure of
+//! an outage is logged (`warn`), the rest at `debug`, and the first write that works again
+//! says how many were lost (`info`): one warning per outage, not one per run. Queries get their answer over
 //! a oneshot channel.
 //!
 //! At open, rows another (now dead) server instance left `queued` or `running` are marked
@@ -216,6 +218,8 @@ const QUEUE_CAPACITY: usize = 4096;
 pub struct History {
     tx: mpsc::SyncSender<Command>,
     path: PathBuf,
+    /// Commands are being dropped (the queue is full, or the thread stopped): warned once.
+    dropping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Where [`History::open`] looks for living instances when marking interrupted rows.
@@ -243,6 +247,7 @@ impl History {
         History {
             tx,
             path: path.to_path_buf(),
+            dropping: Default::default(),
         }
     }
 
@@ -251,17 +256,27 @@ impl History {
     }
 
     /// Never blocks: when the database falls behind by [`QUEUE_CAPACITY`] commands, the
-    /// command is dropped with a warning (a history failure never holds up or fails a run,
-    /// and the queue never holds an unbounded number of reports).
+    /// command is dropped, with one warning until it catches up (a history failure never
+    /// holds up or fails a run, and the queue never holds an unbounded number of reports).
     fn send(&self, cmd: Command) {
-        match self.tx.try_send(cmd) {
-            Ok(()) => {}
+        use std::sync::atomic::Ordering;
+        let dropped = match self.tx.try_send(cmd) {
+            Ok(()) => {
+                if self.dropping.swap(false, Ordering::Relaxed) {
+                    tracing::info!(path = %self.path.display(), "the history database caught up; writes are recorded again");
+                }
+                return;
+            }
             Err(mpsc::TrySendError::Full(_)) => {
-                tracing::warn!(path = %self.path.display(), "the history database is behind by {QUEUE_CAPACITY} writes; one was dropped");
+                format!("the history database is behind by {QUEUE_CAPACITY} writes; writes are dropped until it catches up")
             }
             Err(mpsc::TrySendError::Disconnected(_)) => {
-                tracing::warn!(path = %self.path.display(), "the history thread has stopped; a run was not recorded");
+                "the history thread has stopped; runs are not recorded".to_string()
             }
+        };
+        // One warning per episode, not one per dropped write.
+        if !self.dropping.swap(true, Ordering::Relaxed) {
+            tracing::warn!(path = %self.path.display(), "{dropped}");
         }
     }
 
@@ -400,6 +415,8 @@ fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
         path: path.clone(),
         detail: detail.to_string(),
     };
+    // Writes that failed since the last one that worked.
+    let mut lost: u64 = 0;
     while let Ok(cmd) = rx.recv() {
         let Some(conn) = conn.as_ref() else {
             match cmd {
@@ -416,37 +433,51 @@ fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
             }
             continue;
         };
+        // A write's result; `None` for a read.
         let written = match cmd {
-            Command::Insert(run) => insert(conn, &run).map(|_| ()),
-            Command::Started { run_id, at_ms } => conn
+            Command::Insert(run) => Some(insert(conn, &run).map(|_| ())),
+            Command::Started { run_id, at_ms } => Some(conn
                 .execute(
                     "UPDATE runs SET status = 'running', started_at = ?2 WHERE id = ?1 AND status = 'queued'",
                     params![run_id, at_ms],
                 )
-                .map(|_| ()),
-            Command::Finish { report, at_ms } => finish(conn, &report, at_ms).map(|_| ()),
-            Command::ForgetReports { run_ids } => forget_reports(conn, &run_ids).map(|_| ()),
-            Command::ForgetReportsEndedBefore { cutoff_ms } => conn
+                .map(|_| ())),
+            Command::Finish { report, at_ms } => Some(finish(conn, &report, at_ms).map(|_| ())),
+            Command::ForgetReports { run_ids } => Some(forget_reports(conn, &run_ids).map(|_| ())),
+            Command::ForgetReportsEndedBefore { cutoff_ms } => Some(conn
                 .execute(
                     "UPDATE runs SET report = NULL WHERE report IS NOT NULL AND ended_at < ?1",
                     params![cutoff_ms],
                 )
-                .map(|_| ()),
+                .map(|_| ())),
             Command::Report { run_id, ended_after_ms, reply } => {
                 let _ = reply.send(stored_report(conn, &run_id, ended_after_ms));
-                Ok(())
+                None
             }
             Command::Query { query, reply } => {
                 let _ = reply.send(select(conn, &query).map_err(|e| HistoryError::Query(e.to_string())));
-                Ok(())
+                None
             }
             Command::Get { run_id, reply } => {
                 let _ = reply.send(get(conn, &run_id).map_err(|e| HistoryError::Query(e.to_string())));
-                Ok(())
+                None
             }
         };
-        if let Err(e) = written {
-            tracing::warn!(path = %path.display(), error = %e, "writing the run history failed; the run itself is unaffected");
+        match (written, lost) {
+            (None, _) | (Some(Ok(())), 0) => {}
+            (Some(Ok(())), n) => {
+                tracing::info!(path = %path.display(), lost = n, "writing the run history works again");
+                lost = 0;
+            }
+            // One warning per outage (a full disk fails every write of every run).
+            (Some(Err(e)), 0) => {
+                tracing::warn!(path = %path.display(), error = %e, "writing the run history failed; runs go on unaffected but unrecorded until it works again (further failures are logged at debug level)");
+                lost = 1;
+            }
+            (Some(Err(e)), _) => {
+                tracing::debug!(path = %path.display(), error = %e, "writing the run history failed again");
+                lost += 1;
+            }
         }
     }
 }
