@@ -2,9 +2,10 @@
 //!
 //! The async side holds a cloneable [`History`] handle and sends commands over a channel; it
 //! never waits for a write. A write that fails is dropped: history is a record, and a broken
-//! database (unwritable, its disk full) must never fail or delay a run. The first failure of
-//! an outage is logged (`warn`), the rest at `debug`, and the first write that works again
-//! says how many were lost (`info`): one warning per outage, not one per run. Queries get their answer over
+//! database (unwritable, its disk full) must never fail or delay a run. The first failure is
+//! logged (`warn`), then at most one warning every ten minutes while writes keep failing
+//! (with how many were lost meanwhile), the rest at `debug`: one warning per outage, not one
+//! per run. Queries get their answer over
 //! a oneshot channel.
 //!
 //! At open, rows another (now dead) server instance left `queued` or `running` are marked
@@ -209,6 +210,9 @@ enum Command {
 
 /// Why a query got no answer.
 const NO_ANSWER: &str = "the history thread did not answer (it stopped, or is too far behind)";
+
+/// How often a history that keeps failing is warned about.
+const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How many commands may wait for the history thread.
 const QUEUE_CAPACITY: usize = 4096;
@@ -415,8 +419,9 @@ fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
         path: path.clone(),
         detail: detail.to_string(),
     };
-    // Writes that failed since the last one that worked.
+    // Failed writes since the last warning, and when that was.
     let mut lost: u64 = 0;
+    let mut warned: Option<std::time::Instant> = None;
     while let Ok(cmd) = rx.recv() {
         let Some(conn) = conn.as_ref() else {
             match cmd {
@@ -463,20 +468,16 @@ fn actor(path: PathBuf, owner: Owner, rx: mpsc::Receiver<Command>) {
                 None
             }
         };
-        match (written, lost) {
-            (None, _) | (Some(Ok(())), 0) => {}
-            (Some(Ok(())), n) => {
-                tracing::info!(path = %path.display(), lost = n, "writing the run history works again");
+        if let Some(Err(e)) = written {
+            lost += 1;
+            // One warning per outage (a full disk fails writes of every run), repeated at
+            // most every WARN_EVERY while it lasts.
+            if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                tracing::warn!(path = %path.display(), error = %e, lost, "writing the run history failed; runs go on unaffected but are not recorded (warned again at most every {} minutes while writes fail)", WARN_EVERY.as_secs() / 60);
+                warned = Some(std::time::Instant::now());
                 lost = 0;
-            }
-            // One warning per outage (a full disk fails every write of every run).
-            (Some(Err(e)), 0) => {
-                tracing::warn!(path = %path.display(), error = %e, "writing the run history failed; runs go on unaffected but unrecorded until it works again (further failures are logged at debug level)");
-                lost = 1;
-            }
-            (Some(Err(e)), _) => {
+            } else {
                 tracing::debug!(path = %path.display(), error = %e, "writing the run history failed again");
-                lost += 1;
             }
         }
     }
