@@ -11,16 +11,21 @@
 #   DIR/client-nocert  ca.pem only
 #
 # It changes nothing on the host's network: no bridge, no iptables rules, no masquerading.
+# With --hide PATH the daemon runs in a mount namespace of its own where PATH is an empty
+# tmpfs: it cannot see codebox's files there (the repository, the programs, the data
+# directories), as a daemon on another machine could not.
 #
-#   private-dockerd.sh start DIR [--tls PORT] [--data-mb N] [--load IMAGE]...
+#   private-dockerd.sh start DIR [--tls PORT] [--data-mb N] [--load IMAGE]... [--hide PATH]...
 #   private-dockerd.sh restart DIR     start the daemon again on the same folders
 #   private-dockerd.sh stop DIR        stop it (by PID), unmount and remove DIR; idempotent
-#   private-dockerd.sh keep DIR PID    stop DIR once process PID has ended (run it detached)
+#   private-dockerd.sh keep DIR PID    stop DIR once process PID has ended (run it detached);
+#                                      stop also removes the folder named in DIR/also-remove
 #   private-dockerd.sh fill DIR        make the daemon's disk full (shrink its tmpfs to what
 #                                      it holds)
 #   private-dockerd.sh unfill DIR      give it its size back
 #
-# DIR must be short (a unix socket path is at most 107 bytes): mktemp -d /tmp/cbd.XXXXXX.
+# DIR must be short (a unix socket path is at most 107 bytes), and outside what --hide hides:
+# mktemp -d /run/cbd.XXXXXX.
 set -euo pipefail
 
 die() { echo "private-dockerd: $*" >&2; exit 1; }
@@ -46,7 +51,14 @@ launch() {
       --tlskey "$dir/tls/server-key.pem")
   fi
   # Its own session, so a terminal's signals reach it only through stop.
-  setsid dockerd "${args[@]}" >>"$dir/dockerd.log" 2>&1 < /dev/null &
+  if [ -s "$dir/hide" ]; then
+    # shellcheck disable=SC2016
+    setsid unshare --mount --propagation private -- bash -c '
+      while IFS= read -r p; do mount -t tmpfs -o size=1m,mode=0755 codebox-hidden "$p"; done < "$0"
+      exec dockerd "$@"' "$dir/hide" "${args[@]}" >>"$dir/dockerd.log" 2>&1 < /dev/null &
+  else
+    setsid dockerd "${args[@]}" >>"$dir/dockerd.log" 2>&1 < /dev/null &
+  fi
   for _ in $(seq 1 120); do
     if docker -H "$(sock)" version >/dev/null 2>&1; then return 0; fi
     sleep 0.25
@@ -120,6 +132,8 @@ stop() {
   local mounts m
   mounts=$(awk -v d="$dir/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
   for m in $mounts; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+  # A folder of the caller's to go with the daemon (its test files).
+  if [ -s "$dir/also-remove" ]; then rm -rf "$(cat "$dir/also-remove")"; fi
   rm -rf "$dir"
 }
 
@@ -127,12 +141,13 @@ case "$cmd" in
   start)
     [ -d "$dir" ] || die "$dir does not exist (mktemp -d /tmp/cbd.XXXXXX)"
     command -v dockerd >/dev/null || die "dockerd is missing (scripts/ensure-docker.sh installs it)"
-    port=""; data_mb=1536; load=()
+    port=""; data_mb=1536; load=(); : > "$dir/hide"
     while [ $# -gt 0 ]; do
       case "$1" in
         --tls) port=$2; shift 2 ;;
         --data-mb) data_mb=$2; shift 2 ;;
         --load) load+=("$2"); shift 2 ;;
+        --hide) echo "$2" >> "$dir/hide"; shift 2 ;;
         *) die "unknown option $1" ;;
       esac
     done

@@ -9,6 +9,11 @@
 //! this process, one test at a time ([`private_daemon`] hands out a lock with it): the fault
 //! tests kill and stop it.
 //!
+//! The daemon runs in a mount namespace of its own in which `/tmp` (every test's programs,
+//! outputs and data directories) and the repository (`images/`, `languages.toml`, the
+//! codebox binary) are empty: like a daemon on another machine, it cannot see codebox's
+//! files, so everything that reaches it travels through the Engine API.
+//!
 //! It is stopped by PID, and its mounts and folder removed, when this process exits
 //! (`atexit`), and by a detached keeper process if this process is killed instead.
 
@@ -28,6 +33,7 @@ use crate::common::{codebox_bin, root};
 pub const IMAGES: [&str; 2] = ["base", "bash"];
 
 pub struct PrivateDaemon {
+    /// The daemon's own folder (under `/run`).
     pub dir: PathBuf,
     pub port: u16,
     /// A `languages.toml` with bash only (and its two images), beside a link to `images/`.
@@ -107,12 +113,23 @@ fn bash_registry(dir: &Path) -> PathBuf {
 impl PrivateDaemon {
     fn start() -> PrivateDaemon {
         let began = Instant::now();
-        // Short: the daemon's unix sockets live under it.
+        // Short (the daemon's unix sockets live under it), and outside what it cannot see.
         let dir = tempfile::Builder::new()
             .prefix("cbd.")
-            .tempdir_in("/tmp")
+            .tempdir_in("/run")
             .expect("temp dir")
             .keep();
+        // This process's own files for it, hidden from it, removed with it.
+        let files = tempfile::Builder::new()
+            .prefix("cbd-files.")
+            .tempdir()
+            .expect("temp dir")
+            .keep();
+        std::fs::write(
+            dir.join("also-remove"),
+            files.as_os_str().as_encoded_bytes(),
+        )
+        .unwrap();
         STOP_DIR.set(dir.clone()).expect("one private daemon");
         // SAFETY: registering a plain function to run at exit.
         unsafe { libc::atexit(stop_at_exit) };
@@ -138,16 +155,33 @@ impl PrivateDaemon {
             &port_text,
             "--load",
             "debian:bookworm-slim",
+            "--hide",
+            std::env::temp_dir().to_str().unwrap(),
+            "--hide",
+            root().to_str().unwrap(),
         ]);
-        let registry = bash_registry(&dir.join("registry"));
+        let registry = bash_registry(&files.join("registry"));
         let daemon = PrivateDaemon {
             dir,
             port,
             registry,
         };
+        // The daemon's view of the filesystem, through /proc: codebox's files are not there.
+        let seen = PathBuf::from(format!("/proc/{}/root", daemon.pid()));
+        let hidden_root = seen.join(root().strip_prefix("/").unwrap());
+        assert!(
+            !hidden_root.join("languages.toml").exists() && hidden_root.exists(),
+            "the daemon sees the repository"
+        );
+        let tmp = seen.join(std::env::temp_dir().strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read_dir(&tmp).map(|d| d.count()).ok(),
+            Some(0),
+            "the daemon sees /tmp"
+        );
         let started = began.elapsed();
         let build = daemon
-            .codebox(Via::Tls, &daemon.dir.join("build-data"))
+            .codebox(Via::Tls, &files.join("build-data"))
             .args(["images", "build"])
             .args(IMAGES)
             .args(["--set", "docker.build_network=host"])
