@@ -4,16 +4,19 @@
 #
 #   DIR/data      --data-root, on a tmpfs of its own (so a test can make its disk full)
 #   DIR/exec      --exec-root (its containerd, runtime state)
+#   DIR/netns     its network namespace (slirp4netns gives it outbound access)
 #   DIR/docker.sock, DIR/dockerd.pid, DIR/dockerd.log, DIR/daemon.json (empty: the machine's
 #                 /etc/docker/daemon.json is not read)
-#   DIR/tls       with --tls PORT: a CA, and the daemon's certificate for 127.0.0.1
+#   DIR/tls       with --tls PORT: a CA, and the daemon's certificate for 127.0.0.1 (the
+#                 host's 127.0.0.1:PORT is forwarded to the daemon)
 #   DIR/client    ca.pem, cert.pem, key.pem: a client certificate (DOCKER_CERT_PATH)
 #   DIR/client-nocert  ca.pem only
 #
-# It changes nothing on the host's network: no bridge, no iptables rules, no masquerading.
-# With --hide PATH the daemon runs in a mount namespace of its own where PATH is an empty
-# tmpfs: it cannot see codebox's files there (the repository, the programs, the data
-# directories), as a daemon on another machine could not.
+# It changes nothing on the host's network: it runs in a network namespace of its own (see
+# make_netns), with no bridge, no iptables rules and no masquerading there either. It runs in
+# a mount namespace of its own too, where each --hide PATH is an empty tmpfs: it cannot see
+# codebox's files there (the repository, the programs, the data directories), as a daemon
+# on another machine could not.
 #
 #   private-dockerd.sh start DIR [--tls PORT] [--data-mb N] [--load IMAGE]... [--hide PATH]...
 #   private-dockerd.sh restart DIR     start the daemon again on the same folders
@@ -39,26 +42,57 @@ pid_of_daemon() { [ -s "$dir/dockerd.pid" ] && cat "$dir/dockerd.pid" || true; }
 running() { [ -n "$1" ] && [ -r "/proc/$1/stat" ] && ! awk '{ exit $3 != "Z" }' "/proc/$1/stat"; }
 alive() { running "$(pid_of_daemon)"; }
 
+# The daemon's own network namespace, kept as DIR/netns: started with --bridge=none in the
+# host's namespace, dockerd deletes the host's docker0 (Moby's configureNetworking calls
+# removeDefaultBridgeInterface), which breaks the machine's own daemon. slirp4netns gives the
+# namespace outbound access from user space (image builds reach Debian's mirror) and forwards
+# 127.0.0.1:PORT on the host to the daemon's TLS port; the host's interfaces, routes and
+# iptables rules are never touched.
+make_netns() {
+  command -v slirp4netns >/dev/null || die "slirp4netns is missing (apt-get install slirp4netns)"
+  touch "$dir/netns"
+  unshare --net="$dir/netns" true
+  nsenter --net="$dir/netns" ip link set lo up
+  setsid slirp4netns --configure --mtu=65520 --disable-host-loopback --netns-type=path \
+    --api-socket "$dir/slirp.sock" "$dir/netns" tap0 >"$dir/slirp.log" 2>&1 < /dev/null &
+  for _ in $(seq 1 40); do [ -S "$dir/slirp.sock" ] && return 0; sleep 0.25; done
+  die "slirp4netns did not start (see $dir/slirp.log)"
+}
+
+# Forward 127.0.0.1:PORT on the host to PORT in the daemon's namespace.
+forward_port() {
+  python3 - "$dir/slirp.sock" "$1" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+port = int(sys.argv[2])
+s.sendall(json.dumps({"execute": "add_hostfwd", "arguments": {
+    "proto": "tcp", "host_addr": "127.0.0.1", "host_port": port, "guest_port": port}}).encode())
+answer = json.loads(s.recv(4096))
+sys.exit("slirp4netns: %s" % answer if "error" in answer else 0)
+PY
+}
+
 launch() {
-  # A pid file of a killed daemon stops a new one from starting.
+  # A pid file of a killed daemon stops a new one from starting, and one of its containerd
+  # (killed with it, possibly not yet reaped) makes the new daemon wait for it in vain.
   alive || rm -f "$dir/dockerd.pid"
+  running "$(cat "$dir/exec/containerd/containerd.pid" 2>/dev/null)" ||
+    rm -f "$dir/exec/containerd/containerd.pid"
   local args=(--config-file "$dir/daemon.json" --data-root "$dir/data" --exec-root "$dir/exec"
     --pidfile "$dir/dockerd.pid" -H "$(sock)"
     --bridge=none --iptables=false --ip-masq=false --ip6tables=false)
   if [ -s "$dir/tls-port" ]; then
-    args+=(-H "tcp://127.0.0.1:$(cat "$dir/tls-port")" --tlsverify
+    args+=(-H "tcp://0.0.0.0:$(cat "$dir/tls-port")" --tlsverify
       --tlscacert "$dir/tls/ca.pem" --tlscert "$dir/tls/server-cert.pem"
       --tlskey "$dir/tls/server-key.pem")
   fi
-  # Its own session, so a terminal's signals reach it only through stop.
-  if [ -s "$dir/hide" ]; then
-    # shellcheck disable=SC2016
-    setsid unshare --mount --propagation private -- bash -c '
-      while IFS= read -r p; do mount -t tmpfs -o size=1m,mode=0755 codebox-hidden "$p"; done < "$0"
-      exec dockerd "$@"' "$dir/hide" "${args[@]}" >>"$dir/dockerd.log" 2>&1 < /dev/null &
-  else
-    setsid dockerd "${args[@]}" >>"$dir/dockerd.log" 2>&1 < /dev/null &
-  fi
+  # Its own session (a terminal's signals reach it only through stop), its own network
+  # namespace, and a mount namespace of its own in which the --hide paths are empty.
+  # shellcheck disable=SC2016
+  setsid nsenter --net="$dir/netns" unshare --mount --propagation private -- bash -c '
+    while IFS= read -r p; do mount -t tmpfs -o size=1m,mode=0755 codebox-hidden "$p"; done < "$0"
+    exec dockerd "$@"' "$dir/hide" "${args[@]}" >>"$dir/dockerd.log" 2>&1 < /dev/null &
   for _ in $(seq 1 120); do
     if docker -H "$(sock)" version >/dev/null 2>&1; then return 0; fi
     sleep 0.25
@@ -93,11 +127,12 @@ make_certs() {
   echo "$port" > "$dir/tls-port"
 }
 
-# Every process that belongs to this daemon's folder (its dockerd, containerd, shims).
+# Every process that belongs to this daemon's folder (its dockerd, containerd, shims,
+# slirp4netns), or only those whose command line names a path under ${1:-DIR/}.
 own_processes() {
-  local p
+  local p under=${1:-$dir/}
   for p in /proc/[0-9]*; do
-    if { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null | grep -qF -- "$dir/"; then
+    if { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null | grep -qF -- "$under"; then
       basename "$p"
     fi
   done
@@ -107,7 +142,7 @@ stop() {
   [ -d "$dir" ] || return 0
   # A daemon killed with SIGKILL leaves its shims and their containers running: started
   # again, it stops them, and can then remove them.
-  if ! alive && [ -n "$(own_processes)" ] && [ -S "$dir/docker.sock" ]; then
+  if ! alive && [ -n "$(own_processes "$dir/exec/")" ] && [ -S "$dir/docker.sock" ]; then
     launch >/dev/null 2>&1 || true
   fi
   if alive; then
@@ -153,9 +188,10 @@ case "$cmd" in
     done
     mkdir -p "$dir/data" "$dir/exec"
     echo '{}' > "$dir/daemon.json"
+    make_netns
     mount -t tmpfs -o "size=${data_mb}m,mode=0711" codebox-private-dockerd "$dir/data"
     echo "$data_mb" > "$dir/data-mb"
-    if [ -n "$port" ]; then make_certs "$port"; fi
+    if [ -n "$port" ]; then make_certs "$port"; forward_port "$port"; fi
     launch || exit 1
     for image in "${load[@]}"; do
       docker save "$image" | docker -H "$(sock)" load >/dev/null

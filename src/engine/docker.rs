@@ -285,7 +285,6 @@ impl DockerEngine {
     /// not verify against `ca.pem`).
     fn unreachable(&self, e: BollardError) -> EngineError {
         let address = self.address.clone();
-
         if let (Some(files), Some(tls)) = (&self.tls, tls_error(&e)) {
             return match (tls, files.missing_client_file()) {
                 (rustls::Error::AlertReceived(_), Some(missing)) => {

@@ -2,9 +2,11 @@
 //! remote daemon over TLS, and the faults (a daemon killed, stopped, or out of disk).
 //!
 //! `scripts/private-dockerd.sh` starts it under a folder of its own (data root on a tmpfs,
-//! exec root, socket, pid file; no bridge, no iptables), listening on a unix socket and on
-//! `tcp://127.0.0.1:PORT` with `--tlsverify` (a CA, a server and a client certificate made
-//! with openssl). `debian:bookworm-slim` is loaded into it from the machine's daemon, then
+//! exec root, socket, pid file), in a network namespace of its own (slirp4netns gives it
+//! outbound access and forwards the host's `127.0.0.1:PORT` to it: the host's interfaces,
+//! routes and iptables rules are never touched), listening on a unix socket and, for the
+//! host, on `tcp://127.0.0.1:PORT` with `--tlsverify` (a CA, a server and a client
+//! certificate made with openssl). `debian:bookworm-slim` is loaded into it from the machine's daemon, then
 //! codebox builds the base and bash images there over TLS. One daemon serves every test of
 //! this process, one test at a time ([`private_daemon`] hands out a lock with it): the fault
 //! tests kill and stop it.
@@ -90,6 +92,18 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The host's network interfaces (a second daemon in the host's network namespace started
+/// with `--bridge=none` deletes `docker0`, the machine's own daemon's bridge).
+fn host_interfaces() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .expect("/sys/class/net")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// The shipped registry cut to bash and its images, in `dir`, with `images/` linked.
 fn bash_registry(dir: &Path) -> PathBuf {
     let shipped: toml::Table =
@@ -148,6 +162,7 @@ impl PrivateDaemon {
             .expect("the keeper");
         let port = free_port();
         let port_text = port.to_string();
+        let interfaces = host_interfaces();
         script_run(&[
             "start",
             dir.to_str().unwrap(),
@@ -160,6 +175,11 @@ impl PrivateDaemon {
             "--hide",
             root().to_str().unwrap(),
         ]);
+        assert_eq!(
+            host_interfaces(),
+            interfaces,
+            "starting the private daemon changed the host's network interfaces"
+        );
         let registry = bash_registry(&files.join("registry"));
         let daemon = PrivateDaemon {
             dir,
