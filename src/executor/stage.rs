@@ -202,9 +202,10 @@ pub async fn run_stage(
             },
         }
     }
-    let state = match unresponsive {
-        true => None,
-        false => by(collect_by(), engine.inspect_container(id)).await,
+    let state = if unresponsive {
+        None
+    } else {
+        by(collect_by(), engine.inspect_container(id)).await
     };
     let state = match state {
         Some(state) => state?,
