@@ -22,16 +22,16 @@ const TOKEN: &str = "fault-test-token-0123456789";
 
 /// A `codebox serve --transport http` child on a free port; killed by PID when dropped. Its
 /// log lines are kept.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    pub addr: String,
     log: Arc<Mutex<Vec<String>>>,
 }
 
-type McpClient = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+pub(crate) type McpClient = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 
 impl Server {
-    async fn start(command: std::process::Command) -> Server {
+    pub async fn start(command: std::process::Command) -> Server {
         let mut command = tokio::process::Command::from(command);
         let mut child = command
             .args(["serve", "--transport", "http", "--listen", "127.0.0.1:0"])
@@ -71,13 +71,13 @@ impl Server {
         self.child.id().expect("running") as i32
     }
 
-    async fn kill(mut self, signal: i32) {
+    pub async fn kill(mut self, signal: i32) {
         // SAFETY: plain kill(2) on our own child's PID.
         unsafe { libc::kill(self.pid(), signal) };
         let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
     }
 
-    async fn client(&self) -> McpClient {
+    pub async fn client(&self) -> McpClient {
         let t = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
                 .auth_header(TOKEN),
@@ -96,7 +96,7 @@ impl Server {
     }
 }
 
-async fn tool(client: &McpClient, name: &'static str, args: Value) -> Value {
+pub(crate) async fn tool(client: &McpClient, name: &'static str, args: Value) -> Value {
     let res = client
         .call_tool(params(name, args.clone()))
         .await
@@ -105,7 +105,7 @@ async fn tool(client: &McpClient, name: &'static str, args: Value) -> Value {
     res.structured_content.expect("structured content")
 }
 
-fn bash(code: &str, timeout_seconds: f64) -> Value {
+pub(crate) fn bash(code: &str, timeout_seconds: f64) -> Value {
     json!({"language": "bash", "code": code, "limits": {"timeout_seconds": timeout_seconds}})
 }
 

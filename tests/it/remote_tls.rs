@@ -10,6 +10,9 @@ use std::time::Duration;
 use codebox::engine::docker::DockerEngine;
 use codebox::engine::ContainerEngine;
 
+use serde_json::json;
+
+use crate::faults::{bash, tool, Server};
 use crate::mcp_support::eventually;
 use crate::private_daemon::{lock_files, now, private_daemon, wait_output, Via};
 
@@ -112,9 +115,50 @@ async fn run_doctor_and_images_work_over_tls_from_the_variables_or_the_config_fi
         .unwrap()
         .starts_with("GNU bash"));
 
+    let out = from_file().arg("smoke").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.ends_with("4 passed, 0 failed\n"), "{text}");
+
     // And in-process, through the engine the settings name.
     let engine = DockerEngine::connect(&daemon.settings(Via::Tls)).unwrap();
     assert_eq!(engine.ping().await.unwrap().address, daemon.tcp());
+}
+
+#[tokio::test]
+async fn serve_runs_code_over_tls() {
+    let (_alone, daemon) = private_daemon().await;
+    let data = tempfile::tempdir().unwrap();
+    let mut command = daemon.codebox(Via::Tls, data.path());
+    command.args(["--set", "pool.sizes={ bash = 1 }"]);
+    let server = Server::start(command).await;
+    let client = server.client().await;
+    let languages = tool(&client, "list_supported_languages", json!({})).await;
+    assert_eq!(
+        languages["languages"][0]["image_present"], true,
+        "{languages}"
+    );
+    let r = tool(&client, "run_code", bash("echo remote; cat", 10.0)).await;
+    assert_eq!(r["status"], "succeeded", "{r}");
+    assert_eq!(r["stdout"], "remote\n");
+    let started = tool(&client, "start_run", bash("sleep 1; echo later", 10.0)).await;
+    let id = started["run_id"].as_str().unwrap();
+    let r = tool(
+        &client,
+        "get_result",
+        json!({"run_id": id, "wait_seconds": 30}),
+    )
+    .await;
+    assert_eq!(
+        (r["status"].as_str(), r["stdout"].as_str()),
+        (Some("succeeded"), Some("later\n"))
+    );
+    drop(client);
+    server.kill(libc::SIGTERM).await;
+    assert!(
+        daemon.containers("label=codebox.managed=true").is_empty(),
+        "the server removed its runs' and its pool's containers on the remote daemon"
+    );
 }
 
 #[tokio::test]
