@@ -335,6 +335,108 @@ section! {
     }
 }
 
+/// The docker CLI's own variables, which apply to a `docker` setting left unset by the file,
+/// the `CODEBOX_*` variables and the flags: (setting, variable).
+pub const DOCKER_ENV: [(&str, &str); 3] = [
+    ("docker.host", "DOCKER_HOST"),
+    ("docker.tls_verify", "DOCKER_TLS_VERIFY"),
+    ("docker.cert_path", "DOCKER_CERT_PATH"),
+];
+
+/// The daemon's address when neither `docker.host` nor `DOCKER_HOST` says otherwise.
+pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
+
+section! {
+    /// The Docker daemon every command talks to: the local socket, or another machine over
+    /// TLS. Everything reaches the daemon through the Engine API (code, files and outputs on
+    /// the containers' attached streams, image build contexts as uploads), so the daemon
+    /// needs no access to codebox's files. Each setting the file, the `CODEBOX_*` variables
+    /// and the flags leave unset takes the docker CLI's variable: `DOCKER_HOST`,
+    /// `DOCKER_TLS_VERIFY` (any non-empty value turns it on, as for the docker CLI) and
+    /// `DOCKER_CERT_PATH`.
+    ///
+    /// # Security
+    /// Whoever talks to the daemon controls the machine it runs on. Reach a daemon on another
+    /// machine only with `tls_verify` on: codebox then trusts no certificate authority but
+    /// `ca.pem` (as the docker CLI does) and presents `cert.pem` and `key.pem`, so the daemon
+    /// (started with `--tlsverify`) knows it is codebox. A `tcp://` address without TLS is
+    /// plain HTTP: anyone on the path can read the code and take over the daemon.
+    pub struct DockerSettings {
+        /// The daemon's address: `unix:///path/to/docker.sock` or `tcp://HOST:PORT` (2376
+        /// is the usual TLS port). When unset: `DOCKER_HOST`, else
+        /// `unix:///var/run/docker.sock`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub host: Option<String> = None,
+        /// Talk TLS to a `tcp://` daemon and verify its certificate against `ca.pem` in
+        /// `cert_path`, presenting `cert.pem` and `key.pem` from there as the client
+        /// certificate. When unset: on if `DOCKER_TLS_VERIFY` is set. Ignored for a
+        /// `unix://` socket.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tls_verify: Option<bool> = None,
+        /// The folder holding `ca.pem`, `cert.pem` and `key.pem`. When unset:
+        /// `DOCKER_CERT_PATH`, else `~/.docker`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cert_path: Option<PathBuf> = None,
+        /// The network of the `RUN` steps of `codebox images build` (the daemon's default
+        /// bridge when unset). `host` lets a daemon started without a bridge
+        /// (`--bridge=none`) reach the Debian mirror while building.
+        ///
+        /// # Security
+        /// Only codebox's own Dockerfiles run with it, never a program: sandbox containers
+        /// always have `network_mode=none`, and the posture check refuses anything else.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub build_network: Option<String> = None,
+    }
+}
+
+impl DockerSettings {
+    /// The daemon's address.
+    pub fn address(&self) -> &str {
+        self.host.as_deref().unwrap_or(DEFAULT_DOCKER_HOST)
+    }
+
+    /// Whether the daemon is reached over TLS (a `tcp://` address with `tls_verify` on).
+    pub fn uses_tls(&self) -> bool {
+        self.tls_verify == Some(true) && self.address().starts_with("tcp://")
+    }
+
+    /// The folder of `ca.pem`, `cert.pem` and `key.pem`: `cert_path`, else `~/.docker`.
+    pub fn cert_dir(&self) -> PathBuf {
+        self.cert_path.clone().unwrap_or_else(|| {
+            directories::BaseDirs::new()
+                .map(|d| d.home_dir().join(".docker"))
+                .unwrap_or_else(|| PathBuf::from(".docker"))
+        })
+    }
+
+    /// These settings, each unset one taken from the docker CLI's variable (`env` is
+    /// injected so tests need no real environment).
+    pub fn or_docker_env(mut self, env: impl Fn(&str) -> Option<String>) -> DockerSettings {
+        let var = |name: &str| env(name).filter(|v| !v.is_empty());
+        if self.host.is_none() {
+            self.host = var("DOCKER_HOST");
+        }
+        if self.tls_verify.is_none() {
+            self.tls_verify = var("DOCKER_TLS_VERIFY").map(|_| true);
+        }
+        if self.cert_path.is_none() {
+            self.cert_path = var("DOCKER_CERT_PATH").map(PathBuf::from);
+        }
+        self
+    }
+
+    /// The variables that give the docker CLI the same daemon (for `codebox bench`'s
+    /// baseline, which runs `docker run`).
+    pub fn cli_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("DOCKER_HOST", self.address().to_string())];
+        if self.uses_tls() {
+            env.push(("DOCKER_TLS_VERIFY", "1".to_string()));
+            env.push(("DOCKER_CERT_PATH", self.cert_dir().display().to_string()));
+        }
+        env
+    }
+}
+
 section! {
     /// Everything codebox needs to know from its operator.
     pub struct Config {
@@ -351,6 +453,7 @@ section! {
         pub http: HttpSettings = HttpSettings::default(),
         pub pool: PoolSettings = PoolSettings::default(),
         pub cache: CacheSettings = CacheSettings::default(),
+        pub docker: DockerSettings = DockerSettings::default(),
     }
 }
 
@@ -455,6 +558,8 @@ pub struct Setting {
     pub env: String,
     /// `CODEBOX_MAX_CONCURRENT_RUNS`, when the key names this setting only.
     pub env_short: Option<String>,
+    /// The docker CLI's variable that applies when nothing else sets it (`DOCKER_HOST`).
+    pub env_fallback: Option<String>,
     /// The values a text setting may take, when they are a fixed set.
     pub choices: Vec<String>,
 }
@@ -478,6 +583,9 @@ impl Config {
             }
             if let Some((var, _)) = SHORT_ALIASES.iter().find(|(_, p)| *p == s.path) {
                 s.env_short = Some(var.to_string());
+            }
+            if let Some((_, var)) = DOCKER_ENV.iter().find(|(p, _)| *p == s.path) {
+                s.env_fallback = Some(var.to_string());
             }
         }
         out
@@ -526,7 +634,8 @@ impl Config {
             };
             set_in(&mut table, s, value, Source::Flag)?;
         }
-        let config = from_table(table, file)?;
+        let mut config = from_table(table, file)?;
+        config.docker = config.docker.or_docker_env(env);
         config.validate()?;
         Ok(config)
     }
@@ -740,6 +849,33 @@ impl Config {
                 "is only used with history.url (PostgreSQL)",
             ));
         }
+        let d = &self.docker;
+        if let Some(host) = &d.host {
+            let ok = match host.split_once("://") {
+                Some(("unix", path)) => path.starts_with('/'),
+                Some(("tcp", rest)) => rest
+                    .trim_end_matches('/')
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+                _ => false,
+            };
+            if !ok {
+                return Err(invalid(
+                    "docker.host",
+                    format!("{host:?}"),
+                    "must be unix:///path/to/docker.sock or tcp://HOST:PORT (the setting, else DOCKER_HOST)",
+                ));
+            }
+        }
+        if let Some(network) = &d.build_network {
+            if network.trim().is_empty() || network.contains(char::is_whitespace) {
+                return Err(invalid(
+                    "docker.build_network",
+                    format!("{network:?}"),
+                    "must name a network mode, e.g. host",
+                ));
+            }
+        }
         let h = &self.http;
         if h.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(invalid(
@@ -836,6 +972,7 @@ fn collect_settings(
         out.push(Setting {
             env: env_name(&path),
             env_short: None,
+            env_fallback: None,
             choices,
             kind: kind_of(&resolved),
             path,
@@ -1061,6 +1198,73 @@ mod tests {
             c.sandbox.pids_limit, 90,
             "the section-qualified variable wins over the short one"
         );
+    }
+
+    #[test]
+    fn docker_settings_beat_the_docker_cli_variables_which_beat_the_default() {
+        let cli_env = |k: &str| match k {
+            "DOCKER_HOST" => Some("tcp://10.0.0.5:2376".to_string()),
+            "DOCKER_TLS_VERIFY" => Some("1".to_string()),
+            "DOCKER_CERT_PATH" => Some("/certs".to_string()),
+            _ => None,
+        };
+        let c = Config::resolve(None, no_env, &[]).unwrap();
+        assert_eq!(c.docker.address(), DEFAULT_DOCKER_HOST);
+        assert!(!c.docker.uses_tls());
+
+        let c = Config::resolve(None, cli_env, &[]).unwrap();
+        assert_eq!(c.docker.address(), "tcp://10.0.0.5:2376");
+        assert!(c.docker.uses_tls());
+        assert_eq!(c.docker.cert_dir(), PathBuf::from("/certs"));
+        assert_eq!(
+            c.docker.cli_env(),
+            [
+                ("DOCKER_HOST", "tcp://10.0.0.5:2376".to_string()),
+                ("DOCKER_TLS_VERIFY", "1".to_string()),
+                ("DOCKER_CERT_PATH", "/certs".to_string())
+            ]
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[docker]\nhost = \"tcp://docker.example:2376\"\ncert_path = \"/etc/codebox/docker\"\n",
+        )
+        .unwrap();
+        let c = Config::resolve(Some(&file), cli_env, &[]).unwrap();
+        assert_eq!(c.docker.address(), "tcp://docker.example:2376");
+        assert_eq!(c.docker.cert_dir(), PathBuf::from("/etc/codebox/docker"));
+        assert!(
+            c.docker.uses_tls(),
+            "DOCKER_TLS_VERIFY fills what the file leaves unset"
+        );
+        let c = Config::resolve(
+            Some(&file),
+            cli_env,
+            &["docker.host=unix:///run/other.sock".into()],
+        )
+        .unwrap();
+        assert_eq!(c.docker.address(), "unix:///run/other.sock");
+        assert!(!c.docker.uses_tls(), "TLS is for tcp:// only");
+        assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
+
+        let settings = Config::settings();
+        let host = settings.iter().find(|s| s.path == "docker.host").unwrap();
+        assert_eq!(host.env, "CODEBOX_DOCKER_HOST");
+        assert_eq!(host.env_fallback.as_deref(), Some("DOCKER_HOST"));
+
+        for bad in [
+            "ssh://me@host",
+            "tcp://host",
+            "host:2376",
+            "unix://relative.sock",
+        ] {
+            let msg = Config::resolve(None, no_env, &[format!("docker.host={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("docker.host") && msg.contains(bad), "{msg}");
+        }
     }
 
     #[test]

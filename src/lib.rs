@@ -20,7 +20,8 @@
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.
 //! - [`executor`]: request validation, the workspace, the two stages, outcomes.
-//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker.rs` (the only bollard user),
+//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker.rs` (the only bollard user:
+//!   a local socket, or TCP with TLS trusting only the operator's CA),
 //!   `fake.rs` (records specs, fails on demand), `guard.rs` (removal), `posture.rs` (the
 //!   locked-down spec).
 //! - [`instance`]: this process's identity and liveness lock.

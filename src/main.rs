@@ -2,6 +2,20 @@
 
 use clap::Parser;
 
+/// An error and its causes, each cause said once: most of codebox's errors already quote
+/// their cause, which `{:#}` would repeat.
+fn describe(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 fn main() {
     let cli = codebox::cli::Cli::parse();
     tracing_subscriber::fmt()
@@ -21,7 +35,7 @@ fn main() {
     let code = match runtime.block_on(codebox::cli::run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("codebox: {e:#}");
+            eprintln!("codebox: {}", describe(&e));
             2
         }
     };

@@ -84,6 +84,8 @@ fn cpu_time() -> Duration {
 /// The docker CLI flags equivalent to codebox's container spec.
 struct Docker {
     flags: Vec<String>,
+    /// `DOCKER_HOST` and friends, so the CLI talks to the daemon codebox talks to.
+    env: Vec<(&'static str, String)>,
     workspace_mb: u64,
     /// codebox's seccomp profile as a file for `--security-opt seccomp=FILE`; removed on drop.
     seccomp: PathBuf,
@@ -140,14 +142,22 @@ impl Docker {
         .collect();
         Ok(Docker {
             flags,
+            env: app.config.docker.cli_env(),
             workspace_mb: s.workspace_mb,
             seccomp,
         })
     }
 
-    async fn docker(args: &[String], stdin: Option<&str>) -> anyhow::Result<std::process::Output> {
+    async fn docker(
+        &self,
+        args: &[String],
+        stdin: Option<&str>,
+    ) -> anyhow::Result<std::process::Output> {
         let mut cmd = tokio::process::Command::new("docker");
         cmd.args(args)
+            .env_remove("DOCKER_TLS_VERIFY")
+            .env_remove("DOCKER_CERT_PATH")
+            .envs(self.env.iter().cloned())
             .stdin(if stdin.is_some() {
                 std::process::Stdio::piped()
             } else {
@@ -194,10 +204,11 @@ impl Docker {
                 "-c".into(),
                 script(&lang.run),
             ]);
-            return Ok(Docker::docker(&args, Some(code)).await?.status.success());
+            return Ok(self.docker(&args, Some(code)).await?.status.success());
         };
         let volume = format!("codebox-bench-{}", uuid::Uuid::new_v4().simple());
-        Docker::docker(&["volume".into(), "create".into(), volume.clone()], None).await?;
+        self.docker(&["volume".into(), "create".into(), volume.clone()], None)
+            .await?;
         let mount = |ro: bool| {
             format!(
                 "--volume={volume}:/workspace{}",
@@ -214,7 +225,8 @@ impl Docker {
             "-c".into(),
             script(compile),
         ]);
-        let compiled = Docker::docker(&c, Some(code))
+        let compiled = self
+            .docker(&c, Some(code))
             .await
             .map(|o| o.status.success());
         let mut ok = false;
@@ -225,9 +237,10 @@ impl Docker {
             r.push(mount(true));
             r.push(lang.image.tag.clone());
             r.extend(lang.run.iter().cloned());
-            ok = Docker::docker(&r, None).await?.status.success();
+            ok = self.docker(&r, None).await?.status.success();
         }
-        Docker::docker(&["volume".into(), "rm".into(), "-f".into(), volume], None).await?;
+        self.docker(&["volume".into(), "rm".into(), "-f".into(), volume], None)
+            .await?;
         compiled?;
         Ok(ok)
     }

@@ -16,10 +16,13 @@ pub fn print(config: &Config, list: bool, out: &mut (dyn Write + Send)) -> anyho
         "SETTING (file key, --set)", "VARIABLES"
     )?;
     for s in Config::settings() {
-        let vars = match &s.env_short {
+        let mut vars = match &s.env_short {
             Some(short) => format!("{} {short}", s.env),
             None => s.env.clone(),
         };
+        if let Some(fallback) = &s.env_fallback {
+            vars.push_str(&format!(" (else {fallback})"));
+        }
         let doc = s.doc.split("\n\n").next().unwrap_or("").replace('\n', " ");
         writeln!(out, "{:<34} {:<40} {doc}", s.path, vars)?;
     }

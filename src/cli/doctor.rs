@@ -128,7 +128,12 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
     for i in &list {
         if i.present {
             let v: Vec<&str> = i.versions.values().map(String::as_str).collect();
-            check(out, true, format!("{} present ({})", i.tag, v.join("; ")))?;
+            let versions = if v.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", v.join("; "))
+            };
+            check(out, true, format!("{} present{versions}", i.tag))?;
         } else {
             check(
                 out,

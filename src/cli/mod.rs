@@ -140,7 +140,7 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
 /// Build the application on Docker: the one place a concrete engine is chosen.
 pub fn docker_app(config: Config) -> anyhow::Result<App> {
     let registry = Registry::load(&registry_path(&config))?;
-    let engine: Arc<dyn ContainerEngine> = Arc::new(DockerEngine::connect()?);
+    let engine: Arc<dyn ContainerEngine> = Arc::new(DockerEngine::connect(&config.docker)?);
     Ok(App::build(config, registry, engine)?)
 }
 

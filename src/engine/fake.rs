@@ -104,6 +104,8 @@ struct State {
     signals: BTreeMap<String, Vec<Signal>>,
     /// The last limits each container was updated to (kept after removal).
     updates: BTreeMap<String, Resources>,
+    /// The daemon stopped answering (SIGSTOP): calls and output never come back.
+    frozen: bool,
 }
 
 /// The fake engine.
@@ -152,6 +154,12 @@ impl FakeEngine {
         });
     }
 
+    /// From now on the engine answers nothing, as a daemon stopped with SIGSTOP: every
+    /// call, and every container's output, waits forever.
+    pub fn freeze(&self) {
+        self.state().frozen = true;
+    }
+
     /// Every attach panics (a bug in a run task).
     pub fn panic_on_start(&self) {
         self.set_default(Behaviour::Panic);
@@ -198,6 +206,14 @@ impl FakeEngine {
     /// How many containers were started (by a stage or ahead of time).
     pub fn started(&self) -> usize {
         self.state().starts
+    }
+
+    /// Answer a call (never, when frozen), failing it if told to.
+    async fn answer(&self, step: Step) -> Result<(), EngineError> {
+        if self.state().frozen {
+            std::future::pending::<()>().await;
+        }
+        self.check(step)
     }
 
     fn check(&self, step: Step) -> Result<(), EngineError> {
@@ -371,7 +387,7 @@ async fn program(
 #[async_trait]
 impl ContainerEngine for FakeEngine {
     async fn ping(&self) -> Result<EngineInfo, EngineError> {
-        self.check(Step::Ping)?;
+        self.answer(Step::Ping).await?;
         Ok(EngineInfo {
             address: "fake://".into(),
             version: "fake".into(),
@@ -381,7 +397,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
-        self.check(Step::InspectImage)?;
+        self.answer(Step::InspectImage).await?;
         Ok(Some(ImageInfo {
             id: format!("sha256:fake-{tag}"),
             ..Default::default()
@@ -401,7 +417,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        self.check(Step::CreateContainer)?;
+        self.answer(Step::CreateContainer).await?;
         let mut st = self.state();
         st.specs.push(spec.clone());
         let (exit, _) = watch::channel(None);
@@ -419,7 +435,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn start_container(&self, id: &str) -> Result<(), EngineError> {
-        self.check(Step::Start)?;
+        self.answer(Step::Start).await?;
         let mut st = self.state();
         let c = st
             .containers
@@ -431,7 +447,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn attach_container(&self, id: &str) -> Result<Attached, EngineError> {
-        self.check(Step::Attach)?;
+        self.answer(Step::Attach).await?;
         let behaviour = {
             let mut st = self.state();
             st.attached += 1;
@@ -458,8 +474,16 @@ impl ContainerEngine for FakeEngine {
             sig_rx,
             behaviour,
         ));
-        let output = futures_util::stream::unfold(out_rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
+        let state = self.state.clone();
+        let output = futures_util::stream::unfold(out_rx, move |mut rx| {
+            let state = state.clone();
+            async move {
+                let item = rx.recv().await;
+                if lock(&state).frozen {
+                    std::future::pending::<()>().await;
+                }
+                item.map(|item| (item, rx))
+            }
         });
         Ok(Attached {
             output: Box::pin(output),
@@ -468,7 +492,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn wait_container(&self, id: &str) -> Result<i64, EngineError> {
-        self.check(Step::Wait)?;
+        self.answer(Step::Wait).await?;
         let mut rx = {
             let st = self.state();
             st.containers
@@ -485,7 +509,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn kill_container(&self, id: &str, signal: Signal) -> Result<(), EngineError> {
-        self.check(Step::Kill)?;
+        self.answer(Step::Kill).await?;
         let mut st = self.state();
         st.signals.entry(id.to_string()).or_default().push(signal);
         if let Some(tx) = st.containers.get(id).and_then(|c| c.signal_tx.as_ref()) {
@@ -495,7 +519,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn inspect_container(&self, id: &str) -> Result<ContainerState, EngineError> {
-        self.check(Step::Inspect)?;
+        self.answer(Step::Inspect).await?;
         let st = self.state();
         let c = st
             .containers
@@ -511,7 +535,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {
-        self.check(Step::Update)?;
+        self.answer(Step::Update).await?;
         let mut st = self.state();
         if !st.containers.contains_key(id) {
             return Err(FakeEngine::missing(id));
@@ -521,7 +545,7 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
-        self.check(Step::Remove)?;
+        self.answer(Step::Remove).await?;
         let mut st = self.state();
         if st.failing_removals > 0 {
             st.failing_removals -= 1;

@@ -171,13 +171,22 @@ pub fn detail(message: impl Into<String>) -> Cause {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
     #[error(
-        "Docker is not reachable at {address}: start the daemon or set DOCKER_HOST ({source})"
+        "Docker is not reachable at {address}: start the daemon or set DOCKER_HOST or docker.host ({source})"
     )]
     Unreachable {
         address: String,
         #[source]
         source: Cause,
     },
+    #[error("Docker at {address} refused the connection: it requires a TLS client certificate, and there is none at {} (set docker.cert_path or DOCKER_CERT_PATH to a folder holding ca.pem, cert.pem and key.pem)", cert.display())]
+    NoClientCertificate {
+        address: String,
+        cert: std::path::PathBuf,
+    },
+    #[error("TLS with Docker at {address} failed: {reason}")]
+    Tls { address: String, reason: String },
+    #[error("Docker stopped answering while the container was being ended (nothing for {seconds} s after its time was up); codebox keeps trying to remove it, and the next start reaps it if that fails")]
+    Unresponsive { seconds: u64 },
     #[error("image {tag} is not present")]
     ImageMissing { tag: String },
     #[error("creating the container failed: {0}")]

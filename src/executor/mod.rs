@@ -407,6 +407,10 @@ impl Executor {
         let request = StageRequest {
             payload: Bytes::from(payload.encode()),
             backstop: limits_total + BACKSTOP_GRACE,
+            run_backstop: payload
+                .check
+                .as_ref()
+                .map(|_| payload.timeout + BACKSTOP_GRACE),
             limits: DecodeLimits {
                 output: self.config.sandbox.output_limit_bytes,
                 content: content_bytes,

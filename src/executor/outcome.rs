@@ -2,6 +2,7 @@
 
 use super::stage::{HostEnding, StageResult};
 use crate::engine::protocol::{End, Phase, PhaseEnd};
+use crate::engine::EngineError;
 use crate::report::{Status, Usage};
 
 /// Name of a Linux signal number.
@@ -129,6 +130,16 @@ pub fn classify(phase: Option<&Phase>, stage: &StageResult) -> Outcome {
         };
     }
     let started = phase.is_some();
+    // The daemon stopped answering: nothing is known of how the program ended.
+    if let Some(e @ EngineError::Unresponsive { .. }) = &stage.stream_error {
+        return Outcome {
+            status: Status::SandboxError,
+            exit_code: None,
+            signal: None,
+            problem: Some(e.to_string()),
+            usage: Usage::default(),
+        };
+    }
     if stage.host_ending == HostEnding::Stopped {
         return killed(Status::Stopped, Usage::default());
     }
@@ -152,6 +163,19 @@ pub fn classify(phase: Option<&Phase>, stage: &StageResult) -> Outcome {
         fatal.clone()
     } else if stage.host_ending == HostEnding::Backstop {
         "the container did not answer within its time limit; it was killed".to_string()
+    } else if let Some(signal) = stage
+        .exit_code
+        .filter(|c| *c > 128)
+        .and_then(|c| signal_name(c - 128))
+    {
+        let code = stage.exit_code.unwrap_or_default();
+        if signal == "SIGKILL" {
+            // Nothing inside the container can SIGKILL its PID 1, and the OOM killer would
+            // have been seen: this came from outside.
+            format!("the container was killed by SIGKILL (exit code {code}) before codebox-init reported: something outside codebox ended it, e.g. `docker kill` or a restart of the daemon")
+        } else {
+            format!("codebox-init died of {signal} (exit code {code}) before it reported")
+        }
     } else {
         let said = String::from_utf8_lossy(&stage.stderr);
         let said = said.trim();
@@ -236,6 +260,35 @@ mod tests {
         // An exit code of 139 is just an exit code.
         let o = classify(Some(&phase(End::Exited(139), 0)), &s);
         assert_eq!((o.status, o.signal), (Status::Failed, None));
+    }
+
+    #[test]
+    fn a_container_killed_from_outside_is_a_sandbox_error_that_says_so() {
+        let mut s = stage();
+        s.exit_code = Some(137);
+        let started = Phase {
+            end: None,
+            ..phase(End::Exited(0), 0)
+        };
+        let o = classify(Some(&started), &s);
+        assert_eq!(o.status, Status::SandboxError);
+        assert!(
+            o.problem
+                .as_deref()
+                .unwrap()
+                .starts_with("the container was killed by SIGKILL (exit code 137) before codebox-init reported: something outside codebox ended it"),
+            "{o:?}"
+        );
+        s.exit_code = Some(139);
+        assert_eq!(
+            classify(Some(&started), &s).problem.as_deref(),
+            Some("codebox-init died of SIGSEGV (exit code 139) before it reported")
+        );
+        s.exit_code = Some(1);
+        assert_eq!(
+            classify(Some(&started), &s).problem.as_deref(),
+            Some("the container ended (exit code 1) before codebox-init reported")
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! when it may grow ([`Pool::fill`]) and when it must give memory back ([`Pool::shed`]).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -109,6 +109,9 @@ struct Inner {
     cleanup: Cleanup,
     state: Mutex<State>,
     counters: PoolCounters,
+    /// Set when the runtime refused to change a started container's limits (runsc cannot):
+    /// from then on only a container of the exact shape serves a run.
+    no_updates: AtomicBool,
 }
 
 /// The pool of one process. Cheap to clone.
@@ -134,6 +137,7 @@ impl Pool {
                 cleanup,
                 state: Mutex::new(State::default()),
                 counters: PoolCounters::default(),
+                no_updates: AtomicBool::new(false),
             }),
         }
     }
@@ -300,9 +304,12 @@ impl Pool {
         let (idle, exact) = {
             let mut st = self.state();
             let exact = st.idle.iter().position(|i| &i.shape == shape);
+            let updates = !self.inner.no_updates.load(Ordering::Relaxed);
             let close = || {
                 st.idle.iter().position(|i| {
-                    i.shape.image == shape.image && i.shape.workspace_mb == shape.workspace_mb
+                    updates
+                        && i.shape.image == shape.image
+                        && i.shape.workspace_mb == shape.workspace_mb
                 })
             };
             match exact
@@ -338,7 +345,13 @@ impl Pool {
                 .update_container(idle.guard.name(), r)
                 .await
             {
-                tracing::warn!(error = %e, "could not update a pooled container's limits; creating one");
+                if !self.inner.no_updates.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %e,
+                        "the runtime cannot change a started container's limits; from now on a run \
+                         whose limits differ from the pool's gets a new container"
+                    );
+                }
                 self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
                 return None;
             }

@@ -5,8 +5,10 @@
 //! `codebox-init` enforces the program's wall-clock limit itself (so a timed-out program still
 //! reports its usage and files). The host only steps in when the helper does not finish: at
 //! `backstop` it kills the container. A stop asks the helper first (SIGTERM: it stops the
-//! program and reports), then kills after [`STOP_GRACE`]. Tested on the fake engine with
-//! paused time.
+//! program and reports), then kills after [`STOP_GRACE`]. Once the stage's time is up, the
+//! host waits on the engine (kill, drain, exit, state) for at most [`END_GRACE`] more: a
+//! daemon that stops answering cannot hold a run beyond its limits, the backstop's grace and
+//! this. Tested on the fake engine with paused time.
 
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::protocol::{DecodeLimits, Decoded, Decoder};
+use crate::engine::protocol::{DecodeLimits, Decoded, Decoder, PhaseName};
 use crate::engine::{ContainerEngine, EngineError, Output, Signal};
 
 /// How long a stopped helper gets to report before the container is killed.
@@ -24,6 +26,9 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 pub const DRAIN_GRACE: Duration = Duration::from_secs(3);
 /// How long to wait for the engine to report a container's exit.
 pub const WAIT_GRACE: Duration = Duration::from_secs(10);
+/// How long the host goes on waiting for the engine once the stage's time is up (the
+/// backstop passed, or a stop's grace): after this the stage ends without the engine's word.
+pub const END_GRACE: Duration = Duration::from_secs(10);
 /// Bytes kept of what the container writes to its own stderr (only `codebox-init` may, and
 /// only when it cannot start at all).
 const STDERR_KEPT: usize = 16 * 1024;
@@ -35,6 +40,9 @@ pub struct StageRequest {
     pub payload: bytes::Bytes,
     /// After this long the host kills the container, whatever the helper says.
     pub backstop: Duration,
+    /// When a check phase comes first (its budget is in `backstop`): once the run phase
+    /// begins, the host's deadline becomes this long from then, if that is sooner.
+    pub run_backstop: Option<Duration>,
     pub limits: DecodeLimits,
 }
 
@@ -86,6 +94,11 @@ enum Watch {
     Killed,
 }
 
+/// An engine call that must answer by `when`; `None` when it did not.
+async fn by<T>(when: Instant, call: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout_at(when, call).await.ok()
+}
+
 /// Run one stage in the container `id`; `start` when it was only created.
 pub async fn run_stage(
     engine: &dyn ContainerEngine,
@@ -117,17 +130,31 @@ pub async fn run_stage(
     let mut ending = HostEnding::Finished;
     let mut watch = Watch::Running;
     let mut deadline = began + request.backstop;
+    // Past this the engine's answers are no longer waited for.
+    let mut hard_end = deadline + END_GRACE;
     let mut stop_asked = false;
+    let mut unresponsive = false;
+    let mut run_backstop = request.run_backstop;
     loop {
         tokio::select! {
             item = output.next() => match item {
                 Some(Ok(Output::Stdout(bytes))) => {
                     if protocol_error.is_none() {
-                        if let Err(e) = decoder.push(&bytes) {
+                        let pushed = decoder.push(&bytes);
+                        if let Some(after) = run_backstop.filter(|_| watch == Watch::Running && decoder.decoded().phase(PhaseName::Run).is_some()) {
+                            run_backstop = None;
+                            deadline = deadline.min(Instant::now() + after);
+                            hard_end = hard_end.min(deadline + END_GRACE);
+                        }
+                        if let Err(e) = pushed {
                             protocol_error = Some(e.to_string());
-                            engine.kill_container(id, Signal::Kill).await?;
+                            let Some(killed) = by(hard_end, engine.kill_container(id, Signal::Kill)).await else {
+                                unresponsive = true;
+                                break;
+                            };
+                            killed?;
                             watch = Watch::Killed;
-                            deadline = Instant::now() + DRAIN_GRACE;
+                            deadline = (Instant::now() + DRAIN_GRACE).min(hard_end);
                         }
                     }
                 }
@@ -144,7 +171,12 @@ pub async fn run_stage(
             _ = cancel.cancelled(), if !stop_asked && watch == Watch::Running => {
                 stop_asked = true;
                 ending = HostEnding::Stopped;
-                engine.kill_container(id, Signal::Term).await?;
+                hard_end = hard_end.min(Instant::now() + STOP_GRACE + END_GRACE);
+                let Some(signalled) = by(hard_end, engine.kill_container(id, Signal::Term)).await else {
+                    unresponsive = true;
+                    break;
+                };
+                signalled?;
                 watch = Watch::Stopping;
                 deadline = Instant::now() + STOP_GRACE;
             }
@@ -153,9 +185,13 @@ pub async fn run_stage(
                     if watch == Watch::Running {
                         ending = HostEnding::Backstop;
                     }
-                    engine.kill_container(id, Signal::Kill).await?;
+                    let Some(killed) = by(hard_end, engine.kill_container(id, Signal::Kill)).await else {
+                        unresponsive = true;
+                        break;
+                    };
+                    killed?;
                     watch = Watch::Killed;
-                    deadline = Instant::now() + DRAIN_GRACE;
+                    deadline = (Instant::now() + DRAIN_GRACE).min(hard_end);
                 }
                 Watch::Killed => break,
             },
@@ -163,15 +199,33 @@ pub async fn run_stage(
     }
     writer.abort();
     let output_ended = Instant::now();
-    let exit_code = match tokio::time::timeout(WAIT_GRACE, engine.wait_container(id)).await {
-        Ok(code) => Some(code?),
-        Err(_) => {
+    // Reading the exit and the state: each within WAIT_GRACE, and never past `hard_end`.
+    let collect_by = || (Instant::now() + WAIT_GRACE).min(hard_end);
+    let mut exit_code = None;
+    if !unresponsive {
+        match by(collect_by(), engine.wait_container(id)).await {
+            Some(code) => exit_code = Some(code?),
             // Still running after its output ended: end it, and read its exit from inspect.
-            engine.kill_container(id, Signal::Kill).await?;
-            None
+            None => match by(hard_end, engine.kill_container(id, Signal::Kill)).await {
+                Some(killed) => killed?,
+                None => unresponsive = true,
+            },
+        }
+    }
+    let state = if unresponsive {
+        None
+    } else {
+        by(collect_by(), engine.inspect_container(id)).await
+    };
+    let state = match state {
+        Some(state) => state?,
+        None => {
+            stream_error = stream_error.or(Some(EngineError::Unresponsive {
+                seconds: END_GRACE.as_secs(),
+            }));
+            Default::default()
         }
     };
-    let state = engine.inspect_container(id).await?;
     Ok(StageResult {
         decoded: decoder.finish(),
         protocol_error,

@@ -255,12 +255,17 @@ const NO_ANSWER: &str = "the history thread did not answer (it stopped, or is to
 /// How many commands may wait for the history thread.
 const QUEUE_CAPACITY: usize = 4096;
 
+/// How often a history that keeps failing is warned about.
+const WARN_EVERY: Duration = Duration::from_secs(600);
+
 /// Handle to the history thread. Cheap to clone; every method returns at once except queries.
 #[derive(Clone)]
 pub struct History {
     tx: mpsc::SyncSender<Command>,
     /// How logs and errors name the store (a file, or a URL without password).
     store: String,
+    /// Commands are being dropped (the queue is full, or the thread stopped): warned once.
+    dropping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// This process, as the history records and judges instances.
@@ -293,6 +298,7 @@ impl History {
         History {
             tx,
             store: store.to_string(),
+            dropping: Default::default(),
         }
     }
 
@@ -305,14 +311,24 @@ impl History {
     /// command is dropped with a warning (a history failure never holds up or fails a run,
     /// and the queue never holds an unbounded number of reports).
     fn send(&self, cmd: Command) {
-        match self.tx.try_send(cmd) {
-            Ok(()) => {}
-            Err(mpsc::TrySendError::Full(_)) => {
-                tracing::warn!(store = %self.store, "the history database is behind by {QUEUE_CAPACITY} writes; one was dropped");
+        use std::sync::atomic::Ordering;
+        let dropped = match self.tx.try_send(cmd) {
+            Ok(()) => {
+                if self.dropping.swap(false, Ordering::Relaxed) {
+                    tracing::info!(store = %self.store, "the history caught up; runs are recorded again");
+                }
+                return;
             }
+            Err(mpsc::TrySendError::Full(_)) => format!(
+                "the history database is behind by {QUEUE_CAPACITY} writes; writes are dropped until it catches up"
+            ),
             Err(mpsc::TrySendError::Disconnected(_)) => {
-                tracing::warn!(store = %self.store, "the history thread has stopped; a run was not recorded");
+                "the history thread has stopped; runs are not recorded".to_string()
             }
+        };
+        // One warning per episode, not one per dropped write.
+        if !self.dropping.swap(true, Ordering::Relaxed) {
+            tracing::warn!(store = %self.store, "{dropped}");
         }
     }
 
@@ -429,6 +445,11 @@ struct Actor {
     beat_at: Instant,
     /// Whether the current outage was reported (one warning per outage, not per write).
     outage_reported: bool,
+    /// Operations that failed since the last warning about them, and when that was: a full
+    /// disk fails the writes of every run, and is warned about once, then at most every
+    /// [`WARN_EVERY`] while it lasts.
+    lost: u64,
+    warned: Option<Instant>,
 }
 
 impl Actor {
@@ -442,6 +463,8 @@ impl Actor {
             retry_at: now,
             beat_at: now,
             outage_reported: false,
+            lost: 0,
+            warned: None,
         }
     }
 
@@ -511,7 +534,14 @@ impl Actor {
             tracing::warn!(store = %self.name, error = %e, "{what}; the connection to the history database was lost (reconnecting)");
             self.outage_reported = true;
         } else {
-            tracing::warn!(store = %self.name, error = %e, "{what}; the run itself is unaffected");
+            self.lost += 1;
+            if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                tracing::warn!(store = %self.name, error = %e, lost = self.lost, "{what}; runs go on unaffected but are not recorded (warned again at most every {} minutes while it fails)", WARN_EVERY.as_secs() / 60);
+                self.warned = Some(Instant::now());
+                self.lost = 0;
+            } else {
+                tracing::debug!(store = %self.name, error = %e, "{what} again");
+            }
         }
     }
 
@@ -543,6 +573,14 @@ impl Actor {
         };
         let db = db.as_mut();
         let query_error = |e: &DbError| HistoryError::Query(e.to_string());
+        let write = matches!(
+            cmd,
+            Command::Insert(_)
+                | Command::Started { .. }
+                | Command::Finish { .. }
+                | Command::ForgetReports { .. }
+                | Command::ForgetReportsEndedBefore { .. }
+        );
         let outcome: Result<(), DbError> = match cmd {
             Command::Insert(run) => store::insert(db, &run),
             Command::Started { run_id, at_ms } => store::started(db, &run_id, at_ms),
@@ -609,8 +647,15 @@ impl Actor {
                 }
             },
         };
+        // A full disk can fail one write and let the next through: successes do not re-arm
+        // the warning, only WARN_EVERY does.
         if let Err(e) = outcome {
-            self.failed(e, "a history operation failed");
+            let what = if write {
+                "writing the run history failed"
+            } else {
+                "reading the run history failed"
+            };
+            self.failed(e, what);
         }
         self.beat_if_due();
     }

@@ -31,6 +31,14 @@ pub fn instance() -> &'static str {
     I.get_or_init(|| format!("test{}", uuid::Uuid::new_v4().simple()))
 }
 
+/// The Docker daemon of the environment (`DOCKER_HOST` and friends, as the docker CLI reads
+/// them), as every command would connect to it.
+pub fn docker_engine() -> Result<DockerEngine, codebox::engine::EngineError> {
+    DockerEngine::connect(
+        &codebox::config::DockerSettings::default().or_docker_env(|k| std::env::var(k).ok()),
+    )
+}
+
 pub fn docker_executor() -> Executor {
     docker_executor_with(Config::default())
 }
@@ -52,7 +60,7 @@ pub fn gvisor() -> bool {
 
 pub fn docker_executor_with(mut config: Config) -> Executor {
     config.sandbox.runtime = test_runtime();
-    let engine = DockerEngine::connect().expect("docker client");
+    let engine = docker_engine().expect("docker client");
     Executor::new(Arc::new(engine), Arc::new(config), instance().to_string())
 }
 

@@ -290,6 +290,45 @@ async fn a_helper_that_never_reports_is_killed_at_the_backstop() {
     wait_until_clean(&fake).await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_daemon_that_stops_answering_cannot_hold_a_run_past_its_limit_and_the_graces() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.set_default(Behaviour::HangHard);
+    let started = tokio::time::Instant::now();
+    let req = RunRequest {
+        limits: Some(LimitsInput {
+            timeout_seconds: Some(2.0),
+            ..Default::default()
+        }),
+        ..request("bash", "sleep 100")
+    };
+    let exec = Arc::new(executor(&fake));
+    let task = {
+        let exec = exec.clone();
+        tokio::spawn(async move {
+            exec.execute(&new_run_id(), &valid(req), 0, CancellationToken::new())
+                .await
+        })
+    };
+    while fake.attached() == 0 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    fake.freeze();
+    let r = task.await.unwrap();
+    assert_eq!(r.status, Status::SandboxError);
+    assert!(
+        r.message.starts_with("Docker stopped answering"),
+        "{}",
+        r.message
+    );
+    // The limit, the backstop's grace, then the end grace: not one second more.
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(2 + 5) + codebox::executor::stage::END_GRACE
+    );
+}
+
 #[tokio::test]
 async fn the_helpers_own_deadline_reports_timed_out_with_output_and_usage() {
     let fake = Arc::new(FakeEngine::new());

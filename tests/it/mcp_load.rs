@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use codebox::config::Config;
-use codebox::engine::docker::DockerEngine;
 use codebox::engine::fake::FakeEngine;
 use codebox::executor::Executor;
 use codebox::history::{History, Owner, Query};
@@ -65,7 +64,7 @@ async fn a_burst_of_100_runs_never_exceeds_4_at_once_and_all_end_recorded_and_cl
     config.runs.max_concurrent_runs = 4;
     let config = Arc::new(config);
     let executor = Arc::new(Executor::new(
-        Arc::new(DockerEngine::connect().unwrap()),
+        Arc::new(crate::common::docker_engine().unwrap()),
         config.clone(),
         instance.clone(),
     ));

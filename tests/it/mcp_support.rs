@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use codebox::config::Config;
-use codebox::engine::docker::DockerEngine;
 use codebox::engine::fake::FakeEngine;
 use codebox::engine::ContainerEngine;
 use codebox::executor::Executor;
@@ -47,7 +46,7 @@ pub fn fake_manager(fake: &Arc<FakeEngine>, tweak: impl FnOnce(&mut Config)) -> 
 
 pub fn docker_manager(tweak: impl FnOnce(&mut Config), history: Option<History>) -> RunManager {
     manager_on(
-        Arc::new(DockerEngine::connect().expect("docker client")),
+        Arc::new(crate::common::docker_engine().expect("docker client")),
         |c| {
             c.sandbox.runtime = crate::common::test_runtime();
             tweak(c)

@@ -46,7 +46,7 @@ async fn create(engine: &DockerEngine, instance: &str, expires: u64) -> String {
 #[tokio::test]
 async fn containers_of_dead_or_expired_instances_are_reaped_and_live_ones_kept() {
     let data = tempfile::tempdir().unwrap();
-    let engine = DockerEngine::connect().unwrap();
+    let engine = crate::common::docker_engine().unwrap();
     let me = Instance::register(data.path());
     let alive = Instance::register(data.path());
     // A dead instance: its lock file is there but nobody holds the lock, as after SIGKILL.

@@ -1,0 +1,404 @@
+//! A second, private Docker daemon for the tests that must not touch the machine's own: the
+//! remote daemon over TLS, and the faults (a daemon killed, stopped, or out of disk).
+//!
+//! `scripts/private-dockerd.sh` starts it under a folder of its own (data root on a tmpfs,
+//! exec root, socket, pid file), in a network namespace of its own (slirp4netns gives it
+//! outbound access and forwards the host's `127.0.0.1:PORT` to it: the host's interfaces,
+//! routes and iptables rules are never touched), listening on a unix socket and, for the
+//! host, on `tcp://127.0.0.1:PORT` with `--tlsverify` (a CA, a server and a client
+//! certificate made with openssl). `debian:bookworm-slim` is loaded into it from the machine's daemon, then
+//! codebox builds the base and bash images there over TLS. One daemon serves every test of
+//! this process, one test at a time ([`private_daemon`] hands out a lock with it): the fault
+//! tests kill and stop it.
+//!
+//! The daemon runs in a mount namespace of its own in which `/tmp` (every test's programs,
+//! outputs and data directories) and the repository (`images/`, `languages.toml`, the
+//! codebox binary) are empty: like a daemon on another machine, it cannot see codebox's
+//! files, so everything that reaches it travels through the Engine API.
+//!
+//! It is stopped by PID, and its mounts and folder removed, when this process exits
+//! (`atexit`), and by a detached keeper process if this process is killed instead.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use codebox::config::DockerSettings;
+use tokio::sync::{Mutex, MutexGuard};
+
+use crate::common::{codebox_bin, root};
+
+/// The images the private daemon gets (built there by codebox).
+pub const IMAGES: [&str; 2] = ["base", "bash"];
+
+pub struct PrivateDaemon {
+    /// The daemon's own folder (under `/run`).
+    pub dir: PathBuf,
+    pub port: u16,
+    /// A `languages.toml` with bash only (and its two images), beside a link to `images/`.
+    pub registry: PathBuf,
+}
+
+/// How a codebox process reaches the private daemon.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Via {
+    /// `DOCKER_HOST=tcp://127.0.0.1:PORT`, `DOCKER_TLS_VERIFY=1`, `DOCKER_CERT_PATH`.
+    Tls,
+    /// `DOCKER_HOST=unix://DIR/docker.sock`.
+    Socket,
+}
+
+static LOCK: Mutex<()> = Mutex::const_new(());
+static DAEMON: OnceLock<PrivateDaemon> = OnceLock::new();
+static STOP_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+fn script() -> PathBuf {
+    root().join("scripts/private-dockerd.sh")
+}
+
+fn script_run(args: &[&str]) -> Output {
+    let out = Command::new("bash")
+        .arg(script())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "private-dockerd.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+extern "C" fn stop_at_exit() {
+    if let Some(dir) = STOP_DIR.get() {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .status();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The host's network interfaces (a second daemon in the host's network namespace started
+/// with `--bridge=none` deletes `docker0`, the machine's own daemon's bridge).
+fn host_interfaces() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .expect("/sys/class/net")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The shipped registry cut to bash and its images, in `dir`, with `images/` linked.
+fn bash_registry(dir: &Path) -> PathBuf {
+    let shipped: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("languages.toml")).unwrap()).unwrap();
+    let mut images = toml::Table::new();
+    for name in IMAGES {
+        images.insert(name.into(), shipped["images"][name].clone());
+    }
+    let mut languages = toml::Table::new();
+    languages.insert("bash".into(), shipped["languages"]["bash"].clone());
+    let mut table = toml::Table::new();
+    table.insert("images".into(), images.into());
+    table.insert("languages".into(), languages.into());
+    std::fs::create_dir_all(dir).unwrap();
+    std::os::unix::fs::symlink(root().join("images"), dir.join("images")).unwrap();
+    let path = dir.join("languages.toml");
+    std::fs::write(&path, toml::to_string(&table).unwrap()).unwrap();
+    path
+}
+
+impl PrivateDaemon {
+    fn start() -> PrivateDaemon {
+        let began = Instant::now();
+        // Short (the daemon's unix sockets live under it), and outside what it cannot see.
+        let dir = tempfile::Builder::new()
+            .prefix("cbd.")
+            .tempdir_in("/run")
+            .expect("temp dir")
+            .keep();
+        // This process's own files for it, hidden from it, removed with it.
+        let files = tempfile::Builder::new()
+            .prefix("cbd-files.")
+            .tempdir()
+            .expect("temp dir")
+            .keep();
+        std::fs::write(
+            dir.join("also-remove"),
+            files.as_os_str().as_encoded_bytes(),
+        )
+        .unwrap();
+        STOP_DIR.set(dir.clone()).expect("one private daemon");
+        // SAFETY: registering a plain function to run at exit.
+        unsafe { libc::atexit(stop_at_exit) };
+        // Detached (`--fork`: setsid returns at once), so that it outlives this process.
+        Command::new("setsid")
+            .arg("--fork")
+            .arg("bash")
+            .arg(script())
+            .arg("keep")
+            .arg(&dir)
+            .arg(std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("the keeper");
+        let port = free_port();
+        let port_text = port.to_string();
+        let interfaces = host_interfaces();
+        script_run(&[
+            "start",
+            dir.to_str().unwrap(),
+            "--tls",
+            &port_text,
+            "--load",
+            "debian:bookworm-slim",
+            "--hide",
+            std::env::temp_dir().to_str().unwrap(),
+            "--hide",
+            root().to_str().unwrap(),
+        ]);
+        assert_eq!(
+            host_interfaces(),
+            interfaces,
+            "starting the private daemon changed the host's network interfaces"
+        );
+        let registry = bash_registry(&files.join("registry"));
+        let daemon = PrivateDaemon {
+            dir,
+            port,
+            registry,
+        };
+        // The daemon's view of the filesystem, through /proc: codebox's files are not there.
+        let seen = PathBuf::from(format!("/proc/{}/root", daemon.pid()));
+        let hidden_root = seen.join(root().strip_prefix("/").unwrap());
+        assert!(
+            !hidden_root.join("languages.toml").exists() && hidden_root.exists(),
+            "the daemon sees the repository"
+        );
+        let tmp = seen.join(std::env::temp_dir().strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read_dir(&tmp).map(|d| d.count()).ok(),
+            Some(0),
+            "the daemon sees /tmp"
+        );
+        let started = began.elapsed();
+        let build = daemon
+            .codebox(Via::Tls, &files.join("build-data"))
+            .args(["images", "build"])
+            .args(IMAGES)
+            .args(["--set", "docker.build_network=host"])
+            .output()
+            .unwrap();
+        assert!(
+            build.status.success(),
+            "codebox images build over TLS: {}",
+            String::from_utf8_lossy(&build.stderr)
+        );
+        eprintln!(
+            "private daemon in {}: started in {:.1} s, images built over TLS in {:.1} s",
+            daemon.dir.display(),
+            started.as_secs_f64(),
+            (began.elapsed() - started).as_secs_f64()
+        );
+        daemon
+    }
+
+    pub fn socket(&self) -> String {
+        format!("unix://{}/docker.sock", self.dir.display())
+    }
+
+    pub fn tcp(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.port)
+    }
+
+    /// The client certificate folder (`ca.pem`, `cert.pem`, `key.pem`).
+    pub fn certs(&self) -> PathBuf {
+        self.dir.join("client")
+    }
+
+    /// A certificate folder with `ca.pem` only.
+    pub fn certs_without_client(&self) -> PathBuf {
+        self.dir.join("client-nocert")
+    }
+
+    /// The settings an in-process engine connects with.
+    pub fn settings(&self, via: Via) -> DockerSettings {
+        match via {
+            Via::Tls => DockerSettings {
+                host: Some(self.tcp()),
+                tls_verify: Some(true),
+                cert_path: Some(self.certs()),
+                ..DockerSettings::default()
+            },
+            Via::Socket => DockerSettings {
+                host: Some(self.socket()),
+                ..DockerSettings::default()
+            },
+        }
+    }
+
+    /// The codebox binary on this daemon, with the bash registry and `data_dir`; nothing of
+    /// the environment's Docker or codebox settings is inherited.
+    pub fn codebox(&self, via: Via, data_dir: &Path) -> Command {
+        let mut c = Command::new(codebox_bin());
+        c.env("CODEBOX_LANGUAGES", &self.registry)
+            .env("CODEBOX_DATA_DIR", data_dir)
+            .env_remove("CODEBOX_CONFIG")
+            .env_remove("CODEBOX_TOKEN")
+            .env_remove("DOCKER_TLS_VERIFY")
+            .env_remove("DOCKER_CERT_PATH")
+            .stdin(Stdio::null());
+        match via {
+            Via::Tls => c
+                .env("DOCKER_HOST", self.tcp())
+                .env("DOCKER_TLS_VERIFY", "1")
+                .env("DOCKER_CERT_PATH", self.certs()),
+            Via::Socket => c.env("DOCKER_HOST", self.socket()),
+        };
+        c
+    }
+
+    /// The docker CLI on this daemon's socket.
+    pub fn docker(&self, args: &[&str]) -> Output {
+        Command::new("docker")
+            .arg("-H")
+            .arg(self.socket())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("docker CLI")
+    }
+
+    /// Ids of this daemon's containers matching a `docker ps` filter (running or not).
+    pub fn containers(&self, filter: &str) -> Vec<String> {
+        let out = self.docker(&["ps", "-aq", "--no-trunc", "--filter", filter]);
+        assert!(
+            out.status.success(),
+            "docker ps: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Running containers matching a filter.
+    pub fn running(&self, filter: &str) -> Vec<String> {
+        let out = self.docker(&["ps", "-q", "--no-trunc", "--filter", filter]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// One label of a container.
+    pub fn label(&self, container: &str, label: &str) -> String {
+        let format = format!("{{{{index .Config.Labels \"{label}\"}}}}");
+        let out = self.docker(&["inspect", "--format", &format, container]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn pid(&self) -> i32 {
+        std::fs::read_to_string(self.dir.join("dockerd.pid"))
+            .expect("the daemon's pid file")
+            .trim()
+            .parse()
+            .expect("a pid")
+    }
+
+    /// Send a signal to the daemon (by its PID).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the private daemon's PID.
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0, "kill");
+    }
+
+    /// Start the daemon again on the same folders, after a kill; returns once it answers.
+    pub fn restart(&self) {
+        script_run(&["restart", self.dir.to_str().unwrap()]);
+    }
+
+    /// Make the daemon's disk (its tmpfs data root) full, or give it its room back.
+    pub fn fill_disk(&self, full: bool) {
+        script_run(&[
+            if full { "fill" } else { "unfill" },
+            self.dir.to_str().unwrap(),
+        ]);
+    }
+
+    /// The daemon's own log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default()
+    }
+}
+
+/// The private daemon (started and given its images on first use), and the right to use it
+/// alone until the guard is dropped.
+pub async fn private_daemon() -> (MutexGuard<'static, ()>, &'static PrivateDaemon) {
+    let guard = LOCK.lock().await;
+    let daemon = match DAEMON.get() {
+        Some(d) => d,
+        None => {
+            let d = tokio::task::spawn_blocking(PrivateDaemon::start)
+                .await
+                .expect("the private daemon starts");
+            DAEMON.get_or_init(|| d)
+        }
+    };
+    // A test that failed may have left containers: remove them, so its failure is not
+    // blamed on the next test.
+    let left = daemon.containers("label=codebox.managed=true");
+    if !left.is_empty() {
+        let mut args = vec!["rm", "-f"];
+        args.extend(left.iter().map(String::as_str));
+        daemon.docker(&args);
+    }
+    (guard, daemon)
+}
+
+/// Wait (up to `timeout`) for a child to exit; its output.
+pub async fn wait_output(child: std::process::Child, timeout: Duration) -> Output {
+    let pid = child.id() as i32;
+    let waiter = tokio::task::spawn_blocking(move || child.wait_with_output());
+    match tokio::time::timeout(timeout, waiter).await {
+        Ok(out) => out.unwrap().expect("child output"),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the child did not exit within {timeout:?}");
+        }
+    }
+}
+
+/// Seconds since the epoch.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The lock files of instances under a data directory.
+pub fn lock_files(data_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(data_dir.join("instances"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
