@@ -127,6 +127,12 @@ fn bash_registry(dir: &Path) -> PathBuf {
 impl PrivateDaemon {
     fn start() -> PrivateDaemon {
         let began = Instant::now();
+        // One attempt per test process: after a failed start the tests that follow fail at
+        // once, without making folders nobody would remove.
+        assert!(
+            STOP_DIR.get().is_none(),
+            "the private daemon failed to start in an earlier test"
+        );
         // Short (the daemon's unix sockets live under it), and outside what it cannot see.
         let dir = tempfile::Builder::new()
             .prefix("cbd.")
@@ -188,9 +194,15 @@ impl PrivateDaemon {
         };
         // The daemon's view of the filesystem, through /proc: codebox's files are not there.
         let seen = PathBuf::from(format!("/proc/{}/root", daemon.pid()));
+        assert!(
+            seen.join("usr/bin").exists(),
+            "the daemon's filesystem is readable through /proc"
+        );
+        // The repository may lie under the hidden temp folder (a clone in /tmp): then it is
+        // not there at all, which hides it just as well.
         let hidden_root = seen.join(root().strip_prefix("/").unwrap());
         assert!(
-            !hidden_root.join("languages.toml").exists() && hidden_root.exists(),
+            !hidden_root.join("languages.toml").exists(),
             "the daemon sees the repository"
         );
         let tmp = seen.join(std::env::temp_dir().strip_prefix("/").unwrap());
