@@ -217,6 +217,42 @@ pub struct RunReport {
     pub tests_summary: Option<TestsSummary>,
 }
 
+impl RunReport {
+    /// A report with nothing yet to tell: no stage, no output, no usage.
+    pub fn new(
+        run_id: impl Into<String>,
+        language: impl Into<String>,
+        status: Status,
+        limits: RunLimits,
+        message: impl Into<String>,
+    ) -> RunReport {
+        RunReport {
+            run_id: run_id.into(),
+            language: language.into(),
+            status,
+            stage: None,
+            exit_code: None,
+            signal: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            compile: None,
+            duration_ms: 0,
+            queued_ms: 0,
+            usage: Usage::default(),
+            limits,
+            image_id: None,
+            message: message.into(),
+            files: Vec::new(),
+            tests: Vec::new(),
+            tests_summary: None,
+        }
+    }
+}
+
 /// A number for people: `30` rather than `30.0`, `0.5` as is.
 pub fn fmt_num(v: f64) -> String {
     if v.fract() == 0.0 {

@@ -221,30 +221,13 @@ impl Executor {
 
     /// A report for a run that has not started; the executor fills it in.
     pub fn blank_report(run_id: &str, req: &ValidRequest) -> RunReport {
-        RunReport {
-            run_id: run_id.to_string(),
-            language: req.language.id.clone(),
-            status: Status::Queued,
-            stage: None,
-            exit_code: None,
-            signal: None,
-            stdout: String::new(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
-            compile: None,
-            duration_ms: 0,
-            queued_ms: 0,
-            usage: Usage::default(),
-            limits: req.limits,
-            image_id: None,
-            message: "waiting for a free slot".to_string(),
-            files: Vec::new(),
-            tests: Vec::new(),
-            tests_summary: None,
-        }
+        RunReport::new(
+            run_id,
+            req.language.id.clone(),
+            Status::Queued,
+            req.limits,
+            "waiting for a free slot",
+        )
     }
 
     /// Carry out one run. Never fails: a broken sandbox is reported as `sandbox_error`.

@@ -807,30 +807,19 @@ mod tests {
     }
 
     fn report(run_id: &str, stdout: &str) -> RunReport {
-        RunReport {
-            run_id: run_id.to_string(),
-            language: "python".into(),
-            status: Status::Succeeded,
-            stage: Some(Stage::Run),
-            exit_code: Some(0),
-            signal: None,
-            stdout: stdout.to_string(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            stdout_bytes: stdout.len() as u64,
-            stderr_bytes: 0,
-            compile: None,
-            duration_ms: 5,
-            queued_ms: 0,
-            usage: Default::default(),
-            limits: limits(),
-            image_id: None,
-            message: "exited with code 0".into(),
-            files: Vec::new(),
-            tests: Vec::new(),
-            tests_summary: None,
-        }
+        let mut r = RunReport::new(
+            run_id,
+            "python",
+            Status::Succeeded,
+            limits(),
+            "exited with code 0",
+        );
+        r.stage = Some(Stage::Run);
+        r.exit_code = Some(0);
+        r.stdout = stdout.to_string();
+        r.stdout_bytes = stdout.len() as u64;
+        r.duration_ms = 5;
+        r
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use super::{
     INTERRUPTED_MESSAGE, MAX_QUERY_LIMIT,
 };
 use crate::instance::{Instance, Liveness};
-use crate::report::{RunLimits, RunReport, Stage, Status, Usage};
+use crate::report::{RunLimits, RunReport, Stage, Status};
 
 /// How long an instance's row is kept after its last heartbeat.
 const FORGET_INSTANCES_AFTER_MS: i64 = 24 * 3600 * 1000;
@@ -115,37 +115,22 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
 /// timeout_seconds, cpus, created_at, started_at`): stored like any other, so that every
 /// server sharing the database answers `get_result` for it.
 fn interrupted_report(row: &Row) -> RunReport {
-    RunReport {
-        run_id: row.text(0).unwrap_or_default(),
-        language: row.text(1).unwrap_or_default(),
-        status: Status::SandboxError,
-        stage: None,
-        exit_code: None,
-        signal: None,
-        stdout: String::new(),
-        stderr: String::new(),
-        stdout_truncated: false,
-        stderr_truncated: false,
-        stdout_bytes: 0,
-        stderr_bytes: 0,
-        compile: None,
-        duration_ms: 0,
-        queued_ms: match (row.int(5), row.int(6)) {
-            (Some(created), Some(started)) => (started - created).max(0) as u64,
-            _ => 0,
-        },
-        usage: Usage::default(),
-        limits: RunLimits {
+    let mut r = RunReport::new(
+        row.text(0).unwrap_or_default(),
+        row.text(1).unwrap_or_default(),
+        Status::SandboxError,
+        RunLimits {
             memory_mb: row.int(2).unwrap_or(0).max(0) as u64,
             timeout_seconds: row.real(3).unwrap_or(0.0),
             cpus: row.real(4).unwrap_or(0.0),
         },
-        image_id: None,
-        message: INTERRUPTED_MESSAGE.to_string(),
-        files: Vec::new(),
-        tests: Vec::new(),
-        tests_summary: None,
-    }
+        INTERRUPTED_MESSAGE,
+    );
+    r.queued_ms = match (row.int(5), row.int(6)) {
+        (Some(created), Some(started)) => (started - created).max(0) as u64,
+        _ => 0,
+    };
+    r
 }
 
 pub fn insert(db: &mut dyn Database, r: &NewRun) -> Result<(), DbError> {

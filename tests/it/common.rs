@@ -116,11 +116,15 @@ pub async fn run_with(exec: &Executor, req: RunRequest) -> RunReport {
 
 /// Objects (containers and volumes) labelled with this run id that still exist.
 pub fn leftovers(run_id: &str) -> Vec<String> {
-    let filter = format!("label=codebox.run={run_id}");
+    labelled_objects(&format!("label=codebox.run={run_id}"))
+}
+
+/// Containers and volumes matching a `docker` label filter (`label=KEY=VALUE`).
+pub fn labelled_objects(filter: &str) -> Vec<String> {
     let mut found = Vec::new();
     for args in [
-        vec!["ps", "-aq", "--filter", filter.as_str()],
-        vec!["volume", "ls", "-q", "--filter", filter.as_str()],
+        vec!["ps", "-aq", "--filter", filter],
+        vec!["volume", "ls", "-q", "--filter", filter],
     ] {
         let out = Command::new("docker")
             .args(&args)

@@ -266,28 +266,7 @@ fn proc_status_kb(pid: i32, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
 }
 
-/// Containers and volumes labelled with this instance (running or not).
+/// Containers and volumes of a codebox instance that still exist.
 pub fn instance_objects(instance: &str) -> Vec<String> {
-    let filter = format!("label=codebox.instance={instance}");
-    let mut found = Vec::new();
-    for args in [
-        vec!["ps", "-aq", "--filter", filter.as_str()],
-        vec!["volume", "ls", "-q", "--filter", filter.as_str()],
-    ] {
-        let out = std::process::Command::new("docker")
-            .args(&args)
-            .output()
-            .expect("docker CLI");
-        assert!(
-            out.status.success(),
-            "docker {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        found.extend(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(str::to_string),
-        );
-    }
-    found
+    crate::common::labelled_objects(&format!("label=codebox.instance={instance}"))
 }
