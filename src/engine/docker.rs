@@ -11,8 +11,8 @@ use bollard::errors::Error as BollardError;
 use bollard::models::{ContainerCreateBody, ContainerUpdateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, BuildImageOptionsBuilder, CreateContainerOptionsBuilder,
-    KillContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
-    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder,
+    EventsOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
+    ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -609,6 +609,22 @@ impl ContainerEngine for DockerEngine {
             oom_killed: state.oom_killed.unwrap_or(false),
             image_id: c.image,
         })
+    }
+
+    async fn oom_event(&self, id: &str) -> Result<bool, EngineError> {
+        self.usable()?;
+        // From the oldest event the daemon keeps (a timestamp of 1, so no clock of ours is
+        // compared with the daemon's), then live: only this container's OOM kills.
+        let filters = HashMap::from([("container", vec![id]), ("event", vec!["oom"])]);
+        let options = EventsOptionsBuilder::new()
+            .since("1")
+            .filters(&filters)
+            .build();
+        match self.docker.events(Some(options)).next().await {
+            Some(Ok(_)) => Ok(true),
+            Some(Err(e)) => Err(self.fail(EngineError::ContainerEvents, e)),
+            None => Ok(false),
+        }
     }
 
     async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {

@@ -29,6 +29,7 @@ pub enum Step {
     Wait,
     Kill,
     Inspect,
+    Events,
     Update,
     Remove,
 }
@@ -54,6 +55,11 @@ pub enum Behaviour {
     TimedOut { stdout: String },
     /// Send these bytes as the container's stdout, then exit with 0.
     Raw(Vec<u8>),
+    /// The whole container is killed once the run began, `codebox-init` with the program (as
+    /// gVisor's kernel is by an OOM kill): nothing is reported, PID 1 exits 137. With
+    /// `oom_event` the engine records an OOM kill, but only as an event after the exit, not in
+    /// the container's state.
+    KilledWhole { oom_event: bool },
     /// Panic while attaching (a bug in a run task).
     Panic,
 }
@@ -85,6 +91,8 @@ struct Container {
     /// The exit code once it exited.
     exit: watch::Sender<Option<i64>>,
     oom: bool,
+    /// An OOM kill recorded only as an event.
+    oom_event: bool,
 }
 
 #[derive(Default)]
@@ -233,6 +241,7 @@ impl FakeEngine {
             Step::Wait => EngineError::WaitContainer(cause),
             Step::Kill => EngineError::KillContainer(cause),
             Step::Inspect => EngineError::InspectContainer(cause),
+            Step::Events => EngineError::ContainerEvents(cause),
             Step::Update => EngineError::UpdateContainer(cause),
             Step::Remove => EngineError::RemoveContainer(cause),
         })
@@ -348,6 +357,13 @@ async fn program(
             send(bytes);
             (0, false)
         }
+        (Some(_), Behaviour::KilledWhole { oom_event }) => {
+            send(frame(b'P', b"run"));
+            if let Some(c) = lock(&state).containers.get_mut(&name) {
+                c.oom_event = oom_event;
+            }
+            (137, false)
+        }
         (Some(_), hang @ (Behaviour::Hang { .. } | Behaviour::HangHard)) => {
             let mut v = frame(b'P', b"run");
             if let Behaviour::Hang { stdout } = &hang {
@@ -429,6 +445,7 @@ impl ContainerEngine for FakeEngine {
                 signal_tx: None,
                 exit,
                 oom: false,
+                oom_event: false,
             },
         );
         Ok(spec.name.clone())
@@ -532,6 +549,17 @@ impl ContainerEngine for FakeEngine {
             oom_killed: c.oom,
             image_id: Some(format!("sha256:fake-{}", c.spec.image)),
         })
+    }
+
+    async fn oom_event(&self, id: &str) -> Result<bool, EngineError> {
+        self.answer(Step::Events).await?;
+        let st = self.state();
+        let c = st
+            .containers
+            .get(id)
+            .ok_or_else(|| FakeEngine::missing(id))?;
+        // A real engine's stream would go on waiting; the fake has nothing more to come.
+        Ok(c.oom || c.oom_event)
     }
 
     async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {

@@ -203,6 +203,8 @@ pub enum EngineError {
     KillContainer(#[source] Cause),
     #[error("inspecting the container failed: {0}")]
     InspectContainer(#[source] Cause),
+    #[error("reading the container's events failed: {0}")]
+    ContainerEvents(#[source] Cause),
     #[error("updating the container's limits failed: {0}")]
     UpdateContainer(#[source] Cause),
     #[error("removing the container failed: {0}")]
@@ -251,6 +253,10 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// Send a signal; a container that already exited is `Ok`.
     async fn kill_container(&self, id: &str, signal: Signal) -> Result<(), EngineError>;
     async fn inspect_container(&self, id: &str) -> Result<ContainerState, EngineError>;
+    /// `true` once the engine has recorded an OOM kill of the container, whenever that
+    /// happened or happens: Docker's OOM event can come after the exit, too late for the
+    /// state `inspect_container` reads. It waits for one; the caller bounds the wait.
+    async fn oom_event(&self, id: &str) -> Result<bool, EngineError>;
     /// Change a container's memory and CPU (created with a CPU quota and period).
     async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError>;
     /// Force-remove a container and its anonymous volumes. Idempotent.

@@ -29,6 +29,9 @@ pub const WAIT_GRACE: Duration = Duration::from_secs(10);
 /// How long the host goes on waiting for the engine once the stage's time is up (the
 /// backstop passed, or a stop's grace): after this the stage ends without the engine's word.
 pub const END_GRACE: Duration = Duration::from_secs(10);
+/// How long a container that died of a SIGKILL nobody explains is watched for the engine's
+/// record of an OOM kill, which can come after the exit.
+pub const OOM_RECORD_GRACE: Duration = Duration::from_secs(2);
 /// Bytes kept of what the container writes to its own stderr (only `codebox-init` may, and
 /// only when it cannot start at all).
 const STDERR_KEPT: usize = 16 * 1024;
@@ -217,7 +220,7 @@ pub async fn run_stage(
     } else {
         by(collect_by(), engine.inspect_container(id)).await
     };
-    let state = match state {
+    let mut state = match state {
         Some(state) => state?,
         None => {
             stream_error = stream_error.or(Some(EngineError::Unresponsive {
@@ -226,13 +229,27 @@ pub async fn run_stage(
             Default::default()
         }
     };
+    let decoded = decoder.finish();
+    let exit_code = exit_code.or(state.exit_code);
+    // PID 1 died of SIGKILL, codebox-init said nothing, and the host killed nobody: the OOM
+    // killer is the likely cause (under gVisor it takes codebox-init with the program), and
+    // Docker records it when its OOM event arrives, which can be after the exit event.
+    if exit_code == Some(137)
+        && !state.oom_killed
+        && !decoded.complete
+        && watch == Watch::Running
+        && stream_error.is_none()
+    {
+        let until = (Instant::now() + OOM_RECORD_GRACE).min(hard_end);
+        state.oom_killed = matches!(by(until, engine.oom_event(id)).await, Some(Ok(true)));
+    }
     Ok(StageResult {
-        decoded: decoder.finish(),
+        decoded,
         protocol_error,
         stream_error,
         stderr,
         host_ending: ending,
-        exit_code: exit_code.or(state.exit_code),
+        exit_code,
         oom_killed: state.oom_killed,
         image_id: state.image_id,
         duration: began.elapsed(),

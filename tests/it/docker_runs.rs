@@ -423,6 +423,49 @@ async fn python_memory_bomb_is_out_of_memory() {
     assert_eq!(r.exit_code, Some(137));
 }
 
+/// A container started with the docker CLI, labelled like codebox's so a leftover is seen.
+fn docker_run_detached(memory: &str, code: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args(["run", "-d", "--label", "codebox.managed=true", "--runtime"])
+        .arg(common::test_runtime())
+        .args(["--network", "none", "-m", memory, "--memory-swap", memory])
+        .args(["--entrypoint", "python3", "codebox/python:3.11", "-c", code])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let waited = std::process::Command::new("docker")
+        .args(["wait", &id])
+        .output()
+        .unwrap();
+    assert!(waited.status.success());
+    id
+}
+
+#[tokio::test]
+async fn the_engine_finds_an_oom_kill_among_a_containers_events_and_none_where_there_was_none() {
+    use codebox::engine::ContainerEngine;
+    let engine = common::docker_engine().unwrap();
+    let hog = docker_run_detached("64m", "b = []\nwhile True: b.append(bytearray(10**7))");
+    let quiet = docker_run_detached("64m", "print(1)");
+    let seen =
+        tokio::time::timeout(std::time::Duration::from_secs(30), engine.oom_event(&hog)).await;
+    let none =
+        tokio::time::timeout(std::time::Duration::from_secs(2), engine.oom_event(&quiet)).await;
+    for id in [&hog, &quiet] {
+        engine.remove_container(id).await.unwrap();
+    }
+    assert!(matches!(seen, Ok(Ok(true))), "{seen:?}");
+    assert!(
+        none.is_err(),
+        "no OOM event for a program that printed 1: {none:?}"
+    );
+}
+
 #[tokio::test]
 async fn cpp_memory_bomb_is_out_of_memory() {
     let code = r#"

@@ -359,6 +359,40 @@ async fn a_malformed_stream_is_a_sandbox_error_and_the_container_is_killed() {
 }
 
 #[tokio::test]
+async fn a_container_killed_whole_is_out_of_memory_when_the_engine_records_the_oom_after_the_exit()
+{
+    // Under gVisor an OOM kill takes codebox-init with the program, and Docker may record the
+    // OOM event after the exit, so only its events say so.
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(Behaviour::KilledWhole { oom_event: true });
+    let r = run(&fake, request("bash", "x")).await;
+    assert_eq!(
+        (r.status, r.exit_code, r.stage),
+        (Status::OutOfMemory, Some(137), Some(Stage::Run)),
+        "{}",
+        r.message
+    );
+
+    // Without that record, the kill came from outside; an engine that cannot list its events
+    // leaves it at that too.
+    for events_fail in [false, true] {
+        let fake = Arc::new(FakeEngine::new());
+        fake.script(Behaviour::KilledWhole { oom_event: false });
+        if events_fail {
+            fake.fail_at(Step::Events);
+        }
+        let r = run(&fake, request("bash", "x")).await;
+        assert_eq!(r.status, Status::SandboxError, "{r:?}");
+        assert!(
+            r.message.contains("something outside codebox ended it"),
+            "{}",
+            r.message
+        );
+        wait_until_clean(&fake).await;
+    }
+}
+
+#[tokio::test]
 async fn out_of_memory_needs_the_kill_and_the_cgroup_evidence() {
     let fake = Arc::new(FakeEngine::new());
     fake.script(Behaviour::Signal {

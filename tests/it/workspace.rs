@@ -220,9 +220,14 @@ async fn touching_200_mb_reports_at_least_200_mb_peak() {
 
 #[tokio::test]
 async fn a_sleeping_program_reports_almost_no_cpu() {
-    let r = run(crate::common::request("bash", "sleep 1")).await;
+    let r = run(crate::common::request("bash", "sleep 2")).await;
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
     let cpu = r.usage.cpu_time_ms.unwrap();
-    assert!(cpu < 50, "{cpu} ms");
+    // gVisor counts CPU time in 10 ms ticks and charges the program for its own work on the
+    // program's behalf (execve, loading libraries): 30 to 100 ms for this under load, against
+    // 2 to 3 ms under runc. Either way the 2 s of sleep must not count.
+    let ceiling = if common::gvisor() { 500 } else { 50 };
+    assert!(cpu < ceiling, "{cpu} ms");
 }
 
 #[tokio::test]
