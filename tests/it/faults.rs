@@ -132,21 +132,9 @@ async fn dockerd_killed_mid_run_gives_sandbox_error_and_a_history_row_and_the_ne
     let (_alone, daemon) = private_daemon().await;
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let sleeper = program(work.path(), "sleep.sh", "echo started\nsleep 300\n");
-    let child = daemon
-        .codebox(Via::Socket, data.path())
-        .arg("run")
-        .arg(&sleeper)
-        .args(["--timeout-seconds", "600", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    eventually(60, "the run's container runs", || {
-        daemon.running("label=codebox.managed=true").len() == 1
-    })
-    .await;
-    let left = daemon.containers("label=codebox.managed=true");
+    let (child, left) = daemon
+        .start_sleeper(Via::Socket, data.path(), work.path())
+        .await;
     let killed = Instant::now();
     daemon.signal(libc::SIGKILL);
 
@@ -189,11 +177,11 @@ async fn dockerd_killed_mid_run_gives_sandbox_error_and_a_history_row_and_the_ne
 
     daemon.restart();
     assert_eq!(
-        daemon.containers(&format!("id={}", left[0])).len(),
+        daemon.containers(&format!("id={left}")).len(),
         1,
         "the restarted daemon still has the run's container"
     );
-    let expires: u64 = daemon.label(&left[0], "codebox.expires").parse().unwrap();
+    let expires: u64 = daemon.label(&left, "codebox.expires").parse().unwrap();
     assert!(expires > now() + 300, "not reaped for being expired");
 
     let hello = program(work.path(), "hello.sh", "echo hello\n");
@@ -296,23 +284,9 @@ async fn a_container_killed_from_outside_is_a_clear_sandbox_error_and_is_removed
     let (_alone, daemon) = private_daemon().await;
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let sleeper = program(work.path(), "sleep.sh", "echo started\nsleep 300\n");
-    let child = daemon
-        .codebox(Via::Socket, data.path())
-        .arg("run")
-        .arg(&sleeper)
-        .args(["--timeout-seconds", "600", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    eventually(60, "the run's container runs", || {
-        daemon.running("label=codebox.managed=true").len() == 1
-    })
-    .await;
-    // Let `started` reach codebox first: output made before the kill is kept.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let container = daemon.running("label=codebox.managed=true").remove(0);
+    let (child, container) = daemon
+        .start_sleeper(Via::Socket, data.path(), work.path())
+        .await;
     let killed = Instant::now();
     let out = daemon.docker(&["kill", &container]);
     assert!(out.status.success());

@@ -30,6 +30,7 @@ use codebox::config::DockerSettings;
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::common::{codebox_bin, root};
+use crate::mcp_support::eventually;
 
 /// The images the private daemon gets (built there by codebox).
 pub const IMAGES: [&str; 2] = ["base", "bash"];
@@ -286,6 +287,47 @@ impl PrivateDaemon {
             Via::Socket => c.env("DOCKER_HOST", self.socket()),
         };
         c
+    }
+
+    /// `codebox run` (through `via`, `--json`, output piped) of a shell program that prints
+    /// `started` and sleeps 300 s within a 600 s limit. Returns once the program sleeps in the
+    /// run's container (so `started` was written), with that container's id.
+    pub async fn start_sleeper(
+        &self,
+        via: Via,
+        data_dir: &Path,
+        work: &Path,
+    ) -> (std::process::Child, String) {
+        let sleeper = work.join("sleep.sh");
+        std::fs::write(&sleeper, "echo started\nsleep 300\n").unwrap();
+        let child = self
+            .codebox(via, data_dir)
+            .arg("run")
+            .arg(&sleeper)
+            .args(["--timeout-seconds", "600", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut container = String::new();
+        eventually(
+            60,
+            "the program sleeps in the run's container",
+            || match self.running("label=codebox.managed=true").as_slice() {
+                [id] if self.processes(id).contains("sleep 300") => {
+                    container = id.clone();
+                    true
+                }
+                _ => false,
+            },
+        )
+        .await;
+        (child, container)
+    }
+
+    /// `docker top`: the processes of a running container.
+    pub fn processes(&self, container: &str) -> String {
+        String::from_utf8_lossy(&self.docker(&["top", container]).stdout).into_owned()
     }
 
     /// The docker CLI on this daemon's socket.

@@ -4,7 +4,6 @@
 //! file's `[docker]` section. Without a client certificate the daemon refuses, and codebox
 //! says so in one sentence.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use codebox::engine::docker::DockerEngine;
@@ -13,7 +12,6 @@ use codebox::engine::ContainerEngine;
 use serde_json::json;
 
 use crate::faults::{bash, tool, Server};
-use crate::mcp_support::eventually;
 use crate::private_daemon::{lock_files, now, private_daemon, wait_output, Via};
 
 #[tokio::test]
@@ -166,27 +164,13 @@ async fn over_tls_the_next_start_removes_what_a_killed_codebox_left() {
     let (_alone, daemon) = private_daemon().await;
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let sleeper = work.path().join("sleep.sh");
-    std::fs::write(&sleeper, "sleep 300\n").unwrap();
-    let child = daemon
-        .codebox(Via::Tls, data.path())
-        .arg("run")
-        .arg(&sleeper)
-        .args(["--timeout-seconds", "600"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually(60, "the run's container runs on the remote daemon", || {
-        daemon.running("label=codebox.managed=true").len() == 1
-    })
-    .await;
-    let left = daemon.containers("label=codebox.managed=true");
+    let (child, left) = daemon
+        .start_sleeper(Via::Tls, data.path(), work.path())
+        .await;
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     wait_output(child, Duration::from_secs(30)).await;
-    assert_eq!(left.len(), 1);
-    let expires: u64 = daemon.label(&left[0], "codebox.expires").parse().unwrap();
+    let expires: u64 = daemon.label(&left, "codebox.expires").parse().unwrap();
     assert!(
         expires > now() + 300,
         "the container is not expired: only the dead instance's lock says it is abandoned"
@@ -196,7 +180,7 @@ async fn over_tls_the_next_start_removes_what_a_killed_codebox_left() {
         1,
         "the killed instance's lock file"
     );
-    assert_eq!(daemon.containers(&format!("id={}", left[0])).len(), 1);
+    assert_eq!(daemon.containers(&format!("id={left}")).len(), 1);
 
     let hello = work.path().join("hello.sh");
     std::fs::write(&hello, "echo hello\n").unwrap();
@@ -213,7 +197,7 @@ async fn over_tls_the_next_start_removes_what_a_killed_codebox_left() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
     assert!(
-        daemon.containers(&format!("id={}", left[0])).is_empty(),
+        daemon.containers(&format!("id={left}")).is_empty(),
         "the dead instance's container was reaped at the next start, over TLS"
     );
     assert!(daemon.containers("label=codebox.managed=true").is_empty());
