@@ -89,13 +89,23 @@ impl TlsFiles {
         if roots.is_empty() {
             return Err(format!("{} holds no certificate", self.ca.display()));
         }
+        let no_client_certificate = self.missing_client_file().is_some();
+        // Without a client certificate, TLS 1.2: a daemon that requires one then refuses in
+        // the handshake, where codebox always sees its alert. Under TLS 1.3 the refusal comes
+        // after the handshake and sometimes reaches codebox only as a closed connection
+        // ("connection was not ready"). The daemon's certificate is verified either way.
+        let versions: &[&rustls::SupportedProtocolVersion] = if no_client_certificate {
+            &[&rustls::version::TLS12]
+        } else {
+            rustls::DEFAULT_VERSIONS
+        };
         let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots);
-        if self.missing_client_file().is_some() {
+        if no_client_certificate {
             return Ok(builder.with_no_client_auth());
         }
         let certs = read_certs(&self.cert, "client certificate")?;
