@@ -279,6 +279,19 @@ async fn a_shell_fork_bomb_dies_with_the_shell_that_started_it() {
     let mut req = request("bash", ":(){ :|:& };:");
     req.limits = limits(None, Some(10.0));
     let r = run(req).await; // run() also checks that nothing is left behind
+    if common::gvisor() && r.status == Status::SandboxError {
+        // Under gVisor each process of the bomb is a host process too, counted by the pids
+        // limit: when the bomb reaches it before codebox-init has ended it, gVisor's kernel
+        // cannot make the host threads it needs and ends with the program (1 run in 12 on a
+        // quiet machine). The run is still contained and nothing outlives it.
+        assert_eq!(r.stage, Some(Stage::Run), "{r:?}");
+        assert!(
+            r.message.contains("before codebox-init reported"),
+            "{}",
+            r.message
+        );
+        return;
+    }
     assert_eq!(
         (r.status, r.exit_code),
         (Status::Succeeded, Some(0)),
