@@ -463,10 +463,11 @@ fn docker_run_detached(memory: &str, code: &str) -> String {
 async fn the_engine_finds_an_oom_kill_among_a_containers_events_and_none_where_there_was_none() {
     use codebox::engine::ContainerEngine;
     let engine = common::docker_engine().unwrap();
-    let hog = docker_run_detached("64m", "b = []\nwhile True: b.append(bytearray(10**7))");
-    let quiet = docker_run_detached("64m", "print(1)");
+    // Bytes written, not just reserved: the pages count against the limit.
+    let hog = docker_run_detached("64m", "b = []\nwhile True: b.append(b'x' * 10**7)");
     let seen =
         tokio::time::timeout(std::time::Duration::from_secs(30), engine.oom_event(&hog)).await;
+    let quiet = docker_run_detached("64m", "print(1)");
     let none =
         tokio::time::timeout(std::time::Duration::from_secs(2), engine.oom_event(&quiet)).await;
     for id in [&hog, &quiet] {
