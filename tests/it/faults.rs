@@ -184,18 +184,7 @@ async fn dockerd_killed_mid_run_gives_sandbox_error_and_a_history_row_and_the_ne
     let expires: u64 = daemon.label(&left, "codebox.expires").parse().unwrap();
     assert!(expires > now() + 300, "not reaped for being expired");
 
-    let hello = program(work.path(), "hello.sh", "echo hello\n");
-    let out = daemon
-        .codebox(Via::Socket, data.path())
-        .arg("run")
-        .arg(&hello)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    daemon.run_hello(Via::Socket, data.path(), work.path());
     assert!(
         daemon.containers("label=codebox.managed=true").is_empty(),
         "the next start removed the dead run's container at once"
@@ -582,18 +571,7 @@ async fn with_the_daemons_disk_full_builds_and_runs_fail_clearly_and_recover() {
     );
 
     drop(unfill);
-    let out = daemon
-        .codebox(Via::Socket, data.path())
-        .arg("run")
-        .arg(&hello)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    daemon.run_hello(Via::Socket, data.path(), work.path());
     let left = daemon.containers("label=codebox.managed=true");
     assert!(
         left.is_empty(),

@@ -325,6 +325,25 @@ impl PrivateDaemon {
         (child, container)
     }
 
+    /// `codebox run` (through `via`) of `echo hello`, written to a file in `work`: it must
+    /// succeed and print `hello`.
+    pub fn run_hello(&self, via: Via, data_dir: &Path, work: &Path) {
+        let hello = work.join("hello.sh");
+        std::fs::write(&hello, "echo hello\n").unwrap();
+        let out = self
+            .codebox(via, data_dir)
+            .arg("run")
+            .arg(&hello)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    }
+
     /// `docker top`: the processes of a running container.
     pub fn processes(&self, container: &str) -> String {
         String::from_utf8_lossy(&self.docker(&["top", container]).stdout).into_owned()

@@ -182,20 +182,7 @@ async fn over_tls_the_next_start_removes_what_a_killed_codebox_left() {
     );
     assert_eq!(daemon.containers(&format!("id={left}")).len(), 1);
 
-    let hello = work.path().join("hello.sh");
-    std::fs::write(&hello, "echo hello\n").unwrap();
-    let out = daemon
-        .codebox(Via::Tls, data.path())
-        .arg("run")
-        .arg(&hello)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    daemon.run_hello(Via::Tls, data.path(), work.path());
     assert!(
         daemon.containers(&format!("id={left}")).is_empty(),
         "the dead instance's container was reaped at the next start, over TLS"
