@@ -168,6 +168,20 @@ impl Metrics {
             let _ = writeln!(w, "codebox_run_latency_seconds_sum {}", h.sum);
             let _ = writeln!(w, "codebox_run_latency_seconds_count {}", h.count);
         }
+        let _ = writeln!(
+            w,
+            "# HELP codebox_compile_cache_lookups_total Compile-cache lookups: hit (the same inputs compiled before: no compile container), miss."
+        );
+        let _ = writeln!(w, "# TYPE codebox_compile_cache_lookups_total counter");
+        for (result, n) in [
+            ("hit", stats.compile_cache_hits),
+            ("miss", stats.compile_cache_misses),
+        ] {
+            let _ = writeln!(
+                w,
+                "codebox_compile_cache_lookups_total{{result=\"{result}\"}} {n}"
+            );
+        }
         let p = &stats.pool;
         let _ = writeln!(
             w,
