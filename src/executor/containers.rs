@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::pool::Shape;
 use super::stage::{run_stage, Bound, StageRequest, StageResult};
-use super::timings::Phase as TimedPhase;
+use super::timings::Step;
 use super::{Executor, Halt, SandboxFailure, BACKSTOP_GRACE};
 use crate::engine::guard::ContainerGuard;
 use crate::engine::posture::{self, Limits, Plan};
@@ -61,7 +61,7 @@ impl Executor {
 
     /// Create one locked-down container (not started): lease a uid, build the spec, check
     /// it, and hand back its owner.
-    pub(super) async fn launch(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
+    pub(super) async fn create(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
         let lease = self.uids.lease();
         let plan = Plan {
             name: want.name.clone(),
@@ -110,9 +110,9 @@ impl Executor {
                 guard: taken.guard,
                 started: true,
             }),
-            None => self.launch(want, bound).await,
+            None => self.create(want, bound).await,
         };
-        self.timings.record(TimedPhase::Acquire, began.elapsed());
+        self.timings.record(Step::Acquire, began.elapsed());
         acquired
     }
 
@@ -171,9 +171,9 @@ impl Executor {
             container.guard.remove_later();
             if let Ok(r) = &result {
                 let t = &r.times;
-                self.timings.record(TimedPhase::Deliver, t.deliver);
-                self.timings.record(TimedPhase::Run, t.run);
-                self.timings.record(TimedPhase::Collect, t.collect);
+                self.timings.record(Step::Deliver, t.deliver);
+                self.timings.record(Step::Run, t.run);
+                self.timings.record(Step::Collect, t.collect);
             }
             if !dead_on_arrival {
                 return result.map_err(Halt::bound);
@@ -183,7 +183,7 @@ impl Executor {
                 .counters()
                 .failed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            container = self.launch(want, bound).await?;
+            container = self.create(want, bound).await?;
         }
     }
 }

@@ -48,7 +48,7 @@ pub use request::{
     ValidTest,
 };
 use stage::{Bound, BoundError, Interrupted};
-use timings::{Phase as TimedPhase, Timings};
+use timings::{Step, Timings};
 
 /// How long the host waits beyond a stage's own limits before it kills the container
 /// (`codebox-init` enforces the limits; this is the backstop).
@@ -219,7 +219,7 @@ impl Executor {
         let timings = Arc::new(Timings::default());
         let cleanup = {
             let timings = timings.clone();
-            Cleanup::observed(Arc::new(move |d| timings.record(TimedPhase::Remove, d)))
+            Cleanup::observed(Arc::new(move |d| timings.record(Step::Remove, d)))
         };
         let pool = Pool::new(
             engine.clone(),
@@ -422,7 +422,7 @@ impl Executor {
             let compile = async {
                 let began = Instant::now();
                 let compiled = self.compile_cached(run_id, req, known, bound).await;
-                self.timings.record(TimedPhase::Compile, began.elapsed());
+                self.timings.record(Step::Compile, began.elapsed());
                 compiled
             };
             let (compiled, first) = tokio::join!(compile, prepare_run);

@@ -55,7 +55,7 @@ impl Executor {
             deadline: tokio::time::Instant::now() + timeout + BACKSTOP_GRACE,
         };
         let result = async {
-            let container = self.launch(&want, bound).await?;
+            let container = self.create(&want, bound).await?;
             self.run_in(&want, container, payload, timeout, 0, bound)
                 .await
         }

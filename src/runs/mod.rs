@@ -324,7 +324,7 @@ impl RunManager {
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
         }
-        self.launch(run_id, *request, queued_ms, cancel);
+        self.spawn(run_id, *request, queued_ms, cancel);
     }
 
     /// Start filling the pool where it is short, while admission lets it grow.
@@ -354,7 +354,9 @@ impl RunManager {
         tokio::spawn(pool_loop(Arc::downgrade(&self.inner)));
     }
 
-    fn launch(
+    /// Carry out an admitted run on a task of its own, watched by a second task that records
+    /// its end even if the first panics.
+    fn spawn(
         &self,
         run_id: String,
         request: ValidRequest,
