@@ -581,7 +581,7 @@ impl Executor {
             report.stdout_bytes = st.stdout_bytes;
             report.stderr_bytes = st.stderr_bytes;
             report.files = outputs::report_files(&result.decoded.files);
-            report.message = run_message(&o, req);
+            report.message = outputs::with_unlisted_note(run_message(&o, req), &report.files);
             report.status = o.status;
             report.exit_code = o.exit_code;
             report.signal = o.signal;
