@@ -15,6 +15,11 @@ use bytes::Bytes;
 pub const MAGIC: &[u8] = b"codebox-init 1\n";
 /// Largest frame accepted (the helper writes at most 64 KiB at a time).
 const MAX_FRAME: usize = 1 << 20;
+/// Most bytes reserved ahead for a file's content: its size is only announced; the rest grows
+/// as `B` frames arrive.
+const MAX_RESERVE: u64 = 1 << 16;
+/// Highest signal number Linux has (`SIGRTMAX`).
+const MAX_SIGNAL: i64 = 64;
 
 /// The kind of a workspace entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,7 +356,10 @@ fn parse_end(text: &str) -> Result<(PhaseName, PhaseEnd), ProtocolError> {
     };
     let end = match kv.get("end").copied() {
         Some("exited") => End::Exited(num("code").unwrap_or(-1)),
-        Some("signaled") => End::Signaled(num("signal").unwrap_or(0)),
+        Some("signaled") => match num("signal") {
+            Some(n) if (1..=MAX_SIGNAL).contains(&n) => End::Signaled(n),
+            other => return malformed(format!("a death by signal {other:?}")),
+        },
         Some("timed_out") => End::TimedOut,
         Some("stopped") => End::Stopped,
         Some("error") => End::Error(kv.get("error").unwrap_or(&"unknown error").to_string()),
@@ -492,14 +500,16 @@ impl Decoder {
                     u32::from_str_radix(f[2], 8).map_err(|_| ProtocolError("bad mode".into()))?;
                 let reason = (!f[5].is_empty()).then(|| f[5].to_string());
                 if kind == EntryKind::File && reason.is_none() {
-                    if self.content + size > self.limits.content {
-                        return malformed(format!(
-                            "more than {} bytes of file content",
-                            self.limits.content
-                        ));
+                    match self.content.checked_add(size) {
+                        Some(total) if total <= self.limits.content => self.content = total,
+                        _ => {
+                            return malformed(format!(
+                                "more than {} bytes of file content",
+                                self.limits.content
+                            ))
+                        }
                     }
                     self.owed = size;
-                    self.content += size;
                 }
                 self.out.files.push(FileEntry {
                     kind,
@@ -509,7 +519,7 @@ impl Decoder {
                     sha256: f[4].to_string(),
                     reason,
                     target: f[6].to_string(),
-                    content: Vec::with_capacity(self.owed as usize),
+                    content: Vec::with_capacity(self.owed.min(MAX_RESERVE) as usize),
                 });
             }
             b'B' => {
@@ -782,10 +792,52 @@ mod tests {
                 frame(b'X', b"phase=check\nend=exited\n"),
             ]
             .concat(),
+            // Sizes near u64::MAX: the running total of content must not wrap around, and
+            // nothing may be reserved for what was merely announced.
+            [
+                frame(b'F', &entry(["f", "a", "644", "1", "", "", ""])),
+                frame(b'B', b"x"),
+                frame(
+                    b'F',
+                    &entry(["f", "b", "644", &u64::MAX.to_string(), "", "", ""]),
+                ),
+            ]
+            .concat(),
+            frame(
+                b'F',
+                &entry(["f", "a", "644", &(u64::MAX - 1).to_string(), "", "", ""]),
+            ),
+            // A signal number no kernel has.
+            [
+                frame(b'P', b"run"),
+                frame(
+                    b'X',
+                    format!("phase=run\nend=signaled\nsignal={}\n", i64::MAX).as_bytes(),
+                ),
+            ]
+            .concat(),
         ];
         for (i, bytes) in cases.iter().enumerate() {
             let mut d = Decoder::new(limits());
             assert!(d.push(bytes).is_err(), "case {i} was accepted");
         }
+    }
+
+    #[test]
+    fn an_announced_size_reserves_at_most_a_chunk() {
+        let mut d = Decoder::new(DecodeLimits {
+            content: u64::MAX,
+            ..limits()
+        });
+        let f = entry(["f", "a", "644", &(1u64 << 40).to_string(), "", "", ""]);
+        d.push(&[frame(b'F', &f), frame(b'B', b"xy")].concat())
+            .unwrap();
+        let file = &d.decoded().files[0];
+        assert_eq!(file.content, b"xy");
+        assert!(file.content.capacity() <= MAX_RESERVE as usize);
+        assert!(
+            d.push(&frame(b'Z', b"")).is_err(),
+            "the content ended early"
+        );
     }
 }

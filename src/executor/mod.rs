@@ -347,7 +347,7 @@ impl Executor {
                 streams,
                 files,
             } => {
-                r.message = run_message(&outcome, req);
+                r.message = outputs::with_unlisted_note(run_message(&outcome, req), &files);
                 r.status = outcome.status;
                 r.exit_code = outcome.exit_code;
                 r.signal = outcome.signal;
