@@ -1,0 +1,1 @@
+//! Requests to a session's codebox-init.
