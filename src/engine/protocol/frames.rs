@@ -76,7 +76,11 @@ pub struct Decoded {
     pub warnings: Vec<String>,
     /// A fatal error `codebox-init` reported.
     pub fatal: Option<String>,
-    /// The end frame arrived.
+    /// A session's cell: the value of its final expression (at most the output cap).
+    pub result: Option<Vec<u8>>,
+    /// A session's request is done: what its `D` frame said.
+    pub done: Option<super::session::Done>,
+    /// The end frame arrived (`Z`, or a session request's `D`).
     pub complete: bool,
 }
 
@@ -316,6 +320,17 @@ impl Decoder {
             }
             b'!' => self.out.fatal = Some(String::from_utf8_lossy(body).into_owned()),
             b'Z' => self.out.complete = true,
+            b'R' => {
+                if self.out.result.is_some() {
+                    return malformed("a second result");
+                }
+                let keep = body.len().min(limit as usize);
+                self.out.result = Some(body[..keep].to_vec());
+            }
+            b'D' => {
+                self.out.done = Some(super::session::parse_done(&String::from_utf8_lossy(body))?);
+                self.out.complete = true;
+            }
             other => return malformed(format!("unknown frame kind {other:#04x}")),
         }
         Ok(())

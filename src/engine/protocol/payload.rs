@@ -115,6 +115,11 @@ impl Files {
         self.content_bytes
     }
 
+    /// The encoded records, shared.
+    pub(super) fn records(&self) -> Bytes {
+        self.records.clone()
+    }
+
     /// The bytes of the encoded records (what is kept in memory).
     pub fn encoded_bytes(&self) -> u64 {
         self.records.len() as u64
@@ -143,12 +148,12 @@ pub struct Payload {
     pub stdin: Option<Bytes>,
 }
 
-fn record(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+pub(super) fn record(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(format!("{name} {}\n", value.len()).as_bytes());
     out.extend_from_slice(value);
 }
 
-fn argv(args: &[String]) -> Vec<u8> {
+pub(super) fn argv(args: &[String]) -> Vec<u8> {
     let mut v = Vec::new();
     for a in args {
         v.extend_from_slice(a.as_bytes());
