@@ -49,6 +49,9 @@ macro_rules! section {
     };
 }
 
+mod sessions;
+pub use sessions::SessionSettings;
+
 section! {
     /// Defaults and ceilings of the limits a request may set (`limits` in `run_code`).
     /// A request over a ceiling is rejected, never clamped.
@@ -295,7 +298,7 @@ section! {
         /// Host header values accepted at `/mcp` (`name` matches any port, `name:port` exactly).
         pub allowed_hosts: Vec<String> = DEFAULT_ALLOWED_HOSTS.iter().map(|h| h.to_string()).collect(),
         /// Largest request body, in bytes (larger: 413).
-        pub max_body_bytes: usize = 8 * 1024 * 1024,
+        pub max_body_bytes: usize = 32 * 1024 * 1024,
         /// File holding the bearer token (`--token-file` and then `CODEBOX_TOKEN` take
         /// precedence). The token itself is never a setting.
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -454,6 +457,7 @@ section! {
         pub pool: PoolSettings = PoolSettings::default(),
         pub cache: CacheSettings = CacheSettings::default(),
         pub docker: DockerSettings = DockerSettings::default(),
+        pub sessions: SessionSettings = SessionSettings::default(),
     }
 }
 
@@ -898,7 +902,7 @@ impl Config {
                 "must be at least 1024",
             ));
         }
-        Ok(())
+        self.sessions.validate(self)
     }
 }
 
