@@ -73,15 +73,26 @@ impl SessionSettings {
             );
         }
         if self.workspace_mb == 0 {
-            return invalid("sessions.workspace_mb", "0".into(), "must be positive".into());
+            return invalid(
+                "sessions.workspace_mb",
+                "0".into(),
+                "must be positive".into(),
+            );
         }
         for (name, v) in [
             ("sessions.idle_timeout_seconds", self.idle_timeout_seconds),
-            ("sessions.max_idle_timeout_seconds", self.max_idle_timeout_seconds),
+            (
+                "sessions.max_idle_timeout_seconds",
+                self.max_idle_timeout_seconds,
+            ),
             ("sessions.max_lifetime_seconds", self.max_lifetime_seconds),
         ] {
             if v == 0 || v > 7 * 24 * 3600 {
-                return invalid(name, v.to_string(), "must be between 1 and 604800 (a week)".into());
+                return invalid(
+                    name,
+                    v.to_string(),
+                    "must be between 1 and 604800 (a week)".into(),
+                );
             }
         }
         if self.idle_timeout_seconds > self.max_idle_timeout_seconds {

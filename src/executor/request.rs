@@ -303,7 +303,11 @@ impl ValidRequest {
     ) -> Result<ValidRequest, RequestError> {
         if req.session_id.is_some() || req.reset.is_some() {
             return reject(
-                if req.session_id.is_some() { "session_id" } else { "reset" },
+                if req.session_id.is_some() {
+                    "session_id"
+                } else {
+                    "reset"
+                },
                 "this request names a session; it is executed by the session's server",
             );
         }
@@ -571,10 +575,7 @@ fn resolve_language<'r>(registry: &'r Registry, name: &str) -> Result<&'r Langua
                     known.join(", ")
                 )
             } else {
-                format!(
-                    "unknown language `{name}`; supported: {}",
-                    known.join(", ")
-                )
+                format!("unknown language `{name}`; supported: {}", known.join(", "))
             },
         }
     })

@@ -140,7 +140,11 @@ impl Executor {
             image_name: lang.image.name.clone(),
             limits: spec.limits,
             workspace_mb: spec.workspace_mb,
-            labels: labels(SESSION_RUN_LABEL, &self.instance, spec.lifetime + DRIVER_START),
+            labels: labels(
+                SESSION_RUN_LABEL,
+                &self.instance,
+                spec.lifetime + DRIVER_START,
+            ),
         };
         let never = CancellationToken::new();
         let bound = Bound {
@@ -154,11 +158,17 @@ impl Executor {
         let acquired = self.create(&want, bound).await.map_err(halted)?;
         let guard = acquired.guard;
         let attached = bound
-            .call("attaching to the container", self.engine.attach_container(guard.name()))
+            .call(
+                "attaching to the container",
+                self.engine.attach_container(guard.name()),
+            )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
         bound
-            .call("starting the container", self.engine.start_container(guard.name()))
+            .call(
+                "starting the container",
+                self.engine.start_container(guard.name()),
+            )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
         let sbox = SessionBox {
@@ -183,7 +193,13 @@ impl Executor {
             entries: 0,
         };
         match self
-            .exchange(&sbox, open.encode(), limits, DRIVER_START + BACKSTOP_GRACE, None)
+            .exchange(
+                &sbox,
+                open.encode(),
+                limits,
+                DRIVER_START + BACKSTOP_GRACE,
+                None,
+            )
             .await
         {
             Ok(x) => match (x.decoded.fatal, x.decoded.done) {
@@ -351,7 +367,11 @@ impl Executor {
             Ok(Err(end)) => Ended::AtCompile(end),
             Ok(Ok(exec)) => {
                 known.stage = Some(Stage::Run);
-                let backstop = exec.check_timeout + exec.timeout + exec.interrupt + RESTART_GRACE + BACKSTOP_GRACE;
+                let backstop = exec.check_timeout
+                    + exec.timeout
+                    + exec.interrupt
+                    + RESTART_GRACE
+                    + BACKSTOP_GRACE;
                 let s = &self.config.sandbox;
                 let limits = DecodeLimits {
                     output: s.output_limit_bytes,
@@ -406,7 +426,11 @@ impl Executor {
         report.queued_ms = queued_ms;
         report.duration_ms = started.elapsed().as_millis() as u64;
         report.session = Some(SessionExecution {
-            state: if sbox.stateful { state.0 } else { files_only_state(&session) },
+            state: if sbox.stateful {
+                state.0
+            } else {
+                files_only_state(&session)
+            },
             reset_reason: if sbox.stateful { state.1 } else { None },
             ..session
         });
@@ -479,7 +503,13 @@ impl Executor {
     }
 
     /// How an execution's frames end the run.
-    fn session_ended(&self, req: &ValidRequest, known: &mut Known, x: Exchange, done: Done) -> Ended {
+    fn session_ended(
+        &self,
+        req: &ValidRequest,
+        known: &mut Known,
+        x: Exchange,
+        done: Done,
+    ) -> Ended {
         if let Some(error) = done.error {
             return Ended::Failed(SandboxFailure::Reported(error));
         }

@@ -348,14 +348,27 @@ mod tests {
             max_queued_runs: 10,
             memory_budget_mb: 1024,
         });
-        for t in [in_session("s1", "A"), in_session("s2", "A"), ticket("r", 1, 10), in_session("s3", "A")] {
+        for t in [
+            in_session("s1", "A"),
+            in_session("s2", "A"),
+            ticket("r", 1, 10),
+            in_session("s3", "A"),
+        ] {
             a.enqueue(t).unwrap();
         }
         assert_eq!(started(a.next(0)), "s1");
-        assert_eq!(started(a.next(0)), "r", "s2 waits for s1; the run behind it does not");
+        assert_eq!(
+            started(a.next(0)),
+            "r",
+            "s2 waits for s1; the run behind it does not"
+        );
         assert_eq!(a.next(0), Next::Wait);
         a.release(&in_session("s1", "A"));
-        assert_eq!(started(a.next(0)), "s2", "the session's next in arrival order");
+        assert_eq!(
+            started(a.next(0)),
+            "s2",
+            "the session's next in arrival order"
+        );
         assert_eq!(a.next(0), Next::Wait);
     }
 

@@ -49,8 +49,8 @@ pub use budget::{check_budget, memory_charge, BudgetError};
 pub use lookup::LookupError;
 pub use metrics::Metrics;
 use retention::Retention;
-use sessions::{SessionError, Sessions, SESSION_TICK};
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
+use sessions::{SessionError, Sessions, SESSION_TICK};
 pub use stats::{PoolSnapshot, Stats};
 
 /// How long `stop` waits for a running run's containers to be killed and removed.

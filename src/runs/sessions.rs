@@ -67,7 +67,9 @@ pub enum SessionError {
     Closed { id: String },
     #[error("session_id: session {id} expired after {seconds} s idle; create a new one")]
     Expired { id: String, seconds: u64 },
-    #[error("session_id: session {id} reached its maximum lifetime of {seconds} s; create a new one")]
+    #[error(
+        "session_id: session {id} reached its maximum lifetime of {seconds} s; create a new one"
+    )]
     Lifetime { id: String, seconds: u64 },
     #[error("session_id: session {id} ended: out of memory; create a new one")]
     OutOfMemory { id: String },
@@ -200,7 +202,7 @@ pub enum SessionFile {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FolderEntry {
     pub path: String,
-    /// `file`, `folder`, `link` or `other`.
+    /// `file`, `folder` or `link` (a link is never followed).
     pub kind: String,
     pub size_bytes: u64,
 }
@@ -223,7 +225,12 @@ impl SessionFile {
         }
         let first = entries.remove(0);
         match first.kind {
-            EntryKind::File if first.reason.is_some() => {
+            EntryKind::File
+                if first
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| !r.starts_with("range ")) =>
+            {
                 refuse(first.reason.as_deref().unwrap_or("not readable"))
             }
             EntryKind::File => Ok(SessionFile::File {
@@ -239,11 +246,10 @@ impl SessionFile {
                 entries: entries
                     .into_iter()
                     .map(|e| FolderEntry {
-                        kind: match (e.kind, e.reason.as_deref()) {
-                            (EntryKind::Dir, _) => "folder",
-                            (EntryKind::Link, _) => "link",
-                            (EntryKind::File, Some("not a regular file")) => "other",
-                            (EntryKind::File, _) => "file",
+                        kind: match e.kind {
+                            EntryKind::Dir => "folder",
+                            EntryKind::Link => "link",
+                            EntryKind::File => "file",
                         }
                         .into(),
                         path: e.path,
@@ -394,7 +400,10 @@ impl RunManager {
             .map(|(path, content)| Entry::file(path.clone(), 0o644, content.clone()))
             .collect();
         let spec = SessionSpec {
-            name: format!("codebox-session-{}", &id[SESSION_PREFIX.len()..SESSION_PREFIX.len() + 12]),
+            name: format!(
+                "codebox-session-{}",
+                &id[SESSION_PREFIX.len()..SESSION_PREFIX.len() + 12]
+            ),
             language: &valid.language,
             limits: Limits {
                 memory_mb,
@@ -439,7 +448,11 @@ impl RunManager {
             ending: None,
         };
         let info = session.info(&id);
-        tracing::info!(session = log_id(&id), language = info.language, "session opened");
+        tracing::info!(
+            session = log_id(&id),
+            language = info.language,
+            "session opened"
+        );
         self.inner.metrics.session_opened();
         st.sessions.open.insert(id, session);
         Ok(info)
@@ -697,7 +710,10 @@ mod tests {
     fn every_end_is_named_to_a_later_call() {
         let id = "cbx_1";
         let text = |r: EndReason| SessionError::ended(id, &r).to_string();
-        assert_eq!(text(EndReason::Closed), "session_id: session cbx_1 was closed");
+        assert_eq!(
+            text(EndReason::Closed),
+            "session_id: session cbx_1 was closed"
+        );
         assert_eq!(
             text(EndReason::Idle { seconds: 600 }),
             "session_id: session cbx_1 expired after 600 s idle; create a new one"
