@@ -71,6 +71,76 @@ pub enum Collect {
     },
 }
 
+/// Working-directory entries, encoded once as payload records: every payload that lays
+/// them out (each test case of a run, say) shares the same bytes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Files {
+    records: Bytes,
+    count: usize,
+    content_bytes: u64,
+}
+
+impl Files {
+    pub fn new(entries: &[Entry]) -> Files {
+        let content: usize = entries.iter().map(|e| e.content.len()).sum();
+        let mut out = Vec::with_capacity(content + 64 * entries.len());
+        for e in entries {
+            match e.kind {
+                EntryKind::Dir => record(
+                    &mut out,
+                    "dir",
+                    format!("{:o} {}", e.mode, e.path).as_bytes(),
+                ),
+                EntryKind::File => {
+                    let mut head = format!("{:o} {}\0", e.mode, e.path).into_bytes();
+                    out.extend_from_slice(
+                        format!("file {}\n", head.len() + e.content.len()).as_bytes(),
+                    );
+                    out.append(&mut head);
+                    out.extend_from_slice(&e.content);
+                }
+                EntryKind::Link => record(
+                    &mut out,
+                    "link",
+                    format!("{}\0{}", e.path, e.target).as_bytes(),
+                ),
+            }
+        }
+        Files {
+            records: Bytes::from(out),
+            count: entries.len(),
+            content_bytes: content as u64,
+        }
+    }
+
+    /// How many entries.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The bytes of all files' content.
+    pub fn content_bytes(&self) -> u64 {
+        self.content_bytes
+    }
+
+    /// The bytes of the encoded records (what is kept in memory).
+    pub fn encoded_bytes(&self) -> u64 {
+        self.records.len() as u64
+    }
+
+    /// The entries, decoded again (for the fake engine and tests).
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut payload = MAGIC.to_vec();
+        payload.extend_from_slice(&self.records);
+        record(&mut payload, "end", b"");
+        parse(&payload).map_or_else(Vec::new, |(_, entries)| entries)
+    }
+}
+
 /// Everything a container is told.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Payload {
@@ -81,7 +151,7 @@ pub struct Payload {
     pub timeout: Duration,
     pub output_limit: u64,
     pub collect: Option<Collect>,
-    pub entries: Vec<Entry>,
+    pub files: Files,
     pub stdin: Option<Bytes>,
 }
 
@@ -100,78 +170,69 @@ fn argv(args: &[String]) -> Vec<u8> {
 }
 
 impl Payload {
-    /// The bytes for the container's stdin.
-    pub fn encode(&self) -> Vec<u8> {
-        let content: usize = self.entries.iter().map(|e| e.content.len()).sum();
-        let stdin = self.stdin.as_ref().map_or(0, |s| s.len());
-        let mut out = Vec::with_capacity(content + stdin + 512);
-        out.extend_from_slice(MAGIC);
+    /// The bytes for the container's stdin, in the order they are written: the settings,
+    /// the files (shared, not copied), then the end record and the program's stdin.
+    pub fn encode(&self) -> Vec<Bytes> {
+        let mut head = Vec::with_capacity(512);
+        head.extend_from_slice(MAGIC);
         for (k, v) in &self.env {
-            record(&mut out, "env", format!("{k}={v}").as_bytes());
+            record(&mut head, "env", format!("{k}={v}").as_bytes());
         }
         if let Some(c) = &self.check {
-            record(&mut out, "check", &argv(c));
+            record(&mut head, "check", &argv(c));
             let ms = self.check_timeout.as_millis().to_string();
-            record(&mut out, "check_timeout_ms", ms.as_bytes());
+            record(&mut head, "check_timeout_ms", ms.as_bytes());
         }
         if let Some(r) = &self.run {
-            record(&mut out, "run", &argv(r));
+            record(&mut head, "run", &argv(r));
         }
         record(
-            &mut out,
+            &mut head,
             "timeout_ms",
             self.timeout.as_millis().to_string().as_bytes(),
         );
         record(
-            &mut out,
+            &mut head,
             "output_limit",
             self.output_limit.to_string().as_bytes(),
         );
         match self.collect.unwrap_or(Collect::None) {
-            Collect::None => record(&mut out, "collect", b"none"),
+            Collect::None => record(&mut head, "collect", b"none"),
             Collect::Outputs {
                 max_files,
                 max_bytes,
                 max_file_bytes,
             } => {
-                record(&mut out, "collect", b"outputs");
-                record(&mut out, "max_files", max_files.to_string().as_bytes());
-                record(&mut out, "max_bytes", max_bytes.to_string().as_bytes());
+                record(&mut head, "collect", b"outputs");
+                record(&mut head, "max_files", max_files.to_string().as_bytes());
+                record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());
                 record(
-                    &mut out,
+                    &mut head,
                     "max_file_bytes",
                     max_file_bytes.to_string().as_bytes(),
                 );
             }
             Collect::WorkspaceOnSuccess { max_bytes } => {
-                record(&mut out, "collect", b"workspace-on-success");
-                record(&mut out, "max_bytes", max_bytes.to_string().as_bytes());
+                record(&mut head, "collect", b"workspace-on-success");
+                record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());
             }
         }
-        for e in &self.entries {
-            match e.kind {
-                EntryKind::Dir => record(
-                    &mut out,
-                    "dir",
-                    format!("{:o} {}", e.mode, e.path).as_bytes(),
-                ),
-                EntryKind::File => {
-                    let mut v = format!("{:o} {}\0", e.mode, e.path).into_bytes();
-                    v.extend_from_slice(&e.content);
-                    record(&mut out, "file", &v);
-                }
-                EntryKind::Link => record(
-                    &mut out,
-                    "link",
-                    format!("{}\0{}", e.path, e.target).as_bytes(),
-                ),
-            }
-        }
-        record(&mut out, "end", b"");
+        let mut tail = Vec::new();
+        record(&mut tail, "end", b"");
+        let mut parts = vec![
+            Bytes::from(head),
+            self.files.records.clone(),
+            Bytes::from(tail),
+        ];
         if let Some(s) = &self.stdin {
-            out.extend_from_slice(s);
+            parts.push(s.clone());
         }
-        out
+        parts
+    }
+
+    /// All of [`Payload::encode`] in one buffer (for tests).
+    pub fn encode_whole(&self) -> Vec<u8> {
+        self.encode().concat()
     }
 }
 
@@ -496,6 +557,14 @@ pub fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
 
 /// Read a payload back (for the fake engine and tests): the records and the stdin.
 pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
+    parse(bytes).map(|(mut p, entries)| {
+        p.files = Files::new(&entries);
+        p
+    })
+}
+
+/// A payload and its working-directory entries.
+fn parse(bytes: &[u8]) -> Option<(Payload, Vec<Entry>)> {
     let mut rest = bytes.strip_prefix(MAGIC)?;
     let mut p = Payload::default();
     // Each argument is followed by a NUL, so the last piece of the split is always empty.
@@ -508,6 +577,7 @@ pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
         args
     };
     let (mut max_files, mut max_bytes, mut max_file_bytes, mut collect) = (0, 0, 0, "none");
+    let mut entries = Vec::new();
     loop {
         let nl = rest.iter().position(|b| *b == b'\n')?;
         let header = std::str::from_utf8(&rest[..nl]).ok()?;
@@ -541,7 +611,7 @@ pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
             "dir" => {
                 let t = text();
                 let (mode, path) = t.split_once(' ')?;
-                p.entries.push(Entry {
+                entries.push(Entry {
                     kind: EntryKind::Dir,
                     path: path.to_string(),
                     mode: u32::from_str_radix(mode, 8).ok()?,
@@ -553,7 +623,7 @@ pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
                 let nul = value.iter().position(|b| *b == 0)?;
                 let head = std::str::from_utf8(&value[..nul]).ok()?;
                 let (mode, path) = head.split_once(' ')?;
-                p.entries.push(Entry::file(
+                entries.push(Entry::file(
                     path,
                     u32::from_str_radix(mode, 8).ok()?,
                     Bytes::copy_from_slice(&value[nul + 1..]),
@@ -562,7 +632,7 @@ pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
             "link" => {
                 let t = text();
                 let (path, target) = t.split_once('\0')?;
-                p.entries.push(Entry {
+                entries.push(Entry {
                     kind: EntryKind::Link,
                     path: path.to_string(),
                     mode: 0o777,
@@ -584,7 +654,7 @@ pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
         _ => Collect::None,
     });
     p.stdin = (!rest.is_empty()).then(|| Bytes::copy_from_slice(rest));
-    Some(p)
+    Some((p, entries))
 }
 
 #[cfg(test)]
@@ -618,7 +688,7 @@ mod tests {
                 max_bytes: 8,
                 max_file_bytes: 4,
             }),
-            entries: vec![
+            files: Files::new(&[
                 Entry {
                     kind: EntryKind::Dir,
                     path: "d".into(),
@@ -627,10 +697,27 @@ mod tests {
                     target: String::new(),
                 },
                 Entry::file("d/main.py", 0o644, &b"print(1)\n\0binary"[..]),
-            ],
+            ]),
             stdin: Some(Bytes::from_static(b"in\nput")),
         };
-        assert_eq!(parse_payload(&p.encode()).unwrap(), p);
+        let back = parse_payload(&p.encode_whole()).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(back.files.entries()[1].content, &b"print(1)\n\0binary"[..]);
+    }
+
+    #[test]
+    fn payloads_share_their_files_instead_of_copying_them() {
+        let files = Files::new(&[Entry::file("big.bin", 0o644, vec![7u8; 1 << 20])]);
+        let payload = |stdin: &'static [u8]| Payload {
+            run: Some(vec!["./main".into()]),
+            files: files.clone(),
+            stdin: Some(Bytes::from_static(stdin)),
+            ..Default::default()
+        };
+        let (a, b) = (payload(b"1").encode(), payload(b"2").encode());
+        assert_eq!(a[1].as_ptr(), b[1].as_ptr(), "one copy of the files");
+        assert_eq!(a[1].len() as u64, files.encoded_bytes());
+        assert_ne!(a.concat(), b.concat());
     }
 
     #[test]
