@@ -28,6 +28,7 @@
 
 pub(crate) mod db;
 mod pg;
+mod pg_tls;
 mod schema;
 mod sqlite;
 mod store;
@@ -491,6 +492,21 @@ impl History {
     }
 }
 
+/// An error and its causes, each said once ("PostgreSQL: db error: FATAL: ..."): the
+/// PostgreSQL client's own messages keep the server's reason in the cause.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// Open the store, migrate it, announce this instance and mark what dead ones left.
 fn open_store(store: &HistoryStore, owner: &Owner) -> Result<Box<dyn Database>, DbError> {
     let mut db: Box<dyn Database> = match store {
@@ -515,6 +531,8 @@ struct Actor {
     beat_at: Instant,
     /// Whether the current outage was reported (one warning per outage, not per write).
     outage_reported: bool,
+    /// Why the store could not be opened last time (what queries are told meanwhile).
+    open_error: Option<String>,
     /// Operations that failed since the last warning about them, and when that was: a full
     /// disk fails the writes of every run, and is warned about once, then at most every
     /// [`WARN_EVERY`] while it lasts.
@@ -533,6 +551,7 @@ impl Actor {
             retry_at: now,
             beat_at: now,
             outage_reported: false,
+            open_error: None,
             lost: 0,
             warned: None,
         }
@@ -577,6 +596,7 @@ impl Actor {
                 self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
             }
             Err(e) => {
+                self.open_error = Some(with_causes(&e));
                 if !self.outage_reported {
                     tracing::warn!(store = %self.name, error = %e, "cannot open the history database; runs will be served but not recorded (trying again every {} s)", RECONNECT_INTERVAL.as_secs());
                     self.outage_reported = true;
@@ -624,7 +644,10 @@ impl Actor {
         let Some(db) = self.db.as_mut() else {
             let unavailable = || HistoryError::Unavailable {
                 store: self.name.clone(),
-                detail: "it could not be opened (see the log)".to_string(),
+                detail: match &self.open_error {
+                    Some(e) => format!("it could not be opened: {e}"),
+                    None => "it could not be opened (see the log)".to_string(),
+                },
             };
             match cmd {
                 Command::Query { reply, .. } => {
