@@ -39,8 +39,8 @@ use futures_util::StreamExt;
 use outcome::{classify, Outcome};
 use pool::{run_workspace_mb, Pool, Shape};
 pub use request::{
-    Compare, Encoding, FileInput, LimitsInput, RequestError, RunRequest, TestInput, ValidRequest,
-    ValidTest,
+    Compare, CompileLimitsInput, Encoding, FileInput, LimitsInput, RequestError, RunRequest,
+    TestInput, ValidRequest, ValidTest,
 };
 use stage::{run_stage, StageRequest, StageResult};
 use timings::{Phase as TimedPhase, Timings};

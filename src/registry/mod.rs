@@ -283,9 +283,7 @@ impl Registry {
     /// The language serving a Judge0 language id.
     pub fn by_judge0_id(&self, id: i64) -> Option<&Language> {
         let id = u32::try_from(id).ok()?;
-        self.languages
-            .values()
-            .find(|l| l.judge0_ids.contains(&id))
+        self.languages.values().find(|l| l.judge0_ids.contains(&id))
     }
 
     /// Guess a language from a file name's extension.
@@ -497,7 +495,9 @@ fn validate_language(
         if !ok {
             return err(
                 "piston",
-                format!("`{name}` must be 1 to 64 printable ASCII characters, lowercase, no spaces"),
+                format!(
+                    "`{name}` must be 1 to 64 printable ASCII characters, lowercase, no spaces"
+                ),
             );
         }
     }
@@ -601,7 +601,10 @@ run = ["python3", "main.py"]
         );
         let with = |py: &str, rb: &str| {
             two.replace("aliases = [\"py\"]", &format!("aliases = [\"py\"]\n{py}"))
-                .replace("display_name = \"Ruby\"", &format!("display_name = \"Ruby\"\n{rb}"))
+                .replace(
+                    "display_name = \"Ruby\"",
+                    &format!("display_name = \"Ruby\"\n{rb}"),
+                )
         };
         let r = Registry::parse(
             Path::new("l.toml"),
@@ -617,10 +620,18 @@ run = ["python3", "main.py"]
         assert_eq!(r.resolve_piston("PY3").unwrap().id, "python");
         assert_eq!(r.resolve_piston("ruby").unwrap().piston.language, "ruby");
         for (py, rb, wanted) in [
-            ("judge0_ids = [71]", "judge0_ids = [71]", "judge0_ids`: id 71 is already used by language `python`"),
+            (
+                "judge0_ids = [71]",
+                "judge0_ids = [71]",
+                "judge0_ids`: id 71 is already used by language `python`",
+            ),
             ("judge0_ids = [0]", "", "judge0_ids`: 0 is not an id"),
             ("judge0_ids = [5, 5]", "", "5 appears twice"),
-            ("piston = { aliases = [\"rb\"] }", "aliases = [\"rb\"]", "`rb` is already used by language `python`"),
+            (
+                "piston = { aliases = [\"rb\"] }",
+                "aliases = [\"rb\"]",
+                "`rb` is already used by language `python`",
+            ),
             ("piston = { language = \"Py\" }", "", "field `piston`"),
             ("piston = { color = 1 }", "", "color"),
         ] {
