@@ -474,3 +474,290 @@ async fn an_mcp_session_delete_answers_204() {
     assert_eq!(r.status(), 204);
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// Every field of Judge0's configuration (`Config` of the official Python SDK 0.0.8).
+const JUDGE0_CONFIG_FIELDS: [&str; 39] = [
+    "allow_enable_network",
+    "allow_enable_per_process_and_thread_memory_limit",
+    "allow_enable_per_process_and_thread_time_limit",
+    "allowed_languages_for_compile_options",
+    "callbacks_max_tries",
+    "callbacks_timeout",
+    "cpu_extra_time",
+    "cpu_time_limit",
+    "enable_additional_files",
+    "enable_batched_submissions",
+    "enable_callbacks",
+    "enable_command_line_arguments",
+    "enable_compiler_options",
+    "enable_network",
+    "enable_per_process_and_thread_memory_limit",
+    "enable_per_process_and_thread_time_limit",
+    "enable_submission_delete",
+    "enable_wait_result",
+    "maintenance_mode",
+    "max_cpu_extra_time",
+    "max_cpu_time_limit",
+    "max_extract_size",
+    "max_file_size",
+    "max_max_file_size",
+    "max_max_processes_and_or_threads",
+    "max_memory_limit",
+    "max_number_of_runs",
+    "max_processes_and_or_threads",
+    "max_queue_size",
+    "max_stack_limit",
+    "max_submission_batch_size",
+    "max_wall_time_limit",
+    "memory_limit",
+    "number_of_runs",
+    "redirect_stderr_to_stdout",
+    "stack_limit",
+    "submission_cache_duration",
+    "use_docs_as_homepage",
+    "wall_time_limit",
+];
+
+#[tokio::test]
+async fn judge0_describes_itself_as_1_13_1_with_every_config_field_and_language() {
+    let s = start(fake_manager(&fake_with_output(), |_| {}), Some(TOKEN)).await;
+    let (status, about) = s.send("GET", "/about", None).await;
+    assert_eq!((status, about["version"].as_str()), (200, Some("1.13.1")));
+    let (_, config) = s.send("GET", "/config_info", None).await;
+    let keys: Vec<&str> = config
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, JUDGE0_CONFIG_FIELDS, "every field, no other");
+    assert_eq!(config["max_wall_time_limit"], 3600.0);
+    assert_eq!(config["memory_limit"], 512 * 1024);
+    let (_, languages) = s.send("GET", "/languages", None).await;
+    let ids: Vec<i64> = languages
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_i64().unwrap())
+        .collect();
+    for id in [48, 49, 50, 75, 52, 53, 54, 76, 62, 63, 71, 73, 60, 1001] {
+        assert!(ids.contains(&id), "GET /languages lacks {id}");
+    }
+    let (status, python) = s.send("GET", "/languages/71", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(python["source_file"], "main.py");
+    assert_eq!(python["is_archived"], false);
+    assert_eq!(s.send("GET", "/languages/70", None).await.0, 404);
+    assert_eq!(s.send("GET", "/languages/x", None).await.0, 404);
+    let (_, statuses) = s.send("GET", "/statuses", None).await;
+    assert_eq!(statuses.as_array().unwrap().len(), 14);
+    assert_eq!(statuses[3], json!({"id": 4, "description": "Wrong Answer"}));
+}
+
+#[tokio::test]
+async fn judge0_submissions_run_poll_compare_and_refuse_as_judge0() {
+    let s = start(fake_manager(&fake_with_output(), |_| {}), Some(TOKEN)).await;
+    let b64 = |t: &str| base64_encode(t);
+    // As the official SDK: base64, wait=false, then poll with fields=*, X-Auth-Token.
+    let post = |path: &str, body: Value| {
+        s.http
+            .post(s.url(path))
+            .header("x-auth-token", TOKEN)
+            .json(&body)
+            .send()
+    };
+    let r = post(
+        "/submissions?base64_encoded=true&wait=false",
+        json!({"source_code": b64("x"), "language_id": 63, "expected_output": b64("hi")}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    let token = r.json::<Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(token.len(), 36, "a hyphenated UUID: {token}");
+    let mut sub = Value::Null;
+    for _ in 0..100 {
+        let (status, v) = s
+            .send(
+                "GET",
+                &format!("/submissions/{token}?base64_encoded=true&fields=*"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        sub = v;
+        if sub["status"]["id"].as_i64() > Some(2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        sub["status"],
+        json!({"id": 3, "description": "Accepted"}),
+        "{sub}"
+    );
+    assert_eq!(sub["stdout"], b64("hi\n"));
+    assert_eq!(sub["source_code"], b64("x"));
+    assert_eq!(sub["language_id"], 63);
+    assert_eq!(sub["token"], token);
+    assert_eq!(sub["codebox_status"], "succeeded");
+    assert!(sub["created_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        sub.as_object().unwrap().len(),
+        36,
+        "fields=* is every field"
+    );
+
+    // wait=true, plain text, a wrong answer; the 32-hex form of the token works too.
+    let r = post(
+        "/submissions?wait=true",
+        json!({"source_code": "x", "language_id": "63", "stdin": "in", "expected_output": "bye"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"]["id"], 4, "{v}");
+    assert_eq!(v["stdout"], "hi\n");
+    let hex = v["token"].as_str().unwrap().replace('-', "");
+    let (status, v) = s
+        .send(
+            "GET",
+            &format!("/submissions/{hex}?fields=status_id,stdin"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(v, json!({"status_id": 4, "stdin": "in"}));
+
+    // Batches.
+    let r = post(
+        "/submissions/batch",
+        json!({"submissions": [{"source_code": "x", "language_id": 63}, {"source_code": "x", "language_id": 5}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    let v: Value = r.json().await.unwrap();
+    assert!(v[0]["token"].is_string(), "{v}");
+    assert_eq!(
+        v[1],
+        json!({"language_id": ["language with id 5 doesn't exist"]})
+    );
+    let t = v[0]["token"].as_str().unwrap();
+    let (status, v) = s
+        .send(
+            "GET",
+            &format!(
+                "/submissions/batch?tokens={t},00000000-0000-4000-8000-000000000000&fields=token"
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(v, json!({"submissions": [{"token": t}, null]}));
+
+    // Refusals in Judge0's shape.
+    for (body, field, message) in [
+        (json!({"source_code": "x"}), "language_id", "can't be blank"),
+        (json!({"language_id": 71}), "source_code", "can't be blank"),
+        (
+            json!({"source_code": "x", "language_id": 70}),
+            "language_id",
+            "language with id 70 doesn't exist",
+        ),
+        (
+            json!({"source_code": "x", "language_id": 71, "wall_time_limit": 99999}),
+            "wall_time_limit",
+            "must be less than or equal to 3600",
+        ),
+        (
+            json!({"source_code": "x", "language_id": 71, "memory_limit": 100}),
+            "memory_limit",
+            "must be greater than or equal to 6144",
+        ),
+        (
+            json!({"source_code": "x", "language_id": 71, "cpu_time_limit": "soon"}),
+            "cpu_time_limit",
+            "is not a number",
+        ),
+        (
+            json!({"source_code": "x", "language_id": 71, "enable_network": true}),
+            "enable_network",
+            "enabling network is not allowed",
+        ),
+        (
+            json!({"source_code": "x", "language_id": 71, "callback_url": "http://127.0.0.1:1/"}),
+            "callback_url",
+            "setting callback is not allowed",
+        ),
+        (
+            json!({"source_code": "x", "language_id": 71, "number_of_runs": 3}),
+            "number_of_runs",
+            "must be less than or equal to 1",
+        ),
+        (
+            json!({"source_code": "x", "language_id": 71, "enable_per_process_and_thread_time_limit": true}),
+            "enable_per_process_and_thread_time_limit",
+            "this option cannot be enabled",
+        ),
+    ] {
+        let r = post("/submissions", body.clone()).await.unwrap();
+        assert_eq!(r.status(), 422, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v[field], json!([message]), "{body}: {v}");
+    }
+    let r = post(
+        "/submissions?base64_encoded=true",
+        json!({"source_code": "not base64!", "language_id": 71}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 422);
+    assert!(r.json::<Value>().await.unwrap()["source_code"].is_array());
+    let (status, v) = s
+        .send(
+            "GET",
+            &format!("/submissions/{token}?fields=nope,token"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, v),
+        (400, json!({"error": "invalid fields: [nope]"}))
+    );
+    let (status, _) = s.send("GET", "/submissions/12345", None).await;
+    assert_eq!(status, 404);
+    let (status, v) = s
+        .send("DELETE", &format!("/submissions/{token}"), None)
+        .await;
+    assert_eq!((status, v), (400, json!({"error": "delete not allowed"})));
+    let (status, _) = s.send("GET", "/submissions/batch", None).await;
+    assert_eq!(status, 400);
+    let r = s.http.get(s.url("/config_info")).send().await.unwrap();
+    assert_eq!(r.status(), 401, "no token");
+    let r = s
+        .http
+        .get(s.url("/config_info"))
+        .header("x-auth-token", "wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "a wrong X-Auth-Token");
+    let r = s
+        .http
+        .get(s.url("/v1/languages"))
+        .header("x-auth-token", TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "X-Auth-Token is Judge0's, not /v1's");
+}
+
+fn base64_encode(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
