@@ -62,8 +62,13 @@ pub const STATUSES: [(u8, &str); 14] = [
     (14, "Exec Format Error"),
 ];
 
-/// Every field a submission has (`fields=*`), in Judge0's order, plus `codebox_status`.
-pub const ALL_FIELDS: [&str; 36] = [
+/// codebox's own status of a submission's run: in the default answer, and wherever `fields`
+/// names it, but not in `fields=*`, which is Judge0's attributes exactly (the official SDK
+/// sets every attribute it gets on a model that refuses unknown ones).
+pub const CODEBOX_STATUS: &str = "codebox_status";
+
+/// Every field a submission has in Judge0 (`fields=*`), in Judge0's order.
+pub const ALL_FIELDS: [&str; 35] = [
     "source_code",
     "language_id",
     "stdin",
@@ -99,7 +104,6 @@ pub const ALL_FIELDS: [&str; 36] = [
     "enable_network",
     "status",
     "language",
-    "codebox_status",
 ];
 
 /// The fields answered when `fields` is not given.
@@ -743,7 +747,7 @@ fn options(raw: Option<&str>) -> Result<Options, Response> {
                 let invalid: Vec<&str> = asked
                     .iter()
                     .copied()
-                    .filter(|f| *f != "*" && !ALL_FIELDS.contains(f))
+                    .filter(|f| *f != "*" && *f != CODEBOX_STATUS && !ALL_FIELDS.contains(f))
                     .collect();
                 if !invalid.is_empty() {
                     return Err(refusal(
@@ -751,19 +755,15 @@ fn options(raw: Option<&str>) -> Result<Options, Response> {
                         &format!("invalid fields: [{}]", invalid.join(", ")),
                     ));
                 }
-                o.fields = if asked.contains(&"*") {
-                    Some(ALL_FIELDS.to_vec())
-                } else if asked.is_empty() {
-                    None
-                } else {
-                    Some(
-                        ALL_FIELDS
-                            .iter()
-                            .copied()
-                            .filter(|f| asked.contains(f))
-                            .collect(),
-                    )
-                };
+                let mut fields: Vec<&'static str> = ALL_FIELDS
+                    .iter()
+                    .copied()
+                    .filter(|f| asked.contains(&"*") || asked.contains(f))
+                    .collect();
+                if asked.contains(&CODEBOX_STATUS) {
+                    fields.push(CODEBOX_STATUS);
+                }
+                o.fields = (!fields.is_empty()).then_some(fields);
             }
             _ => {}
         }
@@ -1005,7 +1005,7 @@ fn render(
         "language",
         json!({ "id": language_id, "name": lang.map(|l| l.display_name.clone()) }),
     );
-    all.insert("codebox_status", json!(r.status));
+    all.insert(CODEBOX_STATUS, json!(r.status));
     let mut out = Map::new();
     for f in fields {
         if let Some(v) = all.remove(f) {
