@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -241,6 +242,12 @@ pub fn router(api: Api) -> Router {
         .route("/submissions/{token}", get(show).delete(|| async {
             refusal(StatusCode::BAD_REQUEST, "delete not allowed")
         }))
+        .method_not_allowed_fallback(|| async {
+            refusal(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route does not take that method",
+            )
+        })
         .with_state(api)
 }
 
@@ -344,7 +351,13 @@ async fn all_languages(State(api): State<Api>) -> Response {
     Json(list).into_response()
 }
 
-async fn language(State(api): State<Api>, Path(id): Path<String>) -> Response {
+/// A path parameter; one that is not UTF-8 once decoded names nothing (lossy is enough).
+fn segment(path: Result<Path<String>, PathRejection>) -> String {
+    path.map(|Path(s)| s).unwrap_or_else(|_| "?".to_string())
+}
+
+async fn language(State(api): State<Api>, path: Result<Path<String>, PathRejection>) -> Response {
+    let id = segment(path);
     let found = id
         .parse::<i64>()
         .ok()
@@ -685,8 +698,16 @@ fn validate(api: &Api, value: &Value, base64: bool) -> Result<Valid, Errors> {
     })
 }
 
-/// Submit a valid submission; the errors of a refusal as Judge0's fields.
-fn submit(api: &Api, valid: Valid) -> Result<String, Result<Errors, Response>> {
+/// Why a valid submission was not accepted.
+enum Refused {
+    /// codebox's own validation, as Judge0's field errors (422).
+    Fields(Errors),
+    /// The queue is full or the server is stopping (503, retryable).
+    Busy(String),
+}
+
+/// Submit a valid submission.
+fn submit(api: &Api, valid: Valid) -> Result<String, Refused> {
     let wall_given = valid.wall_given;
     match api.manager().submit(valid.run) {
         Ok(accepted) => {
@@ -705,16 +726,10 @@ fn submit(api: &Api, valid: Valid) -> Result<String, Result<Errors, Response>> {
             };
             let mut errors = Errors::new();
             add(&mut errors, field, e.message);
-            Err(Ok(errors))
+            Err(Refused::Fields(errors))
         }
-        Err(e @ SubmitError::QueueFull { .. }) => Err(Err(refusal(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!("queue is full: {e}"),
-        ))),
-        Err(e @ SubmitError::ShuttingDown) => Err(Err(refusal(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &e.to_string(),
-        ))),
+        Err(e @ SubmitError::QueueFull { .. }) => Err(Refused::Busy(format!("queue is full: {e}"))),
+        Err(e @ SubmitError::ShuttingDown) => Err(Refused::Busy(e.to_string())),
     }
 }
 
@@ -726,7 +741,8 @@ struct Options {
     tokens: Option<String>,
 }
 
-fn options(raw: Option<&str>) -> Result<Options, Response> {
+/// The options of a query, or why they are wrong (a 400 in Judge0's shape).
+fn options(raw: Option<&str>) -> Result<Options, String> {
     let mut o = Options {
         base64: false,
         wait: false,
@@ -750,10 +766,7 @@ fn options(raw: Option<&str>) -> Result<Options, Response> {
                     .filter(|f| *f != "*" && *f != CODEBOX_STATUS && !ALL_FIELDS.contains(f))
                     .collect();
                 if !invalid.is_empty() {
-                    return Err(refusal(
-                        StatusCode::BAD_REQUEST,
-                        &format!("invalid fields: [{}]", invalid.join(", ")),
-                    ));
+                    return Err(format!("invalid fields: [{}]", invalid.join(", ")));
                 }
                 let mut fields: Vec<&'static str> = ALL_FIELDS
                     .iter()
@@ -1046,7 +1059,7 @@ async fn report_now(api: &Api, run_id: &str) -> Option<RunReport> {
 async fn create(State(api): State<Api>, RawQuery(raw): RawQuery, body: Body) -> Response {
     let o = match options(raw.as_deref()) {
         Ok(o) => o,
-        Err(r) => return r,
+        Err(message) => return refusal(StatusCode::BAD_REQUEST, &message),
     };
     let bytes = match read_body(body, api.max_body).await {
         Ok(b) => b,
@@ -1067,8 +1080,10 @@ async fn create(State(api): State<Api>, RawQuery(raw): RawQuery, body: Body) -> 
     };
     let run_id = match submit(&api, valid) {
         Ok(id) => id,
-        Err(Ok(errors)) => return (StatusCode::UNPROCESSABLE_ENTITY, Json(errors)).into_response(),
-        Err(Err(response)) => return response,
+        Err(Refused::Fields(errors)) => {
+            return (StatusCode::UNPROCESSABLE_ENTITY, Json(errors)).into_response()
+        }
+        Err(Refused::Busy(message)) => return refusal(StatusCode::SERVICE_UNAVAILABLE, &message),
     };
     if !o.wait {
         return (
@@ -1089,12 +1104,13 @@ async fn create(State(api): State<Api>, RawQuery(raw): RawQuery, body: Body) -> 
 
 async fn show(
     State(api): State<Api>,
-    Path(token): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
 ) -> Response {
+    let token = segment(path);
     let o = match options(raw.as_deref()) {
         Ok(o) => o,
-        Err(r) => return r,
+        Err(message) => return refusal(StatusCode::BAD_REQUEST, &message),
     };
     let not_found = || {
         refusal(
@@ -1116,7 +1132,7 @@ async fn show(
 async fn create_batch(State(api): State<Api>, RawQuery(raw): RawQuery, body: Body) -> Response {
     let o = match options(raw.as_deref()) {
         Ok(o) => o,
-        Err(r) => return r,
+        Err(message) => return refusal(StatusCode::BAD_REQUEST, &message),
     };
     let bytes = match read_body(body, api.max_body).await {
         Ok(b) => b,
@@ -1160,8 +1176,8 @@ async fn create_batch(State(api): State<Api>, RawQuery(raw): RawQuery, body: Bod
                     any = true;
                     json!({ "token": token_of(&run_id) })
                 }
-                Err(Ok(errors)) => json!(errors),
-                Err(Err(_)) => json!({ "error": ["queue is full; retry later"] }),
+                Err(Refused::Fields(errors)) => json!(errors),
+                Err(Refused::Busy(message)) => json!({ "error": [message] }),
             },
         };
         answers.push(answer);
@@ -1181,7 +1197,7 @@ async fn show_batch(
 ) -> Response {
     let o = match options(raw.as_deref()) {
         Ok(o) => o,
-        Err(r) => return r,
+        Err(message) => return refusal(StatusCode::BAD_REQUEST, &message),
     };
     let tokens = headers
         .get("tokens")

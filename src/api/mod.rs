@@ -37,8 +37,11 @@ pub struct Api {
     manager: RunManager,
     max_body: usize,
     judge0: Arc<judge0::Store>,
-    versions: Arc<Mutex<Option<(Instant, Arc<BTreeMap<String, String>>)>>>,
+    versions: Arc<Mutex<Option<(Instant, Versions)>>>,
 }
+
+/// Each language's toolchain version, by language id.
+pub type Versions = Arc<BTreeMap<String, String>>;
 
 impl Api {
     /// `max_body`: the largest request body read, in bytes (`http.max_body_bytes`).
@@ -58,7 +61,7 @@ impl Api {
 
     /// Each language's toolchain version as a dotted number (`3.11.2`): from the version
     /// its image recorded when it was built, else from the image tag, else `0.0.0`.
-    pub async fn versions(&self) -> Arc<BTreeMap<String, String>> {
+    pub async fn versions(&self) -> Versions {
         if let Some((at, v)) = &*self.versions.lock().unwrap_or_else(|p| p.into_inner()) {
             if at.elapsed() < VERSIONS_TTL {
                 return v.clone();

@@ -66,6 +66,12 @@ pub fn router(api: Api) -> Router {
                 "no such route; codebox serves Piston's GET /api/v2/runtimes and POST /api/v2/execute",
             )
         })
+        .method_not_allowed_fallback(|| async {
+            refusal(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route does not take that method",
+            )
+        })
         .with_state(api);
     Router::new().nest("/api/v2", routes)
 }
@@ -204,7 +210,9 @@ fn decode_file(i: usize, f: &PistonFile) -> Result<(String, Encoding), String> {
         "base64" => Ok((f.content.clone(), Encoding::Base64)),
         "hex" => {
             let text = f.content.trim();
-            let bytes: Option<Vec<u8>> = (text.len() % 2 == 0)
+            let bytes: Option<Vec<u8>> = text
+                .len()
+                .is_multiple_of(2)
                 .then(|| {
                     (0..text.len())
                         .step_by(2)

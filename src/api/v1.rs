@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -254,11 +255,18 @@ fn query(raw: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, V1E
     Ok(pairs)
 }
 
+/// The run id of the path, or a clear refusal (an id that is not UTF-8 once decoded).
+fn run_id(path: Result<Path<String>, PathRejection>) -> Result<String, V1Error> {
+    path.map(|Path(id)| id)
+        .map_err(|e| V1Error::invalid("id", format!("not a run id: {e}")))
+}
+
 async fn get_run(
     State(api): State<Api>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, V1Error> {
+    let id = run_id(path)?;
     let mut wait = 0.0;
     for (_, v) in query(raw.as_deref(), &["wait_seconds"])? {
         wait = v
@@ -282,9 +290,10 @@ async fn get_run(
 
 async fn delete_run(
     State(api): State<Api>,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, V1Error> {
+    let id = run_id(path)?;
     query(raw.as_deref(), &[])?;
     let report = api.manager().stop(&id).await?;
     Ok(Json(report).into_response())
