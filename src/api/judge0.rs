@@ -134,11 +134,18 @@ pub fn refusal(status: StatusCode, message: &str) -> Response {
     r
 }
 
-fn body_refusal(e: BodyError) -> Response {
-    match e {
+/// A request body as JSON, or its refusal (413 over the cap, 400 not JSON).
+async fn json_body(api: &Api, body: Body) -> Result<Value, Response> {
+    let bytes = read_body(body, api.max_body).await.map_err(|e| match e {
         BodyError::TooLarge(_) => refusal(StatusCode::PAYLOAD_TOO_LARGE, &e.message()),
         e => refusal(StatusCode::BAD_REQUEST, &e.message()),
-    }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        refusal(
+            StatusCode::BAD_REQUEST,
+            &format!("the body is not JSON: {e}"),
+        )
+    })
 }
 
 /// What a submission asked for, kept beside its run.
@@ -1061,18 +1068,9 @@ async fn create(State(api): State<Api>, RawQuery(raw): RawQuery, body: Body) -> 
         Ok(o) => o,
         Err(message) => return refusal(StatusCode::BAD_REQUEST, &message),
     };
-    let bytes = match read_body(body, api.max_body).await {
-        Ok(b) => b,
-        Err(e) => return body_refusal(e),
-    };
-    let value: Value = match serde_json::from_slice(&bytes) {
+    let value = match json_body(&api, body).await {
         Ok(v) => v,
-        Err(e) => {
-            return refusal(
-                StatusCode::BAD_REQUEST,
-                &format!("the body is not JSON: {e}"),
-            )
-        }
+        Err(r) => return r,
     };
     let valid = match validate(&api, &value, o.base64) {
         Ok(v) => v,
@@ -1134,18 +1132,9 @@ async fn create_batch(State(api): State<Api>, RawQuery(raw): RawQuery, body: Bod
         Ok(o) => o,
         Err(message) => return refusal(StatusCode::BAD_REQUEST, &message),
     };
-    let bytes = match read_body(body, api.max_body).await {
-        Ok(b) => b,
-        Err(e) => return body_refusal(e),
-    };
-    let value: Value = match serde_json::from_slice(&bytes) {
+    let value = match json_body(&api, body).await {
         Ok(v) => v,
-        Err(e) => {
-            return refusal(
-                StatusCode::BAD_REQUEST,
-                &format!("the body is not JSON: {e}"),
-            )
-        }
+        Err(r) => return r,
     };
     let items = value
         .get("submissions")

@@ -914,30 +914,8 @@ const V1_FIELDS: [&str; 11] = [
     "session_id",
     "extra",
 ];
-const JUDGE0_FIELDS: [&str; 22] = [
-    "source_code",
-    "language_id",
-    "stdin",
-    "expected_output",
-    "cpu_time_limit",
-    "cpu_extra_time",
-    "wall_time_limit",
-    "memory_limit",
-    "stack_limit",
-    "max_processes_and_or_threads",
-    "enable_per_process_and_thread_time_limit",
-    "enable_per_process_and_thread_memory_limit",
-    "max_file_size",
-    "number_of_runs",
-    "compiler_options",
-    "command_line_arguments",
-    "redirect_stderr_to_stdout",
-    "callback_url",
-    "additional_files",
-    "enable_network",
-    "status_id",
-    "token",
-];
+/// Judge0's submission attributes: those a request sets, and those it cannot.
+const JUDGE0_FIELDS: [&str; 35] = codebox::api::judge0::ALL_FIELDS;
 const PISTON_FIELDS: [&str; 10] = [
     "language",
     "version",

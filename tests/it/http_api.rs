@@ -3,65 +3,34 @@
 //! checks, and the OpenAPI document's routes. The real clients run against the real binary
 //! and Docker in `tests/api/` (`.ci/run`).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use codebox::config::HttpSettings;
 use codebox::engine::fake::{exited, FakeEngine};
-use codebox::mcp::CodeboxServer;
 use codebox::runs::RunManager;
-use codebox::transport::http::{router, Token};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
+use crate::http::BODY_CAP;
 use crate::mcp_support::fake_manager;
 
 const TOKEN: &str = "api-token-0123456789abcdef";
-const BODY_CAP: usize = 64 * 1024;
 
+/// The whole HTTP application (`crate::http::start`) with a client.
 struct Server {
-    addr: SocketAddr,
-    stop: CancellationToken,
+    app: crate::http::Server,
     http: reqwest::Client,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
 async fn start(manager: RunManager, token: Option<&str>) -> Server {
-    let policy = HttpSettings {
-        max_body_bytes: BODY_CAP,
-        ..HttpSettings::default()
-    };
-    let stop = CancellationToken::new();
-    let app = router(
-        CodeboxServer::new(manager),
-        token.map(Token::new),
-        &policy,
-        stop.child_token(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let ct = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { ct.cancelled().await })
-            .await
-    });
     Server {
-        addr,
-        stop,
+        app: crate::http::start(manager, token).await,
         http: reqwest::Client::new(),
     }
 }
 
 impl Server {
     fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("http://{}{path}", self.app.addr)
     }
 
     async fn send(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
