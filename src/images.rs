@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::engine::{ContainerEngine, EngineError};
-use crate::executor::Executor;
+use crate::executor::{Executor, SandboxFailure};
 use crate::registry::{Image, Registry};
 
 /// Label prefix under which toolchain versions are recorded.
@@ -75,11 +75,18 @@ pub enum ImageError {
     },
     #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("image {tag}: the version command of `{language}` failed: {detail}")]
+    #[error("image {tag}: the version command of `{language}` failed: {source}")]
     Version {
         tag: String,
         language: String,
-        detail: String,
+        #[source]
+        source: SandboxFailure,
+    },
+    #[error("image {tag}: the version command of `{language}` printed nothing (exit code {exit_code:?})")]
+    NoVersion {
+        tag: String,
+        language: String,
+        exit_code: Option<i64>,
     },
 }
 
@@ -181,17 +188,17 @@ pub async fn build(
         let exec = executor
             .probe(&image.tag, cmd.clone(), VERSION_TIMEOUT)
             .await
-            .map_err(|detail| ImageError::Version {
+            .map_err(|source| ImageError::Version {
                 tag: image.tag.clone(),
                 language: lang.id.clone(),
-                detail,
+                source,
             })?;
         let text = format!("{}\n{}", exec.stdout, exec.stderr);
         let Some(version) = text.lines().map(str::trim).find(|l| !l.is_empty()) else {
-            return Err(ImageError::Version {
+            return Err(ImageError::NoVersion {
                 tag: image.tag.clone(),
                 language: lang.id.clone(),
-                detail: format!("it printed nothing (exit code {:?})", exec.exit_code),
+                exit_code: exec.exit_code,
             });
         };
         labels.insert(

@@ -78,6 +78,15 @@ pub struct RawLanguage {
     pub judge0_ids: Vec<i64>,
     /// Its name and extra aliases in the Piston-compatible API.
     pub piston: Option<RawPiston>,
+    /// How sessions keep state: `{ driver = [...] }`; without it, sessions keep files only.
+    pub session: Option<RawSession>,
     #[serde(default)]
     pub tests: Vec<RawSample>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSession {
+    /// The session driver's command (docs/sandbox-init.md, "The driver protocol").
+    pub driver: Vec<String>,
 }
