@@ -45,8 +45,9 @@ use outcome::{classify, Outcome};
 use pool::{run_workspace_mb, Pool};
 pub use probe::ProbeOutput;
 pub use request::{
-    check_relative_path, Compare, Encoding, FileInput, LimitsInput, RequestError, RunRequest,
-    SessionRequest, SessionTarget, SessionTerms, TestInput, ValidRequest, ValidSession, ValidTest,
+    check_relative_path, Compare, CompileLimitsInput, Encoding, FileInput, LimitsInput,
+    RequestError, RunRequest, SessionRequest, SessionTarget, SessionTerms, TestInput, ValidRequest,
+    ValidSession, ValidTest,
 };
 use stage::{Bound, BoundError, Interrupted};
 use timings::{Step, Timings};

@@ -95,6 +95,15 @@ fn trimmed_lines(s: &str) -> Vec<&str> {
     lines
 }
 
+/// Compile-stage limits a caller may lower (never raise) below the operator's for one run:
+/// what the Piston-compatible API's `compile_timeout` and `compile_memory_limit` ask for. Not
+/// one of the MCP or `/v1` arguments.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CompileLimitsInput {
+    pub timeout_seconds: Option<f64>,
+    pub memory_mb: Option<u64>,
+}
+
 /// Most test cases in one request.
 pub const MAX_TESTS: usize = 64;
 
@@ -139,6 +148,10 @@ pub struct RunRequest {
     /// With `session_id`: start a fresh interpreter (files kept) before running `code`.
     #[serde(default)]
     pub reset: Option<bool>,
+    /// Lower compile-stage limits for this run (see [`CompileLimitsInput`]).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub compile_limits: Option<CompileLimitsInput>,
 }
 
 /// The session a request executes in.
@@ -378,6 +391,10 @@ impl ValidRequest {
         config: &Config,
         session: Option<SessionTerms<'_>>,
     ) -> Result<ValidRequest, RequestError> {
+        let mut language = language.clone();
+        if let Some(lower) = req.compile_limits {
+            lower_compile_limits(&mut language, lower)?;
+        }
         let s = &config.sandbox;
         if req.code.trim().is_empty() {
             return reject("code", "must not be empty");
@@ -546,7 +563,7 @@ impl ValidRequest {
             );
         }
         Ok(ValidRequest {
-            language: language.clone(),
+            language,
             code: req.code,
             stdin,
             args,
@@ -561,6 +578,48 @@ impl ValidRequest {
             session: None,
         })
     }
+}
+
+/// Apply a caller's lower compile-stage limits: each at most the operator's, never above.
+fn lower_compile_limits(
+    language: &mut Language,
+    lower: CompileLimitsInput,
+) -> Result<(), RequestError> {
+    let l = &mut language.compile_limits;
+    if let Some(t) = lower.timeout_seconds {
+        if !(t.is_finite() && t >= MIN_TIMEOUT_SECONDS) {
+            return reject(
+                "compile_limits.timeout_seconds",
+                format!("must be at least {MIN_TIMEOUT_SECONDS} s; requested {t}"),
+            );
+        }
+        if t > l.timeout_seconds {
+            return reject(
+                "compile_limits.timeout_seconds",
+                format!(
+                    "requested {} s; the compile stage of {} may take at most {} s",
+                    fmt_num(t),
+                    language.id,
+                    fmt_num(l.timeout_seconds)
+                ),
+            );
+        }
+        l.timeout_seconds = t;
+    }
+    if let Some(m) = lower.memory_mb {
+        if m < 6 || m > l.memory_mb {
+            return reject(
+                "compile_limits.memory_mb",
+                format!(
+                    "requested {m} MB; the compile stage of {} may use 6 to {} MB",
+                    language.id, l.memory_mb
+                ),
+            );
+        }
+        l.memory_mb = m;
+        l.workspace_mb = l.workspace_mb.min(m / 2).max(1);
+    }
+    Ok(())
 }
 
 /// The language a request names, or an error listing the supported ones.

@@ -455,44 +455,71 @@ impl CodeboxServer {
         &self,
         Parameters(p): Parameters<HistoryParams>,
     ) -> Result<Json<HistoryResult>, String> {
-        let limit = match p.limit {
-            None => None,
-            Some(n) if (1..=MAX_QUERY_LIMIT as i64).contains(&n) => Some(n as usize),
-            Some(n) => {
-                return Err(format!(
-                    "invalid argument limit: must be between 1 and {MAX_QUERY_LIMIT}; got {n}"
-                ))
-            }
-        };
-        let status = match p.status.as_deref() {
-            None => None,
-            Some(s) => Some(Status::parse(s).ok_or_else(|| {
-                let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
-                format!(
-                    "invalid argument status: `{s}` is not a status; use one of {}",
-                    all.join(", ")
-                )
-            })?),
-        };
-        let language = p
-            .language
-            .map(|l| match self.manager.registry().resolve(&l) {
-                Some(lang) => lang.id.clone(),
-                None => l,
-            });
-        let Some(history) = self.manager.history() else {
-            return Err("history: this server keeps no history".to_string());
-        };
-        history
-            .query(Query {
-                limit,
-                status,
-                language,
-            })
+        query_history(&self.manager, p)
             .await
-            .map(|runs| Json(HistoryResult { runs }))
-            .map_err(|e| format!("history: {e}"))
+            .map(Json)
+            .map_err(|e| e.to_string())
     }
+}
+
+/// Why `get_execution_history` (and `GET /v1/history`) cannot answer.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryQueryError {
+    /// A filter is wrong; `field` names it.
+    #[error("invalid argument {field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    /// The server keeps no history, or the history database failed.
+    #[error("history: {0}")]
+    Unavailable(String),
+}
+
+/// Past runs, newest first, filtered as `p` says.
+pub async fn query_history(
+    manager: &RunManager,
+    p: HistoryParams,
+) -> Result<HistoryResult, HistoryQueryError> {
+    let invalid = |field, message| HistoryQueryError::Invalid { field, message };
+    let limit = match p.limit {
+        None => None,
+        Some(n) if (1..=MAX_QUERY_LIMIT as i64).contains(&n) => Some(n as usize),
+        Some(n) => {
+            return Err(invalid(
+                "limit",
+                format!("must be between 1 and {MAX_QUERY_LIMIT}; got {n}"),
+            ))
+        }
+    };
+    let status = match p.status.as_deref() {
+        None => None,
+        Some(s) => Some(Status::parse(s).ok_or_else(|| {
+            let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+            invalid(
+                "status",
+                format!("`{s}` is not a status; use one of {}", all.join(", ")),
+            )
+        })?),
+    };
+    let language = p.language.map(|l| match manager.registry().resolve(&l) {
+        Some(lang) => lang.id.clone(),
+        None => l,
+    });
+    let Some(history) = manager.history() else {
+        return Err(HistoryQueryError::Unavailable(
+            "this server keeps no history".to_string(),
+        ));
+    };
+    history
+        .query(Query {
+            limit,
+            status,
+            language,
+        })
+        .await
+        .map(|runs| HistoryResult { runs })
+        .map_err(|e| HistoryQueryError::Unavailable(e.to_string()))
 }
 
 #[tool_handler(router = self.tool_router)]

@@ -11,6 +11,7 @@ mod faults;
 mod fuzz_gen;
 mod hardening;
 mod http;
+mod http_api;
 mod layers;
 mod load_http;
 mod mcp_cli;
