@@ -596,6 +596,8 @@ static void replies(struct run *r)
         if (r->over) {
             if (rb.len > 0)
                 broken(r, "the driver wrote after its answer to the cell");
+            else if (r->sent < r->head_len + r->c->code_len)
+                broken(r, "the driver answered before it read the whole cell");
             break;
         }
         int got = rb_line(line);
@@ -714,7 +716,7 @@ void driver_run_cell(const struct cell *c, struct cell_outcome *o)
     /* The cell is over: the rest of its processes end, its output is read to the last byte. */
     if (!r.dead && kill_others(drv.pid, &r.acc, &r.status, &r.dead) < 0 && !r.dead) {
         broken(&r, "processes kept appearing for %d ms after the cell", KILL_ROUNDS_MS);
-        struct rusage ru;
+        struct rusage ru = { 0 };
         while (wait4(drv.pid, &r.status, 0, &ru) < 0 && errno == EINTR)
             ;
         r.acc.cpu_us += cpu_us(&ru);

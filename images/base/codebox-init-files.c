@@ -312,7 +312,7 @@ static void count_unlisted(struct walk *w, int dfd, const char *name, int depth)
     if (depth >= MAX_DEPTH || fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
         !S_ISDIR(st.st_mode))
         return;
-    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open_dir_at(dfd, name);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
         if (fd >= 0)
@@ -407,7 +407,7 @@ static void walk(struct walk *w, int dfd, size_t plen, int depth)
                 unlisted_folder(w, &st, "deeper than " STR(MAX_DEPTH) " levels");
                 continue;
             }
-            int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int sub = open_dir_at(dfd, name);
             if (sub < 0) {
                 unlisted_folder(w, &st, strerror(errno));
                 continue;
@@ -445,7 +445,7 @@ void collect(int run_ok)
             if (!unchanged(&w, wd, "outputs", 0))
                 send_link(&w, wd, "outputs", &st);
         } else if (S_ISDIR(st.st_mode)) {
-            int fd = openat(wd, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int fd = open_dir_at(wd, "outputs");
             if (fd < 0) {
                 unlisted_folder(&w, &st, strerror(errno));
             } else {

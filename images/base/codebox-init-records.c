@@ -169,6 +169,26 @@ int check_path(const char *p, size_t n, const char *rec)
     return 0;
 }
 
+/* Open the directory `name` of dfd for reading, never through a symbolic link: ENOTDIR when
+ * name is anything but a directory. O_DIRECTORY | O_NOFOLLOW alone is not enough: gVisor
+ * (release 20221219) follows a link to a directory with those flags; an O_PATH descriptor of
+ * the name itself, checked with fstat, then reopened, is right everywhere. */
+int open_dir_at(int dfd, const char *name)
+{
+    struct stat st;
+    int path = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC), fd = -1;
+    if (path < 0)
+        return -1;
+    if (fstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        fd = openat(path, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    else
+        errno = ENOTDIR;
+    int e = errno;
+    close(path);
+    errno = e;
+    return fd;
+}
+
 /* Open the directory that holds `path`, walking (and creating, 0755) its parents without
  * following symbolic links. Returns the fd and points *leaf at the last component, or -1. */
 static int open_parent(char *path, const char **leaf)
@@ -179,9 +199,9 @@ static int open_parent(char *path, const char **leaf)
         return fail("cannot open the working directory: %s", strerror(errno));
     while ((slash = strchr(comp, '/')) != NULL) {
         *slash = 0;
-        int fd = openat(dfd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = open_dir_at(dfd, comp);
         if (fd < 0 && errno == ENOENT && mkdirat(dfd, comp, 0755) == 0) {
-            fd = openat(dfd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            fd = open_dir_at(dfd, comp);
             if (fd >= 0 && fchmod(fd, 0755) < 0) {
                 fail("cannot chmod the directory %s: %s", path, strerror(errno));
                 close(fd);
@@ -228,7 +248,7 @@ int rec_dir(char *v, size_t len)
         return -1;
     if (mkdirat(dfd, leaf, 0700) < 0 && errno != EEXIST)
         rc = fail("cannot create the directory %s: %s", path, strerror(errno));
-    else if ((fd = openat(dfd, leaf, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+    else if ((fd = open_dir_at(dfd, leaf)) < 0 ||
              fchmod(fd, mode) < 0)
         rc = fail("cannot create the directory %s: %s", path, strerror(errno));
     if (fd >= 0)

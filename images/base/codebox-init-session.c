@@ -377,7 +377,7 @@ static int open_parent_nofollow(char *path, const char **leaf)
     while ((slash = strchr(comp, '/')) != NULL) {
         struct stat st;
         *slash = 0;
-        int fd = openat(dfd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), e = errno;
+        int fd = open_dir_at(dfd, comp), e = errno;
         int link = fd < 0 && fstatat(dfd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
         *slash = '/';
         close(dfd);
@@ -505,7 +505,7 @@ static void read_request_answer(struct request *rq)
         entry("l", path, st.st_mode & 07777, (uint64_t)st.st_size, "",
               "a symbolic link, not followed", target);
     } else if (S_ISDIR(st.st_mode)) {
-        fd = openat(dfd, leaf, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        fd = open_dir_at(dfd, leaf);
         rc = fd < 0 ? fail("cannot list %s: %s", path, strerror(errno)) : read_folder(fd, path, &st);
         fd = -1; /* read_folder closed it */
     } else if (!S_ISREG(st.st_mode)) {

@@ -108,6 +108,7 @@ void in_skip(uint64_t n);
 void in_check_drained(const char *rec);
 int parse_u64(const char *s, size_t n, uint64_t *out);
 int check_path(const char *p, size_t n, const char *rec);
+int open_dir_at(int dfd, const char *name);
 char **parse_argv(char *v, size_t len, const char *rec);
 int rec_dir(char *v, size_t len);
 int rec_link(char *v, size_t len);

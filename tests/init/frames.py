@@ -354,9 +354,9 @@ class Answer:
 class Session:
     """A container running codebox-init in session mode, driven over its stdin and stdout."""
 
-    def __init__(self, container, argv):
+    def __init__(self, container, argv, stderr_path=os.devnull):
         self.container = container
-        self.err = open(os.devnull, "wb")
+        self.err = open(stderr_path, "wb")
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=self.err)
         self.buf = b""
@@ -460,10 +460,13 @@ def as_bytes(v):
 
 def session(case, container, argv):
     text = open(case, encoding="utf-8").read()
-    s = Session(container, argv)
+    stderr_path = case + ".stderr"
+    s = Session(container, argv, stderr_path)
     env = {"s": s, "DRIVER": DRIVER, "hashlib": hashlib, "time": time, "Bad": Bad}
+    passed = False
     try:
         exec(compile(text, case, "exec"), env)
+        passed = True
     except AssertionError as e:
         line = traceback.extract_tb(e.__traceback__)[-1]
         print(f"      line {line.lineno}: {line.line} {e}".rstrip()[:3000])
@@ -476,6 +479,9 @@ def session(case, container, argv):
         return 1
     finally:
         s.close()
+        err = open(stderr_path, "rb").read().decode(errors="replace")
+        if err and not passed:
+            print("      docker: " + err[-2000:].replace("\n", "\n      docker: "))
     return 0
 
 
