@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tests of codebox-init (images/base/codebox-init.c, docs/sandbox-init.md) inside real
+# Tests of codebox-init (images/base/codebox-init*.c, docs/sandbox-init.md) inside real
 # containers, locked down as codebox runs them, with the helper as PID 1 (no --init).
 #
 # Needs Docker and the image codebox/base:bookworm
@@ -8,6 +8,8 @@
 # build), runs every case below, prints one line per case, removes the image, and exits 1 if
 # any case failed. Each case is a payload (Python assignments) and checks (Python asserts on
 # `res`), separated by `---`; tests/init/frames.py builds the payloads and decodes the frames.
+# Session cases (session mode) are Python scripts that drive a live container through a
+# session client (frames.py), with a tiny test driver (tests/init/driver.py) in the image.
 # Arguments, if any, name the cases to run (the others are skipped).
 set -uo pipefail
 
