@@ -15,7 +15,8 @@
 #include "codebox-init.h"
 
 #define MAX_LINE 256            /* a reply line, its newline included */
-#define MAX_RESULT (8u << 20)   /* result bytes kept in memory, whatever output_limit says */
+#define MAX_RESULT (1u << 20)   /* result bytes kept, whatever output_limit says: one R frame,
+                                 * within the host's largest frame */
 #define KILL_ROUNDS_MS 2000     /* how long the cell's processes may keep appearing */
 #define DRAIN_MAX (4u << 20)    /* bytes read from each output pipe once the cell is over */
 #define EOF_GRACE_MS 500        /* fd 4 closed: how long the driver has to be seen dead */
@@ -754,8 +755,7 @@ void driver_run_cell(const struct cell *c, struct cell_outcome *o)
     o->stopped = r.end && strcmp(r.end, "stopped") == 0;
     if (o->has_result && !r.end && !r.dead && strcmp(r.phase, "run") == 0 &&
         r.done_status == EXITED(0)) {
-        for (size_t off = 0; off < r.result_len; off += CHUNK)
-            frame('R', r.result + off, r.result_len - off < CHUNK ? r.result_len - off : CHUNK);
+        frame('R', r.result, r.result_len);
     } else {
         o->has_result = 0;
     }

@@ -337,7 +337,9 @@ static void exec_request(struct request *rq)
 {
     if (!rq->failed) {
         const char *missing = stateful ? "cell" : "run";
-        unsigned wrong = stateful ? (1u << R_ENV | 1u << R_CHECK | 1u << R_RUN) : 1u << R_CELL;
+        /* env records in a stateful session are accepted and ignored: the host sends the
+         * language's env with every execution, and the driver has the opening's already */
+        unsigned wrong = stateful ? (1u << R_CHECK | 1u << R_RUN) : 1u << R_CELL;
         for (int k = 0; k < R_COUNT; k++)
             if (rq->seen & wrong & 1u << k) {
                 fail("a %s session's exec request has no %s record",
@@ -439,8 +441,8 @@ static int read_folder(int fd, const char *path, const struct stat *st)
     return 0;
 }
 
-/* A regular file's F entry (its whole size and SHA-256), then its bytes from offset, at most
- * max_bytes, in B frames. */
+/* A regular file's F entry (its whole size and SHA-256, and `range <n>`: n bytes follow), then
+ * its bytes from offset, at most max_bytes, in B frames. */
 static int read_regular(int fd, const char *path, uint64_t offset, uint64_t max_bytes)
 {
     struct stat st;
@@ -458,8 +460,10 @@ static int read_regular(int fd, const char *path, uint64_t offset, uint64_t max_
     if (n < 0)
         return fail("cannot read %s: %s", path, strerror(errno));
     sha_hex(&h, hex);
-    entry("f", path, st.st_mode & 07777, size, hex, "", "");
     uint64_t end = offset >= size ? offset : size - offset < max_bytes ? size : offset + max_bytes;
+    char range[40];
+    snprintf(range, sizeof range, "range %llu", (unsigned long long)(end - offset));
+    entry("f", path, st.st_mode & 07777, size, hex, range, "");
     for (uint64_t off = offset; off < end; off += (uint64_t)n) {
         size_t want = end - off < CHUNK ? (size_t)(end - off) : CHUNK;
         n = pread(fd, iobuf, want, (off_t)off);

@@ -157,7 +157,7 @@ struct cell_outcome {
     int reset;                /* the interpreter was lost (and is to be started again) */
     const char *reason;       /* why: timed_out, stopped, out_of_memory, driver_exited */
     int stopped;              /* SIGTERM ended it: no files are collected */
-    int has_result;           /* R frames were written */
+    int has_result;           /* an R frame was written */
     uint64_t result_bytes;    /* the result's size before the cap */
 };
 void driver_init(char **argv, char **env, size_t nenv, uint64_t start_ms, const char *stdin_path);

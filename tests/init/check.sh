@@ -712,6 +712,9 @@ assert a.run.stdout == b"o" * 100 and a.run.stdout_bytes == 1001, a
 assert a.result == b"'" + b"r" * 99 and a.result_bytes == 5002, a
 a = s.exec(cell="'r' * 200000")
 assert a.result == b"'" + b"r" * 200000 + b"'" and a.result_bytes == 200002, len(a.result)
+# One R frame, within the host's largest frame (1 MiB) whatever output_limit says.
+a = s.exec(cell="'r' * 1200000", output_limit=4 << 20)
+assert a.result == b"'" + b"r" * ((1 << 20) - 1) and a.result_bytes == 1200002, len(a.result)
 EOF
 
 session_case session-done-error <<'EOF'
@@ -931,15 +934,15 @@ s.open(driver=DRIVER, files=[("0644", "data.bin", bytes(range(100))), ("0600", "
 s.exec(cell="import os\nos.mkfifo('fifo')")
 a = s.read("data.bin", offset=10, max_bytes=5)
 (e,) = a.entries
-assert (e.kind, e.path, e.size, e.mode, e.reason) == ("f", "data.bin", 100, 0o644, ""), a
+assert (e.kind, e.path, e.size, e.mode, e.reason) == ("f", "data.bin", 100, 0o644, "range 5"), a
 assert e.sha256 == hashlib.sha256(bytes(range(100))).hexdigest() and a.content == bytes(range(10, 15)), a
 assert a.error is None and a.state is None and a.workspace_bytes > 0, a
 a = s.read("data.bin", offset=95, max_bytes=100)
-assert a.content == bytes(range(95, 100)), a
+assert a.content == bytes(range(95, 100)) and a.entries[0].reason == "range 5", a
 a = s.read("data.bin")
-assert a.content == bytes(range(100)), a
+assert a.content == bytes(range(100)) and a.entries[0].reason == "range 100", a
 a = s.read("data.bin", offset=200)
-assert a.content == b"" and a.entries[0].size == 100, a
+assert a.content == b"" and a.entries[0].size == 100 and a.entries[0].reason == "range 0", a
 a = s.read("sub")
 assert [(e.kind, e.path, e.size, e.reason, e.target) for e in a.entries] == [
     ("d", "sub", 0, "", ""), ("f", "sub/a.txt", 2, "listed only", ""),
@@ -984,7 +987,7 @@ for request, error in [
     (s.exec_request(run=["true"]), "a stateful session's exec request has no run record"),
     (s.exec_request(), "a stateful session's exec request needs a cell record"),
     (s.exec_request(cell="1", files=[("0644", "../x", "x")]), 'file record: invalid path "../x" (relative, at most 4096 bytes, no empty, `.` or `..` component)'),
-    (s.exec_request(cell="1", records=[("stdin", b"")], env=["A=1"]), "a stateful session's exec request has no env record"),
+    (s.exec_request(cell="1", records=[("stdin", b"")], check=["true"]), "a stateful session's exec request has no check record"),
     (b"file 3\nabcend 0\n", "a request begins with an exec or read record, not `file`"),
     (b"end 0\n", "a request begins with an exec or read record, not end"),
     (b"exec 2\nxyend 0\n", "the exec record is not empty"),
@@ -995,6 +998,10 @@ for request, error in [
     assert a.error == error and a.state is None and a.run is None, (request, a)
 a = s.exec(cell="x")
 assert a.result == b"3" and a.state == "kept", a
+# env records (the host sends the language's with every execution) are ignored: the driver has
+# the opening's environment.
+a = s.exec(cell="import os\nos.environ.get('A')", env=["A=1"])
+assert a.error is None and a.result is None and a.state == "kept", a
 a = s.request(b"hello\n")
 assert a.fatal == "request: a record header is not `<name> <length>`", a
 EOF

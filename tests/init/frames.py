@@ -268,8 +268,10 @@ class Answer:
             last = kind
             if owed and kind != "B":
                 raise Bad(f"{entry.path}: {owed} content bytes missing")
-            if kind in "OEBR" and (len(body) == 0 or len(body) > MAX_CHUNK):
+            if kind in "OEB" and (len(body) == 0 or len(body) > MAX_CHUNK):
                 raise Bad(f"an empty {kind} frame or one over 64 KiB")
+            if kind == "R" and len(body) > 1 << 20:
+                raise Bad("an R frame over 1 MiB")
             if kind == "P":
                 if phase is not None or body not in (b"check", b"run"):
                     raise Bad(f"P {body!r} inside a phase or unknown")
@@ -297,9 +299,9 @@ class Answer:
                     raise Bad(f"X for {phase.x.get('phase')} inside {phase.name}")
                 phase = None
             elif kind == "R":
-                if phase is not None or self.run is None or self.entries:
-                    raise Bad("R inside a phase, without a run phase or after files")
-                self.result = (self.result or b"") + body
+                if phase is not None or self.run is None or self.entries or self.result:
+                    raise Bad("R inside a phase, without a run phase, after files or twice")
+                self.result = body
             elif kind == "F":
                 if phase is not None:
                     raise Bad("F inside a phase")
@@ -310,14 +312,15 @@ class Answer:
                 self.files[entry.path] = entry
                 if entry.content is not None and not read:
                     owed = entry.size
+                if read and entry.reason.startswith("range "):
+                    entry.content, owed = b"", int(entry.reason[6:])
             elif kind == "B":
-                if not self.entries or (not read and owed < len(body)):
-                    raise Bad("B without an F entry that has content, or more than its size")
+                if not self.entries or owed < len(body):
+                    raise Bad("B without an F entry that has content, or more than announced")
+                entry.content += body
+                owed -= len(body)
                 if read:
                     self.content += body
-                else:
-                    entry.content += body
-                    owed -= len(body)
             elif kind == "W":
                 self.warnings.append(body.decode())
             elif kind == "!":
