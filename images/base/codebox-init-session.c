@@ -433,7 +433,7 @@ static int read_folder(int fd, const char *path, const struct stat *st)
                   "a symbolic link, not followed", target);
         } else {
             entry("f", full, est.st_mode & 07777, S_ISREG(est.st_mode) ? (uint64_t)est.st_size : 0,
-                  "", S_ISREG(est.st_mode) ? "listed only" : "not a regular file", "");
+                  "", S_ISREG(est.st_mode) ? "listed" : "not a regular file", "");
         }
     }
     names_free(&names);

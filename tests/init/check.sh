@@ -945,8 +945,8 @@ a = s.read("data.bin", offset=200)
 assert a.content == b"" and a.entries[0].size == 100 and a.entries[0].reason == "range 0", a
 a = s.read("sub")
 assert [(e.kind, e.path, e.size, e.reason, e.target) for e in a.entries] == [
-    ("d", "sub", 0, "", ""), ("f", "sub/a.txt", 2, "listed only", ""),
-    ("f", "sub/b.txt", 1, "listed only", ""), ("d", "sub/deeper", 0, "", ""),
+    ("d", "sub", 0, "", ""), ("f", "sub/a.txt", 2, "listed", ""),
+    ("f", "sub/b.txt", 1, "listed", ""), ("d", "sub/deeper", 0, "", ""),
     ("l", "sub/out", 11, "a symbolic link, not followed", "/etc/passwd")], a
 assert a.content == b"", a
 a = s.read(".")
