@@ -94,22 +94,29 @@ pub fn standard_schema(schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObj
     }
 }
 
-/// A run report as a tool result: the report as structured content; as text, the report
-/// without file contents (which are never repeated in text); each returned image as an image
-/// block, each other returned file as an embedded resource.
-pub fn report_result(report: RunReport) -> CallToolResult {
+/// `omitted_reason` of a file whose bytes travel as a content block of the same result.
+pub const SENT_AS_BLOCK: &str = "sent as a content block";
+
+/// A run report as a tool result. Each file's bytes travel once: a returned image is an image
+/// block, any other returned file an embedded resource whose URI ends with its path, in the
+/// order of the report's `files`; in the report itself (structured content, and the same JSON
+/// as text) those files have `content_base64: null` and `omitted_reason: "sent as a content
+/// block"`. `codebox run --json` and the history get the report from the run manager, not from
+/// here.
+pub fn report_result(mut report: RunReport) -> CallToolResult {
     let mut blocks = Vec::new();
-    for f in &report.files {
-        let Some(data) = &f.content_base64 else {
+    for f in &mut report.files {
+        let Some(data) = f.content_base64.take() else {
             continue;
         };
+        f.omitted_reason = Some(SENT_AS_BLOCK.to_string());
         if outputs::is_image(&f.mime_type) {
-            blocks.push(ContentBlock::image(data.clone(), f.mime_type.clone()));
+            blocks.push(ContentBlock::image(data, f.mime_type.clone()));
             continue;
         }
         let uri = format!("codebox://runs/{}/{}", report.run_id, f.path);
         let text = base64::engine::general_purpose::STANDARD
-            .decode(data)
+            .decode(&data)
             .ok()
             .and_then(|b| String::from_utf8(b).ok());
         blocks.push(ContentBlock::resource(match text {
@@ -122,22 +129,12 @@ pub fn report_result(report: RunReport) -> CallToolResult {
             None => ResourceContents::BlobResourceContents {
                 uri,
                 mime_type: Some(f.mime_type.clone()),
-                blob: data.clone(),
+                blob: data,
                 meta: None,
             },
         }));
     }
-    let mut summary = report.clone();
-    for f in &mut summary.files {
-        if f.content_base64.take().is_some() {
-            f.omitted_reason = Some(if outputs::is_image(&f.mime_type) {
-                "content in an image block of this result".to_string()
-            } else {
-                "content in an embedded resource of this result".to_string()
-            });
-        }
-    }
-    let text = serde_json::to_string(&summary).unwrap_or_default();
+    let text = serde_json::to_string(&report).unwrap_or_default();
     let structured = serde_json::to_value(&report).unwrap_or_default();
     let mut content = vec![ContentBlock::text(text)];
     content.extend(blocks);

@@ -12,6 +12,8 @@ Usage: mcp_e2e.py --binary target/debug/codebox [--transport stdio|http|both]
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import secrets
@@ -159,7 +161,11 @@ async def plot(session):
     expect(set(files) == {"outputs/plot.png", "outputs/squares.csv"}, f"files {list(files)}")
     images = [c for c in result.content if c.type == "image"]
     expect(len(images) == 1 and images[0].mime_type == "image/png", f"image blocks {images}")
-    expect(images[0].data == files["outputs/plot.png"]["content_base64"], "image data differs")
+    png = files["outputs/plot.png"]
+    expect(png["content_base64"] is None and png["omitted_reason"] == "sent as a content block",
+           f"the plot's bytes travel twice: {png['omitted_reason']}")
+    expect(hashlib.sha256(base64.b64decode(images[0].data)).hexdigest() == png["sha256"],
+           "image data differs")
     resources = [c for c in result.content if c.type == "resource"]
     expect(len(resources) == 1 and resources[0].resource.text == "n,sq\n1,1\n2,4\n",
            f"resources {resources}")

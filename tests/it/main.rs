@@ -28,5 +28,6 @@ mod registry_file;
 mod remote_tls;
 mod runs;
 mod serve_child;
+mod sessions_fake;
 mod shared_store;
 mod workspace;

@@ -503,10 +503,13 @@ async fn history_without_a_database_is_a_tool_error_that_says_so() {
 }
 
 #[tokio::test]
-async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources() {
+async fn each_returned_file_travels_once_as_a_block_in_the_order_of_files() {
+    use base64::Engine as _;
+    use rmcp::model::{ContentBlock, ResourceContents};
+    use sha2::{Digest, Sha256};
     let m = docker_manager(|_| {}, None);
     let client = connect(m.clone()).await;
-    let code = "import os\nimport matplotlib.pyplot as plt\nos.makedirs('outputs')\nplt.plot([1, 2, 3])\nplt.savefig('outputs/plot.png')\nopen('outputs/table.csv', 'w').write('a,b\\n1,2\\n')\n";
+    let code = "import os\nimport matplotlib.pyplot as plt\nos.makedirs('outputs')\nplt.plot([1, 2, 3])\nplt.savefig('outputs/plot.png')\nopen('outputs/table.csv', 'w').write('a,b\\n1,2\\n')\nopen('outputs/z.bin', 'wb').write(bytes(range(256)))\n";
     let res = call(
         &client,
         "run_code",
@@ -515,40 +518,62 @@ async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources(
     .await;
     let r = report(res.structured_content.clone().unwrap());
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
-    let png = r
-        .files
-        .iter()
-        .find(|f| f.path == "outputs/plot.png")
-        .unwrap();
-    let data = png.content_base64.clone().unwrap();
-    let images: Vec<_> = res.content.iter().filter_map(|c| c.as_image()).collect();
-    assert_eq!(images.len(), 1);
+    let paths: Vec<&str> = r.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(
-        (images[0].mime_type.as_str(), &images[0].data),
-        ("image/png", &data)
+        paths,
+        ["outputs/plot.png", "outputs/table.csv", "outputs/z.bin"]
     );
-    let resources: Vec<_> = res
-        .content
-        .iter()
-        .filter_map(|c| match c {
-            rmcp::model::ContentBlock::Resource(r) => Some(r.resource.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(resources.len(), 1, "{:?}", res.content);
-    match &resources[0] {
-        rmcp::model::ResourceContents::TextResourceContents { text, uri, .. } => {
+    for f in &r.files {
+        assert_eq!(f.content_base64, None, "{} is sent twice", f.path);
+        assert_eq!(
+            f.omitted_reason.as_deref(),
+            Some(codebox::mcp::SENT_AS_BLOCK)
+        );
+    }
+    // The text is the structured report, and the blocks follow it in the order of `files`.
+    let text = crate::mcp_support::text(&res);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        res.structured_content.clone().unwrap()
+    );
+    let sha = |bytes: &[u8]| -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.decode(s).unwrap();
+    let blocks = &res.content[1..];
+    assert_eq!(blocks.len(), 3, "{:?}", res.content);
+    let ContentBlock::Image(image) = &blocks[0] else {
+        panic!("{:?}", blocks[0])
+    };
+    assert_eq!(image.mime_type, "image/png");
+    assert_eq!(sha(&b64(&image.data)), r.files[0].sha256);
+    let resource = |i: usize| match &blocks[i] {
+        ContentBlock::Resource(r) => r.resource.clone(),
+        other => panic!("{other:?}"),
+    };
+    match resource(1) {
+        ResourceContents::TextResourceContents { text, uri, .. } => {
             assert_eq!(text, "a,b\n1,2\n");
-            assert!(uri.ends_with("/outputs/table.csv"), "{uri}");
+            assert!(
+                uri.ends_with(&format!("{}/outputs/table.csv", r.run_id)),
+                "{uri}"
+            );
         }
         other => panic!("{other:?}"),
     }
-    let summary = crate::mcp_support::text(&res);
-    assert!(
-        !summary.contains(&data[..40]),
-        "the text repeats the image's base64"
-    );
-    assert!(summary.contains("outputs/plot.png"), "{summary}");
+    match resource(2) {
+        ResourceContents::BlobResourceContents { blob, uri, .. } => {
+            assert_eq!(b64(&blob), (0..=255u8).collect::<Vec<u8>>());
+            assert!(uri.ends_with("/outputs/z.bin"), "{uri}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The whole result carries the plot's bytes once.
+    let whole = serde_json::to_string(&res).unwrap();
+    assert_eq!(whole.matches(&image.data[..64]).count(), 1);
     settle(&m).await;
 }
 
