@@ -33,6 +33,9 @@ pub const DRIVER_START: Duration = Duration::from_secs(30);
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 /// Beyond an execution's limits and the interrupt's grace: time to start the driver again.
 const RESTART_GRACE: Duration = Duration::from_secs(10);
+/// How often a stop is signalled again until the execution answers: a SIGTERM that arrives
+/// before the request itself reached `codebox-init` is dropped there.
+const STOP_REPEAT: Duration = Duration::from_millis(500);
 /// How long a `read` may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// The value of `codebox.run` on a session's container.
@@ -276,6 +279,7 @@ impl Executor {
         }
         let mut decoder = Decoder::new(limits);
         let mut stopped = false;
+        let mut again = tokio::time::interval(STOP_REPEAT);
         loop {
             tokio::select! {
                 item = io.output.next() => match item {
@@ -300,12 +304,18 @@ impl Executor {
                 },
                 _ = cancel.cancelled(), if !stopped => {
                     stopped = true;
+                    again.reset();
                     if let Err(e) = self.engine.kill_container(&sbox.name, Signal::Term).await {
                         return Err(Broken::Failed(e.to_string()));
                     }
                     deadline = deadline.min(
                         tokio::time::Instant::now() + INTERRUPT_GRACE + RESTART_GRACE + BACKSTOP_GRACE,
                     );
+                }
+                _ = again.tick(), if stopped => {
+                    if let Err(e) = self.engine.kill_container(&sbox.name, Signal::Term).await {
+                        return Err(Broken::Failed(e.to_string()));
+                    }
                 }
                 _ = tokio::time::sleep_until(deadline) => return Err(late()),
             }
@@ -361,7 +371,10 @@ impl Executor {
         let mut broken = None;
         let mut workspace_bytes = None;
         let mut state = (InterpreterState::Kept, None);
-        let ended = match self.prepare_execution(run_id, req, &mut known, bound).await {
+        let ended = match self
+            .prepare_execution(run_id, req, session.execution_count, &mut known, bound)
+            .await
+        {
             Err(Halt::Stopped) => Ended::Stopped,
             Err(Halt::Failed(f)) => Ended::Failed(f),
             Ok(Err(end)) => Ended::AtCompile(end),
@@ -447,6 +460,7 @@ impl Executor {
         &self,
         run_id: &str,
         req: &ValidRequest,
+        execution_count: u64,
         known: &mut Known,
         bound: Bound<'_>,
     ) -> Result<Result<Exec, super::CompileEnd>, Halt> {
@@ -499,6 +513,7 @@ impl Executor {
             },
             reset: req.session.as_ref().is_some_and(|t| t.reset),
             interrupt: INTERRUPT_GRACE,
+            execution_count,
         }))
     }
 
