@@ -26,6 +26,7 @@ WORKDIR = os.getcwd()
 
 
 class State:
+    pid = os.getpid()  # a child a cell forked must not answer for the driver
     in_cell = False  # SIGINT interrupts only while a cell runs
     loop = None  # the asyncio event loop of top-level await, made on first use
     libc = None  # for fflush(NULL): C extensions print through C's stdio buffers
@@ -231,6 +232,9 @@ def cell(execution, code, namespace):
         try:
             set_stdin(os.environ.get("CODEBOX_CELL_STDIN"))
             status, result = execute(body, last, namespace)
+            if os.getpid() != State.pid:  # os.fork() in the cell, and the child came back here
+                flush_output()
+                os._exit(0 if status == "ok" else 1)
             if save_figures(execution) != "ok" and status == "ok":
                 status, result = "error", None
         except KeyboardInterrupt as e:

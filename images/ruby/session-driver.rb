@@ -20,6 +20,7 @@ module CodeboxDriver
   # before it runs any of it, so this runs only once the cell has parsed.
   PREFIX = "::CodeboxDriver.compiled!\n"
 
+  PID = Process.pid # a child a cell forked must not answer for the driver
   @in_cell = false # SIGINT interrupts only while a cell runs
   @parsed = false
 
@@ -106,6 +107,11 @@ module CodeboxDriver
       begin
         begin
           status, result = execute(number, code)
+          if Process.pid != PID # `fork` without a block in the cell: the child came back here
+            $stdout.flush
+            $stderr.flush
+            exit!(status == "ok" ? 0 : 1)
+          end
         rescue SyntaxError => e
           reply_text("syntax", e.message.end_with?("\n") ? e.message : "#{e.message}\n")
           return

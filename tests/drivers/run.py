@@ -3,9 +3,10 @@
 of its language's image, through tests/drivers/harness.py (the driver protocol of
 docs/sandbox-init.md, spoken as codebox-init speaks it).
 
-Usage: tests/drivers/run.py [--from-checkout] [--startup N] [LANGUAGE...]
+Usage: tests/drivers/run.py [--from-checkout] [--startup N] [-k WORD] [LANGUAGE...]
   --from-checkout  run the drivers of this checkout (bind-mounted over the installed ones)
                    instead of the images' own: to try a change without rebuilding
+  -k WORD          only the tests whose name contains WORD
   --startup N      also start each driver N times and print the median ms to `ready`
 Prints one line per test; exits 1 if any failed. Needs Docker and the images built.
 """
@@ -310,6 +311,14 @@ def python_c_level_output_and_stderr(d, lang):
 
 
 @test("python")
+def python_a_forked_child_does_not_answer(d, lang):
+    r = d.cell("import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n"
+               "    os.waitpid(pid, 0)\n    print('parent')")
+    check(r.done == "ok" and r.stdout == b"child\nparent\n", f"{r!r}")
+    done_ok(d.cell("1"))  # nothing came on fd 4 between the cells (checked by the harness)
+
+
+@test("python")
 def python_namespace_is_main(d, lang):
     r = d.cell("import pickle\nclass P:\n    pass\n"
                "(__name__, type(pickle.loads(pickle.dumps(P()))).__name__)")
@@ -456,6 +465,14 @@ def ruby_locals_and_methods_persist(d, lang):
     check(r.done == "error" and b"SyntaxError" in r.stderr, f"a SyntaxError at run time: {r!r}")
 
 
+@test("ruby")
+def ruby_a_forked_child_does_not_answer(d, lang):
+    r = d.cell("pid = fork\nif pid.nil?\n  puts 'child'\nelse\n  Process.wait(pid)\n"
+               "  puts 'parent'\nend")
+    check(r.done == "ok" and r.stdout == b"child\nparent\n", f"{r!r}")
+    done_ok(d.cell("1"))
+
+
 @test("bash")
 def bash_cwd_env_functions_persist(d, lang):
     done_ok(d.cell("mkdir -p sub && cd sub\nexport GREETING=hi\ndeclare -A m=([k]=v)\n"
@@ -483,12 +500,12 @@ def bash_exact_bytes_of_code(d, lang):
 
 # ---- running them -------------------------------------------------------------------------
 
-def run(languages, from_checkout):
+def run(languages, from_checkout, word):
     for lang in languages:
         shared = None
         try:
             for fn, langs, fresh in TESTS:
-                if lang not in langs:
+                if lang not in langs or word not in fn.__name__:
                     continue
                 name = f"{lang} {fn.__name__}"
                 d = None
@@ -537,11 +554,16 @@ def main(argv):
         i = argv.index("--startup")
         times = int(argv[i + 1])
         del argv[i:i + 2]
+    word = ""
+    if "-k" in argv:
+        i = argv.index("-k")
+        word = argv[i + 1]
+        del argv[i:i + 2]
     languages = argv or list(CASES)
     for lang in languages:
         if lang not in CASES:
             sys.exit(f"unknown language {lang}; one of {', '.join(CASES)}")
-    run(languages, from_checkout)
+    run(languages, from_checkout, word)
     if times:
         startup(languages, times, from_checkout)
     print(f"{len(FAILED)} failed" + (": " + ", ".join(FAILED) if FAILED else ""))
