@@ -65,11 +65,11 @@ class Driver:
 
     count = 0
 
-    def __init__(self, language, from_checkout=False):
+    def __init__(self, language, from_checkout=False, argv=None):
         reg = registry()
         entry = reg["languages"][language]
         image = reg["images"][entry["image"]]
-        self.argv = entry["session"]["driver"]
+        self.argv = argv or entry["session"]["driver"]
         self.dir = Path(tempfile.mkdtemp(prefix="codebox-driver-test-"))
         self.dir.chmod(0o777)  # the launcher (uid 10001) writes its pid and status here
         for name in ("req", "rep", "out", "err"):
@@ -106,7 +106,11 @@ class Driver:
         self.stray = b""  # output or replies that came while no cell ran
         self.exited = False
         self.ready_ms = None
-        self.wait_ready()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.close()
+            raise
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -178,7 +182,10 @@ class Driver:
 
     def wait_ready(self):
         deadline = time.monotonic() + REPLY_DEADLINE
-        line = self._take_line(None, deadline)
+        try:
+            line = self._take_line(None, deadline)
+        except DriverExited as e:
+            raise DriverExited(f"before `ready`; it printed {self.stray!r}") from e
         now = time.time_ns()
         if line != "ready":
             raise ProtocolError(f"expected `ready`, got {line!r}")
@@ -282,5 +289,6 @@ class Driver:
 
 class DriverExited(Exception):
     def __init__(self, reply):
-        super().__init__(f"the driver closed fd 4; {reply!r}")
+        super().__init__(f"the driver closed fd 4: {reply!r}" if not isinstance(reply, str)
+                         else f"the driver closed fd 4 {reply}")
         self.reply = reply

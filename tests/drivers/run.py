@@ -536,14 +536,29 @@ def run(languages, from_checkout, word):
                 shared.close()
 
 
+# The bare interpreter saying `ready`: what a driver's start-up is measured against.
+BARE = {
+    "python": ["python3", "-c", "import os; os.write(4, b'ready\\n')"],
+    "javascript": ["node", "-e", "require('fs').writeSync(4, 'ready\\n')"],
+    "ruby": ["ruby", "-e", "IO.for_fd(4).write(%(ready\\n))"],
+    "r": ["Rscript", "-e", "writeBin(charToRaw('ready\\n'), file('/dev/fd/4', 'wb', raw = TRUE))"],
+    "bash": ["bash", "-c", "echo ready >&4"],
+}
+
+
 def startup(languages, times, from_checkout):
+    """Milliseconds from the driver's start to its `ready`, side by side with the bare
+    interpreter's (taken in turns, so that the machine's load weighs on both alike)."""
     for lang in languages:
-        figures = []
+        figures = {"driver": [], "bare": []}
         for _ in range(times):
-            with Driver(lang, from_checkout) as d:
-                figures.append(d.ready_ms)
-        print(f"startup {lang}: median {statistics.median(figures):.0f} ms to `ready` "
-              f"(min {min(figures):.0f}, max {max(figures):.0f}, n={times})", flush=True)
+            for kind, argv in (("driver", None), ("bare", BARE[lang])):
+                with Driver(lang, from_checkout, argv) as d:
+                    figures[kind].append(d.ready_ms)
+        driver, bare = (statistics.median(figures[k]) for k in ("driver", "bare"))
+        print(f"startup {lang}: median {driver:.0f} ms to `ready` (min "
+              f"{min(figures['driver']):.0f}); the bare interpreter {bare:.0f} ms; "
+              f"ratio {driver / bare:.2f} (n={times})", flush=True)
 
 
 def main(argv):
