@@ -28,6 +28,7 @@
 
 pub(crate) mod db;
 mod pg;
+mod pg_tls;
 mod schema;
 mod sqlite;
 mod store;
@@ -252,20 +253,70 @@ enum Command {
 /// Why a query got no answer.
 const NO_ANSWER: &str = "the history thread did not answer (it stopped, or is too far behind)";
 
-/// How many commands may wait for the history thread.
-const QUEUE_CAPACITY: usize = 4096;
+/// What may wait for the history thread: a number of commands, and bytes, since a finished
+/// run's report may hold megabytes (output, returned files, test cases). A command that would
+/// go over either is dropped (one warning per episode); the first command into an empty queue
+/// is always taken, whatever its size.
+#[derive(Debug, Clone, Copy)]
+struct QueueBounds {
+    commands: usize,
+    bytes: u64,
+}
+
+const QUEUE: QueueBounds = QueueBounds {
+    commands: 4096,
+    bytes: 64 << 20,
+};
 
 /// How often a history that keeps failing is warned about.
 const WARN_EVERY: Duration = Duration::from_secs(600);
 
+impl Command {
+    /// Roughly the bytes a queued command keeps alive: what bounds the queue by memory.
+    fn weight(&self) -> u64 {
+        const BASE: usize = 256;
+        let n = match self {
+            Command::Insert(run) => BASE + run.code_preview.as_ref().map_or(0, String::len),
+            Command::Finish { report, .. } => BASE + report_bytes(report),
+            Command::ForgetReports { run_ids } => {
+                BASE + run_ids.iter().map(String::len).sum::<usize>()
+            }
+            _ => BASE,
+        };
+        n as u64
+    }
+}
+
+/// The bytes a report holds in its strings: output, compile output, files, test cases.
+fn report_bytes(r: &RunReport) -> usize {
+    let compile = r
+        .compile
+        .as_ref()
+        .map_or(0, |c| c.stdout.len() + c.stderr.len());
+    let files: usize = r
+        .files
+        .iter()
+        .map(|f| f.path.len() + f.content_base64.as_ref().map_or(0, String::len) + 128)
+        .sum();
+    let tests: usize = r
+        .tests
+        .iter()
+        .map(|t| t.name.len() + t.stdout.len() + t.stderr.len() + 128)
+        .sum();
+    r.stdout.len() + r.stderr.len() + r.message.len() + compile + files + tests
+}
+
 /// Handle to the history thread. Cheap to clone; every method returns at once except queries.
 #[derive(Clone)]
 pub struct History {
-    tx: mpsc::SyncSender<Command>,
+    tx: mpsc::SyncSender<(Command, u64)>,
     /// How logs and errors name the store (a file, or a URL without password).
     store: String,
     /// Commands are being dropped (the queue is full, or the thread stopped): warned once.
     dropping: Arc<std::sync::atomic::AtomicBool>,
+    /// The weight of the commands sent and not yet carried out (the thread subtracts).
+    queued_bytes: Arc<std::sync::atomic::AtomicU64>,
+    max_bytes: u64,
 }
 
 /// This process, as the history records and judges instances.
@@ -287,11 +338,17 @@ impl History {
     /// a warning is logged, writes are dropped and queries answer
     /// [`HistoryError::Unavailable`] until it can (tried again every [`RECONNECT_INTERVAL`]).
     pub fn connect(store: &HistoryStore, owner: Owner) -> History {
-        let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
+        History::start(store, owner, QUEUE)
+    }
+
+    fn start(store: &HistoryStore, owner: Owner, bounds: QueueBounds) -> History {
+        let (tx, rx) = mpsc::sync_channel(bounds.commands);
+        let queued_bytes: Arc<std::sync::atomic::AtomicU64> = Default::default();
         let thread_store = store.clone();
+        let thread_queued = queued_bytes.clone();
         let spawned = std::thread::Builder::new()
             .name("codebox-history".into())
-            .spawn(move || Actor::new(thread_store, owner).run(rx));
+            .spawn(move || Actor::new(thread_store, owner).run(rx, &thread_queued));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the history thread; runs will not be recorded");
         }
@@ -299,6 +356,8 @@ impl History {
             tx,
             store: store.to_string(),
             dropping: Default::default(),
+            queued_bytes,
+            max_bytes: bounds.bytes,
         }
     }
 
@@ -307,25 +366,37 @@ impl History {
         &self.store
     }
 
-    /// Never blocks: when the database falls behind by [`QUEUE_CAPACITY`] commands, the
+    /// Never blocks: when the database falls behind by [`QUEUE`]'s commands or bytes, the
     /// command is dropped with a warning (a history failure never holds up or fails a run,
-    /// and the queue never holds an unbounded number of reports).
+    /// and the queue never holds an unbounded number of reports, or bytes of them).
     fn send(&self, cmd: Command) {
         use std::sync::atomic::Ordering;
-        let dropped = match self.tx.try_send(cmd) {
-            Ok(()) => {
-                if self.dropping.swap(false, Ordering::Relaxed) {
-                    tracing::info!(store = %self.store, "the history caught up; runs are recorded again");
+        let weight = cmd.weight();
+        let before = self.queued_bytes.fetch_add(weight, Ordering::SeqCst);
+        let dropped = if before > 0 && before.saturating_add(weight) > self.max_bytes {
+            format!(
+                "the history database is behind by {} MB of reports (the queue holds at most {} MB); writes are dropped until it catches up",
+                before >> 20,
+                self.max_bytes >> 20
+            )
+        } else {
+            match self.tx.try_send((cmd, weight)) {
+                Ok(()) => {
+                    if self.dropping.swap(false, Ordering::Relaxed) {
+                        tracing::info!(store = %self.store, "the history caught up; runs are recorded again");
+                    }
+                    return;
                 }
-                return;
-            }
-            Err(mpsc::TrySendError::Full(_)) => format!(
-                "the history database is behind by {QUEUE_CAPACITY} writes; writes are dropped until it catches up"
-            ),
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                "the history thread has stopped; runs are not recorded".to_string()
+                Err(mpsc::TrySendError::Full(_)) => format!(
+                    "the history database is behind by {} writes; writes are dropped until it catches up",
+                    QUEUE.commands
+                ),
+                Err(mpsc::TrySendError::Disconnected(_)) => {
+                    "the history thread has stopped; runs are not recorded".to_string()
+                }
             }
         };
+        self.queued_bytes.fetch_sub(weight, Ordering::SeqCst);
         // One warning per episode, not one per dropped write.
         if !self.dropping.swap(true, Ordering::Relaxed) {
             tracing::warn!(store = %self.store, "{dropped}");
@@ -421,6 +492,21 @@ impl History {
     }
 }
 
+/// An error and its causes, each said once ("PostgreSQL: db error: FATAL: ..."): the
+/// PostgreSQL client's own messages keep the server's reason in the cause.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// Open the store, migrate it, announce this instance and mark what dead ones left.
 fn open_store(store: &HistoryStore, owner: &Owner) -> Result<Box<dyn Database>, DbError> {
     let mut db: Box<dyn Database> = match store {
@@ -445,6 +531,8 @@ struct Actor {
     beat_at: Instant,
     /// Whether the current outage was reported (one warning per outage, not per write).
     outage_reported: bool,
+    /// Why the store could not be opened last time (what queries are told meanwhile).
+    open_error: Option<String>,
     /// Operations that failed since the last warning about them, and when that was: a full
     /// disk fails the writes of every run, and is warned about once, then at most every
     /// [`WARN_EVERY`] while it lasts.
@@ -463,12 +551,17 @@ impl Actor {
             retry_at: now,
             beat_at: now,
             outage_reported: false,
+            open_error: None,
             lost: 0,
             warned: None,
         }
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Command>) {
+    fn run(
+        mut self,
+        rx: mpsc::Receiver<(Command, u64)>,
+        queued_bytes: &std::sync::atomic::AtomicU64,
+    ) {
         loop {
             self.connect_if_due();
             self.beat_if_due();
@@ -478,13 +571,14 @@ impl Actor {
             } else {
                 self.retry_at
             };
-            let cmd = match rx.recv_timeout(next.saturating_duration_since(now)) {
-                Ok(cmd) => cmd,
+            let (cmd, weight) = match rx.recv_timeout(next.saturating_duration_since(now)) {
+                Ok(queued) => queued,
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
             self.connect_if_due();
             self.handle(cmd);
+            queued_bytes.fetch_sub(weight, std::sync::atomic::Ordering::SeqCst);
         }
     }
 
@@ -502,6 +596,7 @@ impl Actor {
                 self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
             }
             Err(e) => {
+                self.open_error = Some(with_causes(&e));
                 if !self.outage_reported {
                     tracing::warn!(store = %self.name, error = %e, "cannot open the history database; runs will be served but not recorded (trying again every {} s)", RECONNECT_INTERVAL.as_secs());
                     self.outage_reported = true;
@@ -549,7 +644,10 @@ impl Actor {
         let Some(db) = self.db.as_mut() else {
             let unavailable = || HistoryError::Unavailable {
                 store: self.name.clone(),
-                detail: "it could not be opened (see the log)".to_string(),
+                detail: match &self.open_error {
+                    Some(e) => format!("it could not be opened: {e}"),
+                    None => "it could not be opened (see the log)".to_string(),
+                },
             };
             match cmd {
                 Command::Query { reply, .. } => {
@@ -869,6 +967,45 @@ mod tests {
             (Status::Succeeded, 10),
             "metadata stays"
         );
+    }
+
+    #[tokio::test]
+    async fn reports_waiting_for_a_stalled_database_are_bounded_by_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.sqlite3");
+        let owner = Owner {
+            instance: "x".into(),
+            data_dir: dir.path().to_path_buf(),
+        };
+        let bounds = QueueBounds {
+            commands: 4096,
+            bytes: 4 << 20,
+        };
+        let h = History::start(&HistoryStore::Sqlite(path.clone()), owner, bounds);
+        h.query(Query::default()).await.unwrap();
+        // Another connection holds the write lock: the history thread waits in its first
+        // write (up to the busy timeout) while reports of 1 MB each arrive.
+        let lock = rusqlite::Connection::open(&path).unwrap();
+        lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        h.insert(new_run("r0", "x"));
+        let reports: Vec<Arc<RunReport>> = (0..20)
+            .map(|i| Arc::new(report(&format!("r{i}"), &"x".repeat(1 << 20))))
+            .collect();
+        for r in &reports {
+            h.finish(r.clone());
+        }
+        let held = reports.iter().filter(|r| Arc::strong_count(r) > 1).count();
+        assert!(
+            (1..=4).contains(&held),
+            "{held} reports of 1 MB wait in a 4 MB queue"
+        );
+        lock.execute_batch("COMMIT").unwrap();
+        assert!(h.flush(Duration::from_secs(30)).await);
+        assert_eq!(h.queued_bytes.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // Once it caught up, writes are taken again.
+        h.insert(new_run("r19", "x"));
+        h.finish(reports[19].clone());
+        assert!(h.report("r19", None).await.unwrap().is_some());
     }
 
     #[tokio::test]

@@ -12,7 +12,10 @@ Usage: mcp_e2e.py --binary target/debug/codebox [--transport stdio|http|both]
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
+import logging
 import os
 import secrets
 import socket
@@ -159,7 +162,11 @@ async def plot(session):
     expect(set(files) == {"outputs/plot.png", "outputs/squares.csv"}, f"files {list(files)}")
     images = [c for c in result.content if c.type == "image"]
     expect(len(images) == 1 and images[0].mime_type == "image/png", f"image blocks {images}")
-    expect(images[0].data == files["outputs/plot.png"]["content_base64"], "image data differs")
+    png = files["outputs/plot.png"]
+    expect(png["content_base64"] is None and png["omitted_reason"] == "sent as a content block",
+           f"the plot's bytes travel twice: {png['omitted_reason']}")
+    expect(hashlib.sha256(base64.b64decode(images[0].data)).hexdigest() == png["sha256"],
+           "image data differs")
     resources = [c for c in result.content if c.type == "resource"]
     expect(len(resources) == 1 and resources[0].resource.text == "n,sq\n1,1\n2,4\n",
            f"resources {resources}")
@@ -229,6 +236,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Capture(logging.Handler):
+    """Keeps what the SDK logs, to check that closing a session logs no failure."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 async def over_http(binary, env, results):
     token = secrets.token_hex(24)
     port = free_port()
@@ -254,11 +272,19 @@ async def over_http(binary, env, results):
             await results.check("http: 401 without the token", refuses_without_token())
         client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
                                     timeout=httpx2.Timeout(30, read=300))
+        capture = Capture()
+        logging.getLogger("mcp").addHandler(capture)
         async with client:
             async with streamable_http_client(f"{url}/mcp", http_client=client) as streams:
                 read, write = streams[0], streams[1]
                 async with ClientSession(read, write) as session:
                     await suite(session, "http", results)
+        logging.getLogger("mcp").removeHandler(capture)
+
+        async def closed_cleanly():
+            failures = [m for m in capture.messages if "termination failed" in m]
+            expect(not failures, f"the SDK logged {failures}")
+        await results.check("http: the session ends without 'Session termination failed'", closed_cleanly())
     finally:
         server.terminate()
         try:

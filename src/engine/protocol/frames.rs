@@ -1,18 +1,9 @@
-//! The conversation with `codebox-init`, the waiting step inside every container
-//! (`docs/sandbox-init.md`): the payload codebox writes to the container's stdin, and the
-//! frames it reads back from its stdout.
-//!
-//! The decoder is incremental and bounded: it keeps at most the output cap per stream, the
-//! configured bytes of file content and a fixed number of entries, whatever the container
-//! sends. Anything that does not follow the protocol is an error, never a panic.
+//! What `codebox-init` writes back: frames, decoded incrementally and within bounds.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use bytes::Bytes;
+use super::EntryKind;
 
-/// First line of every payload.
-pub const MAGIC: &[u8] = b"codebox-init 1\n";
 /// Largest frame accepted (the helper writes at most 64 KiB at a time).
 const MAX_FRAME: usize = 1 << 20;
 /// Most bytes reserved ahead for a file's content: its size is only announced; the rest grows
@@ -20,221 +11,6 @@ const MAX_FRAME: usize = 1 << 20;
 const MAX_RESERVE: u64 = 1 << 16;
 /// Highest signal number Linux has (`SIGRTMAX`).
 const MAX_SIGNAL: i64 = 64;
-
-/// The kind of a workspace entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
-    File,
-    Dir,
-    Link,
-}
-
-/// One entry of a working directory: what the payload lays out, and what the compile stage
-/// hands back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
-    pub kind: EntryKind,
-    /// Relative to the working directory, `/`-separated, no `.` or `..`.
-    pub path: String,
-    pub mode: u32,
-    /// File content (empty for directories and links).
-    pub content: Bytes,
-    /// Link target.
-    pub target: String,
-}
-
-impl Entry {
-    pub fn file(path: impl Into<String>, mode: u32, content: impl Into<Bytes>) -> Entry {
-        Entry {
-            kind: EntryKind::File,
-            path: path.into(),
-            mode,
-            content: content.into(),
-            target: String::new(),
-        }
-    }
-}
-
-/// Which files `codebox-init` sends back after the program.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Collect {
-    None,
-    /// What the program left under `outputs/`, within these caps.
-    Outputs {
-        max_files: usize,
-        max_bytes: u64,
-        max_file_bytes: u64,
-    },
-    /// The whole working directory, if the program exited 0 (the compile stage's artifacts).
-    WorkspaceOnSuccess {
-        max_bytes: u64,
-    },
-}
-
-/// Working-directory entries, encoded once as payload records: every payload that lays
-/// them out (each test case of a run, say) shares the same bytes.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Files {
-    records: Bytes,
-    count: usize,
-    content_bytes: u64,
-}
-
-impl Files {
-    pub fn new(entries: &[Entry]) -> Files {
-        let content: usize = entries.iter().map(|e| e.content.len()).sum();
-        let mut out = Vec::with_capacity(content + 64 * entries.len());
-        for e in entries {
-            match e.kind {
-                EntryKind::Dir => record(
-                    &mut out,
-                    "dir",
-                    format!("{:o} {}", e.mode, e.path).as_bytes(),
-                ),
-                EntryKind::File => {
-                    let mut head = format!("{:o} {}\0", e.mode, e.path).into_bytes();
-                    out.extend_from_slice(
-                        format!("file {}\n", head.len() + e.content.len()).as_bytes(),
-                    );
-                    out.append(&mut head);
-                    out.extend_from_slice(&e.content);
-                }
-                EntryKind::Link => record(
-                    &mut out,
-                    "link",
-                    format!("{}\0{}", e.path, e.target).as_bytes(),
-                ),
-            }
-        }
-        Files {
-            records: Bytes::from(out),
-            count: entries.len(),
-            content_bytes: content as u64,
-        }
-    }
-
-    /// How many entries.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// The bytes of all files' content.
-    pub fn content_bytes(&self) -> u64 {
-        self.content_bytes
-    }
-
-    /// The bytes of the encoded records (what is kept in memory).
-    pub fn encoded_bytes(&self) -> u64 {
-        self.records.len() as u64
-    }
-
-    /// The entries, decoded again (for the fake engine and tests).
-    pub fn entries(&self) -> Vec<Entry> {
-        let mut payload = MAGIC.to_vec();
-        payload.extend_from_slice(&self.records);
-        record(&mut payload, "end", b"");
-        parse(&payload).map_or_else(Vec::new, |(_, entries)| entries)
-    }
-}
-
-/// Everything a container is told.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Payload {
-    pub env: BTreeMap<String, String>,
-    pub check: Option<Vec<String>>,
-    pub run: Option<Vec<String>>,
-    pub check_timeout: Duration,
-    pub timeout: Duration,
-    pub output_limit: u64,
-    pub collect: Option<Collect>,
-    pub files: Files,
-    pub stdin: Option<Bytes>,
-}
-
-fn record(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(format!("{name} {}\n", value.len()).as_bytes());
-    out.extend_from_slice(value);
-}
-
-fn argv(args: &[String]) -> Vec<u8> {
-    let mut v = Vec::new();
-    for a in args {
-        v.extend_from_slice(a.as_bytes());
-        v.push(0);
-    }
-    v
-}
-
-impl Payload {
-    /// The bytes for the container's stdin, in the order they are written: the settings,
-    /// the files (shared, not copied), then the end record and the program's stdin.
-    pub fn encode(&self) -> Vec<Bytes> {
-        let mut head = Vec::with_capacity(512);
-        head.extend_from_slice(MAGIC);
-        for (k, v) in &self.env {
-            record(&mut head, "env", format!("{k}={v}").as_bytes());
-        }
-        if let Some(c) = &self.check {
-            record(&mut head, "check", &argv(c));
-            let ms = self.check_timeout.as_millis().to_string();
-            record(&mut head, "check_timeout_ms", ms.as_bytes());
-        }
-        if let Some(r) = &self.run {
-            record(&mut head, "run", &argv(r));
-        }
-        record(
-            &mut head,
-            "timeout_ms",
-            self.timeout.as_millis().to_string().as_bytes(),
-        );
-        record(
-            &mut head,
-            "output_limit",
-            self.output_limit.to_string().as_bytes(),
-        );
-        match self.collect.unwrap_or(Collect::None) {
-            Collect::None => record(&mut head, "collect", b"none"),
-            Collect::Outputs {
-                max_files,
-                max_bytes,
-                max_file_bytes,
-            } => {
-                record(&mut head, "collect", b"outputs");
-                record(&mut head, "max_files", max_files.to_string().as_bytes());
-                record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());
-                record(
-                    &mut head,
-                    "max_file_bytes",
-                    max_file_bytes.to_string().as_bytes(),
-                );
-            }
-            Collect::WorkspaceOnSuccess { max_bytes } => {
-                record(&mut head, "collect", b"workspace-on-success");
-                record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());
-            }
-        }
-        let mut tail = Vec::new();
-        record(&mut tail, "end", b"");
-        let mut parts = vec![
-            Bytes::from(head),
-            self.files.records.clone(),
-            Bytes::from(tail),
-        ];
-        if let Some(s) = &self.stdin {
-            parts.push(s.clone());
-        }
-        parts
-    }
-
-    /// All of [`Payload::encode`] in one buffer (for tests).
-    pub fn encode_whole(&self) -> Vec<u8> {
-        self.encode().concat()
-    }
-}
 
 /// Which part of a stage a phase is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,7 +76,11 @@ pub struct Decoded {
     pub warnings: Vec<String>,
     /// A fatal error `codebox-init` reported.
     pub fatal: Option<String>,
-    /// The end frame arrived.
+    /// A session's cell: the value of its final expression (at most the output cap).
+    pub result: Option<Vec<u8>>,
+    /// A session's request is done: what its `D` frame said.
+    pub done: Option<super::session::Done>,
+    /// The end frame arrived (`Z`, or a session request's `D`).
     pub complete: bool,
 }
 
@@ -499,7 +279,20 @@ impl Decoder {
                 let mode =
                     u32::from_str_radix(f[2], 8).map_err(|_| ProtocolError("bad mode".into()))?;
                 let reason = (!f[5].is_empty()).then(|| f[5].to_string());
-                if kind == EntryKind::File && reason.is_none() {
+                // A session's `read` of part of a file: `range <n>`, n bytes follow.
+                let range = match reason.as_deref().and_then(|r| r.strip_prefix("range ")) {
+                    Some(n) => Some(
+                        n.parse::<u64>()
+                            .map_err(|_| ProtocolError("bad range".into()))?,
+                    ),
+                    None => None,
+                };
+                let content = match (kind, &reason, range) {
+                    (EntryKind::File, None, _) => Some(size),
+                    (EntryKind::File, Some(_), Some(n)) => Some(n),
+                    _ => None,
+                };
+                if let Some(size) = content {
                     match self.content.checked_add(size) {
                         Some(total) if total <= self.limits.content => self.content = total,
                         _ => {
@@ -540,125 +333,26 @@ impl Decoder {
             }
             b'!' => self.out.fatal = Some(String::from_utf8_lossy(body).into_owned()),
             b'Z' => self.out.complete = true,
+            b'R' => {
+                if self.out.result.is_some() {
+                    return malformed("a second result");
+                }
+                let keep = body.len().min(limit as usize);
+                self.out.result = Some(body[..keep].to_vec());
+            }
+            b'D' => {
+                self.out.done = Some(super::session::parse_done(&String::from_utf8_lossy(body))?);
+                self.out.complete = true;
+            }
             other => return malformed(format!("unknown frame kind {other:#04x}")),
         }
         Ok(())
     }
 }
 
-/// Write one frame, as `codebox-init` does (for the fake engine and tests).
-pub fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(5 + body.len());
-    v.push(kind);
-    v.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
-
-/// Read a payload back (for the fake engine and tests): the records and the stdin.
-pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
-    parse(bytes).map(|(mut p, entries)| {
-        p.files = Files::new(&entries);
-        p
-    })
-}
-
-/// A payload and its working-directory entries.
-fn parse(bytes: &[u8]) -> Option<(Payload, Vec<Entry>)> {
-    let mut rest = bytes.strip_prefix(MAGIC)?;
-    let mut p = Payload::default();
-    // Each argument is followed by a NUL, so the last piece of the split is always empty.
-    let split_argv = |v: &[u8]| -> Vec<String> {
-        let mut args: Vec<String> = v
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        args.pop();
-        args
-    };
-    let (mut max_files, mut max_bytes, mut max_file_bytes, mut collect) = (0, 0, 0, "none");
-    let mut entries = Vec::new();
-    loop {
-        let nl = rest.iter().position(|b| *b == b'\n')?;
-        let header = std::str::from_utf8(&rest[..nl]).ok()?;
-        let (name, len) = header.split_once(' ')?;
-        let len: usize = len.parse().ok()?;
-        let value = rest.get(nl + 1..nl + 1 + len)?;
-        rest = &rest[nl + 1 + len..];
-        let text = || String::from_utf8_lossy(value).into_owned();
-        let ms = || Duration::from_millis(text().parse().unwrap_or(0));
-        match name {
-            "env" => {
-                let t = text();
-                let (k, v) = t.split_once('=')?;
-                p.env.insert(k.to_string(), v.to_string());
-            }
-            "check" => p.check = Some(split_argv(value)),
-            "run" => p.run = Some(split_argv(value)),
-            "check_timeout_ms" => p.check_timeout = ms(),
-            "timeout_ms" => p.timeout = ms(),
-            "output_limit" => p.output_limit = text().parse().ok()?,
-            "collect" => {
-                collect = match value {
-                    b"outputs" => "outputs",
-                    b"workspace-on-success" => "workspace",
-                    _ => "none",
-                }
-            }
-            "max_files" => max_files = text().parse().ok()?,
-            "max_bytes" => max_bytes = text().parse().ok()?,
-            "max_file_bytes" => max_file_bytes = text().parse().ok()?,
-            "dir" => {
-                let t = text();
-                let (mode, path) = t.split_once(' ')?;
-                entries.push(Entry {
-                    kind: EntryKind::Dir,
-                    path: path.to_string(),
-                    mode: u32::from_str_radix(mode, 8).ok()?,
-                    content: Bytes::new(),
-                    target: String::new(),
-                });
-            }
-            "file" => {
-                let nul = value.iter().position(|b| *b == 0)?;
-                let head = std::str::from_utf8(&value[..nul]).ok()?;
-                let (mode, path) = head.split_once(' ')?;
-                entries.push(Entry::file(
-                    path,
-                    u32::from_str_radix(mode, 8).ok()?,
-                    Bytes::copy_from_slice(&value[nul + 1..]),
-                ));
-            }
-            "link" => {
-                let t = text();
-                let (path, target) = t.split_once('\0')?;
-                entries.push(Entry {
-                    kind: EntryKind::Link,
-                    path: path.to_string(),
-                    mode: 0o777,
-                    content: Bytes::new(),
-                    target: target.to_string(),
-                });
-            }
-            "end" => break,
-            _ => return None,
-        }
-    }
-    p.collect = Some(match collect {
-        "outputs" => Collect::Outputs {
-            max_files,
-            max_bytes,
-            max_file_bytes,
-        },
-        "workspace" => Collect::WorkspaceOnSuccess { max_bytes },
-        _ => Collect::None,
-    });
-    p.stdin = (!rest.is_empty()).then(|| Bytes::copy_from_slice(rest));
-    Some((p, entries))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::frame;
     use super::*;
 
     /// An `F` frame's body: its seven fields, NUL-separated.
@@ -672,52 +366,6 @@ mod tests {
             content: 10,
             entries: 3,
         }
-    }
-
-    #[test]
-    fn payloads_read_back_as_written() {
-        let p = Payload {
-            env: BTreeMap::from([("A".into(), "1=2".into())]),
-            check: Some(vec!["python3".into(), "-c".into(), "x".into()]),
-            run: Some(vec!["python3".into(), "main.py".into(), "".into()]),
-            check_timeout: Duration::from_millis(1500),
-            timeout: Duration::from_secs(30),
-            output_limit: 1024,
-            collect: Some(Collect::Outputs {
-                max_files: 32,
-                max_bytes: 8,
-                max_file_bytes: 4,
-            }),
-            files: Files::new(&[
-                Entry {
-                    kind: EntryKind::Dir,
-                    path: "d".into(),
-                    mode: 0o755,
-                    content: Bytes::new(),
-                    target: String::new(),
-                },
-                Entry::file("d/main.py", 0o644, &b"print(1)\n\0binary"[..]),
-            ]),
-            stdin: Some(Bytes::from_static(b"in\nput")),
-        };
-        let back = parse_payload(&p.encode_whole()).unwrap();
-        assert_eq!(back, p);
-        assert_eq!(back.files.entries()[1].content, &b"print(1)\n\0binary"[..]);
-    }
-
-    #[test]
-    fn payloads_share_their_files_instead_of_copying_them() {
-        let files = Files::new(&[Entry::file("big.bin", 0o644, vec![7u8; 1 << 20])]);
-        let payload = |stdin: &'static [u8]| Payload {
-            run: Some(vec!["./main".into()]),
-            files: files.clone(),
-            stdin: Some(Bytes::from_static(stdin)),
-            ..Default::default()
-        };
-        let (a, b) = (payload(b"1").encode(), payload(b"2").encode());
-        assert_eq!(a[1].as_ptr(), b[1].as_ptr(), "one copy of the files");
-        assert_eq!(a[1].len() as u64, files.encoded_bytes());
-        assert_ne!(a.concat(), b.concat());
     }
 
     #[test]
