@@ -191,27 +191,145 @@ void x_end(char *x, size_t cap, size_t *n, const char *phase, int status, const 
         appendf(x, cap, n, "end=signaled\nsignal=%d\n", WTERMSIG(status));
 }
 
-/* Run one phase and write its P, O, E and X frames. Returns 1 when it exited with code 0.
- * In a session the peak is that of the phase's own processes (the cgroup's high-water mark
- * cannot be reset and covers the whole session). */
-int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms)
+/* The handshake of a run command that checks its source itself (check_in_run): it writes
+ * `compiled\n` on fd 3 once its check passed, then reads `run\n` on fd 4 before any of the
+ * program runs, so that what the check wrote and what the program writes never mix. */
+#define SAID_COMPILED "compiled\n"
+#define ANSWER_RUN "run\n"
+
+struct handshake {
+    int from, to;                      /* our ends: fd 3's pipe (read), fd 4's pipe (write) */
+    char got[sizeof SAID_COMPILED - 1];
+    size_t n;
+};
+
+/* In the child: the handshake's ends as fds 3 and 4, inherited by the command. */
+static void handshake_child(int up, int down)
 {
-    int out[2], err[2], rep[2], status = 0, done = 0, exec_errno = 0;
-    struct rusage ru0, ru1;
-    struct reaped acc = { 0, 0 };
-    frame('P', name, strlen(name));
-    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(rep, O_CLOEXEC) < 0)
-        fatal("cannot create a pipe: %s", strerror(errno));
-    long long oom0 = cgroup_oom_kills();
-    getrusage(RUSAGE_CHILDREN, &ru0);
+    /* Above 10 first, so that neither lands on the other's target. */
+    int u = fcntl(up, F_DUPFD_CLOEXEC, 10), d = fcntl(down, F_DUPFD_CLOEXEC, 10);
+    if (u < 0 || d < 0 || dup2(u, 3) != 3 || dup2(d, 4) != 4)
+        _exit(127);
+}
+
+/* Read what the command said on fd 3: 1 once it said `compiled`, 0 while not yet (or after it
+ * closed fd 3 without a word), -1 when it said something else. */
+static int handshake_read(struct handshake *h)
+{
+    while (h->from >= 0 && h->n < sizeof h->got) {
+        ssize_t k = read(h->from, h->got + h->n, sizeof h->got - h->n);
+        if (k < 0)
+            return 0; /* EAGAIN, EINTR: nothing yet */
+        if (k == 0) {
+            close(h->from);
+            h->from = -1;
+            return 0;
+        }
+        h->n += (size_t)k;
+        if (memcmp(h->got, SAID_COMPILED, h->n) != 0)
+            return -1;
+    }
+    return h->n == sizeof h->got;
+}
+
+/* The CPU time of a process that is still running (its threads', not its children's), in
+ * microseconds; 0 when it cannot be read. */
+static int64_t process_cpu_us(pid_t pid)
+{
+    clockid_t clock;
+    struct timespec t;
+    if (clock_getcpuclockid(pid, &clock) == 0 && clock_gettime(clock, &t) == 0)
+        return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+    char path[64], buf[1024], *rp;
+    unsigned long ut, st;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (hz <= 0 || read_small(path, buf, sizeof buf) < 0 || !(rp = strrchr(buf, ')')) ||
+        sscanf(rp + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (int64_t)(ut + st) * 1000000 / hz;
+}
+
+/* What a phase is, while it runs: its name, start, deadline and the figures its X reports as
+ * differences from these. */
+struct phase {
+    const char *name;
+    int64_t t0, deadline;
+    long long oom0;
+    int64_t cpu0_us; /* CPU already counted for earlier phases of the same command */
+};
+
+static void phase_begin(struct phase *ph, const char *name, uint64_t timeout_ms,
+                        int64_t cpu0_us)
+{
     if (timeout_ms > 1000000000000ULL) /* 31 years: no overflow below */
         timeout_ms = 1000000000000ULL;
-    int64_t t0 = now_ns(), deadline = timeout_ms ? t0 + (int64_t)timeout_ms * 1000000 : 0;
+    frame('P', name, strlen(name));
+    ph->name = name;
+    ph->t0 = now_ns();
+    ph->deadline = timeout_ms ? ph->t0 + (int64_t)timeout_ms * 1000000 : 0;
+    ph->oom0 = cgroup_oom_kills();
+    ph->cpu0_us = cpu0_us;
+}
+
+/* The X frame of a phase: how it ended (`status`, or `end`, or `error`) and what it used. */
+static void phase_end(const struct phase *ph, int64_t ended, int status, const char *end,
+                      const char *error, int64_t cpu_us_total, long max_rss_kb, struct stream s[2])
+{
+    long long peak = in_session ? -1 : cgroup_peak(), oom1 = cgroup_oom_kills();
+    static int warned_peak;
+    if (!in_session && peak < 0 && !warned_peak++)
+        warnf("the memory cgroup is not readable: peak_kb is the largest process's resident set");
+    oom_warning_once(ph->oom0, oom1);
+    char x[X_BYTES];
+    size_t n = 0;
+    if (error) {
+        x_end(x, sizeof x, &n, ph->name, 0, "error");
+        appendf(x, sizeof x, &n, "error=%s\n", error);
+    } else {
+        x_end(x, sizeof x, &n, ph->name, status, end);
+    }
+    appendf(x, sizeof x, &n, "wall_ms=%lld\n", (long long)((ended - ph->t0) / 1000000));
+    appendf(x, sizeof x, &n, "cpu_ms=%lld\n", (long long)((cpu_us_total - ph->cpu0_us) / 1000));
+    if (in_session)
+        appendf(x, sizeof x, &n, "peak_kb=%ld\npeak_source=process\n", max_rss_kb);
+    else
+        appendf(x, sizeof x, &n, "peak_kb=%lld\npeak_source=%s\n",
+                peak >= 0 ? peak / 1024 : (long long)max_rss_kb, peak >= 0 ? "cgroup" : "rusage");
+    appendf(x, sizeof x, &n, "oom_kills=%lld\n",
+            ph->oom0 < 0 || oom1 < 0 ? -1 : oom1 - ph->oom0);
+    appendf(x, sizeof x, &n, "stdout_bytes=%llu\n", (unsigned long long)s[0].total);
+    appendf(x, sizeof x, &n, "stderr_bytes=%llu\n", (unsigned long long)s[1].total);
+    frame('X', x, n);
+}
+
+/* Run one command as one phase (`name`), or with `checked` as the check phase and then the
+ * run phase (run_checked). Writes the P, O, E and X frames. Returns 1 when the command exited
+ * with code 0 (and, checked, after it said `compiled`). In a session the peak is that of the
+ * phase's own processes (the cgroup's high-water mark cannot be reset and covers the whole
+ * session). */
+static int run_command(const char *name, char **argv, int in, uint64_t timeout_ms, int checked,
+                       uint64_t run_timeout_ms)
+{
+    int out[2], err[2], rep[2], up[2] = { -1, -1 }, down[2] = { -1, -1 };
+    int status = 0, done = 0, exec_errno = 0;
+    struct rusage ru0, ru1;
+    struct reaped acc = { 0, 0 };
+    struct phase ph;
+    struct handshake hs = { -1, -1, { 0 }, 0 };
+    const char *error = NULL;
+    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(rep, O_CLOEXEC) < 0 ||
+        (checked && (pipe2(up, O_CLOEXEC) < 0 || pipe2(down, O_CLOEXEC) < 0)))
+        fatal("cannot create a pipe: %s", strerror(errno));
+    getrusage(RUSAGE_CHILDREN, &ru0);
+    phase_begin(&ph, name, timeout_ms, 0);
     pid_t pid = fork();
     if (pid < 0)
         fatal("cannot fork: %s", strerror(errno));
     if (pid == 0) {
         child_setup(in, out[1], err[1]);
+        if (checked)
+            handshake_child(up[1], down[0]);
         child_exec(argv, rep[1]);
     }
     if (!is_init)
@@ -219,6 +337,13 @@ int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms)
     close(out[1]);
     close(err[1]);
     close(rep[1]);
+    if (checked) {
+        close(up[1]);
+        close(down[0]);
+        hs.from = up[0], hs.to = down[1];
+        fcntl(hs.from, F_SETFL, O_NONBLOCK);
+        fcntl(hs.to, F_SETFL, O_NONBLOCK);
+    }
     if (read(rep[0], &exec_errno, sizeof exec_errno) != (ssize_t)sizeof exec_errno)
         exec_errno = 0; /* end of file: exec succeeded */
     close(rep[0]);
@@ -236,26 +361,55 @@ int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms)
             end = "stopped";
             break;
         }
+        int said = checked ? handshake_read(&hs) : 0;
+        if (said < 0) {
+            error = "the run command wrote something other than `compiled` on fd 3";
+            break;
+        }
+        if (said > 0) {
+            /* The check passed and the program waits for our answer: what the pipes hold is
+             * the check's. End the check phase and begin the run phase. */
+            for (int i = 0; i < 2; i++)
+                while (s[i].fd >= 0 && pump(&s[i]) > 0) {}
+            struct rusage now;
+            getrusage(RUSAGE_CHILDREN, &now);
+            int64_t cpu = cpu_us(&now) - cpu_us(&ru0) + process_cpu_us(pid);
+            phase_end(&ph, now_ns(), 0, NULL, NULL, cpu, now.ru_maxrss, s);
+            for (int i = 0; i < 2; i++)
+                s[i].kept = s[i].total = 0;
+            acc.max_rss_kb = 0;
+            phase_begin(&ph, "run", run_timeout_ms, cpu);
+            checked = 0;
+            if (hs.from >= 0)
+                close(hs.from);
+            if (write(hs.to, ANSWER_RUN, strlen(ANSWER_RUN)) < 0) { /* it will see the end */ }
+            close(hs.to);
+            hs.from = hs.to = -1;
+            continue;
+        }
         struct timespec ts, *tp = NULL;
-        if (deadline) {
-            int64_t left = deadline - now_ns();
+        if (ph.deadline) {
+            int64_t left = ph.deadline - now_ns();
             if (left <= 0) {
                 end = "timed_out";
                 break;
             }
             ts.tv_sec = left / 1000000000, ts.tv_nsec = left % 1000000000, tp = &ts;
         }
-        struct pollfd p[2];
+        struct pollfd p[3];
         nfds_t n = 0;
         for (int i = 0; i < 2; i++)
             if (s[i].fd >= 0)
                 p[n++] = (struct pollfd){ .fd = s[i].fd, .events = POLLIN };
+        if (hs.from >= 0)
+            p[n++] = (struct pollfd){ .fd = hs.from, .events = POLLIN };
         if (ppoll(p, n, tp, &wait_mask) > 0)
             for (nfds_t i = 0; i < n; i++)
-                if (p[i].revents)
+                if (p[i].revents && p[i].fd != hs.from)
                     pump(s[0].fd == p[i].fd ? &s[0] : &s[1]);
     }
-    int64_t wall_ms = (now_ns() - t0) / 1000000;
+
+    int64_t ended = now_ns();
 
     /* Kill the rest, reap everything, then drain what the pipes still hold. */
     for (;;) {
@@ -271,36 +425,39 @@ int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms)
                 close(s[i].fd);
                 s[i].fd = -1;
             }
+    if (hs.from >= 0)
+        close(hs.from);
+    if (hs.to >= 0)
+        close(hs.to);
 
     getrusage(RUSAGE_CHILDREN, &ru1);
-    long long peak = in_session ? -1 : cgroup_peak(), oom1 = cgroup_oom_kills();
-    static int warned_peak;
-    if (!in_session && peak < 0 && !warned_peak++)
-        warnf("the memory cgroup is not readable: peak_kb is the largest process's resident set");
-    oom_warning_once(oom0, oom1);
-
-    char x[X_BYTES], arg0[MAX_PATH / 2];
-    size_t n = 0;
+    char why[MAX_PATH / 2 + 128];
     if (exec_errno) {
+        char arg0[MAX_PATH / 2];
         snprintf(arg0, sizeof arg0, "%s", argv[0]);
         for (char *c = arg0; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 *c = '?'; /* one line per key */
-        x_end(x, sizeof x, &n, name, 0, "error");
-        appendf(x, sizeof x, &n, "error=cannot run %s: %s\n", arg0, strerror(exec_errno));
-    } else {
-        x_end(x, sizeof x, &n, name, status, end);
+        snprintf(why, sizeof why, "cannot run %s: %s", arg0, strerror(exec_errno));
+        error = why;
+    } else if (checked && !error && !end && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        error = "the run command exited without saying `compiled` on fd 3";
     }
-    appendf(x, sizeof x, &n, "wall_ms=%lld\n", (long long)wall_ms);
-    appendf(x, sizeof x, &n, "cpu_ms=%lld\n", (long long)((cpu_us(&ru1) - cpu_us(&ru0)) / 1000));
-    if (in_session)
-        appendf(x, sizeof x, &n, "peak_kb=%ld\npeak_source=process\n", acc.max_rss_kb);
-    else
-        appendf(x, sizeof x, &n, "peak_kb=%lld\npeak_source=%s\n",
-                peak >= 0 ? peak / 1024 : (long long)ru1.ru_maxrss, peak >= 0 ? "cgroup" : "rusage");
-    appendf(x, sizeof x, &n, "oom_kills=%lld\n", oom0 < 0 || oom1 < 0 ? -1 : oom1 - oom0);
-    appendf(x, sizeof x, &n, "stdout_bytes=%llu\n", (unsigned long long)s[0].total);
-    appendf(x, sizeof x, &n, "stderr_bytes=%llu\n", (unsigned long long)s[1].total);
-    frame('X', x, n);
-    return !exec_errno && !end && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    long rss = in_session ? acc.max_rss_kb : ru1.ru_maxrss;
+    phase_end(&ph, ended, status, end, error, cpu_us(&ru1) - cpu_us(&ru0), rss, s);
+    return !error && !end && !checked && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms)
+{
+    return run_command(name, argv, in, timeout_ms, 0, 0);
+}
+
+/* The check and the program in one process: the check phase (check_timeout_ms) lasts until
+ * the command says `compiled`, the run phase (timeout_ms) from then on. A command that ends
+ * before it said so ended its check: its exit status is the check's (non-zero: the check
+ * failed), and no run phase follows. */
+int run_checked(char **argv, int in, uint64_t check_timeout_ms, uint64_t timeout_ms)
+{
+    return run_command("check", argv, in, check_timeout_ms, 1, timeout_ms);
 }

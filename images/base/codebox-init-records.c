@@ -19,6 +19,7 @@ const char *const rec_names[R_COUNT] = {
     "env", "dir", "file", "link", "end", "check", "run", "collect", "session", "exec", "read",
     "cell", "stdin", "path", "check_timeout_ms", "timeout_ms", "output_limit", "max_files",
     "max_bytes", "max_file_bytes", "reset", "interrupt_ms", "offset", "execution_count",
+    "check_in_run",
 };
 
 static struct {

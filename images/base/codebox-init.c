@@ -12,6 +12,11 @@
  * Build: gcc -std=c11 -static -O2 -Wall -Wextra -Werror -o codebox-init codebox-init*.c
  * Self-test of the SHA-256 code: codebox-init --selftest
  *
+ * With a check_in_run record the run command is the check and the program in one process
+ * (one interpreter start): it says `compiled` on fd 3 when its check passed and waits for `run`
+ * on fd 4 before any of the program runs; codebox-init reports the two as the check and the
+ * run phases (run_checked in codebox-init-phase.c).
+ *
  * Records the payload leaves out: no wall-clock limit (0 means none as well), output_limit
  * 1 MiB, collect none, max_files 32, max_file_bytes 4 MiB, max_bytes 8 MiB. A record other
  * than env, dir, file and link may appear once.
@@ -147,7 +152,8 @@ static char **driver_argv;
 #define RUN_RECORDS (1u << R_ENV | 1u << R_DIR | 1u << R_FILE | 1u << R_LINK | 1u << R_END | \
                      1u << R_CHECK | 1u << R_RUN | 1u << R_COLLECT | 1u << R_SESSION |      \
                      1u << R_CHECK_TIMEOUT_MS | 1u << R_TIMEOUT_MS | 1u << R_OUTPUT_LIMIT |  \
-                     1u << R_MAX_FILES | 1u << R_MAX_BYTES | 1u << R_MAX_FILE_BYTES)
+                     1u << R_MAX_FILES | 1u << R_MAX_BYTES | 1u << R_MAX_FILE_BYTES |        \
+                     1u << R_CHECK_IN_RUN)
 #define OPENING_RECORDS (1u << R_SESSION | 1u << R_ENV | 1u << R_DIR | 1u << R_FILE |        \
                          1u << R_LINK | 1u << R_TIMEOUT_MS | 1u << R_END)
 
@@ -174,6 +180,11 @@ static void read_payload(void)
             if (len != 0)
                 fatal("payload: the end record is not empty");
             in_check_drained("end");
+            if (cfg.check_in_run > 1)
+                fatal("payload: check_in_run is %llu, not 0 or 1",
+                      (unsigned long long)cfg.check_in_run);
+            if (cfg.check_in_run && (cfg.check || !cfg.run))
+                fatal("payload: check_in_run needs a run record and no check record");
             return;
         }
         if (k == R_FILE) {
@@ -222,6 +233,7 @@ static void read_payload(void)
                 [R_MAX_FILES - R_NUMBERS] = &cfg.max_files,
                 [R_MAX_BYTES - R_NUMBERS] = &cfg.max_bytes,
                 [R_MAX_FILE_BYTES - R_NUMBERS] = &cfg.max_file_bytes,
+                [R_CHECK_IN_RUN - R_NUMBERS] = &cfg.check_in_run,
             };
             if (parse_u64(v, len, numbers[k - R_NUMBERS]) < 0)
                 fatal("payload: the %s record is not a decimal number", name);
@@ -288,7 +300,9 @@ int main(int argc, char **argv)
         close(devnull);
     }
     if (go && cfg.run && !got_term)
-        run_ok = run_phase("run", cfg.run, 0, cfg.timeout_ms);
+        run_ok = cfg.check_in_run
+                     ? run_checked(cfg.run, 0, cfg.check_timeout_ms, cfg.timeout_ms)
+                     : run_phase("run", cfg.run, 0, cfg.timeout_ms);
     if (!got_term) /* stopped: the host wants the container gone, not its files */
         collect(run_ok);
     frame('Z', NULL, 0);

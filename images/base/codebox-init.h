@@ -56,6 +56,7 @@ struct config {
     char **check, **run, **env;
     size_t nenv, kept;
     uint64_t check_timeout_ms, timeout_ms, output_limit, max_files, max_bytes, max_file_bytes;
+    uint64_t check_in_run; /* 1: the run command checks the source itself (fds 3 and 4) */
     int collect;
 };
 extern struct config cfg;
@@ -97,7 +98,8 @@ enum {
     R_ENV, R_DIR, R_FILE, R_LINK, R_END, R_CHECK, R_RUN, R_COLLECT, R_SESSION, R_EXEC,
     R_READ, R_CELL, R_STDIN, R_PATH, R_NUMBERS,
     R_CHECK_TIMEOUT_MS = R_NUMBERS, R_TIMEOUT_MS, R_OUTPUT_LIMIT, R_MAX_FILES, R_MAX_BYTES,
-    R_MAX_FILE_BYTES, R_RESET, R_INTERRUPT_MS, R_OFFSET, R_EXECUTION_COUNT, R_COUNT
+    R_MAX_FILE_BYTES, R_RESET, R_INTERRUPT_MS, R_OFFSET, R_EXECUTION_COUNT, R_CHECK_IN_RUN,
+    R_COUNT
 };
 extern const char *const rec_names[R_COUNT];
 extern int in_idle; /* session: waiting for a request's first byte (see in_need) */
@@ -123,6 +125,7 @@ int reap_all(pid_t watch, int *status, int *watch_done, struct reaped *acc);
 void child_setup(int in, int out, int err);
 __attribute__((noreturn)) void child_exec(char **argv, int report);
 int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms);
+int run_checked(char **argv, int in, uint64_t check_timeout_ms, uint64_t timeout_ms);
 void relay(struct stream *s, const void *data, size_t n);
 int pump(struct stream *s);
 long long cgroup_oom_kills(void);

@@ -66,7 +66,8 @@ pub enum Behaviour {
     KilledWhole { oom_event: bool },
     /// Panic while attaching (a bug in a run task).
     Panic,
-    /// A session's cell that does not parse: the check phase fails with this message.
+    /// A session's cell that does not parse, or a run's source that fails its check: the
+    /// check phase fails with this message.
     Syntax(String),
     /// A session's cell whose final expression has this value.
     Result(String),
@@ -498,6 +499,22 @@ async fn program(
             }
         }
         (Some(_), Behaviour::Panic) => unreachable!("panics at attach"),
+        (Some(p), Behaviour::Syntax(message)) if p.check.is_some() || p.check_in_run => {
+            // The check fails: its phase, then no program.
+            let mut v = frame(b'P', b"check");
+            v.extend(frame(b'E', message.as_bytes()));
+            v.extend(frame(
+                b'X',
+                format!(
+                    "phase=check\nend=exited\ncode=1\nwall_ms=1\ncpu_ms=1\npeak_kb=1024\npeak_source=cgroup\noom_kills=0\nstdout_bytes=0\nstderr_bytes={}\n",
+                    message.len()
+                )
+                .as_bytes(),
+            ));
+            v.extend(frame(b'Z', b""));
+            send(v);
+            (0, false)
+        }
         (Some(_), Behaviour::Syntax(_) | Behaviour::Result(_)) => {
             send(frame(b'!', b"a session's behaviour in a run"));
             (125, false)

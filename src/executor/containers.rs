@@ -134,10 +134,8 @@ impl Executor {
             _ => MAX_OUTPUT_ENTRIES,
         };
         let request = StageRequest {
-            run_backstop: payload
-                .check
-                .as_ref()
-                .map(|_| payload.timeout + BACKSTOP_GRACE),
+            run_backstop: (payload.check.is_some() || payload.check_in_run)
+                .then(|| payload.timeout + BACKSTOP_GRACE),
             payload: payload.encode(),
             backstop: limits_total + BACKSTOP_GRACE,
             limits: DecodeLimits {

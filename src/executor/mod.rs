@@ -542,12 +542,22 @@ impl Program {
         collect: Collect,
     ) -> Payload {
         let lang = &req.language;
-        let mut run = lang.run.clone();
+        let check = check && lang.check.is_some();
+        // One interpreter start where the language can check in the program's process.
+        let (check_cmd, mut run, check_in_run) = match (&lang.checked_run, check) {
+            (Some(both), true) => (None, both.clone(), true),
+            _ => (
+                lang.check.clone().filter(|_| check),
+                lang.run.clone(),
+                false,
+            ),
+        };
         run.extend(args.iter().cloned());
         Payload {
             env: lang.env.clone(),
-            check: lang.check.clone().filter(|_| check),
+            check: check_cmd,
             run: Some(run),
+            check_in_run,
             check_timeout: self.check_budget,
             timeout: self.timeout,
             output_limit: config.sandbox.output_limit_bytes,

@@ -85,6 +85,12 @@ pub struct Language {
     /// syntax errors without running anything (Python compiles the source).
     pub check: Option<Vec<String>>,
     pub run: Vec<String>,
+    /// The check and the program in one process, so that a run starts the interpreter once:
+    /// the command checks the source as `check` does (same verdict, same message), says
+    /// `compiled` on fd 3, and runs the program once `codebox-init` answers on fd 4
+    /// (`docs/sandbox-init.md`, "One interpreter start"). Runs use it instead of `check` then
+    /// `run`; sessions' files-only executions keep those two.
+    pub checked_run: Option<Vec<String>>,
     pub version: Option<Vec<String>>,
     pub env: BTreeMap<String, String>,
     /// Libraries beyond the standard library the image offers, by the name a program uses
@@ -404,6 +410,20 @@ fn validate_language(
             }
         }
     }
+    if let Some(c) = &raw.checked_run {
+        if c.is_empty() || c[0].is_empty() {
+            return err(
+                "checked_run",
+                "must be a non-empty command when present".into(),
+            );
+        }
+        if raw.check.is_none() {
+            return err(
+                "checked_run",
+                "needs `check`: it is the same check, done in the program's own process".into(),
+            );
+        }
+    }
     if raw.compile.is_some() && raw.check.is_some() {
         return err(
             "check",
@@ -556,6 +576,7 @@ fn validate_language(
         compile: raw.compile,
         check: raw.check,
         run: raw.run,
+        checked_run: raw.checked_run,
         version: raw.version,
         env: raw.env,
         packages: raw.packages,
@@ -692,6 +713,26 @@ run = ["python3", "main.py"]
                 .unwrap_err()
                 .to_string();
             assert!(msg.contains("driver"), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn a_checked_run_is_a_command_and_comes_with_its_check() {
+        let with = |extra: &str| MINI.replace("run = [", &format!("{extra}\nrun = ["));
+        let ok = with("check = [\"py-check\"]\nchecked_run = [\"py-both\"]");
+        let r = Registry::parse(Path::new("l.toml"), &ok).unwrap();
+        assert_eq!(
+            r.languages["python"].checked_run.as_deref(),
+            Some(&["py-both".to_string()][..])
+        );
+        for bad in [
+            "checked_run = [\"py-both\"]",
+            "check = [\"py-check\"]\nchecked_run = []",
+        ] {
+            let msg = Registry::parse(Path::new("l.toml"), &with(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("field `checked_run`"), "{bad}: {msg}");
         }
     }
 }

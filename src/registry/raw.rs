@@ -65,6 +65,8 @@ pub struct RawLanguage {
     /// A syntax check run in the run stage's container before the program.
     pub check: Option<Vec<String>>,
     pub run: Vec<String>,
+    /// The check and the program in one process (one interpreter start), for runs.
+    pub checked_run: Option<Vec<String>>,
     /// Command printing the toolchain version, run once when the image is built.
     pub version: Option<Vec<String>>,
     #[serde(default)]

@@ -207,6 +207,99 @@ assert res.check.stdout == b"''\n" and res.check.code == 0
 assert res.run.stdout == b"'for the program'\n" and res.run.code == 0
 EOF
 
+# check_in_run: one process is the check and then the program. It says `compiled` on fd 3 and
+# waits for `run` on fd 4; what it wrote before is the check's, what it writes after the run's.
+checked() {  # checked PYTHON-BEFORE PYTHON-AFTER: a run command that checks itself
+  cat <<EOF
+run = ["python3", "-c", """
+import os, sys, time
+$1
+os.write(3, b"compiled\\\\n")
+assert os.read(4, 16) == b"run\\\\n"
+os.close(3); os.close(4)
+$2
+"""]
+check_in_run = 1
+EOF
+}
+
+run_case check-in-run < <(checked \
+  'sys.stderr.write("said by the check\\n"); sys.stderr.flush(); print("out of the check", flush=True)' \
+  'print("program got", sys.stdin.read()); sys.stderr.write("said by the program\\n"); sys.exit(4)'
+cat <<'EOF'
+stdin = "its input"
+check_timeout_ms = 10000
+timeout_ms = 10000
+---
+assert res.check.end == "exited" and res.check.code == 0, res.check
+assert res.check.stdout == b"out of the check\n" and res.check.stderr == b"said by the check\n"
+assert res.check.stdout_bytes == 17 and res.check.stderr_bytes == 18
+assert res.run.stdout == b"program got its input\n", res.run
+assert res.run.stderr == b"said by the program\n" and res.run.code == 4
+assert res.run.stdout_bytes == 22 and res.run.stderr_bytes == 20
+assert res.check.cpu_ms > 0
+EOF
+)
+
+# A check that fails is the command's exit before it said `compiled`: the check phase's end,
+# and no run phase.
+run_case check-in-run-fails <<'EOF'
+run = ["python3", "-c", "import sys; sys.stderr.write('SyntaxError: bad\\n'); sys.exit(1)"]
+check_in_run = 1
+---
+assert res.check.end == "exited" and res.check.code == 1, res.check
+assert res.check.stderr == b"SyntaxError: bad\n"
+assert res.run is None
+EOF
+
+# Exiting 0 without a word, or saying anything but `compiled`, is a broken command: an error,
+# not a check that passed, and nothing runs.
+run_case check-in-run-silent-exit <<'EOF'
+run = ["python3", "-c", "print('never said compiled')"]
+check_in_run = 1
+---
+assert res.check.end == "error" and "without saying `compiled`" in res.check.error, res.check
+assert res.run is None
+EOF
+
+run_case check-in-run-garbled < <(checked 'os.write(3, b"compiler\\n")' 'print("ran")'
+cat <<'EOF'
+---
+assert res.check.end == "error" and "other than `compiled`" in res.check.error, res.check
+assert res.run is None
+EOF
+)
+
+# The check's limit holds until `compiled`; the program's own limit starts then.
+run_case check-in-run-check-timeout <<'EOF'
+run = ["python3", "-c", "import time; time.sleep(30)"]
+check_in_run = 1
+check_timeout_ms = 700
+timeout_ms = 30000
+---
+assert res.check.end == "timed_out" and 700 <= res.check.wall_ms < 1500, res.check
+assert res.run is None
+EOF
+
+run_case check-in-run-run-timeout < <(checked 'time.sleep(0.8)' 'time.sleep(30)'
+cat <<'EOF'
+check_timeout_ms = 30000
+timeout_ms = 500
+---
+assert res.check.end == "exited" and res.check.code == 0 and res.check.wall_ms >= 800
+assert res.run.end == "timed_out" and 500 <= res.run.wall_ms < 1200, res.run
+EOF
+)
+
+# With a check record too, the payload is refused.
+run_case check-in-run-and-check <<'EOF'
+check = ["true"]
+run = ["true"]
+check_in_run = 1
+---
+assert res.fatal is not None and "check_in_run" in res.fatal, res.fatal
+EOF
+
 run_case timeout <<'EOF'
 run = ["python3", "-c", "print('before the loop', flush=True)\nwhile True: pass"]
 timeout_ms = 1000

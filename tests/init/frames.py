@@ -4,7 +4,7 @@
 A case is a text file in two parts separated by a line `---`:
 
   * the payload, as Python assignments: run, check (argv lists), env (list of "K=V"),
-    timeout_ms, check_timeout_ms, output_limit, collect, max_files, max_bytes,
+    check_in_run, timeout_ms, check_timeout_ms, output_limit, collect, max_files, max_bytes,
     max_file_bytes, dirs [(mode, path)], files [(mode, path, content)], links
     [(path, target)], records [(name, bytes)] (raw records after those), stdin (bytes or
     str), raw (the whole payload, bytes: overrides everything else);
@@ -83,8 +83,8 @@ def build_payload(spec):
     for name in ("check", "run"):
         if name in spec:
             out.append(record(name, b"".join(a.encode() + b"\0" for a in spec[name])))
-    for name in ("check_timeout_ms", "timeout_ms", "output_limit", "collect", "max_files",
-                 "max_bytes", "max_file_bytes"):
+    for name in ("check_in_run", "check_timeout_ms", "timeout_ms", "output_limit", "collect",
+                 "max_files", "max_bytes", "max_file_bytes"):
         if name in spec:
             out.append(record(name, str(spec[name])))
     for mode, path in spec.get("dirs", []):

@@ -80,8 +80,18 @@ async fn a_check_runs_once_for_all_cases_and_its_failure_ends_the_run() {
     let tests = vec![case("a", None), case("b", None), case("c", None)];
     let r = run_on(&exec, with_tests("python", "print(input())", tests.clone())).await;
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
-    let checks: Vec<bool> = fake.payloads().iter().map(|p| p.check.is_some()).collect();
+    // Python checks in the program's own process (check_in_run), for the first case only.
+    let checks: Vec<bool> = fake.payloads().iter().map(|p| p.check_in_run).collect();
     assert_eq!(checks, [true, false, false]);
+    let runs: Vec<String> = fake
+        .payloads()
+        .iter()
+        .map(|p| p.run.clone().unwrap().join(" "))
+        .collect();
+    assert_eq!(
+        runs[1], "python3 main.py",
+        "later cases run the program alone"
+    );
     assert_eq!(r.tests[0].passed, None, "no expected_stdout");
 
     let fake = Arc::new(FakeEngine::new());

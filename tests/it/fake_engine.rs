@@ -106,13 +106,22 @@ async fn the_payload_carries_the_command_files_stdin_and_the_limits() {
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     assert_eq!(fake.specs().len(), 1, "python checks in its run container");
     let p = &fake.payloads()[0];
-    assert_eq!(p.run.as_deref().unwrap(), ["python3", "main.py", "a1", ""]);
-    let check = p.check.as_deref().unwrap();
+    // Python checks and runs in one interpreter: its checked run, the args after it.
+    let run = p.run.as_deref().unwrap();
     assert_eq!(
-        (check[0].as_str(), check[3].as_str()),
-        ("python3", "main.py")
+        (run[0].as_str(), run[1].as_str(), &run[3..]),
+        (
+            "python3",
+            "-c",
+            &["main.py", "a1", ""].map(String::from)[..]
+        )
     );
-    assert!(check[2].contains("compile("), "{check:?}");
+    assert!(
+        run[2].contains("compile(") && run[2].contains("compiled"),
+        "{run:?}"
+    );
+    assert!(p.check_in_run && p.check.is_none(), "{p:?}");
+    assert_eq!(p.check_timeout, Duration::from_secs(30));
     assert_eq!(p.env["PYTHONDONTWRITEBYTECODE"], "1");
     assert_eq!(p.timeout, Duration::from_secs(5));
     assert_eq!(p.stdin.as_deref(), Some(&b"in"[..]));
@@ -177,6 +186,30 @@ async fn a_failed_check_is_a_compile_error_from_the_run_container() {
     let c = r.compile.unwrap();
     assert_eq!(c.stderr, "SyntaxError: invalid syntax");
     assert_eq!(c.usage.cpu_time_ms, Some(12));
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn a_check_that_fails_in_the_programs_own_process_is_a_compile_error() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.script(Behaviour::Syntax(
+        "SyntaxError: '(' was never closed\n".into(),
+    ));
+    let r = run(&fake, request("python", "print(")).await;
+    assert_eq!(
+        (r.status, r.stage),
+        (Status::CompileError, Some(Stage::Compile)),
+        "{}",
+        r.message
+    );
+    assert_eq!(
+        r.message,
+        "the syntax check failed with exit code 1; the compiler's output is in compile.stderr"
+    );
+    let c = r.compile.unwrap();
+    assert_eq!(c.stderr, "SyntaxError: '(' was never closed\n");
+    assert_eq!(c.status, Status::CompileError);
+    assert!(fake.payloads()[0].check_in_run);
     wait_until_clean(&fake).await;
 }
 

@@ -376,7 +376,8 @@ mod tests {
         }
         std::hint::black_box(x);
         let c = m.snapshot().since(&a);
-        assert!(c.own >= Duration::from_millis(300), "{c:?}");
+        // Less what the bench's own reading took.
+        assert!(c.own >= Duration::from_millis(250), "{c:?}");
         // The host's figure is sampled in clock ticks: most of it, at least.
         assert!(c.host >= Duration::from_millis(200), "{c:?}");
         assert!(c.accounted() >= c.own, "{c:?}");

@@ -140,6 +140,9 @@ pub struct Payload {
     pub env: BTreeMap<String, String>,
     pub check: Option<Vec<String>>,
     pub run: Option<Vec<String>>,
+    /// `run` checks the source itself before the program (the `check_in_run` record): its
+    /// check phase has `check_timeout`.
+    pub check_in_run: bool,
     pub check_timeout: Duration,
     pub timeout: Duration,
     pub output_limit: u64,
@@ -173,11 +176,16 @@ impl Payload {
         }
         if let Some(c) = &self.check {
             record(&mut head, "check", &argv(c));
-            let ms = self.check_timeout.as_millis().to_string();
-            record(&mut head, "check_timeout_ms", ms.as_bytes());
         }
         if let Some(r) = &self.run {
             record(&mut head, "run", &argv(r));
+        }
+        if self.check_in_run {
+            record(&mut head, "check_in_run", b"1");
+        }
+        if self.check.is_some() || self.check_in_run {
+            let ms = self.check_timeout.as_millis().to_string();
+            record(&mut head, "check_timeout_ms", ms.as_bytes());
         }
         record(
             &mut head,
@@ -240,6 +248,7 @@ mod tests {
             env: BTreeMap::from([("A".into(), "1=2".into())]),
             check: Some(vec!["python3".into(), "-c".into(), "x".into()]),
             run: Some(vec!["python3".into(), "main.py".into(), "".into()]),
+            check_in_run: false,
             check_timeout: Duration::from_millis(1500),
             timeout: Duration::from_secs(30),
             output_limit: 1024,
@@ -263,6 +272,23 @@ mod tests {
         let back = parse_payload(&p.encode_whole()).unwrap();
         assert_eq!(back, p);
         assert_eq!(back.files.entries()[1].content, &b"print(1)\n\0binary"[..]);
+    }
+
+    #[test]
+    fn a_run_that_checks_itself_reads_back_with_its_check_timeout() {
+        let p = Payload {
+            run: Some(vec!["python3".into(), "-c".into(), "x".into()]),
+            check_in_run: true,
+            check_timeout: Duration::from_secs(30),
+            timeout: Duration::from_secs(5),
+            collect: Some(Collect::None),
+            ..Default::default()
+        };
+        let bytes = p.encode_whole();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains("check_in_run 1\n1"), "{text}");
+        assert!(text.contains("check_timeout_ms 5\n30000"), "{text}");
+        assert_eq!(parse_payload(&bytes).unwrap(), p);
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub(super) fn parse(bytes: &[u8]) -> Option<(Payload, Vec<Entry>)> {
             }
             "check" => p.check = Some(split_argv(value)),
             "run" => p.run = Some(split_argv(value)),
+            "check_in_run" => p.check_in_run = value == b"1",
             "check_timeout_ms" => p.check_timeout = ms(),
             "timeout_ms" => p.timeout = ms(),
             "output_limit" => p.output_limit = text().parse().ok()?,
