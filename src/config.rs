@@ -326,6 +326,15 @@ section! {
         /// limits count against `runs.memory_budget_mb` while they wait, and they are given
         /// back when a queued run needs the memory. `{}` turns the pool off.
         pub sizes: BTreeMap<String, usize> = default_pool_sizes(),
+        /// Most ready containers per language and shape when recent demand asks for more than
+        /// `sizes` (the pool keeps as many as the most runs of that kind that were in flight
+        /// at once, queued or running, in the last minute), e.g. `{ python = 16, cpp = 2 }`.
+        /// A language left out has `default_max_ready`; one set to its `sizes` (or 0) does
+        /// not follow demand. Growth also needs room in `runs.memory_budget_mb` and nobody
+        /// waiting for a slot.
+        pub max_ready: BTreeMap<String, usize> = BTreeMap::new(),
+        /// `max_ready` of the languages `max_ready` does not name.
+        pub default_max_ready: usize = 8,
         /// A container that waited this long, in seconds, is replaced by a fresh one.
         pub idle_seconds: u64 = 300,
     }
@@ -472,6 +481,9 @@ fn default_data_dir() -> PathBuf {
 }
 
 /// File name of the history database inside the data directory.
+/// Most containers the pool holds at once, ready or starting (each holds a sandbox user).
+pub const MAX_POOLED: usize = 16;
+
 pub const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
 /// The contract's floor for the retention: reports are kept at least an hour.
 pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
@@ -819,12 +831,26 @@ impl Config {
         }
         let p = &self.pool;
         let pooled: usize = p.sizes.values().sum();
-        if pooled > 16 {
+        if pooled > MAX_POOLED {
             return Err(invalid(
                 "pool.sizes",
                 pooled,
-                "must keep at most 16 containers in all (each holds one of the 64 sandbox users)",
+                &format!("must keep at most {MAX_POOLED} containers in all (each holds one of the 64 sandbox users)"),
             ));
+        }
+        let at_most = |setting: String, n: usize| {
+            if n > MAX_POOLED {
+                return Err(invalid(
+                    &setting,
+                    n,
+                    &format!("must be at most {MAX_POOLED} (the pool holds at most {MAX_POOLED} containers: each holds one of the 64 sandbox users)"),
+                ));
+            }
+            Ok(())
+        };
+        at_most("pool.default_max_ready".into(), p.default_max_ready)?;
+        for (lang, &n) in &p.max_ready {
+            at_most(format!("pool.max_ready.{lang}"), n)?;
         }
         if p.idle_seconds < 10 {
             return Err(invalid(

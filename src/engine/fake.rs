@@ -131,6 +131,10 @@ struct State {
     open_inputs: Arc<std::sync::atomic::AtomicUsize>,
     /// Requests sessions' containers received, with their records (kept after removal).
     session_requests: Vec<(String, Records)>,
+    /// Calls asked for, by operation.
+    calls: BTreeMap<Step, usize>,
+    /// Images say nothing of what their `codebox-init` takes (built before it took more).
+    old_init: bool,
 }
 
 /// The fake engine.
@@ -255,6 +259,17 @@ impl FakeEngine {
     }
 
     /// How many containers were started (by a stage or ahead of time).
+    /// From now on images look built before `codebox-init` took more than its first
+    /// protocol (no `codebox.init.features` label).
+    pub fn old_init(&self) {
+        self.state().old_init = true;
+    }
+
+    /// How many times `step` was asked for.
+    pub fn calls(&self, step: Step) -> usize {
+        self.state().calls.get(&step).copied().unwrap_or(0)
+    }
+
     pub fn started(&self) -> usize {
         self.state().starts
     }
@@ -262,7 +277,8 @@ impl FakeEngine {
     /// Answer a call (never, when frozen), failing it if told to.
     async fn answer(&self, step: Step) -> Result<(), EngineError> {
         let (stuck, delay) = {
-            let st = self.state();
+            let mut st = self.state();
+            *st.calls.entry(step).or_default() += 1;
             (
                 st.frozen || st.stuck.contains(&step),
                 st.delays.get(&step).copied(),
@@ -544,8 +560,17 @@ impl ContainerEngine for FakeEngine {
 
     async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
         self.answer(Step::InspectImage).await?;
+        let labels = if self.state().old_init {
+            BTreeMap::new()
+        } else {
+            BTreeMap::from([(
+                super::LABEL_INIT_FEATURES.to_string(),
+                "check_in_run".to_string(),
+            )])
+        };
         Ok(Some(ImageInfo {
             id: format!("sha256:fake-{tag}"),
+            labels,
             ..Default::default()
         }))
     }

@@ -30,6 +30,9 @@ pub const LABEL_RUN: &str = "codebox.run";
 pub const LABEL_INSTANCE: &str = "codebox.instance";
 /// Label carrying the Unix time after which the object is certainly abandoned.
 pub const LABEL_EXPIRES: &str = "codebox.expires";
+/// Image label listing what the image's `codebox-init` takes beyond its first protocol
+/// (`images/base/Dockerfile` sets it; language images inherit it), e.g. `check_in_run`.
+pub const LABEL_INIT_FEATURES: &str = "codebox.init.features";
 
 /// Everything about a container to create, engine-neutral. Built by [`posture::locked_down`],
 /// checked by [`posture::check`]. There is no field for mounts, devices or capabilities to

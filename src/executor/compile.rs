@@ -72,19 +72,17 @@ impl Executor {
         bound: Bound<'_>,
     ) -> Result<Compiled, Halt> {
         let lang = &req.language;
-        let image = bound
-            .call(
-                "inspecting the image",
-                self.engine.inspect_image(&lang.image.tag),
-            )
+        let image_id = bound
+            .call("inspecting the image", self.images.resolve(&lang.image.tag))
             .await
             .map_err(Halt::bound)?
             .ok_or_else(|| SandboxFailure::ImageMissing {
                 tag: lang.image.tag.clone(),
                 image: lang.image.name.clone(),
-            })?;
-        known.image_id = Some(image.id.clone());
-        let key = cache::key(&image.id, lang, &req.code, &req.files);
+            })?
+            .id;
+        known.image_id = Some(image_id.clone());
+        let key = cache::key(&image_id, lang, &req.code, &req.files);
         let from_cache = |c: &CompileReport| CompileReport {
             cached: true,
             duration_ms: 0,

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use super::images::ImageRef;
 use super::pool::Shape;
 use super::stage::{run_stage, Bound, StageRequest, StageResult};
 use super::timings::Step;
@@ -51,6 +52,8 @@ pub(super) struct Want {
 pub(super) struct Acquired {
     pub guard: ContainerGuard,
     pub started: bool,
+    /// The image it was created from.
+    pub image: ImageRef,
 }
 
 impl Executor {
@@ -62,10 +65,11 @@ impl Executor {
     /// Create one locked-down container (not started): lease a uid, build the spec, check
     /// it, and hand back its owner.
     pub(super) async fn create(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
+        let image = self.image(want, bound).await?;
         let lease = self.uids.lease();
         let plan = Plan {
             name: want.name.clone(),
-            image: want.image_tag.clone(),
+            image: image.id.clone(),
             uid: lease.uid,
             limits: want.limits,
             workspace_mb: want.workspace_mb,
@@ -89,16 +93,33 @@ impl Executor {
             Ok(_) => Ok(Acquired {
                 guard,
                 started: false,
+                image,
             }),
-            Err(super::stage::BoundError::Engine(EngineError::ImageMissing { tag })) => {
+            Err(super::stage::BoundError::Engine(EngineError::ImageMissing { .. })) => {
+                self.images.forget(&want.image_tag);
                 Err(SandboxFailure::ImageMissing {
-                    tag,
+                    tag: want.image_tag.clone(),
                     image: want.image_name.clone(),
                 }
                 .into())
             }
             Err(e) => Err(Halt::bound(e)),
         }
+    }
+
+    /// The image `want` names (containers are created from its id).
+    pub(super) async fn image(&self, want: &Want, bound: Bound<'_>) -> Result<ImageRef, Halt> {
+        bound
+            .call("inspecting the image", self.images.resolve(&want.image_tag))
+            .await
+            .map_err(Halt::bound)?
+            .ok_or_else(|| {
+                SandboxFailure::ImageMissing {
+                    tag: want.image_tag.clone(),
+                    image: want.image_name.clone(),
+                }
+                .into()
+            })
     }
 
     /// A container for a stage: a ready one from the pool, else a new one (created only).
@@ -109,6 +130,7 @@ impl Executor {
             Some(taken) => Ok(Acquired {
                 guard: taken.guard,
                 started: true,
+                image: taken.image,
             }),
             None => self.create(want, bound).await,
         };
@@ -153,7 +175,12 @@ impl Executor {
                 request.clone(),
                 bound,
             )
-            .await;
+            .await
+            .map(|mut r| {
+                // What it was created from, whether or not the engine was asked after.
+                r.image_id = Some(container.image.id.clone());
+                r
+            });
             let dead_on_arrival = container.started
                 && !bound.cancel.is_cancelled()
                 && match &result {

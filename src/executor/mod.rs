@@ -16,6 +16,7 @@ pub mod cache;
 mod cases;
 mod compile;
 mod containers;
+pub mod images;
 pub mod outcome;
 pub mod outputs;
 pub mod pool;
@@ -40,7 +41,9 @@ use crate::engine::{ContainerEngine, EngineError};
 use crate::report::{fmt_num, CompileReport, FileReport, RunReport, Stage, Status, TestReport};
 use cache::CompileCache;
 pub use cases::parallelism;
+pub use containers::labels;
 use containers::Want;
+use images::ImageIds;
 use outcome::{classify, Outcome};
 use pool::{run_workspace_mb, Pool};
 pub use probe::ProbeOutput;
@@ -125,6 +128,7 @@ pub struct Executor {
     uids: Arc<UidPool>,
     cleanup: Cleanup,
     pool: Pool,
+    images: Arc<ImageIds>,
     timings: Arc<Timings>,
     cache: CompileCache,
 }
@@ -225,14 +229,17 @@ impl Executor {
             let timings = timings.clone();
             Cleanup::observed(Arc::new(move |d| timings.record(Step::Remove, d)))
         };
+        let images = Arc::new(ImageIds::new(engine.clone()));
         let pool = Pool::new(
             engine.clone(),
             config.clone(),
             instance.clone(),
             uids.clone(),
+            images.clone(),
             cleanup.clone(),
         );
         Executor {
+            images,
             cache: CompileCache::new(config.cache.compile_mb),
             engine,
             config,
@@ -469,6 +476,7 @@ impl Executor {
         }
         known.stage = Some(Stage::Run);
         let program = Program {
+            check_in_run: first.image.check_in_run,
             files,
             check_budget: if lang.check.is_some() {
                 Duration::from_secs_f64(lang.compile_limits.timeout_seconds)
@@ -520,6 +528,8 @@ impl Executor {
 
 /// What the run stage lays out and how long it may take, shared by every test case.
 struct Program {
+    /// The image's `codebox-init` can check in the program's own process.
+    check_in_run: bool,
     files: Files,
     /// The syntax check's limit (zero without one).
     check_budget: Duration,
@@ -545,7 +555,7 @@ impl Program {
         let check = check && lang.check.is_some();
         // One interpreter start where the language can check in the program's process.
         let (check_cmd, mut run, check_in_run) = match (&lang.checked_run, check) {
-            (Some(both), true) => (None, both.clone(), true),
+            (Some(both), true) if self.check_in_run => (None, both.clone(), true),
             _ => (
                 lang.check.clone().filter(|_| check),
                 lang.run.clone(),

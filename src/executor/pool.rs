@@ -7,8 +7,18 @@
 //! labels or uid. A run takes a container of its exact shape, or of the same image and
 //! working directory size whose memory and CPU it then updates (the Engine API can change
 //! both on a started container; CPU because every container is created with a quota and
-//! period). The pool itself is passive: the run manager, which owns the memory budget, decides
-//! when it may grow ([`Pool::fill`]) and when it must give memory back ([`Pool::shed`]).
+//! period; gVisor cannot, and an update costs the host about as much CPU as a tenth of a new
+//! container).
+//!
+//! How many are kept follows demand: for each shape, the most runs that were in flight at
+//! once (queued or running) in the last [`DEMAND_WINDOW`], at least `pool.sizes` (its floor)
+//! and at most `pool.max_ready` (its ceiling). A shape that is not a floor's (a limit class:
+//! runs that ask for other limits) is kept only once [`CLASS_MIN_RUNS`] runs asked for it in
+//! the window. Containers beyond what demand asks for are removed once it has been lower for
+//! a whole window. The pool itself is passive: the run manager, which owns the memory budget,
+//! tells it what runs ask for ([`Pool::asked`], [`Pool::done`]), decides when it may grow
+//! ([`Pool::fill`]: only while no run waits for a slot, so filling never holds a queued run
+//! back) and when it must give memory back ([`Pool::shed`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,15 +27,22 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::Config;
+use super::images::{ImageIds, ImageRef};
+use super::ValidRequest;
+use crate::config::{Config, MAX_POOLED};
 use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{self, Limits, Plan, PostureViolation};
 use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, ContainerSpec, EngineError};
-use crate::registry::Registry;
+use crate::registry::{Language, Registry};
 
 /// Containers started at once to fill the pool (filling competes with runs for the CPU).
 const MAX_FILLING: usize = 2;
+/// How far back demand is remembered.
+pub const DEMAND_WINDOW: Duration = Duration::from_secs(60);
+/// Runs of a shape within [`DEMAND_WINDOW`] before the pool keeps containers of a shape
+/// `pool.sizes` does not name.
+pub const CLASS_MIN_RUNS: usize = 2;
 /// The value of `codebox.run` on a container that has no run yet.
 pub const POOL_RUN_LABEL: &str = "pool";
 
@@ -62,12 +79,61 @@ struct Idle {
     guard: ContainerGuard,
     spec: ContainerSpec,
     shape: Shape,
+    image: ImageRef,
     since: Instant,
 }
 
 /// A container taken from the pool, started, ready for its payload.
 pub struct Taken {
     pub guard: ContainerGuard,
+    /// The image it was created from.
+    pub image: ImageRef,
+}
+
+/// What runs asked of one shape lately.
+#[derive(Debug, Default)]
+struct Demand {
+    /// Containers of this shape runs in flight use or will use.
+    in_flight: usize,
+    /// (when, in flight from then on) for each change within the window.
+    changes: Vec<(Instant, usize)>,
+    /// In flight when the window began.
+    before: usize,
+    /// When runs asked for it within the window.
+    arrivals: Vec<Instant>,
+    /// The most the languages that asked may keep ready.
+    ceiling: usize,
+}
+
+impl Demand {
+    /// Forget what is older than the window.
+    fn prune(&mut self, now: Instant) {
+        let start = now.checked_sub(DEMAND_WINDOW).unwrap_or(now);
+        let old = self.changes.iter().take_while(|(t, _)| *t < start).count();
+        if old > 0 {
+            self.before = self.changes[old - 1].1;
+            self.changes.drain(..old);
+        }
+        self.arrivals.retain(|t| *t >= start);
+    }
+
+    fn change(&mut self, now: Instant, in_flight: usize) {
+        self.in_flight = in_flight;
+        self.changes.push((now, in_flight));
+        self.prune(now);
+    }
+
+    /// The most in flight at once within the window.
+    fn peak(&self) -> usize {
+        self.changes
+            .iter()
+            .map(|(_, n)| *n)
+            .fold(self.before.max(self.in_flight), usize::max)
+    }
+
+    fn is_forgotten(&self) -> bool {
+        self.in_flight == 0 && self.changes.is_empty() && self.arrivals.is_empty()
+    }
 }
 
 #[derive(Default)]
@@ -75,8 +141,33 @@ struct State {
     idle: Vec<Idle>,
     /// Shapes being created and started.
     filling: Vec<Shape>,
-    targets: BTreeMap<Shape, usize>,
+    /// `pool.sizes`: what is kept ready whatever the demand.
+    floors: BTreeMap<Shape, usize>,
+    demand: BTreeMap<Shape, Demand>,
+    /// Set with the floors: a pool that was never started follows no demand.
+    started: bool,
     closed: bool,
+}
+
+impl State {
+    /// How many containers of `shape` to keep ready now.
+    fn target(&self, shape: &Shape) -> usize {
+        let floor = self.floors.get(shape).copied().unwrap_or(0);
+        let Some(d) = self.demand.get(shape) else {
+            return floor;
+        };
+        let wanted = if floor > 0 || d.arrivals.len() >= CLASS_MIN_RUNS {
+            d.peak()
+        } else {
+            0
+        };
+        wanted.min(d.ceiling).max(floor)
+    }
+
+    fn held(&self, shape: &Shape) -> usize {
+        self.idle.iter().filter(|i| &i.shape == shape).count()
+            + self.filling.iter().filter(|s| *s == shape).count()
+    }
 }
 
 /// Counters for `/metrics`.
@@ -88,6 +179,8 @@ pub struct PoolCounters {
     pub created: AtomicU64,
     pub failed: AtomicU64,
     pub expired: AtomicU64,
+    /// Removed because demand had fallen below what the pool held.
+    pub trimmed: AtomicU64,
 }
 
 /// What the pool holds, for `/metrics` and tests.
@@ -105,6 +198,7 @@ struct Inner {
     config: Arc<Config>,
     instance: String,
     uids: Arc<UidPool>,
+    images: Arc<ImageIds>,
     cleanup: Cleanup,
     state: Mutex<State>,
     counters: PoolCounters,
@@ -121,6 +215,8 @@ type Listener = Box<dyn Fn() + Send + Sync>;
 /// Why a container could not be started ahead of time.
 #[derive(Debug, thiserror::Error)]
 pub enum FillError {
+    #[error("image {tag} is not present")]
+    ImageMissing { tag: String },
     #[error(transparent)]
     Posture(#[from] PostureViolation),
     #[error(transparent)]
@@ -139,6 +235,7 @@ impl Pool {
         config: Arc<Config>,
         instance: String,
         uids: Arc<UidPool>,
+        images: Arc<ImageIds>,
         cleanup: Cleanup,
     ) -> Pool {
         Pool {
@@ -147,6 +244,7 @@ impl Pool {
                 config,
                 instance,
                 uids,
+                images,
                 cleanup,
                 state: Mutex::new(State::default()),
                 counters: PoolCounters::default(),
@@ -177,15 +275,17 @@ impl Pool {
         &self.inner.counters
     }
 
-    /// Keep these containers ready: the shapes of a default run (and compile stage) of each
-    /// language of `pool.sizes`.
-    pub fn set_targets(&self, targets: BTreeMap<Shape, usize>) {
-        self.state().targets = targets;
+    /// Keep these containers ready whatever the demand: the shapes of a default run (and
+    /// compile stage) of each language of `pool.sizes`.
+    pub fn set_floors(&self, floors: BTreeMap<Shape, usize>) {
+        let mut st = self.state();
+        st.floors = floors;
+        st.started = true;
     }
 
     /// The shapes `pool.sizes` asks for, from the registry and the default limits.
-    pub fn targets_for(registry: &Registry, config: &Config) -> BTreeMap<Shape, usize> {
-        let mut targets = BTreeMap::new();
+    pub fn floors_for(registry: &Registry, config: &Config) -> BTreeMap<Shape, usize> {
+        let mut floors = BTreeMap::new();
         for (id, &n) in &config.pool.sizes {
             let Some(lang) = registry.resolve(id) else {
                 tracing::warn!(
@@ -203,21 +303,61 @@ impl Pool {
                 run,
                 run_workspace_mb(config, run.memory_mb),
             );
-            *targets.entry(run_shape).or_default() += n;
-            if lang.is_compiled() {
-                let c = lang.compile_limits;
-                let shape = Shape::new(
-                    &lang.image.tag,
-                    Limits {
-                        memory_mb: c.memory_mb,
-                        cpus: c.cpus,
-                    },
-                    c.workspace_mb,
-                );
-                *targets.entry(shape).or_default() += n;
+            *floors.entry(run_shape).or_default() += n;
+            if let Some(shape) = compile_shape(lang) {
+                *floors.entry(shape).or_default() += n;
             }
         }
-        targets
+        floors
+    }
+
+    /// The containers a run uses, by shape, and how many of each at once: its run stage's
+    /// (one per test case it runs at once), and its compile stage's.
+    pub fn shapes_of(req: &ValidRequest, config: &Config, at_once: usize) -> Vec<(Shape, usize)> {
+        let lang = &req.language;
+        let limits = Limits {
+            memory_mb: req.limits.memory_mb,
+            cpus: req.limits.cpus,
+        };
+        let workspace = run_workspace_mb(config, limits.memory_mb);
+        let mut shapes = vec![(Shape::new(&lang.image.tag, limits, workspace), at_once)];
+        shapes.extend(compile_shape(lang).map(|s| (s, 1)));
+        shapes
+    }
+
+    /// Runs in flight ask for `shapes` (from [`Pool::shapes_of`]) until [`Pool::done`]: what
+    /// the pool keeps ready follows the most that were asked for at once lately.
+    pub fn asked(&self, lang: &Language, shapes: &[(Shape, usize)]) {
+        let config = &self.inner.config.pool;
+        let ceiling = config
+            .max_ready
+            .get(&lang.id)
+            .copied()
+            .unwrap_or(config.default_max_ready);
+        let now = Instant::now();
+        let mut st = self.state();
+        if !st.started || st.closed {
+            return;
+        }
+        for (shape, n) in shapes {
+            let d = st.demand.entry(shape.clone()).or_default();
+            d.ceiling = d.ceiling.max(ceiling);
+            d.arrivals.push(now);
+            let level = d.in_flight + n;
+            d.change(now, level);
+        }
+    }
+
+    /// The runs that asked for `shapes` ended.
+    pub fn done(&self, shapes: &[(Shape, usize)]) {
+        let now = Instant::now();
+        let mut st = self.state();
+        for (shape, n) in shapes {
+            if let Some(d) = st.demand.get_mut(shape) {
+                let level = d.in_flight.saturating_sub(*n);
+                d.change(now, level);
+            }
+        }
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -240,20 +380,25 @@ impl Pool {
         self.stats().memory_mb
     }
 
-    /// The next shape short of its target, if a fill may start now.
+    /// How many containers of `shape` the pool means to keep ready now.
+    pub fn target(&self, shape: &Shape) -> usize {
+        self.state().target(shape)
+    }
+
+    /// The next shape short of its target, if a fill may start now (the floors first).
     pub fn wanted(&self) -> Option<Shape> {
         let st = self.state();
-        if st.closed || st.filling.len() >= MAX_FILLING {
+        if st.closed
+            || st.filling.len() >= MAX_FILLING
+            || st.idle.len() + st.filling.len() >= MAX_POOLED
+        {
             return None;
         }
-        st.targets
-            .iter()
-            .find(|(shape, &n)| {
-                let have = st.idle.iter().filter(|i| &i.shape == *shape).count()
-                    + st.filling.iter().filter(|s| s == shape).count();
-                have < n
-            })
-            .map(|(shape, _)| shape.clone())
+        st.floors
+            .keys()
+            .chain(st.demand.keys())
+            .find(|shape| st.held(shape) < st.target(shape))
+            .cloned()
     }
 
     /// Create and start one container of `shape`, in the background. Its memory counts in
@@ -271,6 +416,10 @@ impl Pool {
                 match made {
                     Ok(idle) if !st.closed => st.idle.push(idle),
                     Ok(idle) => drop(idle),
+                    Err(FillError::ImageMissing { tag }) => {
+                        pool.inner.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(image = tag, "could not start a container ahead of time: the image is not there");
+                    }
                     Err(e) => {
                         pool.inner.counters.failed.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(image = shape.image, error = %e, "could not start a container ahead of time");
@@ -292,9 +441,16 @@ impl Pool {
             + Duration::from_secs_f64(c.limits.max_timeout_seconds)
             + Duration::from_secs(3600);
         let labels = super::containers::labels(POOL_RUN_LABEL, &i.instance, lifetime);
+        let image =
+            i.images
+                .resolve(&shape.image)
+                .await?
+                .ok_or_else(|| FillError::ImageMissing {
+                    tag: shape.image.clone(),
+                })?;
         let plan = Plan {
             name: name.clone(),
-            image: shape.image.clone(),
+            image: image.id.clone(),
             uid: lease.uid,
             limits: shape.limits(),
             workspace_mb: shape.workspace_mb,
@@ -303,13 +459,19 @@ impl Pool {
         let spec = posture::locked_down(&plan, &c.sandbox);
         posture::check(&spec, &c.sandbox)?;
         let guard = ContainerGuard::new(i.engine.clone(), i.cleanup.clone(), name, lease);
-        i.engine.create_container(&spec).await?;
+        if let Err(e) = i.engine.create_container(&spec).await {
+            if matches!(e, EngineError::ImageMissing { .. }) {
+                i.images.forget(&shape.image);
+            }
+            return Err(e.into());
+        }
         i.engine.start_container(guard.name()).await?;
         i.counters.created.fetch_add(1, Ordering::Relaxed);
         Ok(Idle {
             guard,
             spec,
             shape: shape.clone(),
+            image,
             since: Instant::now(),
         })
     }
@@ -384,7 +546,10 @@ impl Pool {
         if posture::check(&spec, sandbox).is_err() {
             return None;
         }
-        Some(Taken { guard: idle.guard })
+        Some(Taken {
+            guard: idle.guard,
+            image: idle.image,
+        })
     }
 
     /// Give back at least `mb` of memory by removing idle containers (oldest first); returns
@@ -402,17 +567,40 @@ impl Pool {
     }
 
     /// Remove containers that waited longer than `pool.idle_seconds` (they are replaced by
-    /// the next fill).
+    /// the next fill), and those beyond what demand has asked for over the last window
+    /// (oldest first); forget demand older than the window.
     pub fn expire(&self) {
         let max = Duration::from_secs(self.inner.config.pool.idle_seconds);
+        let now = Instant::now();
         let mut st = self.state();
-        let (old, keep): (Vec<Idle>, Vec<Idle>) =
+        for d in st.demand.values_mut() {
+            d.prune(now);
+        }
+        st.demand.retain(|_, d| !d.is_forgotten());
+        let (mut old, keep): (Vec<Idle>, Vec<Idle>) =
             st.idle.drain(..).partition(|i| i.since.elapsed() >= max);
+        let expired = old.len();
         st.idle = keep;
+        st.idle.sort_by_key(|i| i.since);
+        let shapes: Vec<Shape> = st.idle.iter().map(|i| i.shape.clone()).collect();
+        for shape in shapes {
+            if st.held(&shape) > st.target(&shape) {
+                if let Some(at) = st.idle.iter().position(|i| i.shape == shape) {
+                    old.push(st.idle.remove(at));
+                }
+            }
+        }
         drop(st);
         let freed = !old.is_empty();
+        self.inner
+            .counters
+            .expired
+            .fetch_add(expired as u64, Ordering::Relaxed);
+        self.inner
+            .counters
+            .trimmed
+            .fetch_add((old.len() - expired) as u64, Ordering::Relaxed);
         for idle in old {
-            self.inner.counters.expired.fetch_add(1, Ordering::Relaxed);
             idle.guard.remove_later();
         }
         if freed {
@@ -424,11 +612,27 @@ impl Pool {
     pub fn close(&self) {
         let mut st = self.state();
         st.closed = true;
-        st.targets.clear();
+        st.floors.clear();
+        st.demand.clear();
         for idle in st.idle.drain(..) {
             idle.guard.remove_later();
         }
     }
+}
+
+/// The shape of a language's compile stage, for a compiled language.
+fn compile_shape(lang: &Language) -> Option<Shape> {
+    let c = lang.compile_limits;
+    lang.is_compiled().then(|| {
+        Shape::new(
+            &lang.image.tag,
+            Limits {
+                memory_mb: c.memory_mb,
+                cpus: c.cpus,
+            },
+            c.workspace_mb,
+        )
+    })
 }
 
 /// The size of a run's working directory for a memory limit: the operator's

@@ -8,7 +8,8 @@
 //! program and reports), then kills after [`STOP_GRACE`]. Once the stage's time is up, the
 //! host waits on the engine (kill, drain, exit, state) for at most [`END_GRACE`] more: a
 //! daemon that stops answering cannot hold a run beyond its limits, the backstop's grace and
-//! this. Before the container runs, attaching and starting it are bounded the same way as
+//! this. When `codebox-init` reported everything (its end frame, each phase's OOM kills), the
+//! engine is not asked for the exit code or the container's state at all. Before the container runs, attaching and starting it are bounded the same way as
 //! every other engine call of a run: by a stop and by the run's deadline ([`Bound`]). Tested
 //! on the fake engine with paused time.
 
@@ -262,6 +263,39 @@ pub async fn run_stage(
         }
     }
     let output_ended = Instant::now();
+    // codebox-init reported to its end, with every phase's OOM kills, and nothing else
+    // happened: the outcome needs neither the engine's exit code (codebox-init exits 0 after
+    // its end frame) nor the container's state; removal ends whatever is left.
+    let whole = watch == Watch::Running
+        && ending == HostEnding::Finished
+        && protocol_error.is_none()
+        && stream_error.is_none()
+        && {
+            let d = decoder.decoded();
+            d.complete
+                && d.fatal.is_none()
+                && d.phases
+                    .iter()
+                    .all(|p| p.end.as_ref().is_some_and(|e| e.oom_kills.is_some()))
+        };
+    if whole {
+        return Ok(StageResult {
+            decoded: decoder.finish(),
+            protocol_error,
+            stream_error,
+            stderr,
+            host_ending: ending,
+            exit_code: Some(0),
+            oom_killed: false,
+            image_id: None,
+            duration: began.elapsed(),
+            times: StageTimes {
+                deliver: began - asked,
+                run: output_ended - began,
+                collect: output_ended.elapsed(),
+            },
+        });
+    }
     // Reading the exit and the state: each within WAIT_GRACE, and never past `hard_end`.
     let collect_by = || (Instant::now() + WAIT_GRACE).min(hard_end);
     let mut exit_code = None;

@@ -278,13 +278,14 @@ impl Metrics {
         }
         let _ = writeln!(
             w,
-            "# HELP codebox_pool_containers_total Pooled containers started, failed to start, or replaced after waiting too long."
+            "# HELP codebox_pool_containers_total Pooled containers started, failed to start, replaced after waiting too long, or removed when demand fell."
         );
         let _ = writeln!(w, "# TYPE codebox_pool_containers_total counter");
         for (event, n) in [
             ("created", p.created),
             ("failed", p.failed),
             ("expired", p.expired),
+            ("trimmed", p.trimmed),
         ] {
             let _ = writeln!(w, "codebox_pool_containers_total{{event=\"{event}\"}} {n}");
         }

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::executor::pool::Pool;
+use crate::executor::pool::{Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
 use crate::executor::{
     new_run_id, parallelism, Executor, RequestError, RunRequest, SessionTerms, ValidRequest,
@@ -136,6 +136,8 @@ struct Live {
     base: RunReport,
     /// What admission charged it (slots, memory, its session).
     ticket: Ticket,
+    /// The containers it asked the pool for, by shape (none in a session).
+    shapes: Vec<(Shape, usize)>,
     session: Option<LiveSession>,
     budget: Duration,
     accepted: Instant,
@@ -370,12 +372,20 @@ impl RunManager {
         if let (Some(h), Some(row)) = (&self.inner.history, row) {
             h.insert(row);
         }
+        // The pool follows what runs ask for (a session's execution runs in its own container).
+        let shapes = if session.is_none() {
+            Pool::shapes_of(&valid, &self.inner.config, slots)
+        } else {
+            Vec::new()
+        };
+        self.inner.executor.pool().asked(&valid.language, &shapes);
         let (done, _) = watch::channel(None);
         st.live.insert(
             run_id.clone(),
             Live {
                 base,
                 ticket,
+                shapes,
                 session,
                 budget,
                 accepted: Instant::now(),
@@ -454,15 +464,16 @@ impl RunManager {
         }
     }
 
-    /// Keep containers ready for the languages of `pool.sizes` (`codebox serve`): fill the
-    /// pool now and whenever it runs short, and replace containers that waited too long.
+    /// Keep containers ready for the languages of `pool.sizes` and for what runs have asked
+    /// for lately (`codebox serve`): fill the pool now and whenever it runs short, and replace
+    /// containers that waited too long.
     pub fn start_pool(&self) {
         let pool = self.inner.executor.pool();
-        let targets = Pool::targets_for(&self.inner.registry, &self.inner.config);
-        if targets.is_empty() {
+        let floors = Pool::floors_for(&self.inner.registry, &self.inner.config);
+        if floors.is_empty() {
             return;
         }
-        pool.set_targets(targets);
+        pool.set_floors(floors);
         self.refill(&self.lock());
         tokio::spawn(pool_loop(Arc::downgrade(&self.inner)));
     }
@@ -545,6 +556,7 @@ impl RunManager {
         if matches!(run.state, RunState::Running { .. }) {
             st.admission.release(&run.ticket);
         }
+        self.inner.executor.pool().done(&run.shapes);
         let session_state = report.session.as_ref().map(|x| x.state);
         let report = Arc::new(report);
         if let Some(h) = &self.inner.history {

@@ -38,6 +38,8 @@ pub struct PoolSnapshot {
     pub created: u64,
     pub failed: u64,
     pub expired: u64,
+    /// Removed because demand fell below what the pool held.
+    pub trimmed: u64,
 }
 
 impl RunManager {
@@ -54,6 +56,7 @@ impl RunManager {
             created: load(&c.created),
             failed: load(&c.failed),
             expired: load(&c.expired),
+            trimmed: load(&c.trimmed),
         };
         let (compile_cache_hits, compile_cache_misses) = executor.cache_counts();
         let st = self.lock();

@@ -64,7 +64,12 @@ async fn codebox_run_records_its_run_in_the_history() {
     assert_eq!(rows[0].language, "python");
     assert_eq!(rows[0].status.as_str(), "succeeded");
     let payload = fake.payloads().last().unwrap().clone();
-    assert_eq!(payload.run.unwrap(), ["python3", "main.py", "a1"]);
+    // Python's checked run: the check and the program in one interpreter, the args after.
+    let run = payload.run.unwrap();
+    assert_eq!(
+        [&run[..2], &run[3..]],
+        [["python3", "-c"], ["main.py", "a1"]]
+    );
 }
 
 #[tokio::test]

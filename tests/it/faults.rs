@@ -199,7 +199,9 @@ async fn serve_killed_with_sigkill_mid_runs_is_reaped_and_its_runs_marked_interr
     let data = tempfile::tempdir().unwrap();
     let serve = || {
         let mut c = daemon.codebox(Via::Socket, data.path());
+        // One ready container whatever the demand, so that the count below is exact.
         c.args(["--set", "pool.sizes={ bash = 1 }"]);
+        c.args(["--set", "pool.max_ready={ bash = 1 }"]);
         c
     };
     let server = Server::start(serve()).await;

@@ -1,6 +1,7 @@
 //! Containers started ahead of time: each serves one run, is removed after it, is replaced
-//! after waiting too long, and gives its memory back to a queued run. Control flow on the fake
-//! engine; the real thing against Docker.
+//! after waiting too long, and gives its memory back to a queued run; how many are kept
+//! follows demand (bursts, limit classes) between `pool.sizes` and `pool.max_ready`. Control
+//! flow on the fake engine; the real thing against Docker.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -86,37 +87,184 @@ async fn other_limits_update_a_ready_container_of_the_same_image() {
 }
 
 #[tokio::test]
-async fn where_the_runtime_cannot_update_limits_other_limits_get_a_new_container() {
-    // runsc refuses `docker update`: the first run with other limits finds out, the
-    // container it tried is removed unused, and later runs leave the ready ones alone.
+async fn where_the_runtime_cannot_update_limits_runs_asking_for_other_limits_often_get_a_class() {
+    // runsc refuses `docker update`: the first run with other limits finds out, the container
+    // it tried is removed unused, and later runs leave the default ones alone. The second run
+    // of those limits within a minute makes them a class the pool keeps ready: the third
+    // takes one of its own limits, with no update.
     let fake = Arc::new(FakeEngine::new());
     fake.fail_at(codebox::engine::fake::Step::Update);
     let m = fake_manager(&fake, pooled(&[("python", 1)]));
     m.start_pool();
     eventually(10, "ready", || idle(&m) == 1).await;
-    for _ in 0..2 {
+    let big = || {
         let mut req = py("print(1)");
         req.limits = limits(Some(1024.0), None);
-        let run = m.submit(req).unwrap();
+        req
+    };
+    for _ in 0..2 {
+        let run = m.submit(big()).unwrap();
         let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
         assert_eq!(r.status, Status::Succeeded, "{}", r.message);
-        eventually(10, "the pool is full again", || idle(&m) == 1).await;
     }
     let s = m.stats().pool;
     assert_eq!((s.hits, s.updated_hits, s.misses), (0, 0, 2), "{s:?}");
-    let pooled = fake
+    eventually(10, "a container of the class is ready", || idle(&m) == 2).await;
+    let run = m.submit(big()).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let s = m.stats().pool;
+    assert_eq!((s.hits, s.misses), (1, 2), "{s:?}");
+    assert_eq!(
+        fake.calls(codebox::engine::fake::Step::Update),
+        1,
+        "only the first run tried an update"
+    );
+    let class = fake
         .specs()
         .iter()
-        .filter(|s| s.labels["codebox.run"] == "pool")
+        .filter(|s| s.labels["codebox.run"] == "pool" && s.memory_bytes == 1024 << 20)
         .count();
-    assert_eq!(pooled, 2, "one replaced after the refused update, no more");
+    assert!(class >= 1, "the class's container was made ahead of time");
     let run = m.submit(py("print(1)")).unwrap();
     m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
     assert_eq!(
         m.stats().pool.hits,
-        1,
-        "runs of the pool's shape still use it"
+        2,
+        "runs of the default shape still use the default class"
     );
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_run_on_a_ready_container_asks_the_engine_nothing_after_its_output() {
+    // codebox-init reports how the run ended and its OOM kills: no wait, no inspect, no
+    // update when the limits are the pool's, one attach; the report names the image the
+    // container was created from.
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, pooled(&[("python", 1)]));
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    let run = m.submit(py("print(1)")).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    assert_eq!(m.stats().pool.hits, 1);
+    use codebox::engine::fake::Step;
+    assert_eq!(
+        [Step::Wait, Step::Inspect, Step::Update, Step::Attach].map(|s| fake.calls(s)),
+        [0, 0, 0, 1]
+    );
+    let id = "sha256:fake-codebox/python:3.11";
+    assert_eq!(r.image_id.as_deref(), Some(id));
+    assert_eq!(fake.specs()[0].image, id, "created from the image's id");
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn an_image_whose_helper_predates_check_in_run_gets_the_check_then_the_program() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.old_init();
+    let m = fake_manager(&fake, pooled(&[("python", 1)]));
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    let run = m.submit(py("print(1)")).unwrap();
+    let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let p = &fake.payloads()[0];
+    assert!(!p.check_in_run, "{p:?}");
+    assert_eq!(p.run.as_deref().unwrap(), ["python3", "main.py"]);
+    assert!(p.check.as_deref().unwrap()[2].contains("compile("));
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+/// Submit `n` default Python runs at once and wait for all; the pool's hits they made.
+async fn burst(m: &RunManager, n: usize) -> u64 {
+    let before = m.stats().pool.hits;
+    let ids: Vec<String> = (0..n)
+        .map(|_| m.submit(py("print(1)")).unwrap().run_id)
+        .collect();
+    for id in ids {
+        let r = m.wait(&id, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    }
+    m.stats().pool.hits - before
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_after_a_burst_finds_containers_ready_and_the_pool_shrinks_when_idle() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        pooled(&[("python", 1)])(c);
+        c.runs.max_concurrent_runs = 8;
+    });
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    assert_eq!(burst(&m, 8).await, 1, "only the floor was ready");
+    // The most runs in flight at once in the last minute: 8 (pool.default_max_ready).
+    eventually(10, "the pool followed the burst", || idle(&m) == 8).await;
+    assert_eq!(burst(&m, 8).await, 8, "the second burst found all ready");
+    eventually(10, "refilled", || idle(&m) == 8).await;
+    // A minute without demand: back to the floor.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    eventually(10, "shrunk", || idle(&m) == 1).await;
+    assert_eq!(m.stats().pool.trimmed, 7);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn pool_max_ready_caps_what_demand_grows() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        pooled(&[("python", 1)])(c);
+        c.pool.max_ready = BTreeMap::from([("python".to_string(), 3)]);
+        c.runs.max_concurrent_runs = 8;
+    });
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    burst(&m, 6).await;
+    eventually(10, "the pool followed the burst up to its ceiling", || {
+        idle(&m) == 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(idle(&m), 3, "no more than pool.max_ready");
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn no_container_is_started_ahead_of_time_while_runs_wait_for_a_slot() {
+    // Filling competes with runs for the CPU: it waits until nobody waits.
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::Attach,
+        Duration::from_millis(100),
+    );
+    let m = fake_manager(&fake, |c| {
+        pooled(&[("python", 1)])(c);
+        c.runs.max_concurrent_runs = 1;
+    });
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    let created = m.stats().pool.created;
+    let ids: Vec<String> = (0..4)
+        .map(|_| m.submit(py("print(1)")).unwrap().run_id)
+        .collect();
+    let mut saw_queue = false;
+    while m.stats().queued > 0 {
+        saw_queue = true;
+        let s = m.stats().pool;
+        assert_eq!(
+            (s.stats.filling, s.created),
+            (0, created),
+            "a fill started while runs waited"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(saw_queue);
+    for id in ids {
+        m.wait(&id, Duration::from_secs(10)).await.unwrap();
+    }
+    eventually(10, "refilled once nobody waits", || idle(&m) >= 1).await;
     m.shutdown(Duration::from_secs(10)).await;
 }
 
@@ -265,4 +413,52 @@ async fn a_queued_run_starts_when_a_pooled_container_fails_to_start() {
     assert_ne!(r.status, Status::Queued, "{}", r.message);
     assert_ne!(r.status, Status::Running, "{}", r.message);
     m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn against_docker_a_burst_after_a_burst_finds_containers_ready() {
+    let m = docker_manager(
+        |c| {
+            pooled(&[("python", 1)])(c);
+            c.runs.max_concurrent_runs = 4;
+        },
+        None,
+    );
+    m.start_pool();
+    eventually(60, "a python container is ready", || idle(&m) == 1).await;
+    burst(&m, 4).await;
+    eventually(120, "the pool followed the burst", || idle(&m) == 4).await;
+    assert_eq!(burst(&m, 4).await, 4, "{:?}", m.stats().pool);
+    m.shutdown(Duration::from_secs(30)).await;
+    m.executor().cleanup().drain(Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn against_docker_runs_with_other_limits_get_a_ready_container_of_their_class() {
+    // Under runc the first two update a default container; under runsc (no updates) they get
+    // new ones. Either way the third finds one made for its limits, and has them.
+    let m = docker_manager(pooled(&[("python", 1)]), None);
+    m.start_pool();
+    eventually(60, "a python container is ready", || idle(&m) == 1).await;
+    let code = r#"try:
+    limit = int(open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read())
+except OSError:
+    limit = int(next(l for l in open('/proc/meminfo') if l.startswith('MemTotal')).split()[1]) * 1024
+print(limit)"#;
+    let mut req = py(code);
+    req.limits = limits(Some(256.0), None);
+    for _ in 0..2 {
+        let r = m.submit(req.clone()).unwrap();
+        let r = m.wait(&r.run_id, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    }
+    eventually(120, "a container of the class is ready", || idle(&m) == 2).await;
+    let hits = m.stats().pool.hits;
+    let r = m.submit(req).unwrap();
+    let r = m.wait(&r.run_id, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.stdout, format!("{}\n", 256u64 << 20));
+    assert_eq!(m.stats().pool.hits, hits + 1, "{:?}", m.stats().pool);
+    m.shutdown(Duration::from_secs(30)).await;
+    m.executor().cleanup().drain(Duration::from_secs(30)).await;
 }

