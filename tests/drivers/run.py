@@ -510,6 +510,14 @@ def bash_interrupt_a_loop_of_commands(d, lang):
 
 
 @test("bash")
+def bash_prints_what_a_script_would(d, lang):
+    # No job numbers for background jobs, no complaint about a terminal after a command died
+    # of a signal: what `bash main.sh` prints, not what an interactive shell adds.
+    r = d.cell("sleep 0.1 &\nwait\nbash -c 'kill -KILL $$'\necho after")
+    check(r.done == "ok" and r.stdout == b"after\n" and r.stderr == b"", f"{r!r}")
+
+
+@test("bash")
 def bash_exact_bytes_of_code(d, lang):
     r = d.cell(b"printf '%s' '\xff\xfe'\necho \xc3\xa9")
     check(r.stdout == b"\xff\xfe\xc3\xa9\n", f"{r!r}")
