@@ -405,6 +405,14 @@ def javascript_top_level_await_and_values(d, lang):
 
 
 @test("javascript")
+def javascript_stacks_keep_the_cells_frames(d, lang):
+    r = d.cell("function f() {\n  return vm.runInThisContext('throw new Error(\"deep\")', "
+               "{filename: 'inner.js'})\n}\nf()")
+    check(r.done == "error" and b"Uncaught Error: deep\n    at inner.js:1:7" in r.stderr, f"{r!r}")
+    check(b"at f (<cell-" in r.stderr and b"node:inspector" not in r.stderr, f"{r!r}")
+
+
+@test("javascript")
 def javascript_require_and_builtins(d, lang):
     r = d.cell("require('fs').writeFileSync('m.js', 'module.exports = 6')\n"
                "require('./m.js') * 7")
@@ -575,17 +583,22 @@ BARE = {
 
 def startup(languages, times, from_checkout):
     """Milliseconds from the driver's start to its `ready`, side by side with the bare
-    interpreter's (taken in turns, so that the machine's load weighs on both alike)."""
+    interpreter's (taken in turns, so that the machine's load weighs on both alike), and the
+    CPU time the driver's process took until then (its schedstat: what load does not change)."""
     for lang in languages:
-        figures = {"driver": [], "bare": []}
+        figures = {"driver": [], "bare": [], "cpu": []}
         for _ in range(times):
             for kind, argv in (("driver", None), ("bare", BARE[lang])):
                 with Driver(lang, from_checkout, argv) as d:
                     figures[kind].append(d.ready_ms)
-        driver, bare = (statistics.median(figures[k]) for k in ("driver", "bare"))
-        print(f"startup {lang}: median {driver:.0f} ms to `ready` (min "
-              f"{min(figures['driver']):.0f}); the bare interpreter {bare:.0f} ms; "
-              f"ratio {driver / bare:.2f} (n={times})", flush=True)
+                    if kind == "driver":
+                        stat = d.exec("cat", f"/proc/{d.pid()}/schedstat").split()
+                        figures["cpu"].append(int(stat[0]) / 1e6)
+        med = {k: statistics.median(v) for k, v in figures.items()}
+        print(f"startup {lang}: to `ready` median {med['driver']:.0f} ms (min "
+              f"{min(figures['driver']):.0f}), bare interpreter {med['bare']:.0f} ms (min "
+              f"{min(figures['bare']):.0f}), ratio of medians {med['driver'] / med['bare']:.2f}; "
+              f"CPU until `ready` median {med['cpu']:.0f} ms (n={times})", flush=True)
 
 
 def main(argv):
