@@ -408,7 +408,7 @@ def javascript_top_level_await_and_values(d, lang):
 def javascript_stacks_keep_the_cells_frames(d, lang):
     r = d.cell("function f() {\n  return vm.runInThisContext('throw new Error(\"deep\")', "
                "{filename: 'inner.js'})\n}\nf()")
-    check(r.done == "error" and b"Uncaught Error: deep\n    at inner.js:1:7" in r.stderr, f"{r!r}")
+    check(r.done == "error" and b"Error: deep\n    at inner.js:1:7" in r.stderr, f"{r!r}")
     check(b"at f (<cell-" in r.stderr and b"node:inspector" not in r.stderr, f"{r!r}")
 
 
