@@ -485,6 +485,14 @@ impl RunManager {
             language = info.language,
             "session opened"
         );
+        if let Some(h) = &self.inner.history {
+            h.session_opened(crate::history::SessionOpened {
+                session_id: id.clone(),
+                language: info.language.clone(),
+                instance: self.inner.executor.instance().to_string(),
+                created_at_ms: crate::history::now_ms(),
+            });
+        }
         self.inner.metrics.session_opened();
         st.sessions.open.insert(id, session);
         Ok(info)
