@@ -47,17 +47,22 @@ pub struct CodeboxServer {
     tool_router: ToolRouter<Self>,
 }
 
-fn submit_error(e: SubmitError) -> String {
-    match e {
-        SubmitError::Invalid(e) => format!("invalid argument {e}"),
-        other => other.to_string(),
+impl CodeboxServer {
+    /// A refused request as a tool error's text; a session the server does not know is
+    /// looked up in the history first.
+    async fn submit_error(&self, e: SubmitError) -> String {
+        match e {
+            SubmitError::Invalid(e) => format!("invalid argument {e}"),
+            SubmitError::Session(e) => self.session_error(e).await,
+            other => other.to_string(),
+        }
     }
-}
 
-fn session_error(e: SessionError) -> String {
-    match e {
-        SessionError::Invalid(e) => format!("invalid argument {e}"),
-        other => other.to_string(),
+    async fn session_error(&self, e: SessionError) -> String {
+        match self.manager.explain(e).await {
+            SessionError::Invalid(e) => format!("invalid argument {e}"),
+            other => other.to_string(),
+        }
     }
 }
 
@@ -117,7 +122,10 @@ impl CodeboxServer {
         Parameters(request): Parameters<RunRequest>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
-        let accepted = self.manager.submit(request).map_err(submit_error)?;
+        let accepted = match self.manager.submit(request) {
+            Ok(a) => a,
+            Err(e) => return Err(self.submit_error(e).await),
+        };
         let run_id = accepted.run_id;
         let token = ctx.meta.get_progress_token();
         let mut notified = 0.0_f64;
@@ -166,7 +174,10 @@ impl CodeboxServer {
         &self,
         Parameters(request): Parameters<RunRequest>,
     ) -> Result<Json<Accepted>, String> {
-        self.manager.submit(request).map(Json).map_err(submit_error)
+        match self.manager.submit(request) {
+            Ok(a) => Ok(Json(a)),
+            Err(e) => Err(self.submit_error(e).await),
+        }
     }
 
     #[tool(description = "Get a run's report, optionally waiting for the end.")]
@@ -214,11 +225,10 @@ impl CodeboxServer {
         &self,
         Parameters(request): Parameters<SessionRequest>,
     ) -> Result<Json<SessionInfo>, String> {
-        self.manager
-            .create_session(request)
-            .await
-            .map(Json)
-            .map_err(session_error)
+        match self.manager.create_session(request).await {
+            Ok(info) => Ok(Json(info)),
+            Err(e) => Err(self.session_error(e).await),
+        }
     }
 
     #[tool(description = "Read a session's file.")]
@@ -244,11 +254,14 @@ impl CodeboxServer {
                 ))
             }
         };
-        self.manager
+        match self
+            .manager
             .read_session_file(&p.session_id, &p.path, offset, max_bytes)
             .await
-            .map(|f| session_file_result(f, &p.session_id))
-            .map_err(session_error)
+        {
+            Ok(f) => Ok(session_file_result(f, &p.session_id)),
+            Err(e) => Err(self.session_error(e).await),
+        }
     }
 
     #[tool(description = "List the open sessions.")]
@@ -261,10 +274,10 @@ impl CodeboxServer {
         &self,
         Parameters(p): Parameters<SessionIdParams>,
     ) -> Result<Json<Closed>, String> {
-        self.manager
-            .close_session(&p.session_id)
-            .map(Json)
-            .map_err(session_error)
+        match self.manager.close_session(&p.session_id) {
+            Ok(c) => Ok(Json(c)),
+            Err(e) => Err(self.session_error(e).await),
+        }
     }
 
     #[tool(description = "List past runs, newest first.")]
@@ -333,6 +346,7 @@ pub async fn query_history(
             limit,
             status,
             language,
+            session_id: p.session_id,
         })
         .await
         .map(|runs| HistoryResult { runs })

@@ -326,11 +326,13 @@ impl RunManager {
         let mut base = Executor::blank_report(&run_id, &valid);
         let budget = Executor::budget(&valid);
         let mut st = self.lock();
+        let mut row = row;
         let session = match &valid.session {
             None => None,
             Some(target) => {
                 let s = st.sessions.usable(&target.id)?;
                 s.executions += 1;
+                row = row.map(|r| r.in_session(&target.id, s.executions));
                 s.pending += 1;
                 s.touch();
                 base.session = Some(SessionExecution {

@@ -91,6 +91,38 @@ pub enum SessionError {
     ShuttingDown,
 }
 
+impl EndReason {
+    /// How the history records it.
+    fn as_record(&self) -> String {
+        match self {
+            EndReason::Closed => "closed".into(),
+            EndReason::Idle { seconds } => format!("idle {seconds}"),
+            EndReason::Lifetime { seconds } => format!("lifetime {seconds}"),
+            EndReason::OutOfMemory => "out_of_memory".into(),
+            EndReason::Failed(why) => format!("failed {why}"),
+            // What later calls are told of a session the server ended as it stopped.
+            EndReason::ShuttingDown => crate::history::SESSION_RESTARTED.into(),
+        }
+    }
+
+    /// A reason as the history recorded it; `None` for `restarted` (and anything unknown).
+    fn from_record(text: &str) -> Option<EndReason> {
+        let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
+        Some(match kind {
+            "closed" => EndReason::Closed,
+            "idle" => EndReason::Idle {
+                seconds: rest.parse().ok()?,
+            },
+            "lifetime" => EndReason::Lifetime {
+                seconds: rest.parse().ok()?,
+            },
+            "out_of_memory" => EndReason::OutOfMemory,
+            "failed" => EndReason::Failed(rest.to_string()),
+            _ => return None,
+        })
+    }
+}
+
 impl SessionError {
     fn ended(id: &str, reason: &EndReason) -> SessionError {
         let id = id.to_string();
@@ -453,6 +485,14 @@ impl RunManager {
             language = info.language,
             "session opened"
         );
+        if let Some(h) = &self.inner.history {
+            h.session_opened(crate::history::SessionOpened {
+                session_id: id.clone(),
+                language: info.language.clone(),
+                instance: self.inner.executor.instance().to_string(),
+                created_at_ms: crate::history::now_ms(),
+            });
+        }
         self.inner.metrics.session_opened();
         st.sessions.open.insert(id, session);
         Ok(info)
@@ -483,6 +523,40 @@ impl RunManager {
             executions,
             closed: true,
         })
+    }
+
+    /// An error about a session, told better where the history knows more: a session this
+    /// process does not know may have ended on it before a restart, or be another server's.
+    pub async fn explain(&self, e: SessionError) -> SessionError {
+        let SessionError::Unknown { id } = &e else {
+            return e;
+        };
+        let Some(history) = &self.inner.history else {
+            return e;
+        };
+        let record = match history.session(id).await {
+            Ok(Some(r)) => r,
+            _ => return e,
+        };
+        let id = id.clone();
+        if let Some(reason) = &record.ended {
+            return match EndReason::from_record(reason) {
+                Some(r) => SessionError::ended(&id, &r),
+                None => SessionError::Restarted { id },
+            };
+        }
+        let alive = record.instance != self.inner.executor.instance()
+            && record
+                .last_seen_ms_ago
+                .is_some_and(|ms| ms < crate::history::INSTANCE_EXPIRY.as_millis() as i64);
+        if !alive {
+            return SessionError::Restarted { id };
+        }
+        let mut owner = format!("instance {}", record.instance);
+        if let Some(host) = &record.host {
+            owner.push_str(&format!(" on host {host}"));
+        }
+        SessionError::Elsewhere { id, owner }
     }
 
     /// A file of a session's working directory (`offset`, at most `max_bytes`, within the
@@ -608,6 +682,9 @@ impl RunManager {
         s.container.close();
         st.admission.unhold(s.limits.memory_mb);
         let reason = s.ending.unwrap_or(EndReason::Closed);
+        if let Some(h) = &self.inner.history {
+            h.session_ended(id, &reason.as_record());
+        }
         self.inner.metrics.session_ended();
         st.sessions.remember_end(id, reason);
         self.pump(st);
@@ -724,5 +801,22 @@ mod tests {
         assert!(SessionError::ended(id, &EndReason::Closed).is_ended());
         assert!(!SessionError::Unknown { id: id.into() }.is_ended());
         assert!(SessionError::Full("x".into()).is_retryable());
+    }
+
+    #[test]
+    fn end_reasons_read_back_from_the_history() {
+        for r in [
+            EndReason::Closed,
+            EndReason::Idle { seconds: 30 },
+            EndReason::Lifetime { seconds: 3600 },
+            EndReason::OutOfMemory,
+            EndReason::Failed("its sandbox failed: gone".into()),
+        ] {
+            assert_eq!(EndReason::from_record(&r.as_record()), Some(r));
+        }
+        assert_eq!(
+            EndReason::from_record(&EndReason::ShuttingDown.as_record()),
+            None
+        );
     }
 }

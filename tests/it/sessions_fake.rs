@@ -375,14 +375,14 @@ async fn closing_a_session_stops_what_is_queued_and_removes_its_container() {
 async fn files_only_sessions_run_the_program_each_time_and_never_reset() {
     let fake = Arc::new(FakeEngine::new());
     let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("bash")).await.unwrap();
-    assert!(!s.stateful, "bash has no driver in this registry yet");
-    let mut req = cell(&s, "echo hi");
+    let s = m.create_session(open("perl")).await.unwrap();
+    assert!(!s.stateful, "perl has no session driver");
+    let mut req = cell(&s, "print 'hi'");
     req.args = Some(vec!["x".into()]);
     let r = run(&m, req).await;
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     assert_eq!(state(&r).1, InterpreterState::New);
-    let r = run(&m, cell(&s, "echo again")).await;
+    let r = run(&m, cell(&s, "print 'again'")).await;
     assert_eq!(state(&r).1, InterpreterState::Kept);
     let sent = fake.session_requests();
     assert!(sent[0]
