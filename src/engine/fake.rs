@@ -114,6 +114,8 @@ struct State {
     updates: BTreeMap<String, Resources>,
     /// The daemon stopped answering (SIGSTOP): calls and output never come back.
     frozen: bool,
+    /// Image builds as they start and end: "start TAG", "end TAG".
+    builds: Vec<String>,
 }
 
 /// The fake engine.
@@ -137,6 +139,11 @@ impl FakeEngine {
 
     pub fn fail_at(&self, step: Step) {
         self.state().fail.insert(step);
+    }
+
+    /// Image builds as they started and ended: "start TAG", "end TAG".
+    pub fn builds(&self) -> Vec<String> {
+        self.state().builds.clone()
     }
 
     /// Make the next `n` container removals fail.
@@ -428,7 +435,11 @@ impl ContainerEngine for FakeEngine {
         _no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
+        self.state().builds.push(format!("start {tag}"));
         progress("fake build");
+        // Long enough for builds started together to overlap.
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        self.state().builds.push(format!("end {tag}"));
         Ok(format!("sha256:fake-{tag}"))
     }
 
