@@ -25,8 +25,8 @@ pub const HISTORY_FLUSH: Duration = Duration::from_secs(10);
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     /// The settings and the registry do not fit together.
-    #[error("{0}")]
-    Mismatch(String),
+    #[error(transparent)]
+    Budget(#[from] runs::BudgetError),
 }
 
 /// Everything a command works with, built once from a resolved configuration.
@@ -51,7 +51,7 @@ impl App {
         registry: Registry,
         engine: Arc<dyn ContainerEngine>,
     ) -> Result<App, AppError> {
-        runs::check_budget(&registry, &config).map_err(AppError::Mismatch)?;
+        runs::check_budget(&registry, &config)?;
         let config = Arc::new(config);
         let registry = Arc::new(registry);
         let instance = Arc::new(Instance::register(&config.data_dir));

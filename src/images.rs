@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::engine::{ContainerEngine, EngineError};
-use crate::executor::Executor;
+use crate::executor::{Executor, SandboxFailure};
 use crate::registry::{Image, Registry};
 
 /// Label prefix under which toolchain versions are recorded.
@@ -87,11 +87,18 @@ pub enum ImageError {
     Engine(#[from] EngineError),
     #[error("cannot download the wheels listed in {path}: {detail}")]
     Wheels { path: String, detail: String },
-    #[error("image {tag}: the version command of `{language}` failed: {detail}")]
+    #[error("image {tag}: the version command of `{language}` failed: {source}")]
     Version {
         tag: String,
         language: String,
-        detail: String,
+        #[source]
+        source: SandboxFailure,
+    },
+    #[error("image {tag}: the version command of `{language}` printed nothing (exit code {exit_code:?})")]
+    NoVersion {
+        tag: String,
+        language: String,
+        exit_code: Option<i64>,
     },
 }
 
@@ -279,17 +286,17 @@ pub async fn build(
         let exec = executor
             .probe(&image.tag, cmd.clone(), VERSION_TIMEOUT)
             .await
-            .map_err(|detail| ImageError::Version {
+            .map_err(|source| ImageError::Version {
                 tag: image.tag.clone(),
                 language: lang.id.clone(),
-                detail,
+                source,
             })?;
         let text = format!("{}\n{}", exec.stdout, exec.stderr);
         let Some(version) = text.lines().map(str::trim).find(|l| !l.is_empty()) else {
-            return Err(ImageError::Version {
+            return Err(ImageError::NoVersion {
                 tag: image.tag.clone(),
                 language: lang.id.clone(),
-                detail: format!("it printed nothing (exit code {:?})", exec.exit_code),
+                exit_code: exec.exit_code,
             });
         };
         labels.insert(

@@ -116,6 +116,51 @@ pub struct FileReport {
     pub omitted_reason: Option<String>,
 }
 
+/// What became of a session's interpreter during an execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InterpreterState {
+    /// The execution ran in a fresh interpreter: the session's first, or the first after a
+    /// reset (or a `reset: true`).
+    New,
+    /// The state that was there (variables, imports, definitions) is still there.
+    Kept,
+    /// The state was lost during this execution; `reset_reason` says why.
+    Reset,
+}
+
+/// Why a session's interpreter was started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetReason {
+    TimedOut,
+    Stopped,
+    OutOfMemory,
+    DriverExited,
+}
+
+impl ResetReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::TimedOut => "timed_out",
+            ResetReason::Stopped => "stopped",
+            ResetReason::OutOfMemory => "out_of_memory",
+            ResetReason::DriverExited => "driver_exited",
+        }
+    }
+}
+
+/// The session an execution ran in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionExecution {
+    pub session_id: String,
+    /// 1-based; every accepted execution counts (`compile_error` and `stopped` included).
+    pub execution_count: u64,
+    /// The interpreter after this execution (files-only sessions: `new`, then `kept`).
+    pub state: InterpreterState,
+    pub reset_reason: Option<ResetReason>,
+}
+
 /// The limits a run was given.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RunLimits {
@@ -215,6 +260,16 @@ pub struct RunReport {
     /// Counts of the test cases; null for a run without `tests`.
     #[serde(default)]
     pub tests_summary: Option<TestsSummary>,
+    /// The session this execution ran in; null outside sessions.
+    #[serde(default)]
+    pub session: Option<SessionExecution>,
+    /// In a stateful session, the value of the code's final expression as the language's
+    /// REPL echoes it (capped like stdout); null when there is none, or outside sessions.
+    #[serde(default)]
+    pub result: Option<String>,
+    /// True when `result` was longer than the cap and was cut.
+    #[serde(default)]
+    pub result_truncated: bool,
 }
 
 impl RunReport {
@@ -249,6 +304,9 @@ impl RunReport {
             files: Vec::new(),
             tests: Vec::new(),
             tests_summary: None,
+            session: None,
+            result: None,
+            result_truncated: false,
         }
     }
 }

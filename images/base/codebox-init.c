@@ -51,8 +51,14 @@
 #define MAX_RECORD (1u << 20)   /* largest record kept in memory (all but a file's content) */
 #define MAX_KEPT (8u << 20)     /* all records but files' content, in all */
 #define MAX_DEPTH 16            /* levels listed below outputs/ or the working directory */
-#define MAX_LISTED 1000         /* F entries in `outputs` mode */
+#define MAX_LISTED 1000         /* entries listed in `outputs` mode, folders included */
 #define MAX_WORKSPACE 100000    /* entries in `workspace-on-success` mode */
+#define MAX_COUNTED 1000000     /* entries counted, not listed, past MAX_LISTED */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#ifndef X_BYTES                 /* an X frame's text (tests/init/check.sh builds it smaller) */
+#define X_BYTES (MAX_PATH + 1024)
+#endif
 
 extern char **environ;
 
@@ -229,6 +235,25 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fatal(const char *fm
     exit(125);
 }
 
+/* Append a formatted piece to buf (capacity cap, *n bytes used), whole or not at all: a piece
+ * that does not fit is left out rather than cut (a cut `key=value` line would be misread), and
+ * *n never passes cap - 1. Returns -1 when the piece was left out. */
+__attribute__((format(printf, 4, 5))) static int appendf(char *buf, size_t cap, size_t *n,
+                                                         const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = *n < cap ? vsnprintf(buf + *n, cap - *n, fmt, ap) : -1;
+    va_end(ap);
+    if (k < 0 || (size_t)k >= cap - *n) {
+        if (*n < cap)
+            buf[*n] = 0;
+        return -1;
+    }
+    *n += (size_t)k;
+    return 0;
+}
+
 static void *xmalloc(size_t n)
 {
     void *p = malloc(n ? n : 1);
@@ -239,40 +264,74 @@ static void *xmalloc(size_t n)
 
 /* ---- the payload ---- */
 
-/* Exactly n bytes of stdin. Waits in ppoll so that SIGTERM ends a wait for a payload that
- * never comes; never reads past what it was asked for (the rest is the program's stdin). */
-static void read_in(void *buf, size_t n)
+/* Stdin is read through a buffer, but never past the end record: what follows it is the
+ * program's stdin, which the program reads from the same pipe. So a read asks only for what
+ * the parser needs now, or more when the payload is known to hold more: after a record header,
+ * its value and the shortest next header (`end 0\n`); in a partial header, the least that its
+ * name and the digits so far imply (header_bound). A payload of n records takes about n reads. */
+static struct {
+    unsigned char buf[CHUNK];
+    size_t pos, len;   /* unread bytes: buf[pos..len) */
+    uint64_t off;      /* bytes read from stdin so far */
+    uint64_t sure;     /* stdin offset up to which every byte belongs to the payload */
+} in;
+
+#define MIN_HEADER 6   /* `end 0\n`, the shortest record header */
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
 {
-    size_t got = 0;
-    while (got < n) {
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* Stdin offset of the next unread byte. */
+static uint64_t in_at(void)
+{
+    return in.off - (in.len - in.pos);
+}
+
+/* Make at least `need` (at most CHUNK) unread bytes available. Waits in ppoll, the only place
+ * where SIGTERM is let through, so that a stop ends a wait for a payload that never comes; a
+ * read follows only a ppoll that found input, so it never blocks with SIGTERM masked. */
+static void in_need(size_t need)
+{
+    if (in.len - in.pos >= need)
+        return;
+    memmove(in.buf, in.buf + in.pos, in.len - in.pos);
+    in.len -= in.pos;
+    in.pos = 0;
+    while (in.len < need) {
+        size_t want = need - in.len, room = CHUNK - in.len;
+        uint64_t sure = in.sure > in.off ? in.sure - in.off : 0;
+        if (sure > want)
+            want = sure < room ? (size_t)sure : room;
         struct pollfd p = { .fd = 0, .events = POLLIN };
-        if (ppoll(&p, 1, NULL, &wait_mask) < 0 && errno != EINTR)
-            fatal("payload: poll: %s", strerror(errno));
+        int r = ppoll(&p, 1, NULL, &wait_mask);
         if (got_term)
             fatal("stopped (SIGTERM) while reading the payload");
-        ssize_t r = read(0, (char *)buf + got, n - got);
-        if (r == 0)
+        if (r < 0 && errno != EINTR)
+            fatal("payload: poll: %s", strerror(errno));
+        if (r <= 0)
+            continue;
+        ssize_t n = read(0, in.buf + in.len, want);
+        if (n == 0)
             fatal("payload: the input ended before the end record");
-        if (r < 0 && errno != EINTR && errno != EAGAIN)
+        if (n < 0 && errno != EINTR && errno != EAGAIN)
             fatal("payload: read: %s", strerror(errno));
-        if (r > 0)
-            got += (size_t)r;
+        if (n > 0)
+            in.len += (size_t)n, in.off += (uint64_t)n;
     }
 }
 
-static void read_line(char *buf, size_t cap)
+/* Copy the next n bytes of the payload to dst. */
+static void in_take(void *dst, size_t n)
 {
-    size_t n = 0;
-    for (;;) {
-        char c;
-        read_in(&c, 1);
-        if (c == '\n')
-            break;
-        if (n + 1 >= cap)
-            fatal("payload: a header line is too long");
-        buf[n++] = c;
+    char *p = dst;
+    while (n > 0) {
+        in_need(1);
+        size_t k = in.len - in.pos < n ? in.len - in.pos : n;
+        memcpy(p, in.buf + in.pos, k);
+        in.pos += k, p += k, n -= k;
     }
-    buf[n] = 0;
 }
 
 static int parse_u64(const char *s, size_t n, uint64_t *out)
@@ -386,14 +445,14 @@ static void rec_file(uint64_t len)
 {
     char head[MAX_PATH + 16], *sp;
     const char *leaf;
-    size_t n = 0;
-    for (;; n++) {
-        if (n == len || n == sizeof head - 1)
-            fatal("payload: a file record has no NUL within %zu bytes", n);
-        read_in(&head[n], 1);
-        if (head[n] == 0)
-            break;
-    }
+    size_t m = len < sizeof head - 1 ? (size_t)len : sizeof head - 1, n;
+    in_need(m);
+    char *nul = memchr(in.buf + in.pos, 0, m);
+    if (!nul)
+        fatal("payload: a file record has no NUL within %zu bytes", m);
+    n = (size_t)(nul - (char *)in.buf) - in.pos;
+    memcpy(head, in.buf + in.pos, n + 1);
+    in.pos += n + 1;
     if (!(sp = memchr(head, ' ', n)))
         fatal("payload: a file record is not `<mode> <path>\\0<content>`");
     unsigned mode = parse_mode(head, (size_t)(sp - head), "file");
@@ -404,10 +463,11 @@ static void rec_file(uint64_t len)
     if (fd < 0)
         fatal("payload: cannot create the file %s: %s", path, strerror(errno));
     for (uint64_t left = len - n - 1; left > 0;) {
-        size_t k = left < CHUNK ? (size_t)left : CHUNK;
-        read_in(iobuf, k);
-        if (write_full(fd, iobuf, k) < 0)
+        in_need(1);
+        size_t k = in.len - in.pos < left ? in.len - in.pos : (size_t)left;
+        if (write_full(fd, in.buf + in.pos, k) < 0)
             fatal("payload: cannot write the file %s: %s", path, strerror(errno));
+        in.pos += k;
         left -= k;
     }
     if (fchmod(fd, mode) < 0)
@@ -442,17 +502,69 @@ static uint64_t *const rec_numbers[] = {
     &cfg.max_files, &cfg.max_bytes, &cfg.max_file_bytes,
 };
 
+/* The fewest payload bytes, counted from its first byte, that a record header beginning with
+ * p[0..n) (no newline yet) implies: the rest of the header, its value and, unless it is the
+ * end record, the next header. A beginning no valid payload has gives n + 1, the byte the
+ * parser needs anyway (such a payload is refused whatever follows). */
+static uint64_t header_bound(const char *p, size_t n)
+{
+    const char *sp = memchr(p, ' ', n);
+    uint64_t best = UINT64_MAX;
+    for (size_t i = 0; i < sizeof rec_names / sizeof rec_names[0]; i++) {
+        size_t k = strlen(rec_names[i]);
+        uint64_t next = i == R_END ? 0 : MIN_HEADER, v, b;
+        if (sp ? (size_t)(sp - p) != k || memcmp(p, rec_names[i], k) != 0
+               : n > k || memcmp(p, rec_names[i], n) != 0)
+            continue;
+        if (!sp)
+            b = k + 3 + next; /* the name, " 0\n", the next header */
+        else if (n == k + 1)
+            b = n + 2 + next; /* "0\n" */
+        else if (parse_u64(sp + 1, n - k - 1, &v) == 0)
+            b = add_sat(add_sat(n + 1, v), next); /* a newline, at least v bytes of value */
+        else
+            continue;
+        best = b < best ? b : best;
+    }
+    return best != UINT64_MAX && best > n ? best : n + 1;
+}
+
+/* The next line of the payload without its newline; a record header when `record` (then its
+ * bound lets the reads run ahead). */
+static void read_header(char *line, size_t cap, int record)
+{
+    uint64_t start = in_at();
+    char *nl;
+    for (;;) {
+        size_t have = in.len - in.pos;
+        if ((nl = memchr(in.buf + in.pos, '\n', have < cap ? have : cap)) != NULL)
+            break;
+        if (have >= cap)
+            fatal("payload: a header line is too long");
+        if (record) {
+            uint64_t end = add_sat(start, header_bound((char *)in.buf + in.pos, have));
+            in.sure = end > in.sure ? end : in.sure;
+        }
+        in_need(have + 1);
+    }
+    size_t n = (size_t)(nl - (char *)in.buf) - in.pos;
+    memcpy(line, in.buf + in.pos, n);
+    line[n] = 0;
+    in.pos += n + 1;
+}
+
 static void read_payload(void)
 {
     char line[64], *sp;
     unsigned seen = 0;
-    read_line(line, sizeof line);
+    in.sure = strlen("codebox-init 1\n") + MIN_HEADER;
+    read_header(line, sizeof line, 0);
     if (strcmp(line, "codebox-init 1") != 0)
         fatal("payload: the first line is not `codebox-init 1`");
     for (;;) {
         uint64_t len;
         int k = -1;
-        read_line(line, sizeof line);
+        read_header(line, sizeof line, 1);
         if (!(sp = strchr(line, ' ')) || parse_u64(sp + 1, strlen(sp + 1), &len) < 0)
             fatal("payload: a record header is not `<name> <length>`");
         *sp = 0;
@@ -464,9 +576,13 @@ static void read_payload(void)
         if (k >= R_CHECK && (seen & 1u << k))
             fatal("payload: the %s record appears twice", line);
         seen |= 1u << k;
+        uint64_t end = add_sat(in_at(), add_sat(len, k == R_END ? 0 : MIN_HEADER));
+        in.sure = end > in.sure ? end : in.sure;
         if (k == R_END) {
             if (len != 0)
                 fatal("payload: the end record is not empty");
+            if (in.pos != in.len) /* the program's stdin would have lost these bytes */
+                fatal("payload: read %zu bytes past the end record", in.len - in.pos);
             return;
         }
         if (k == R_FILE) {
@@ -478,7 +594,7 @@ static void read_payload(void)
                   (unsigned long long)len, len > MAX_RECORD ? MAX_RECORD : MAX_KEPT);
         cfg.kept += len;
         char *v = xmalloc(len + 1);
-        read_in(v, len);
+        in_take(v, len);
         v[len] = 0;
         if (k == R_ENV) {
             char *eq = strchr(v, '=');
@@ -749,30 +865,31 @@ static int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms)
     if ((oom0 < 0 || oom1 < 0) && !warned_oom++)
         warnf("the memory cgroup's OOM kill count is not readable: oom_kills is -1");
 
-    char x[MAX_PATH + 1024], arg0[MAX_PATH / 2];
-    int n;
+    char x[X_BYTES], arg0[MAX_PATH / 2];
+    size_t n = 0;
+    appendf(x, sizeof x, &n, "phase=%s\n", name);
     if (exec_errno) {
         snprintf(arg0, sizeof arg0, "%s", argv[0]);
         for (char *c = arg0; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 *c = '?'; /* one line per key */
-        n = snprintf(x, sizeof x, "phase=%s\nend=error\nerror=cannot run %s: %s\n", name, arg0,
-                     strerror(exec_errno));
+        appendf(x, sizeof x, &n, "end=error\n");
+        appendf(x, sizeof x, &n, "error=cannot run %s: %s\n", arg0, strerror(exec_errno));
     } else if (end) {
-        n = snprintf(x, sizeof x, "phase=%s\nend=%s\n", name, end);
+        appendf(x, sizeof x, &n, "end=%s\n", end);
     } else if (WIFEXITED(status)) {
-        n = snprintf(x, sizeof x, "phase=%s\nend=exited\ncode=%d\n", name, WEXITSTATUS(status));
+        appendf(x, sizeof x, &n, "end=exited\ncode=%d\n", WEXITSTATUS(status));
     } else {
-        n = snprintf(x, sizeof x, "phase=%s\nend=signaled\nsignal=%d\n", name, WTERMSIG(status));
+        appendf(x, sizeof x, &n, "end=signaled\nsignal=%d\n", WTERMSIG(status));
     }
-    n += snprintf(x + n, sizeof x - (size_t)n,
-                  "wall_ms=%lld\ncpu_ms=%lld\npeak_kb=%lld\npeak_source=%s\noom_kills=%lld\n"
-                  "stdout_bytes=%llu\nstderr_bytes=%llu\n",
-                  (long long)wall_ms, (long long)((cpu_us(&ru1) - cpu_us(&ru0)) / 1000),
-                  peak >= 0 ? peak / 1024 : (long long)ru1.ru_maxrss, peak >= 0 ? "cgroup" : "rusage",
-                  oom0 < 0 || oom1 < 0 ? -1 : oom1 - oom0, (unsigned long long)s[0].total,
-                  (unsigned long long)s[1].total);
-    frame('X', x, (size_t)n);
+    appendf(x, sizeof x, &n, "wall_ms=%lld\n", (long long)wall_ms);
+    appendf(x, sizeof x, &n, "cpu_ms=%lld\n", (long long)((cpu_us(&ru1) - cpu_us(&ru0)) / 1000));
+    appendf(x, sizeof x, &n, "peak_kb=%lld\npeak_source=%s\n",
+            peak >= 0 ? peak / 1024 : (long long)ru1.ru_maxrss, peak >= 0 ? "cgroup" : "rusage");
+    appendf(x, sizeof x, &n, "oom_kills=%lld\n", oom0 < 0 || oom1 < 0 ? -1 : oom1 - oom0);
+    appendf(x, sizeof x, &n, "stdout_bytes=%llu\n", (unsigned long long)s[0].total);
+    appendf(x, sizeof x, &n, "stderr_bytes=%llu\n", (unsigned long long)s[1].total);
+    frame('X', x, n);
     return !exec_errno && !end && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
@@ -781,8 +898,13 @@ static int run_phase(const char *name, char **argv, int in, uint64_t timeout_ms)
 struct walk {
     int workspace;      /* workspace-on-success, else outputs */
     int counting;       /* workspace, first pass: only add up the sizes */
-    int full;           /* outputs: the entry cap was reached */
     uint64_t listed, files, bytes, total;
+    /* outputs, once the entry cap is reached: the entries not listed (counted up to
+     * MAX_COUNTED) and the folder the listing stopped in */
+    int full;
+    uint64_t unlisted;
+    unsigned cut_mode;
+    char cut[MAX_PATH + 1];
     char path[MAX_PATH + 1];
 };
 
@@ -873,10 +995,88 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* List the directory dfd, whose path is w->path[0..plen), sorted by name, depth first. */
+/* A max-heap of names by strcmp: v[0] is the greatest. */
+static void heap_up(char **v, size_t i)
+{
+    for (; i > 0 && strcmp(v[(i - 1) / 2], v[i]) < 0; i = (i - 1) / 2) {
+        char *t = v[i];
+        v[i] = v[(i - 1) / 2], v[(i - 1) / 2] = t;
+    }
+}
+
+static void heap_down(char **v, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, m = i;
+        if (l < n && strcmp(v[l], v[m]) > 0)
+            m = l;
+        if (l + 1 < n && strcmp(v[l + 1], v[m]) > 0)
+            m = l + 1;
+        if (m == i)
+            return;
+        char *t = v[i];
+        v[i] = v[m], v[m] = t, i = m;
+    }
+}
+
+/* Count the entry `name` of dfd, a folder at `depth`, and what it holds down to the listing's
+ * depth, among the entries the cap leaves out (up to MAX_COUNTED). */
+static void count_unlisted(struct walk *w, int dfd, const char *name, int depth)
+{
+    struct stat st;
+    struct dirent *e;
+    if (w->unlisted >= MAX_COUNTED)
+        return;
+    w->unlisted++;
+    if (depth >= MAX_DEPTH || fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+        !S_ISDIR(st.st_mode))
+        return;
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    while ((e = readdir(d)) != NULL && w->unlisted < MAX_COUNTED)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            count_unlisted(w, dirfd(d), e->d_name, depth + 1);
+    closedir(d);
+}
+
+/* Outputs: the entry cap is reached in the folder dfd (w->path[0..plen)); the first time,
+ * this is where the listing stopped. */
+static void stop_listing(struct walk *w, int dfd, size_t plen)
+{
+    struct stat st;
+    if (w->full)
+        return;
+    w->full = 1;
+    memcpy(w->cut, w->path, plen);
+    w->cut[plen] = 0;
+    w->cut_mode = fstat(dfd, &st) == 0 ? st.st_mode & 07777 : 0;
+}
+
+/* A folder whose contents are not listed: fatal for a workspace (an incomplete copy of the
+ * compile stage would fail later, obscurely), an F entry with the reason for outputs. */
+static void unlisted_folder(struct walk *w, const struct stat *st, const char *why)
+{
+    char reason[256];
+    if (w->workspace)
+        fatal("%s: cannot be copied: %s", w->path, why);
+    snprintf(reason, sizeof reason, "the folder's contents are not listed: %s", why);
+    entry("d", w->path, st->st_mode & 07777, 0, "", reason, "");
+}
+
+/* List the directory dfd, whose path is w->path[0..plen), sorted by name, depth first.
+ * Outputs: every entry, folders included, counts towards MAX_LISTED; while scanning, only the
+ * names the cap can still list are kept (the first ones by name, in a max-heap), so memory
+ * stays bounded whatever the folder holds, and the others are counted as not listed.
+ * Workspace: every name is kept, up to MAX_WORKSPACE entries in all. */
 static void walk(struct walk *w, int dfd, size_t plen, int depth)
 {
-    size_t count = 0, cap = 0;
+    size_t count = 0, cap = 0, keep = w->workspace ? SIZE_MAX : (size_t)(MAX_LISTED - w->listed);
+    int dropped = 0;
     char **names = NULL;
     struct dirent *e;
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* an offset of its own */
@@ -886,19 +1086,43 @@ static void walk(struct walk *w, int dfd, size_t plen, int depth)
         return;
     }
     while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+        const char *name = e->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
             continue;
-        if (count == cap && !(names = realloc(names, (cap = cap * 2 + 16) * sizeof *names)))
-            fatal("out of memory");
-        if (!(names[count++] = strdup(e->d_name)))
-            fatal("out of memory");
+        if (w->workspace && ++w->listed > MAX_WORKSPACE)
+            fatal("the compile stage left more than %d entries", MAX_WORKSPACE);
+        if (count < keep) {
+            if (count == cap && !(names = realloc(names, (cap = cap * 2 + 16) * sizeof *names)))
+                fatal("out of memory");
+            if (!(names[count] = strdup(name)))
+                fatal("out of memory");
+            if (!w->workspace)
+                heap_up(names, count);
+            count++;
+            continue;
+        }
+        dropped = 1;
+        if (count > 0 && strcmp(name, names[0]) < 0) { /* it goes before the greatest kept */
+            count_unlisted(w, dfd, names[0], depth);
+            free(names[0]);
+            if (!(names[0] = strdup(name)))
+                fatal("out of memory");
+            heap_down(names, count, 0);
+        } else {
+            count_unlisted(w, dfd, name, depth);
+        }
     }
     closedir(d);
     qsort(names, count, sizeof *names, by_name);
-    for (size_t i = 0; i < count && !w->full; i++) {
+    for (size_t i = 0; i < count; i++) {
         const char *name = names[i];
         size_t nlen = strlen(name), len = plen ? plen + 1 + nlen : nlen;
         struct stat st;
+        if (!w->workspace && w->listed >= MAX_LISTED) {
+            stop_listing(w, dfd, plen);
+            count_unlisted(w, dfd, name, depth);
+            continue;
+        }
         if (len > MAX_PATH) {
             w->path[plen] = 0;
             problem(w, "%s/%s: the path is longer than %d bytes; not listed", w->path, name, MAX_PATH);
@@ -909,23 +1133,18 @@ static void walk(struct walk *w, int dfd, size_t plen, int depth)
         memcpy(w->path + (plen ? plen + 1 : 0), name, nlen + 1);
         if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
             continue;
-        if (w->workspace && ++w->listed > MAX_WORKSPACE)
-            fatal("the compile stage left more than %d entries", MAX_WORKSPACE);
-        if (!w->workspace && !S_ISDIR(st.st_mode) && w->listed++ == MAX_LISTED) {
-            warnf("outputs: more than %d entries; the rest are not listed", MAX_LISTED);
-            w->full = 1;
-            break;
-        }
+        if (!w->workspace)
+            w->listed++;
         if (S_ISDIR(st.st_mode)) {
             if (w->workspace && !w->counting)
                 entry("d", w->path, st.st_mode & 07777, 0, "", "", "");
             if (depth >= MAX_DEPTH) {
-                problem(w, "%s: deeper than %d levels; not listed", w->path, MAX_DEPTH);
+                unlisted_folder(w, &st, "deeper than " STR(MAX_DEPTH) " levels");
                 continue;
             }
             int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (sub < 0) {
-                problem(w, "%s: cannot be listed: %s", w->path, strerror(errno));
+                unlisted_folder(w, &st, strerror(errno));
                 continue;
             }
             walk(w, sub, len, depth + 1);
@@ -941,6 +1160,8 @@ static void walk(struct walk *w, int dfd, size_t plen, int depth)
             entry("f", w->path, st.st_mode & 07777, 0, "", "not a regular file", "");
         }
     }
+    if (dropped)
+        stop_listing(w, dfd, plen);
     for (size_t i = 0; i < count; i++)
         free(names[i]);
     free(names);
@@ -960,11 +1181,18 @@ static void collect(int run_ok)
         } else if (S_ISDIR(st.st_mode)) {
             int fd = openat(wd, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (fd < 0) {
-                warnf("outputs: cannot be listed: %s", strerror(errno));
+                unlisted_folder(&w, &st, strerror(errno));
             } else {
                 walk(&w, fd, strlen(w.path), 1);
                 close(fd);
             }
+        }
+        if (w.unlisted > 0) {
+            char reason[256];
+            snprintf(reason, sizeof reason, "the listing stopped in this folder at the %d-entry "
+                     "cap: %s%llu more entries are not listed", MAX_LISTED,
+                     w.unlisted >= MAX_COUNTED ? "at least " : "", (unsigned long long)w.unlisted);
+            entry("d", w.cut, w.cut_mode, 0, "", reason, "");
         }
     } else if (cfg.collect == C_WORKSPACE && run_ok) {
         w.workspace = w.counting = 1;

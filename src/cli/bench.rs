@@ -22,7 +22,7 @@ use anyhow::{bail, Context as _};
 use futures_util::StreamExt;
 
 use crate::app::App;
-use crate::executor::timings::Phase;
+use crate::executor::timings::Step;
 use crate::executor::RunRequest;
 use crate::registry::Language;
 use crate::report::Status;
@@ -289,12 +289,12 @@ async fn warm(app: &App, lang: &Language) {
     }
 }
 
-/// Phase means (ms) between two snapshots of the executor's timings.
+/// Step means (ms) between two snapshots of the executor's timings.
 fn phases(
     before: &BTreeMap<&'static str, (u64, f64)>,
     after: &BTreeMap<&'static str, (u64, f64)>,
 ) -> String {
-    Phase::ALL
+    Step::ALL
         .iter()
         .filter_map(|p| {
             let (c0, s0) = before.get(p.as_str()).copied().unwrap_or_default();
@@ -312,7 +312,7 @@ fn phases(
 }
 
 fn snapshot(app: &App) -> BTreeMap<&'static str, (u64, f64)> {
-    Phase::ALL
+    Step::ALL
         .iter()
         .map(|p| {
             let (_, count, sum) = app.executor.timings().get(*p).snapshot();

@@ -114,6 +114,12 @@ struct State {
     updates: BTreeMap<String, Resources>,
     /// The daemon stopped answering (SIGSTOP): calls and output never come back.
     frozen: bool,
+    /// Steps that take this long before they answer (a slow daemon).
+    delays: BTreeMap<Step, std::time::Duration>,
+    /// Steps that never answer (a daemon stuck on one call).
+    stuck: BTreeSet<Step>,
+    /// Attach connections whose write half is still held by codebox.
+    open_inputs: Arc<std::sync::atomic::AtomicUsize>,
     /// Image builds as they start and end: "start TAG", "end TAG".
     builds: Vec<String>,
 }
@@ -175,6 +181,23 @@ impl FakeEngine {
         self.state().frozen = true;
     }
 
+    /// Every call of `step` takes `delay` before it answers.
+    pub fn delay(&self, step: Step, delay: std::time::Duration) {
+        self.state().delays.insert(step, delay);
+    }
+
+    /// Every call of `step` from now on never answers.
+    pub fn stick_at(&self, step: Step) {
+        self.state().stuck.insert(step);
+    }
+
+    /// Attach connections whose write half codebox still holds (not yet dropped).
+    pub fn open_inputs(&self) -> usize {
+        self.state()
+            .open_inputs
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Every attach panics (a bug in a run task).
     pub fn panic_on_start(&self) {
         self.set_default(Behaviour::Panic);
@@ -225,8 +248,18 @@ impl FakeEngine {
 
     /// Answer a call (never, when frozen), failing it if told to.
     async fn answer(&self, step: Step) -> Result<(), EngineError> {
-        if self.state().frozen {
+        let (stuck, delay) = {
+            let st = self.state();
+            (
+                st.frozen || st.stuck.contains(&step),
+                st.delays.get(&step).copied(),
+            )
+        };
+        if stuck {
             std::future::pending::<()>().await;
+        }
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
         }
         self.check(step)
     }
@@ -259,6 +292,43 @@ impl FakeEngine {
     }
 }
 
+/// An attach connection's write half that counts itself in [`FakeEngine::open_inputs`]
+/// until it is dropped.
+struct TrackedSink {
+    inner: tokio::io::DuplexStream,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for TrackedSink {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl tokio::io::AsyncWrite for TrackedSink {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// The frames of a phase that ended (`extra`: more `key=value` lines).
 fn phase_end(end: &str, stdout: &str, stderr: &str, extra: &str) -> Vec<u8> {
     let mut v = frame(b'P', b"run");
@@ -283,7 +353,7 @@ fn phase_end(end: &str, stdout: &str, stderr: &str, extra: &str) -> Vec<u8> {
 /// The working directory sent back by a compile stage: the payload's entries and a `main`.
 fn workspace_frames(payload: &Payload) -> Vec<u8> {
     let mut v = Vec::new();
-    let mut entries = payload.entries.clone();
+    let mut entries = payload.files.entries();
     entries.push(crate::engine::protocol::Entry::file(
         "main",
         0o755,
@@ -513,9 +583,11 @@ impl ContainerEngine for FakeEngine {
                 item.map(|item| (item, rx))
             }
         });
+        let open = self.state().open_inputs.clone();
+        open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(Attached {
             output: Box::pin(output),
-            input: Box::pin(sink),
+            input: Box::pin(TrackedSink { inner: sink, open }),
         })
     }
 

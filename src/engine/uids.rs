@@ -71,19 +71,34 @@ impl UidPool {
         Some(Some(file))
     }
 
-    /// Lease a free uid, chosen at random among those no process holds.
+    /// Lease a free uid, chosen at random among those no process holds. Candidates come off
+    /// the free list under its lock; their lock files are opened and tried outside it.
     pub fn lease(self: &Arc<UidPool>) -> UidLease {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let start = random_index(free.len().max(1));
-        for k in 0..free.len() {
-            let i = (start + k) % free.len();
-            if let Some(lock) = self.lock(free[i]) {
-                return UidLease {
-                    uid: free.swap_remove(i),
-                    pool: Some(self.clone()),
-                    _lock: lock,
-                };
+        let mut held_elsewhere = Vec::new();
+        let leased = loop {
+            let candidate = {
+                let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                if free.is_empty() {
+                    break None;
+                }
+                let i = random_index(free.len());
+                free.swap_remove(i)
+            };
+            match self.lock(candidate) {
+                Some(lock) => break Some((candidate, lock)),
+                None => held_elsewhere.push(candidate),
             }
+        };
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(held_elsewhere);
+        if let Some((uid, lock)) = leased {
+            return UidLease {
+                uid,
+                pool: Some(self.clone()),
+                _lock: lock,
+            };
         }
         let uid = SANDBOX_UID_FIRST + random_index(SANDBOX_UIDS as usize) as u32;
         tracing::warn!(

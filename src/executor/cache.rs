@@ -10,13 +10,13 @@
 //! Entries live in codebox's own memory, where no run can reach them, bounded by
 //! `cache.compile_mb` with least-recently-used eviction.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use sha2::{Digest, Sha256};
 
-use crate::engine::protocol::Entry;
+use crate::engine::protocol::Files;
 use crate::registry::Language;
 use crate::report::CompileReport;
 
@@ -26,7 +26,7 @@ pub enum Verdict {
     /// The whole working directory, ready for the run stage.
     Compiled {
         report: CompileReport,
-        artifacts: Arc<Vec<Entry>>,
+        artifacts: Files,
     },
     /// The compiler refused the code.
     Refused { report: CompileReport },
@@ -34,15 +34,11 @@ pub enum Verdict {
 
 impl Verdict {
     fn bytes(&self) -> u64 {
-        let (report, artifacts) = match self {
-            Verdict::Compiled { report, artifacts } => (report, artifacts.as_slice()),
-            Verdict::Refused { report } => (report, &[][..]),
+        let (report, files) = match self {
+            Verdict::Compiled { report, artifacts } => (report, artifacts.encoded_bytes()),
+            Verdict::Refused { report } => (report, 0),
         };
-        let content: usize = artifacts
-            .iter()
-            .map(|e| e.content.len() + e.path.len() + 64)
-            .sum();
-        (content + report.stdout.len() + report.stderr.len() + 256) as u64
+        files + (report.stdout.len() + report.stderr.len() + 256) as u64
     }
 }
 
@@ -97,16 +93,31 @@ struct Slot {
 #[derive(Default)]
 struct State {
     slots: HashMap<Key, Slot>,
+    /// The keys by when they were last used, oldest first: eviction takes the first.
+    by_use: BTreeMap<u64, Key>,
     bytes: u64,
     clock: u64,
+}
+
+impl State {
+    /// Mark a slot used now.
+    fn touch(&mut self, key: &Key) {
+        self.clock += 1;
+        let now = self.clock;
+        if let Some(slot) = self.slots.get_mut(key) {
+            self.by_use.remove(&slot.used);
+            slot.used = now;
+            self.by_use.insert(now, *key);
+        }
+    }
 }
 
 /// The cache of one process.
 pub struct CompileCache {
     max_bytes: u64,
     state: Mutex<State>,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 impl CompileCache {
@@ -128,11 +139,9 @@ impl CompileCache {
             return None;
         }
         let mut st = self.state();
-        st.clock += 1;
-        let now = st.clock;
-        match st.slots.get_mut(key) {
+        st.touch(key);
+        match st.slots.get(key) {
             Some(slot) => {
-                slot.used = now;
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 Some(slot.verdict.clone())
             }
@@ -162,16 +171,26 @@ impl CompileCache {
             },
         ) {
             st.bytes -= old.bytes;
+            st.by_use.remove(&old.used);
         }
+        st.by_use.insert(used, key);
         st.bytes += bytes;
         while st.bytes > self.max_bytes {
-            let Some(oldest) = st.slots.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| *k) else {
+            let Some((_, oldest)) = st.by_use.pop_first() else {
                 break;
             };
             if let Some(s) = st.slots.remove(&oldest) {
                 st.bytes -= s.bytes;
             }
         }
+    }
+
+    /// (hits, misses)
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
     }
 
     /// (entries, bytes)
@@ -201,7 +220,11 @@ mod tests {
     fn compiled(size: usize) -> Verdict {
         Verdict::Compiled {
             report: report(),
-            artifacts: Arc::new(vec![Entry::file("main", 0o755, vec![0u8; size])]),
+            artifacts: Files::new(&[crate::engine::protocol::Entry::file(
+                "main",
+                0o755,
+                vec![0u8; size],
+            )]),
         }
     }
 

@@ -109,7 +109,8 @@ pub fn classify(phase: Option<&Phase>, stage: &StageResult) -> Outcome {
                 } else {
                     Status::Failed
                 },
-                exit_code: Some(128 + n),
+                // The decoder admits 1 to 64 only; checked all the same.
+                exit_code: 128i64.checked_add(*n),
                 signal: Some(
                     signal_name(*n)
                         .map(str::to_string)

@@ -63,14 +63,28 @@ pub fn is_image(mime: &str) -> bool {
     )
 }
 
-/// Report entries for what was collected under `outputs/` (directories are not listed).
+/// The media type of a folder entry: a folder under `outputs/` whose contents are not all
+/// listed (`omitted_reason` says why).
+pub const FOLDER_MIME: &str = "inode/directory";
+
+/// Report entries for what was collected under `outputs/`. Folders appear only when something
+/// in them is not listed (too deep, not readable, past the entry cap), with the reason.
 pub fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
     entries
         .iter()
-        .filter(|e| e.kind != EntryKind::Dir)
-        .map(|e| {
+        .filter_map(|e| {
+            if e.kind == EntryKind::Dir {
+                return e.reason.as_ref().map(|reason| FileReport {
+                    path: e.path.clone(),
+                    size_bytes: 0,
+                    mime_type: FOLDER_MIME.to_string(),
+                    sha256: String::new(),
+                    content_base64: None,
+                    omitted_reason: Some(reason.clone()),
+                });
+            }
             let sent = e.reason.is_none() && e.kind == EntryKind::File;
-            FileReport {
+            Some(FileReport {
                 path: e.path.clone(),
                 size_bytes: e.size,
                 mime_type: mime_type(&e.path, if sent { &e.content } else { &[] }).to_string(),
@@ -78,9 +92,33 @@ pub fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
                 content_base64: sent
                     .then(|| base64::engine::general_purpose::STANDARD.encode(&e.content)),
                 omitted_reason: e.reason.clone(),
-            }
+            })
         })
         .collect()
+}
+
+/// The report's message, with a clause naming the folders under `outputs/` that are not
+/// fully listed (each with its reason), if any: files that are not listed must not vanish
+/// without a word.
+pub fn with_unlisted_note(message: String, files: &[FileReport]) -> String {
+    const NAMED: usize = 3;
+    let folders: Vec<String> = files
+        .iter()
+        .filter(|f| f.mime_type == FOLDER_MIME)
+        .map(|f| format!("{} ({})", f.path, f.omitted_reason.as_deref().unwrap_or("")))
+        .collect();
+    if folders.is_empty() {
+        return message;
+    }
+    let more = match folders.len().saturating_sub(NAMED) {
+        0 => String::new(),
+        1 => " and 1 more folder (see files)".to_string(),
+        n => format!(" and {n} more folders (see files)"),
+    };
+    format!(
+        "{message}; not everything under {OUTPUTS_DIR}/ is listed: {}{more}",
+        folders[..folders.len().min(NAMED)].join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -100,5 +138,44 @@ mod tests {
             "application/octet-stream"
         );
         assert!(is_image("image/webp") && !is_image("image/svg+xml"));
+    }
+
+    fn dir(path: &str, reason: Option<&str>) -> FileEntry {
+        FileEntry {
+            kind: EntryKind::Dir,
+            path: path.into(),
+            mode: 0o755,
+            size: 0,
+            sha256: String::new(),
+            reason: reason.map(str::to_string),
+            target: String::new(),
+            content: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn folders_not_fully_listed_are_reported_with_their_reason() {
+        let files = report_files(&[
+            dir("outputs/listed", None),
+            dir("outputs/deep", Some("deeper than 16 levels")),
+            dir("outputs", Some("500 more entries are not listed")),
+        ]);
+        assert_eq!(files.len(), 2, "{files:?}");
+        let deep = &files[0];
+        assert_eq!(
+            (deep.path.as_str(), deep.size_bytes, deep.mime_type.as_str()),
+            ("outputs/deep", 0, FOLDER_MIME)
+        );
+        assert_eq!((deep.sha256.as_str(), &deep.content_base64), ("", &None));
+        assert_eq!(
+            deep.omitted_reason.as_deref(),
+            Some("deeper than 16 levels")
+        );
+        assert_eq!(
+            with_unlisted_note("exited with code 0".into(), &files),
+            "exited with code 0; not everything under outputs/ is listed: outputs/deep (deeper \
+             than 16 levels), outputs (500 more entries are not listed)"
+        );
+        assert_eq!(with_unlisted_note("m".into(), &[]), "m");
     }
 }

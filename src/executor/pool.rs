@@ -12,17 +12,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::engine::guard::{Cleanup, ContainerGuard};
-use crate::engine::posture::{self, Limits, Plan};
+use crate::engine::posture::{self, Limits, Plan, PostureViolation};
 use crate::engine::uids::UidPool;
-use crate::engine::{ContainerEngine, ContainerSpec, LABEL_EXPIRES, LABEL_INSTANCE};
-use crate::engine::{LABEL_MANAGED, LABEL_RUN};
+use crate::engine::{ContainerEngine, ContainerSpec, EngineError};
 use crate::registry::Registry;
 
 /// Containers started at once to fill the pool (filling competes with runs for the CPU).
@@ -112,6 +111,20 @@ struct Inner {
     /// Set when the runtime refused to change a started container's limits (runsc cannot):
     /// from then on only a container of the exact shape serves a run.
     no_updates: AtomicBool,
+    /// Told whenever the pool came to hold less of the budget, or a fill ended either way.
+    listener: OnceLock<Listener>,
+}
+
+/// What the pool tells when it changed (the run manager: admit what can start now).
+type Listener = Box<dyn Fn() + Send + Sync>;
+
+/// Why a container could not be started ahead of time.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    #[error(transparent)]
+    Posture(#[from] PostureViolation),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
 }
 
 /// The pool of one process. Cheap to clone.
@@ -138,6 +151,7 @@ impl Pool {
                 state: Mutex::new(State::default()),
                 counters: PoolCounters::default(),
                 no_updates: AtomicBool::new(false),
+                listener: OnceLock::new(),
             }),
         }
     }
@@ -145,6 +159,18 @@ impl Pool {
     fn state(&self) -> MutexGuard<'_, State> {
         // Every update is a few pushes and removals: a poisoned lock holds consistent data.
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Call `listener` (never under the pool's lock) whenever the pool came to hold less of
+    /// the memory budget or a fill ended, succeeded or not. Set once.
+    pub fn on_change(&self, listener: impl Fn() + Send + Sync + 'static) {
+        let _ = self.inner.listener.set(Box::new(listener));
+    }
+
+    fn changed(&self) {
+        if let Some(listener) = self.inner.listener.get() {
+            listener();
+        }
     }
 
     pub fn counters(&self) -> &PoolCounters {
@@ -237,39 +263,35 @@ impl Pool {
         self.state().filling.push(shape.clone());
         self.inner.cleanup.spawn(async move {
             let made = pool.make(&shape).await;
-            let mut st = pool.state();
-            if let Some(i) = st.filling.iter().position(|s| *s == shape) {
-                st.filling.remove(i);
-            }
-            match made {
-                Ok(idle) if !st.closed => st.idle.push(idle),
-                Ok(idle) => drop(idle),
-                Err(e) => {
-                    pool.inner.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(image = shape.image, error = %e, "could not start a container ahead of time");
+            {
+                let mut st = pool.state();
+                if let Some(i) = st.filling.iter().position(|s| *s == shape) {
+                    st.filling.remove(i);
+                }
+                match made {
+                    Ok(idle) if !st.closed => st.idle.push(idle),
+                    Ok(idle) => drop(idle),
+                    Err(e) => {
+                        pool.inner.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(image = shape.image, error = %e, "could not start a container ahead of time");
+                    }
                 }
             }
+            // A queued run may have waited for this memory, ready or given back.
+            pool.changed();
         });
     }
 
-    async fn make(&self, shape: &Shape) -> Result<Idle, String> {
+    async fn make(&self, shape: &Shape) -> Result<Idle, FillError> {
         let i = &self.inner;
         let lease = i.uids.lease();
         let name = format!("codebox-pool-{}", uuid::Uuid::new_v4().simple());
         let c = &i.config;
         // A pooled container may wait `pool.idle_seconds`, then serve the longest run.
-        let budget = c.pool.idle_seconds as f64 + c.limits.max_timeout_seconds + 3600.0;
-        let expires = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs()
-            + budget as u64;
-        let labels = BTreeMap::from([
-            (LABEL_MANAGED.to_string(), "true".to_string()),
-            (LABEL_RUN.to_string(), POOL_RUN_LABEL.to_string()),
-            (LABEL_INSTANCE.to_string(), i.instance.clone()),
-            (LABEL_EXPIRES.to_string(), expires.to_string()),
-        ]);
+        let lifetime = Duration::from_secs(c.pool.idle_seconds)
+            + Duration::from_secs_f64(c.limits.max_timeout_seconds)
+            + Duration::from_secs(3600);
+        let labels = super::containers::labels(POOL_RUN_LABEL, &i.instance, lifetime);
         let plan = Plan {
             name: name.clone(),
             image: shape.image.clone(),
@@ -279,16 +301,10 @@ impl Pool {
             labels,
         };
         let spec = posture::locked_down(&plan, &c.sandbox);
-        posture::check(&spec, &c.sandbox).map_err(|e| e.to_string())?;
+        posture::check(&spec, &c.sandbox)?;
         let guard = ContainerGuard::new(i.engine.clone(), i.cleanup.clone(), name, lease);
-        i.engine
-            .create_container(&spec)
-            .await
-            .map_err(|e| e.to_string())?;
-        i.engine
-            .start_container(guard.name())
-            .await
-            .map_err(|e| e.to_string())?;
+        i.engine.create_container(&spec).await?;
+        i.engine.start_container(guard.name()).await?;
         i.counters.created.fetch_add(1, Ordering::Relaxed);
         Ok(Idle {
             guard,
@@ -324,6 +340,8 @@ impl Pool {
                 }
             }
         };
+        // The pool holds less now: its replacement, or a queued run, may start.
+        self.changed();
         let sandbox = &self.inner.config.sandbox;
         let mut spec = idle.spec.clone();
         if !exact {
@@ -392,9 +410,13 @@ impl Pool {
             st.idle.drain(..).partition(|i| i.since.elapsed() >= max);
         st.idle = keep;
         drop(st);
+        let freed = !old.is_empty();
         for idle in old {
             self.inner.counters.expired.fetch_add(1, Ordering::Relaxed);
             idle.guard.remove_later();
+        }
+        if freed {
+            self.changed();
         }
     }
 

@@ -8,7 +8,9 @@
 //! program and reports), then kills after [`STOP_GRACE`]. Once the stage's time is up, the
 //! host waits on the engine (kill, drain, exit, state) for at most [`END_GRACE`] more: a
 //! daemon that stops answering cannot hold a run beyond its limits, the backstop's grace and
-//! this. Tested on the fake engine with paused time.
+//! this. Before the container runs, attaching and starting it are bounded the same way as
+//! every other engine call of a run: by a stop and by the run's deadline ([`Bound`]). Tested
+//! on the fake engine with paused time.
 
 use std::time::Duration;
 
@@ -16,6 +18,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::engine::protocol::{DecodeLimits, Decoded, Decoder, PhaseName};
 use crate::engine::{ContainerEngine, EngineError, Output, Signal};
@@ -36,11 +39,58 @@ pub const OOM_RECORD_GRACE: Duration = Duration::from_secs(2);
 /// only when it cannot start at all).
 const STDERR_KEPT: usize = 16 * 1024;
 
+/// What ends an engine call of a run before it answers: a stop, or the run's deadline.
+#[derive(Clone, Copy)]
+pub struct Bound<'a> {
+    pub cancel: &'a CancellationToken,
+    pub deadline: Instant,
+}
+
+/// Why a run's engine call was given up.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Interrupted {
+    #[error("stopped")]
+    Stopped,
+    /// The run's deadline passed while the engine had not answered.
+    #[error(
+        "Docker did not finish {step} within the run's time limit; the container is being removed"
+    )]
+    Late { step: &'static str },
+}
+
+/// What an engine call bounded by a stop and a deadline came to.
+#[derive(Debug, thiserror::Error)]
+pub enum BoundError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Interrupted(#[from] Interrupted),
+}
+
+impl Bound<'_> {
+    /// `call`, unless a stop or the deadline comes first. `step` names it for the error
+    /// ("creating the container").
+    pub async fn call<T>(
+        &self,
+        step: &'static str,
+        call: impl std::future::Future<Output = Result<T, EngineError>>,
+    ) -> Result<T, BoundError> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(Interrupted::Stopped.into()),
+            answer = tokio::time::timeout_at(self.deadline, call) => match answer {
+                Ok(result) => Ok(result?),
+                Err(_) => Err(Interrupted::Late { step }.into()),
+            },
+        }
+    }
+}
+
 /// What to do in one container.
 #[derive(Clone)]
 pub struct StageRequest {
-    /// The payload for the container's stdin.
-    pub payload: bytes::Bytes,
+    /// The payload for the container's stdin, in parts written one after the other.
+    pub payload: Vec<bytes::Bytes>,
     /// After this long the host kills the container, whatever the helper says.
     pub backstop: Duration,
     /// When a check phase comes first (its budget is in `backstop`): once the run phase
@@ -102,29 +152,40 @@ async fn by<T>(when: Instant, call: impl std::future::Future<Output = T>) -> Opt
     tokio::time::timeout_at(when, call).await.ok()
 }
 
-/// Run one stage in the container `id`; `start` when it was only created.
+/// Run one stage in the container `id`; `start` when it was only created. Attaching and
+/// starting are bounded by `bound`; once the container runs, the stage's own deadlines apply.
 pub async fn run_stage(
     engine: &dyn ContainerEngine,
     id: &str,
     start: bool,
     request: StageRequest,
-    cancel: &CancellationToken,
-) -> Result<StageResult, EngineError> {
+    bound: Bound<'_>,
+) -> Result<StageResult, BoundError> {
+    let cancel = bound.cancel;
     let asked = Instant::now();
-    let attached = engine.attach_container(id).await?;
+    let attached = bound
+        .call("attaching to the container", engine.attach_container(id))
+        .await?;
     if start {
-        engine.start_container(id).await?;
+        bound
+            .call("starting the container", engine.start_container(id))
+            .await?;
     }
     let began = Instant::now();
     let mut input = attached.input;
     let payload = request.payload;
     // The payload may be larger than a pipe holds: it is written while the output is read.
-    let writer = tokio::spawn(async move {
-        let _ = input.write_all(&payload).await;
+    // The task holds the attach connection's write half until the stage ends, whichever way
+    // it ends: dropping the handle aborts it.
+    let _writer = AbortOnDropHandle::new(tokio::spawn(async move {
+        for part in payload {
+            if input.write_all(&part).await.is_err() {
+                break;
+            }
+        }
         let _ = input.shutdown().await;
-        // Keep the attach connection's write half alive until the stage ends.
         std::future::pending::<()>().await;
-    });
+    }));
     let mut output = attached.output;
     let mut decoder = Decoder::new(request.limits);
     let mut stderr = Vec::new();
@@ -200,7 +261,6 @@ pub async fn run_stage(
             },
         }
     }
-    writer.abort();
     let output_ended = Instant::now();
     // Reading the exit and the state: each within WAIT_GRACE, and never past `hard_end`.
     let collect_by = || (Instant::now() + WAIT_GRACE).min(hard_end);

@@ -1,11 +1,11 @@
-//! Where a run's time goes, phase by phase, for `/metrics` and `codebox bench`.
+//! Where a run's time goes, step by step, for `/metrics` and `codebox bench`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// A step of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub enum Step {
     /// Getting a container: one ready in the pool, or a new one created.
     Acquire,
     /// Attaching to it, and starting it when it was not started ahead of time.
@@ -21,34 +21,34 @@ pub enum Phase {
     Remove,
 }
 
-impl Phase {
-    pub const ALL: [Phase; 6] = [
-        Phase::Acquire,
-        Phase::Deliver,
-        Phase::Compile,
-        Phase::Run,
-        Phase::Collect,
-        Phase::Remove,
+impl Step {
+    pub const ALL: [Step; 6] = [
+        Step::Acquire,
+        Step::Deliver,
+        Step::Compile,
+        Step::Run,
+        Step::Collect,
+        Step::Remove,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Phase::Acquire => "acquire",
-            Phase::Deliver => "deliver",
-            Phase::Compile => "compile",
-            Phase::Run => "run",
-            Phase::Collect => "collect",
-            Phase::Remove => "remove",
+            Step::Acquire => "acquire",
+            Step::Deliver => "deliver",
+            Step::Compile => "compile",
+            Step::Run => "run",
+            Step::Collect => "collect",
+            Step::Remove => "remove",
         }
     }
 }
 
-/// Upper bounds (seconds) of the phase histogram's buckets.
+/// Upper bounds (seconds) of the step histogram's buckets.
 pub const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
 ];
 
-/// One phase's histogram.
+/// One step's histogram.
 #[derive(Default)]
 pub struct Histogram {
     /// Counts per bucket of [`BUCKETS`] (not cumulative).
@@ -86,18 +86,18 @@ impl Histogram {
     }
 }
 
-/// The histograms of every phase.
+/// The histograms of every step.
 #[derive(Default)]
 pub struct Timings {
-    phases: [Histogram; Phase::ALL.len()],
+    steps: [Histogram; Step::ALL.len()],
 }
 
 impl Timings {
-    pub fn record(&self, phase: Phase, d: Duration) {
-        self.phases[phase as usize].record(d);
+    pub fn record(&self, step: Step, d: Duration) {
+        self.steps[step as usize].record(d);
     }
 
-    pub fn get(&self, phase: Phase) -> &Histogram {
-        &self.phases[phase as usize]
+    pub fn get(&self, step: Step) -> &Histogram {
+        &self.steps[step as usize]
     }
 }

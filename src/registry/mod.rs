@@ -79,10 +79,18 @@ pub struct Language {
     /// (for Python, the module to import).
     pub packages: Vec<String>,
     pub compile_limits: CompileLimits,
+    /// The session driver (a program in the image that keeps an interpreter's state between
+    /// the executions of a session); `None`: sessions keep files only.
+    pub session_driver: Option<Vec<String>>,
     pub tests: Vec<Sample>,
 }
 
 impl Language {
+    /// Sessions of this language keep the interpreter's state, not only files.
+    pub fn is_stateful(&self) -> bool {
+        self.session_driver.is_some()
+    }
+
     /// A compile stage runs in a container of its own.
     pub fn is_compiled(&self) -> bool {
         self.compile.is_some()
@@ -353,6 +361,16 @@ fn validate_language(
             return err("version", "must be a non-empty command when present".into());
         }
     }
+    let session_driver = match raw.session {
+        Some(s) if s.driver.is_empty() || s.driver[0].is_empty() => {
+            return err(
+                "session.driver",
+                "must be a non-empty command (a list of strings)".into(),
+            )
+        }
+        Some(s) => Some(s.driver),
+        None => None,
+    };
     for (k, v) in &raw.env {
         let ok_key = !k.is_empty()
             && !k.starts_with(|c: char| c.is_ascii_digit())
@@ -451,6 +469,7 @@ fn validate_language(
         env: raw.env,
         packages: raw.packages,
         compile_limits,
+        session_driver,
         tests,
     })
 }
@@ -509,6 +528,29 @@ run = ["python3", "main.py"]
                 .unwrap_err()
                 .to_string();
             assert!(msg.contains("source_file"), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn a_session_driver_is_a_command_and_makes_the_language_stateful() {
+        let r = Registry::parse(Path::new("l.toml"), MINI).unwrap();
+        assert!(!r.languages["python"].is_stateful());
+        let text = MINI.replace("run = [", "session = { driver = [\"py-driver\"] }\nrun = [");
+        let r = Registry::parse(Path::new("l.toml"), &text).unwrap();
+        assert_eq!(
+            r.languages["python"].session_driver.as_deref(),
+            Some(&["py-driver".to_string()][..])
+        );
+        for bad in [
+            "session = { driver = [] }",
+            "session = { driver = [\"\"] }",
+            "session = { drive = [\"x\"] }",
+        ] {
+            let text = MINI.replace("run = [", &format!("{bad}\nrun = ["));
+            let msg = Registry::parse(Path::new("l.toml"), &text)
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("driver"), "{bad}: {msg}");
         }
     }
 }

@@ -64,6 +64,15 @@ pub struct RawLanguage {
     #[serde(default)]
     pub packages: Vec<String>,
     pub compile_limits: Option<RawLimits>,
+    /// How sessions keep state: `{ driver = [...] }`; without it, sessions keep files only.
+    pub session: Option<RawSession>,
     #[serde(default)]
     pub tests: Vec<RawSample>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSession {
+    /// The session driver's command (docs/sandbox-init.md, "The driver protocol").
+    pub driver: Vec<String>,
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::executor::timings::{Phase, Timings, BUCKETS};
+use crate::executor::timings::{Step, Timings, BUCKETS};
 use crate::report::RunReport;
 
 use super::Stats;
@@ -168,6 +168,20 @@ impl Metrics {
             let _ = writeln!(w, "codebox_run_latency_seconds_sum {}", h.sum);
             let _ = writeln!(w, "codebox_run_latency_seconds_count {}", h.count);
         }
+        let _ = writeln!(
+            w,
+            "# HELP codebox_compile_cache_lookups_total Compile-cache lookups: hit (the same inputs compiled before: no compile container), miss."
+        );
+        let _ = writeln!(w, "# TYPE codebox_compile_cache_lookups_total counter");
+        for (result, n) in [
+            ("hit", stats.compile_cache_hits),
+            ("miss", stats.compile_cache_misses),
+        ] {
+            let _ = writeln!(
+                w,
+                "codebox_compile_cache_lookups_total{{result=\"{result}\"}} {n}"
+            );
+        }
         let p = &stats.pool;
         let _ = writeln!(
             w,
@@ -212,7 +226,7 @@ impl Metrics {
             "# HELP codebox_phase_seconds Time of each step of a run: acquire (a pooled or new container), deliver (attach, start), compile (the whole compile stage), run (program and output), collect (exit and state), remove (after the report)."
         );
         let _ = writeln!(w, "# TYPE codebox_phase_seconds histogram");
-        for phase in Phase::ALL {
+        for phase in Step::ALL {
             let (buckets, count, sum) = timings.get(phase).snapshot();
             let p = phase.as_str();
             for (i, bound) in BUCKETS.iter().enumerate() {

@@ -3,10 +3,12 @@
 # containers, locked down as codebox runs them, with the helper as PID 1 (no --init).
 #
 # Needs Docker and the image codebox/base:bookworm
-# (docker build -t codebox/base:bookworm images/base). Builds a throwaway image with python3,
-# runs every case below, prints one line per case, removes the image, and exits 1 if any case
-# failed. Each case is a payload (Python assignments) and checks (Python asserts on `res`),
-# separated by `---`; tests/init/frames.py builds the payloads and decodes the frames.
+# (docker build -t codebox/base:bookworm images/base). Builds a throwaway image on it with
+# python3, strace and codebox-init compiled from this checkout (the base image may hold another
+# build), runs every case below, prints one line per case, removes the image, and exits 1 if
+# any case failed. Each case is a payload (Python assignments) and checks (Python asserts on
+# `res`), separated by `---`; tests/init/frames.py builds the payloads and decodes the frames.
+# Arguments, if any, name the cases to run (the others are skipped).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,6 +16,7 @@ image=codebox-init-test
 work=$(mktemp -d)
 failed=0
 containers=()
+only=("$@")
 
 cleanup() {
   for c in "${containers[@]}"; do docker rm -f "$c" >/dev/null 2>&1; done
@@ -22,9 +25,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-docker build -q -t "$image" - >"$work/build.log" 2>&1 <<'EOF' || { cat "$work/build.log"; exit 1; }
+# The first stage is images/base/Dockerfile's own (the build cache shares it). The second
+# helper, codebox-init-small, has a 128-byte X frame buffer, to check that a text that does not
+# fit is left out, never written past the buffer.
+docker build -q -t "$image" -f - "$here/../../images/base" >"$work/build.log" 2>&1 <<'EOF' || { cat "$work/build.log"; exit 1; }
+FROM debian:bookworm-slim AS init
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev
+COPY codebox-init.c /src/codebox-init.c
+RUN flags="-std=c11 -static -O2 -Wall -Wextra -Werror -s" \
+ && gcc $flags -o /codebox-init /src/codebox-init.c && /codebox-init --selftest \
+ && gcc $flags -DX_BYTES=128 -o /codebox-init-small /src/codebox-init.c
+
 FROM codebox/base:bookworm
-RUN codebox-install python3
+RUN codebox-install python3 strace
+COPY --from=init /codebox-init /codebox-init-small /usr/local/bin/
 ENV PYTHONDONTWRITEBYTECODE=1
 EOF
 
@@ -36,10 +51,17 @@ locked=(--read-only --network none --user 10001:10001 --cap-drop ALL
 
 # run_case NAME [docker run options] < case
 # KILL_AFTER=seconds: `docker kill --signal TERM` the container then.
+# TERM_INSIDE=1: first send SIGTERM to PID 1 from inside the container (docker exec), which
+#   must not stop it.
 # HOLD_STDIN=1: keep the container's stdin open after the payload (as a pre-started container's).
+# HELPER="command...": what the container runs (default: codebox-init).
 run_case() {
   local name=$1 dir=$work/$1 container=codebox-init-test-$$-$1 rc pid holder=
   shift
+  if [[ ${#only[@]} -gt 0 && " ${only[*]} " != *" $name "* ]]; then
+    cat >/dev/null
+    return
+  fi
   mkdir -p "$dir"
   cat >"$dir/case"
   if ! python3 "$here/frames.py" payload "$dir/case" >"$dir/payload"; then
@@ -54,9 +76,16 @@ run_case() {
   else
     ln -s payload "$dir/in"
   fi
+  # shellcheck disable=SC2086 # HELPER is a command line
   docker run -i --rm --name "$container" "${locked[@]}" "$@" "$image" \
-    /usr/local/bin/codebox-init <"$dir/in" >"$dir/out" 2>"$dir/err" &
+    ${HELPER:-/usr/local/bin/codebox-init} <"$dir/in" >"$dir/out" 2>"$dir/err" &
   pid=$!
+  if [[ -n ${TERM_INSIDE:-} ]]; then
+    for _ in $(seq 50); do
+      docker exec "$container" sh -c 'kill -TERM 1' 2>/dev/null && break
+      sleep 0.2
+    done
+  fi
   if [[ -n ${KILL_AFTER:-} ]]; then
     sleep "$KILL_AFTER"
     docker kill --signal TERM "$container" >/dev/null
@@ -66,12 +95,12 @@ run_case() {
   [[ -n $holder ]] && kill "$holder" 2>/dev/null && wait "$holder" 2>/dev/null
   local elapsed
   elapsed=$(python3 -c "print(f'{$EPOCHREALTIME - $start:.2f}')")
-  if python3 "$here/frames.py" verify "$dir/case" "$dir/out" "$rc" "$elapsed" >"$dir/report"; then
+  if python3 "$here/frames.py" verify "$dir/case" "$dir/out" "$rc" "$elapsed" "$dir/err" >"$dir/report"; then
     printf 'ok   %-32s %6ss\n' "$name" "$elapsed"
   else
     printf 'FAIL %-32s %6ss\n' "$name" "$elapsed"
     cat "$dir/report"
-    [[ -s $dir/err ]] && sed 's/^/      docker: /' "$dir/err"
+    [[ -s $dir/err ]] && head -c 4000 "$dir/err" | sed 's/^/      docker: /'
     failed=1
   fi
 }
@@ -87,6 +116,22 @@ assert 0 <= res.run.cpu_ms < 500, res.run.cpu_ms
 assert res.run.peak_source == "cgroup" and res.run.peak_kb > 1000
 assert res.run.oom_kills == 0 and res.run.stdout_bytes == 6 and res.run.stderr_bytes == 0
 assert res.run.wall_ms < 5000 and res.entries == [] and res.warnings == []
+EOF
+
+# The payload is read ahead only as far as its records announce (a header and its value in
+# about one read), never past the end record: the program still gets every byte after it.
+HELPER="strace -qq -e trace=read -e signal=none -o /dev/stderr /usr/local/bin/codebox-init" \
+run_case payload-in-few-reads <<'EOF'
+env = ["A=1", "B=22", "C=333"]
+files = [("0644", "/".join(["d" * 250] * 12) + "/deep.txt", "x" * 100000), ("0644", "a.txt", "a"),
+         ("0755", "b/c.sh", "#!/bin/sh\n")]
+run = ["python3", "-c", "import sys; print(open('a.txt').read(), sys.stdin.read())"]
+stdin = b"after the end record"
+---
+assert res.run.stdout == b"a after the end record\n", res.run
+reads = [l for l in res.docker_stderr.splitlines() if l.startswith("read(0,")]
+# 8 records, one of them 100 kB (two 64 KiB reads); one byte per read would be over 3,000.
+assert 8 <= len(reads) <= 12, reads
 EOF
 
 run_case stdin-after-payload <<'EOF'
@@ -325,10 +370,78 @@ for i in range(1005):
     open('outputs/%04d' % i, 'w').close()
 """]
 ---
-assert len(res.entries) == 1000 and res.entries[-1].path == "outputs/0999"
+assert len(res.entries) == 1001 and res.entries[999].path == "outputs/0999"
 assert sum(e.content is not None for e in res.entries) == 32
 assert res.entries[32].reason == "over the 32-file cap"
-assert res.warnings == ["outputs: more than 1000 entries; the rest are not listed"], res.warnings
+rest = res.entries[-1]
+assert (rest.kind, rest.path, rest.size, rest.sha256, rest.content) == ("d", "outputs", 0, "", None)
+assert rest.reason == "the listing stopped in this folder at the 1000-entry cap: 5 more entries are not listed", rest.reason
+assert res.warnings == [], res.warnings
+EOF
+
+# Folders count towards the cap too; the remainder is counted across folders, subfolders
+# included, and named by the folder where the listing stopped.
+run_case outputs-entry-cap-in-a-folder <<'EOF'
+collect = "outputs"
+run = ["python3", "-c", """
+import os
+for d, n in [('a', 5), ('b', 1000), ('c', 3)]:
+    os.makedirs('outputs/' + d)
+    for i in range(n):
+        open('outputs/%s/%04d' % (d, i), 'w').close()
+open('outputs/z', 'w').close()
+"""]
+---
+assert len(res.entries) == 999 and res.entries[-2].path == "outputs/b/0992", res.entries[-3:]
+rest = res.entries[-1]
+assert rest.kind == "d" and rest.path == "outputs/b", rest
+assert rest.reason == "the listing stopped in this folder at the 1000-entry cap: 12 more entries are not listed", rest.reason
+EOF
+
+# The cap applies while a folder is scanned: only the names it can still list are held, so
+# 60,000 names of 250 bytes (16 MB with their pointers) need not fit a 12 MB data limit.
+HELPER="prlimit --data=12000000 /usr/local/bin/codebox-init" \
+run_case outputs-cap-while-scanning <<'EOF'
+collect = "outputs"
+run = ["sh", "-c", "mkdir outputs && cd outputs && seq -f '%0250g' 60000 | xargs touch"]
+---
+assert res.rc == 0 and res.fatal is None, res.fatal
+assert len(res.entries) == 1001 and res.entries[999].path == "outputs/" + "%0250d" % 1000
+rest = res.entries[-1]
+assert rest.path == "outputs" and "cap: 59000 more entries are not listed" in rest.reason, rest
+EOF
+
+run_case outputs-too-deep <<'EOF'
+collect = "outputs"
+run = ["python3", "-c", """
+import os
+deep = 'outputs/' + '/'.join('d%02d' % i for i in range(1, 21))
+os.makedirs(deep)
+open(deep + '/lost.txt', 'w').write('x')
+open('outputs/d01/d02/shallow.txt', 'w').write('y')
+"""]
+---
+deep, shallow = res.entries
+assert deep.kind == "d" and deep.path == "outputs/" + "/".join("d%02d" % i for i in range(1, 17)), deep
+assert (deep.size, deep.sha256, deep.content) == (0, "", None)
+assert deep.reason == "the folder's contents are not listed: deeper than 16 levels", deep.reason
+assert shallow.path == "outputs/d01/d02/shallow.txt" and shallow.content == b"y"
+EOF
+
+run_case outputs-unreadable-folder <<'EOF'
+collect = "outputs"
+run = ["python3", "-c", """
+import os
+os.makedirs('outputs/locked')
+open('outputs/locked/x', 'w').close()
+os.chmod('outputs/locked', 0)
+open('outputs/seen', 'w').close()
+"""]
+---
+locked, seen = res.entries
+assert locked.kind == "d" and locked.path == "outputs/locked" and locked.mode == 0, locked
+assert locked.reason == "the folder's contents are not listed: Permission denied", locked.reason
+assert seen.path == "outputs/seen" and seen.content == b""
 EOF
 
 run_case outputs-symlinked-away <<'EOF'
@@ -397,6 +510,25 @@ HOLD_STDIN=1 KILL_AFTER=1 run_case sigterm-while-waiting <<'EOF'
 raw = b"codebox-init 1\n"
 ---
 assert res.rc == 125 and res.fatal == "stopped (SIGTERM) while reading the payload", res.fatal
+EOF
+
+# A SIGTERM from inside the container wakes the wait for the payload but does not count; the
+# one from outside must still end the wait (no read blocked with SIGTERM masked in between).
+HOLD_STDIN=1 TERM_INSIDE=1 KILL_AFTER=1 run_case sigterm-after-a-signal-from-inside <<'EOF'
+raw = b"codebox-init 1\n"
+---
+assert res.rc == 125 and res.fatal == "stopped (SIGTERM) while reading the payload", res.fatal
+assert res.elapsed < 30, res.elapsed
+EOF
+
+# A text longer than its buffer (here a 128-byte X frame, built small on purpose) loses the
+# lines that do not fit, whole; nothing is written past the buffer.
+HELPER=/usr/local/bin/codebox-init-small run_case x-frame-text-over-its-buffer <<'EOF'
+run = ["n" * 2000]
+---
+assert res.rc == 0 and res.run.end == "error" and res.run.error is None, res.run
+assert sum(len(k) + len(v) + 2 for k, v in res.run.x.items()) < 128, res.run.x
+assert res.run.stderr_bytes == 0, res.run.x
 EOF
 
 run_case program-cannot-stop-pid1 <<'EOF'

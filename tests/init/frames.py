@@ -12,7 +12,8 @@ A case is a text file in two parts separated by a line `---`:
     `res`: res.rc, res.elapsed, res.check and res.run (phases or None; .end, .code, .signal,
     .error, .stdout, .stderr, .cpu_ms, .peak_kb, ...), res.entries (F entries in order),
     res.files (path -> entry; .kind, .mode, .size, .sha256, .reason, .target, .content),
-    res.warnings, res.fatal (the `!` text or None).
+    res.warnings, res.fatal (the `!` text or None), res.docker_stderr (what the container
+    wrote on its stderr, e.g. strace's lines; "" when not given).
 
 Whatever the case, `verify` also checks that the frames follow the protocol: O, E and X only
 inside a phase, B frames adding up to their F entry's size and matching its sha256, chunks of
@@ -21,8 +22,8 @@ with 125 as the last frame.
 
 Usage:
   frames.py payload CASE > payload
-  frames.py verify CASE FRAMES EXIT_CODE ELAPSED_SECONDS   (silent if the case passes; else
-                                                            prints why and exits 1)
+  frames.py verify CASE FRAMES EXIT_CODE ELAPSED_SECONDS [STDERR]
+      (silent if the case passes; else prints why and exits 1)
 """
 import hashlib
 import sys
@@ -203,11 +204,14 @@ def decode(data):
     return frames
 
 
-def verify(case, frames_path, rc, elapsed):
+def verify(case, frames_path, rc, elapsed, stderr_path=None):
     spec = spec_of(case)
     _, checks, first_line = split_case(case)
     try:
         res = Result(open(frames_path, "rb").read(), rc, elapsed)
+        res.docker_stderr = ""
+        if stderr_path:
+            res.docker_stderr = open(stderr_path, "rb").read().decode(errors="replace")
         for p in (res.check, res.run):
             limit = spec.get("output_limit", 1 << 20)
             if p and (len(p.stdout) > limit or len(p.stderr) > limit):
@@ -233,8 +237,8 @@ def main(argv):
     if len(argv) == 3 and argv[1] == "payload":
         sys.stdout.buffer.write(build_payload(spec_of(argv[2])))
         return 0
-    if len(argv) == 6 and argv[1] == "verify":
-        return verify(argv[2], argv[3], int(argv[4]), float(argv[5]))
+    if len(argv) in (6, 7) and argv[1] == "verify":
+        return verify(argv[2], argv[3], int(argv[4]), float(argv[5]), *argv[6:])
     print(__doc__, file=sys.stderr)
     return 2
 

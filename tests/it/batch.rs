@@ -179,7 +179,8 @@ async fn the_compile_cache_skips_the_compile_container_for_the_same_inputs_only(
         .payloads()
         .last()
         .unwrap()
-        .entries
+        .files
+        .entries()
         .iter()
         .any(|e| e.path == "main");
     assert!(binary, "the cached artifacts reach the run stage");

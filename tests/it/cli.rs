@@ -313,6 +313,31 @@ fn run_outputs_writes_the_returned_files_into_a_folder() {
 }
 
 #[test]
+fn run_says_which_outputs_are_not_listed() {
+    use crate::workspace::{deep_folder, DEEP_AND_MANY, MANY_REASON};
+    let dir = tempfile::tempdir().unwrap();
+    let prog = write_temp(&dir, "many.py", DEEP_AND_MANY);
+    let out = codebox(&["run", &prog]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("succeeded (exited with code 0; not everything under outputs/ is listed: ")
+            && err.contains(&deep_folder())
+            && err.contains(MANY_REASON),
+        "{err}"
+    );
+    let out = codebox(&["run", &prog, "--json"]);
+    let report: RunReport = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let many = report.files.iter().find(|f| f.path == "outputs/many");
+    assert_eq!(
+        many.and_then(|f| f.omitted_reason.as_deref()),
+        Some(MANY_REASON),
+        "{:?}",
+        report.files.last()
+    );
+}
+
+#[test]
 fn a_uid_another_codebox_process_holds_is_never_leased() {
     // Another process (this test) holds the locks of 63 of the 64 sandbox users in the data
     // directory the binary uses: its run must get the remaining one.

@@ -14,6 +14,7 @@ use codebox::report::{Stage, Status};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{registry, request};
+use crate::mcp_support::eventually;
 
 fn executor(fake: &Arc<FakeEngine>) -> Executor {
     let engine: Arc<dyn ContainerEngine> = fake.clone();
@@ -115,7 +116,8 @@ async fn the_payload_carries_the_command_files_stdin_and_the_limits() {
     assert_eq!(p.env["PYTHONDONTWRITEBYTECODE"], "1");
     assert_eq!(p.timeout, Duration::from_secs(5));
     assert_eq!(p.stdin.as_deref(), Some(&b"in"[..]));
-    let paths: Vec<&str> = p.entries.iter().map(|e| e.path.as_str()).collect();
+    let entries = p.files.entries();
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
     assert_eq!(paths, ["main.py", "data/x.txt"]);
     wait_until_clean(&fake).await;
 }
@@ -127,13 +129,13 @@ async fn compile_artifacts_reach_the_run_stage_whole() {
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     let payloads = fake.payloads();
     assert_eq!(payloads.len(), 2);
-    let binary = payloads[1]
-        .entries
+    let entries = payloads[1].files.entries();
+    let binary = entries
         .iter()
         .find(|e| e.path == "main")
         .expect("the compiled binary reaches the run stage");
     assert_eq!((binary.kind, binary.mode), (EntryKind::File, 0o755));
-    assert!(payloads[1].entries.iter().any(|e| e.path == "main.cpp"));
+    assert!(entries.iter().any(|e| e.path == "main.cpp"));
     assert_eq!(r.compile.as_ref().unwrap().status, Status::Succeeded);
     wait_until_clean(&fake).await;
 }
@@ -684,4 +686,118 @@ fn unknown_request_fields_are_rejected() {
         serde_json::from_str::<RunRequest>(r#"{"language":"python","code":"1","network":true}"#)
             .unwrap_err();
     assert!(err.to_string().contains("unknown field `network`"), "{err}");
+}
+
+/// An execution on its own task, cancelled by the returned token.
+fn spawn_run(
+    fake: &Arc<FakeEngine>,
+    req: RunRequest,
+) -> (
+    tokio::task::JoinHandle<codebox::report::RunReport>,
+    CancellationToken,
+) {
+    let ex = Arc::new(executor(fake));
+    let cancel = CancellationToken::new();
+    let token = cancel.clone();
+    let req = valid(req);
+    let task = tokio::spawn(async move { ex.execute(&new_run_id(), &req, 0, token).await });
+    (task, cancel)
+}
+
+#[tokio::test]
+async fn no_stdin_writer_outlives_a_stage_that_ends_early() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    fake.fail_at(Step::Kill);
+    let (task, cancel) = spawn_run(&fake, request("python", "print(1)"));
+    eventually(10, "the program started", || fake.attached() == 1).await;
+    cancel.cancel();
+    let r = task.await.unwrap();
+    assert_eq!(r.status, Status::SandboxError, "{}", r.message);
+    assert!(r.message.contains("signalling"), "{}", r.message);
+    eventually(5, "the attach connection's write half was dropped", || {
+        fake.open_inputs() == 0
+    })
+    .await;
+    wait_until_clean(&fake).await;
+}
+
+#[tokio::test]
+async fn a_stopped_run_with_tests_creates_no_container_for_cases_not_started() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.hang_on_start();
+    let tests: Vec<_> = (0..10)
+        .map(|i| codebox::executor::TestInput {
+            name: Some(format!("case {i}")),
+            ..Default::default()
+        })
+        .collect();
+    let (task, cancel) = spawn_run(
+        &fake,
+        RunRequest {
+            tests: Some(tests),
+            ..request("python", "print(1)")
+        },
+    );
+    eventually(10, "the first case started", || fake.attached() == 1).await;
+    cancel.cancel();
+    let r = task.await.unwrap();
+    assert_eq!(r.status, Status::Stopped, "{}", r.message);
+    assert_eq!(r.tests.len(), 10);
+    assert!(r.tests.iter().all(|t| t.status == Status::Stopped));
+    assert_eq!(
+        fake.specs().len(),
+        1,
+        "only the first case's container was ever created"
+    );
+    wait_until_clean(&fake).await;
+}
+
+/// An engine call that never answers must not hold a run: a stop ends it at once.
+async fn a_stuck_step_yields_to_a_stop(step: Step, language: &str) {
+    let fake = Arc::new(FakeEngine::new());
+    fake.stick_at(step);
+    let (task, cancel) = spawn_run(&fake, request(language, "print(1)"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cancel.cancel();
+    let r = tokio::time::timeout(Duration::from_secs(3600), task)
+        .await
+        .unwrap_or_else(|_| panic!("a stop did not end a run stuck at {step:?}"))
+        .unwrap();
+    assert_eq!(r.status, Status::Stopped, "{step:?}: {}", r.message);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_ends_a_run_whose_engine_call_never_answers() {
+    a_stuck_step_yields_to_a_stop(Step::CreateContainer, "python").await;
+    a_stuck_step_yields_to_a_stop(Step::Attach, "python").await;
+    a_stuck_step_yields_to_a_stop(Step::Start, "python").await;
+    a_stuck_step_yields_to_a_stop(Step::InspectImage, "cpp").await;
+}
+
+/// Without a stop, the run's own deadline ends it: a sandbox error that names Docker.
+async fn a_stuck_step_yields_to_the_deadline(step: Step, language: &str) {
+    let fake = Arc::new(FakeEngine::new());
+    fake.stick_at(step);
+    let (task, _cancel) = spawn_run(
+        &fake,
+        RunRequest {
+            language: language.to_string(),
+            ..with_limits(None, Some(5.0), None)
+        },
+    );
+    let r = tokio::time::timeout(Duration::from_secs(3600), task)
+        .await
+        .unwrap_or_else(|_| panic!("the deadline did not end a run stuck at {step:?}"))
+        .unwrap();
+    assert_eq!(r.status, Status::SandboxError, "{step:?}: {}", r.message);
+    assert!(r.message.contains("Docker"), "{step:?}: {}", r.message);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_run_deadline_ends_a_run_whose_engine_call_never_answers() {
+    a_stuck_step_yields_to_the_deadline(Step::CreateContainer, "python").await;
+    a_stuck_step_yields_to_the_deadline(Step::Attach, "python").await;
+    a_stuck_step_yields_to_the_deadline(Step::Start, "python").await;
+    a_stuck_step_yields_to_the_deadline(Step::InspectImage, "cpp").await;
 }

@@ -551,3 +551,38 @@ async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources(
     assert!(summary.contains("outputs/plot.png"), "{summary}");
     settle(&m).await;
 }
+
+#[tokio::test]
+async fn outputs_not_listed_are_named_over_mcp_too() {
+    use crate::workspace::{deep_folder, DEEP_AND_MANY, MANY_REASON};
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
+    let res = call(
+        &client,
+        "run_code",
+        json!({"language": "python", "code": DEEP_AND_MANY, "limits": {"timeout_seconds": 60}}),
+    )
+    .await;
+    let r = report(res.structured_content.clone().unwrap());
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let reasons: Vec<(&str, Option<&str>)> = r
+        .files
+        .iter()
+        .filter(|f| f.mime_type == "inode/directory")
+        .map(|f| (f.path.as_str(), f.omitted_reason.as_deref()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            (
+                deep_folder().as_str(),
+                Some("the folder's contents are not listed: deeper than 16 levels")
+            ),
+            ("outputs/many", Some(MANY_REASON))
+        ]
+    );
+    assert!(r.message.contains(MANY_REASON), "{}", r.message);
+    let summary = crate::mcp_support::text(&res);
+    assert!(summary.contains(MANY_REASON), "{summary}");
+    settle(&m).await;
+}

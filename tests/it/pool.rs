@@ -212,3 +212,57 @@ async fn a_ready_container_found_dead_is_replaced_by_a_new_one_for_the_run() {
     );
     m.shutdown(Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn a_run_that_needs_the_memory_of_containers_still_filling_starts_once_they_are_ready() {
+    // Started fresh, the pool is still creating its containers when a run asks for the whole
+    // budget: it must start as soon as they are ready (and given back), not wait for some
+    // other run to come or go.
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::CreateContainer,
+        Duration::from_millis(300),
+    );
+    let m = fake_manager(&fake, |c| {
+        pooled(&[("python", 2)])(c);
+        c.runs.memory_budget_mb = 8192;
+    });
+    m.start_pool();
+    assert_eq!(m.stats().pool.stats.filling, 2, "the pool is filling");
+    let mut req = py("print(1)");
+    req.limits = limits(Some(8192.0), None);
+    let run = m.submit(req).unwrap();
+    assert_eq!(
+        run.status,
+        Status::Queued,
+        "the pool holds part of the budget"
+    );
+    let r = m.wait(&run.run_id, Duration::from_secs(20)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_queued_run_starts_when_a_pooled_container_fails_to_start() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::Start,
+        Duration::from_millis(300),
+    );
+    fake.fail_at(codebox::engine::fake::Step::Start);
+    let m = fake_manager(&fake, |c| {
+        pooled(&[("python", 1)])(c);
+        c.runs.memory_budget_mb = 1024;
+    });
+    m.start_pool();
+    let mut req = py("print(1)");
+    req.limits = limits(Some(1024.0), None);
+    let run = m.submit(req).unwrap();
+    assert_eq!(run.status, Status::Queued);
+    // The pool's container fails; its memory comes back and the run starts (its own start
+    // fails too, so it ends as a sandbox error, but it is no longer queued).
+    let r = m.wait(&run.run_id, Duration::from_secs(20)).await.unwrap();
+    assert_ne!(r.status, Status::Queued, "{}", r.message);
+    assert_ne!(r.status, Status::Running, "{}", r.message);
+    m.shutdown(Duration::from_secs(10)).await;
+}

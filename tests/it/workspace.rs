@@ -186,6 +186,60 @@ os.symlink('/etc/passwd', 'outputs/passwd')
     assert_eq!(over, 2);
 }
 
+/// A program that leaves a file 20 folders below `outputs/` and 1,500 files in one folder.
+pub const DEEP_AND_MANY: &str = r#"
+import os
+deep = 'outputs/' + '/'.join('d%02d' % i for i in range(1, 21))
+os.makedirs(deep)
+open(deep + '/lost.txt', 'w').write('x')
+os.makedirs('outputs/many')
+for i in range(1500):
+    open('outputs/many/%04d' % i, 'w').close()
+"#;
+
+/// The folder entry of `DEEP_AND_MANY`'s too-deep folder.
+pub fn deep_folder() -> String {
+    let levels: Vec<String> = (1..=16).map(|i| format!("d{i:02}")).collect();
+    format!("outputs/{}", levels.join("/"))
+}
+
+/// Entries past the cap: 15 folders d01..d15, the too-deep d16 and `many` count, and 983
+/// files of `many` are listed, so 517 are not.
+pub const MANY_REASON: &str =
+    "the listing stopped in this folder at the 1000-entry cap: 517 more entries are not listed";
+
+#[tokio::test]
+async fn files_too_deep_or_past_the_entry_cap_are_named_in_files_and_message() {
+    let r = run(py(DEEP_AND_MANY)).await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let deep = file(&r, &deep_folder());
+    assert_eq!(
+        (deep.size_bytes, deep.sha256.as_str(), &deep.content_base64),
+        (0, "", &None)
+    );
+    assert_eq!(
+        deep.omitted_reason.as_deref(),
+        Some("the folder's contents are not listed: deeper than 16 levels")
+    );
+    let many = file(&r, "outputs/many");
+    assert_eq!(many.omitted_reason.as_deref(), Some(MANY_REASON));
+    assert_eq!((many.size_bytes, many.content_base64.is_none()), (0, true));
+    assert_eq!(
+        r.files.len(),
+        983 + 2,
+        "983 files of outputs/many and the two folders"
+    );
+    assert!(
+        r.message
+            .starts_with("exited with code 0; not everything under outputs/ is listed: ")
+            && r.message
+                .contains(&format!("{} (the folder's contents", deep_folder()))
+            && r.message.contains(&format!("outputs/many ({MANY_REASON})")),
+        "{}",
+        r.message
+    );
+}
+
 #[tokio::test]
 async fn a_symlinked_outputs_folder_is_not_followed() {
     let r = run(py("import os; os.symlink('/etc', 'outputs')")).await;

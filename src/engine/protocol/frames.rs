@@ -1,174 +1,16 @@
-//! The conversation with `codebox-init`, the waiting step inside every container
-//! (`docs/sandbox-init.md`): the payload codebox writes to the container's stdin, and the
-//! frames it reads back from its stdout.
-//!
-//! The decoder is incremental and bounded: it keeps at most the output cap per stream, the
-//! configured bytes of file content and a fixed number of entries, whatever the container
-//! sends. Anything that does not follow the protocol is an error, never a panic.
+//! What `codebox-init` writes back: frames, decoded incrementally and within bounds.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use bytes::Bytes;
+use super::EntryKind;
 
-/// First line of every payload.
-pub const MAGIC: &[u8] = b"codebox-init 1\n";
 /// Largest frame accepted (the helper writes at most 64 KiB at a time).
 const MAX_FRAME: usize = 1 << 20;
-
-/// The kind of a workspace entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
-    File,
-    Dir,
-    Link,
-}
-
-/// One entry of a working directory: what the payload lays out, and what the compile stage
-/// hands back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
-    pub kind: EntryKind,
-    /// Relative to the working directory, `/`-separated, no `.` or `..`.
-    pub path: String,
-    pub mode: u32,
-    /// File content (empty for directories and links).
-    pub content: Bytes,
-    /// Link target.
-    pub target: String,
-}
-
-impl Entry {
-    pub fn file(path: impl Into<String>, mode: u32, content: impl Into<Bytes>) -> Entry {
-        Entry {
-            kind: EntryKind::File,
-            path: path.into(),
-            mode,
-            content: content.into(),
-            target: String::new(),
-        }
-    }
-}
-
-/// Which files `codebox-init` sends back after the program.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Collect {
-    None,
-    /// What the program left under `outputs/`, within these caps.
-    Outputs {
-        max_files: usize,
-        max_bytes: u64,
-        max_file_bytes: u64,
-    },
-    /// The whole working directory, if the program exited 0 (the compile stage's artifacts).
-    WorkspaceOnSuccess {
-        max_bytes: u64,
-    },
-}
-
-/// Everything a container is told.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Payload {
-    pub env: BTreeMap<String, String>,
-    pub check: Option<Vec<String>>,
-    pub run: Option<Vec<String>>,
-    pub check_timeout: Duration,
-    pub timeout: Duration,
-    pub output_limit: u64,
-    pub collect: Option<Collect>,
-    pub entries: Vec<Entry>,
-    pub stdin: Option<Bytes>,
-}
-
-fn record(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(format!("{name} {}\n", value.len()).as_bytes());
-    out.extend_from_slice(value);
-}
-
-fn argv(args: &[String]) -> Vec<u8> {
-    let mut v = Vec::new();
-    for a in args {
-        v.extend_from_slice(a.as_bytes());
-        v.push(0);
-    }
-    v
-}
-
-impl Payload {
-    /// The bytes for the container's stdin.
-    pub fn encode(&self) -> Vec<u8> {
-        let content: usize = self.entries.iter().map(|e| e.content.len()).sum();
-        let stdin = self.stdin.as_ref().map_or(0, |s| s.len());
-        let mut out = Vec::with_capacity(content + stdin + 512);
-        out.extend_from_slice(MAGIC);
-        for (k, v) in &self.env {
-            record(&mut out, "env", format!("{k}={v}").as_bytes());
-        }
-        if let Some(c) = &self.check {
-            record(&mut out, "check", &argv(c));
-            let ms = self.check_timeout.as_millis().to_string();
-            record(&mut out, "check_timeout_ms", ms.as_bytes());
-        }
-        if let Some(r) = &self.run {
-            record(&mut out, "run", &argv(r));
-        }
-        record(
-            &mut out,
-            "timeout_ms",
-            self.timeout.as_millis().to_string().as_bytes(),
-        );
-        record(
-            &mut out,
-            "output_limit",
-            self.output_limit.to_string().as_bytes(),
-        );
-        match self.collect.unwrap_or(Collect::None) {
-            Collect::None => record(&mut out, "collect", b"none"),
-            Collect::Outputs {
-                max_files,
-                max_bytes,
-                max_file_bytes,
-            } => {
-                record(&mut out, "collect", b"outputs");
-                record(&mut out, "max_files", max_files.to_string().as_bytes());
-                record(&mut out, "max_bytes", max_bytes.to_string().as_bytes());
-                record(
-                    &mut out,
-                    "max_file_bytes",
-                    max_file_bytes.to_string().as_bytes(),
-                );
-            }
-            Collect::WorkspaceOnSuccess { max_bytes } => {
-                record(&mut out, "collect", b"workspace-on-success");
-                record(&mut out, "max_bytes", max_bytes.to_string().as_bytes());
-            }
-        }
-        for e in &self.entries {
-            match e.kind {
-                EntryKind::Dir => record(
-                    &mut out,
-                    "dir",
-                    format!("{:o} {}", e.mode, e.path).as_bytes(),
-                ),
-                EntryKind::File => {
-                    let mut v = format!("{:o} {}\0", e.mode, e.path).into_bytes();
-                    v.extend_from_slice(&e.content);
-                    record(&mut out, "file", &v);
-                }
-                EntryKind::Link => record(
-                    &mut out,
-                    "link",
-                    format!("{}\0{}", e.path, e.target).as_bytes(),
-                ),
-            }
-        }
-        record(&mut out, "end", b"");
-        if let Some(s) = &self.stdin {
-            out.extend_from_slice(s);
-        }
-        out
-    }
-}
+/// Most bytes reserved ahead for a file's content: its size is only announced; the rest grows
+/// as `B` frames arrive.
+const MAX_RESERVE: u64 = 1 << 16;
+/// Highest signal number Linux has (`SIGRTMAX`).
+const MAX_SIGNAL: i64 = 64;
 
 /// Which part of a stage a phase is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,7 +76,11 @@ pub struct Decoded {
     pub warnings: Vec<String>,
     /// A fatal error `codebox-init` reported.
     pub fatal: Option<String>,
-    /// The end frame arrived.
+    /// A session's cell: the value of its final expression (at most the output cap).
+    pub result: Option<Vec<u8>>,
+    /// A session's request is done: what its `D` frame said.
+    pub done: Option<super::session::Done>,
+    /// The end frame arrived (`Z`, or a session request's `D`).
     pub complete: bool,
 }
 
@@ -290,7 +136,10 @@ fn parse_end(text: &str) -> Result<(PhaseName, PhaseEnd), ProtocolError> {
     };
     let end = match kv.get("end").copied() {
         Some("exited") => End::Exited(num("code").unwrap_or(-1)),
-        Some("signaled") => End::Signaled(num("signal").unwrap_or(0)),
+        Some("signaled") => match num("signal") {
+            Some(n) if (1..=MAX_SIGNAL).contains(&n) => End::Signaled(n),
+            other => return malformed(format!("a death by signal {other:?}")),
+        },
         Some("timed_out") => End::TimedOut,
         Some("stopped") => End::Stopped,
         Some("error") => End::Error(kv.get("error").unwrap_or(&"unknown error").to_string()),
@@ -431,14 +280,16 @@ impl Decoder {
                     u32::from_str_radix(f[2], 8).map_err(|_| ProtocolError("bad mode".into()))?;
                 let reason = (!f[5].is_empty()).then(|| f[5].to_string());
                 if kind == EntryKind::File && reason.is_none() {
-                    if self.content + size > self.limits.content {
-                        return malformed(format!(
-                            "more than {} bytes of file content",
-                            self.limits.content
-                        ));
+                    match self.content.checked_add(size) {
+                        Some(total) if total <= self.limits.content => self.content = total,
+                        _ => {
+                            return malformed(format!(
+                                "more than {} bytes of file content",
+                                self.limits.content
+                            ))
+                        }
                     }
                     self.owed = size;
-                    self.content += size;
                 }
                 self.out.files.push(FileEntry {
                     kind,
@@ -448,7 +299,7 @@ impl Decoder {
                     sha256: f[4].to_string(),
                     reason,
                     target: f[6].to_string(),
-                    content: Vec::with_capacity(self.owed as usize),
+                    content: Vec::with_capacity(self.owed.min(MAX_RESERVE) as usize),
                 });
             }
             b'B' => {
@@ -469,116 +320,26 @@ impl Decoder {
             }
             b'!' => self.out.fatal = Some(String::from_utf8_lossy(body).into_owned()),
             b'Z' => self.out.complete = true,
+            b'R' => {
+                if self.out.result.is_some() {
+                    return malformed("a second result");
+                }
+                let keep = body.len().min(limit as usize);
+                self.out.result = Some(body[..keep].to_vec());
+            }
+            b'D' => {
+                self.out.done = Some(super::session::parse_done(&String::from_utf8_lossy(body))?);
+                self.out.complete = true;
+            }
             other => return malformed(format!("unknown frame kind {other:#04x}")),
         }
         Ok(())
     }
 }
 
-/// Write one frame, as `codebox-init` does (for the fake engine and tests).
-pub fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(5 + body.len());
-    v.push(kind);
-    v.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
-
-/// Read a payload back (for the fake engine and tests): the records and the stdin.
-pub fn parse_payload(bytes: &[u8]) -> Option<Payload> {
-    let mut rest = bytes.strip_prefix(MAGIC)?;
-    let mut p = Payload::default();
-    // Each argument is followed by a NUL, so the last piece of the split is always empty.
-    let split_argv = |v: &[u8]| -> Vec<String> {
-        let mut args: Vec<String> = v
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        args.pop();
-        args
-    };
-    let (mut max_files, mut max_bytes, mut max_file_bytes, mut collect) = (0, 0, 0, "none");
-    loop {
-        let nl = rest.iter().position(|b| *b == b'\n')?;
-        let header = std::str::from_utf8(&rest[..nl]).ok()?;
-        let (name, len) = header.split_once(' ')?;
-        let len: usize = len.parse().ok()?;
-        let value = rest.get(nl + 1..nl + 1 + len)?;
-        rest = &rest[nl + 1 + len..];
-        let text = || String::from_utf8_lossy(value).into_owned();
-        let ms = || Duration::from_millis(text().parse().unwrap_or(0));
-        match name {
-            "env" => {
-                let t = text();
-                let (k, v) = t.split_once('=')?;
-                p.env.insert(k.to_string(), v.to_string());
-            }
-            "check" => p.check = Some(split_argv(value)),
-            "run" => p.run = Some(split_argv(value)),
-            "check_timeout_ms" => p.check_timeout = ms(),
-            "timeout_ms" => p.timeout = ms(),
-            "output_limit" => p.output_limit = text().parse().ok()?,
-            "collect" => {
-                collect = match value {
-                    b"outputs" => "outputs",
-                    b"workspace-on-success" => "workspace",
-                    _ => "none",
-                }
-            }
-            "max_files" => max_files = text().parse().ok()?,
-            "max_bytes" => max_bytes = text().parse().ok()?,
-            "max_file_bytes" => max_file_bytes = text().parse().ok()?,
-            "dir" => {
-                let t = text();
-                let (mode, path) = t.split_once(' ')?;
-                p.entries.push(Entry {
-                    kind: EntryKind::Dir,
-                    path: path.to_string(),
-                    mode: u32::from_str_radix(mode, 8).ok()?,
-                    content: Bytes::new(),
-                    target: String::new(),
-                });
-            }
-            "file" => {
-                let nul = value.iter().position(|b| *b == 0)?;
-                let head = std::str::from_utf8(&value[..nul]).ok()?;
-                let (mode, path) = head.split_once(' ')?;
-                p.entries.push(Entry::file(
-                    path,
-                    u32::from_str_radix(mode, 8).ok()?,
-                    Bytes::copy_from_slice(&value[nul + 1..]),
-                ));
-            }
-            "link" => {
-                let t = text();
-                let (path, target) = t.split_once('\0')?;
-                p.entries.push(Entry {
-                    kind: EntryKind::Link,
-                    path: path.to_string(),
-                    mode: 0o777,
-                    content: Bytes::new(),
-                    target: target.to_string(),
-                });
-            }
-            "end" => break,
-            _ => return None,
-        }
-    }
-    p.collect = Some(match collect {
-        "outputs" => Collect::Outputs {
-            max_files,
-            max_bytes,
-            max_file_bytes,
-        },
-        "workspace" => Collect::WorkspaceOnSuccess { max_bytes },
-        _ => Collect::None,
-    });
-    p.stdin = (!rest.is_empty()).then(|| Bytes::copy_from_slice(rest));
-    Some(p)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::frame;
     use super::*;
 
     /// An `F` frame's body: its seven fields, NUL-separated.
@@ -592,35 +353,6 @@ mod tests {
             content: 10,
             entries: 3,
         }
-    }
-
-    #[test]
-    fn payloads_read_back_as_written() {
-        let p = Payload {
-            env: BTreeMap::from([("A".into(), "1=2".into())]),
-            check: Some(vec!["python3".into(), "-c".into(), "x".into()]),
-            run: Some(vec!["python3".into(), "main.py".into(), "".into()]),
-            check_timeout: Duration::from_millis(1500),
-            timeout: Duration::from_secs(30),
-            output_limit: 1024,
-            collect: Some(Collect::Outputs {
-                max_files: 32,
-                max_bytes: 8,
-                max_file_bytes: 4,
-            }),
-            entries: vec![
-                Entry {
-                    kind: EntryKind::Dir,
-                    path: "d".into(),
-                    mode: 0o755,
-                    content: Bytes::new(),
-                    target: String::new(),
-                },
-                Entry::file("d/main.py", 0o644, &b"print(1)\n\0binary"[..]),
-            ],
-            stdin: Some(Bytes::from_static(b"in\nput")),
-        };
-        assert_eq!(parse_payload(&p.encode()).unwrap(), p);
     }
 
     #[test]
@@ -695,10 +427,52 @@ mod tests {
                 frame(b'X', b"phase=check\nend=exited\n"),
             ]
             .concat(),
+            // Sizes near u64::MAX: the running total of content must not wrap around, and
+            // nothing may be reserved for what was merely announced.
+            [
+                frame(b'F', &entry(["f", "a", "644", "1", "", "", ""])),
+                frame(b'B', b"x"),
+                frame(
+                    b'F',
+                    &entry(["f", "b", "644", &u64::MAX.to_string(), "", "", ""]),
+                ),
+            ]
+            .concat(),
+            frame(
+                b'F',
+                &entry(["f", "a", "644", &(u64::MAX - 1).to_string(), "", "", ""]),
+            ),
+            // A signal number no kernel has.
+            [
+                frame(b'P', b"run"),
+                frame(
+                    b'X',
+                    format!("phase=run\nend=signaled\nsignal={}\n", i64::MAX).as_bytes(),
+                ),
+            ]
+            .concat(),
         ];
         for (i, bytes) in cases.iter().enumerate() {
             let mut d = Decoder::new(limits());
             assert!(d.push(bytes).is_err(), "case {i} was accepted");
         }
+    }
+
+    #[test]
+    fn an_announced_size_reserves_at_most_a_chunk() {
+        let mut d = Decoder::new(DecodeLimits {
+            content: u64::MAX,
+            ..limits()
+        });
+        let f = entry(["f", "a", "644", &(1u64 << 40).to_string(), "", "", ""]);
+        d.push(&[frame(b'F', &f), frame(b'B', b"xy")].concat())
+            .unwrap();
+        let file = &d.decoded().files[0];
+        assert_eq!(file.content, b"xy");
+        assert!(file.content.capacity() <= MAX_RESERVE as usize);
+        assert!(
+            d.push(&frame(b'Z', b"")).is_err(),
+            "the content ended early"
+        );
     }
 }

@@ -1,0 +1,277 @@
+//! A session's container (docs/sandbox-init.md, "Session mode"): the opening payload, the
+//! requests that follow it on the same stdin, and what a request's `D` frame says.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::payload::{argv, record};
+use super::{Collect, Files, ProtocolError, MAGIC};
+use crate::report::{InterpreterState, ResetReason};
+
+/// The first payload of a session's container.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Open {
+    /// The driver's command, for a stateful session.
+    pub driver: Option<Vec<String>>,
+    pub env: BTreeMap<String, String>,
+    pub files: Files,
+    /// How long the driver may take to say it is ready.
+    pub start_timeout: Duration,
+}
+
+impl Open {
+    pub fn encode(&self) -> Vec<Bytes> {
+        let mut head = MAGIC.to_vec();
+        let driver = self.driver.as_deref().map(argv).unwrap_or_default();
+        record(&mut head, "session", &driver);
+        for (k, v) in &self.env {
+            record(&mut head, "env", format!("{k}={v}").as_bytes());
+        }
+        record(
+            &mut head,
+            "timeout_ms",
+            self.start_timeout.as_millis().to_string().as_bytes(),
+        );
+        let mut tail = Vec::new();
+        record(&mut tail, "end", b"");
+        vec![Bytes::from(head), self.files.records(), Bytes::from(tail)]
+    }
+}
+
+/// What runs in an execution.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Work {
+    /// A files-only session: an optional check, then the program, as fresh processes.
+    Commands {
+        check: Option<Vec<String>>,
+        run: Vec<String>,
+    },
+    /// A stateful session: a cell for the driver.
+    Cell(Bytes),
+}
+
+/// One execution in a session's container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exec {
+    pub work: Work,
+    pub env: BTreeMap<String, String>,
+    /// Written into the working directory first; they stay.
+    pub files: Files,
+    pub stdin: Bytes,
+    pub check_timeout: Duration,
+    pub timeout: Duration,
+    pub output_limit: u64,
+    pub collect: Collect,
+    /// Start a fresh interpreter before the cell.
+    pub reset: bool,
+    /// How long an interrupted driver has to answer.
+    pub interrupt: Duration,
+}
+
+fn millis(d: Duration) -> Vec<u8> {
+    d.as_millis().to_string().into_bytes()
+}
+
+impl Exec {
+    pub fn encode(&self) -> Vec<Bytes> {
+        let mut head = Vec::with_capacity(512);
+        record(&mut head, "exec", b"");
+        for (k, v) in &self.env {
+            record(&mut head, "env", format!("{k}={v}").as_bytes());
+        }
+        match &self.work {
+            Work::Commands { check, run } => {
+                if let Some(c) = check {
+                    record(&mut head, "check", &argv(c));
+                    record(&mut head, "check_timeout_ms", &millis(self.check_timeout));
+                }
+                record(&mut head, "run", &argv(run));
+            }
+            Work::Cell(code) => {
+                record(&mut head, "cell", code);
+                if self.reset {
+                    record(&mut head, "reset", b"1");
+                }
+                record(&mut head, "interrupt_ms", &millis(self.interrupt));
+            }
+        }
+        record(&mut head, "timeout_ms", &millis(self.timeout));
+        record(
+            &mut head,
+            "output_limit",
+            self.output_limit.to_string().as_bytes(),
+        );
+        match self.collect {
+            Collect::Outputs {
+                max_files,
+                max_bytes,
+                max_file_bytes,
+            } => {
+                record(&mut head, "collect", b"outputs");
+                record(&mut head, "max_files", max_files.to_string().as_bytes());
+                record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());
+                record(
+                    &mut head,
+                    "max_file_bytes",
+                    max_file_bytes.to_string().as_bytes(),
+                );
+            }
+            Collect::None | Collect::WorkspaceOnSuccess { .. } => {
+                record(&mut head, "collect", b"none")
+            }
+        }
+        let mut stdin_head = Vec::new();
+        stdin_head.extend_from_slice(format!("stdin {}\n", self.stdin.len()).as_bytes());
+        let mut tail = Vec::new();
+        record(&mut tail, "end", b"");
+        vec![
+            Bytes::from(head),
+            self.files.records(),
+            Bytes::from(stdin_head),
+            self.stdin.clone(),
+            Bytes::from(tail),
+        ]
+    }
+}
+
+/// A file or folder of the working directory, read without running anything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Read {
+    /// Relative to the working directory; `.` for the directory itself.
+    pub path: String,
+    pub offset: u64,
+    pub max_bytes: u64,
+}
+
+impl Read {
+    pub fn encode(&self) -> Vec<Bytes> {
+        let mut v = Vec::new();
+        record(&mut v, "read", b"");
+        record(&mut v, "path", self.path.as_bytes());
+        record(&mut v, "offset", self.offset.to_string().as_bytes());
+        record(&mut v, "max_bytes", self.max_bytes.to_string().as_bytes());
+        record(&mut v, "end", b"");
+        vec![Bytes::from(v)]
+    }
+}
+
+/// What a request's `D` frame says.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Done {
+    /// The interpreter after an execution; `None` for a `read` or a failed request.
+    pub state: Option<InterpreterState>,
+    pub reason: Option<ResetReason>,
+    /// Bytes of the result before the cap.
+    pub result_bytes: u64,
+    /// Bytes used in the working directory's filesystem.
+    pub workspace_bytes: Option<u64>,
+    /// The request failed, or a `read` could not be answered.
+    pub error: Option<String>,
+}
+
+/// Longest `error` text kept from a `D` frame.
+const MAX_ERROR: usize = 4096;
+
+/// Read a `D` frame's `key=value` lines.
+pub fn parse_done(text: &str) -> Result<Done, ProtocolError> {
+    let mut done = Done::default();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        let number = || {
+            v.parse::<u64>()
+                .map_err(|_| ProtocolError(format!("a done frame's {k} is not a number: {v:?}")))
+        };
+        match k {
+            "state" => {
+                done.state = Some(match v {
+                    "new" => InterpreterState::New,
+                    "kept" => InterpreterState::Kept,
+                    "reset" => InterpreterState::Reset,
+                    _ => return Err(ProtocolError(format!("unknown session state {v:?}"))),
+                })
+            }
+            "reason" => {
+                done.reason = Some(match v {
+                    "timed_out" => ResetReason::TimedOut,
+                    "stopped" => ResetReason::Stopped,
+                    "out_of_memory" => ResetReason::OutOfMemory,
+                    "driver_exited" => ResetReason::DriverExited,
+                    _ => return Err(ProtocolError(format!("unknown reset reason {v:?}"))),
+                })
+            }
+            "result_bytes" => done.result_bytes = number()?,
+            "workspace_bytes" => done.workspace_bytes = Some(number()?),
+            "error" => done.error = Some(v.chars().take(MAX_ERROR).collect()),
+            _ => {}
+        }
+    }
+    if done.state == Some(InterpreterState::Reset) && done.reason.is_none() {
+        return Err(ProtocolError("a reset without its reason".into()));
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::protocol::Entry;
+
+    #[test]
+    fn a_done_frame_reads_back_and_odd_ones_are_errors() {
+        let d =
+            parse_done("state=reset\nreason=timed_out\nresult_bytes=12\nworkspace_bytes=4096\n")
+                .unwrap();
+        assert_eq!(d.state, Some(InterpreterState::Reset));
+        assert_eq!(d.reason, Some(ResetReason::TimedOut));
+        assert_eq!((d.result_bytes, d.workspace_bytes), (12, Some(4096)));
+        assert_eq!(
+            parse_done("error=no such file\n").unwrap().error.as_deref(),
+            Some("no such file")
+        );
+        for bad in [
+            "state=lost\n",
+            "state=reset\n",
+            "state=new\nreason=bored\n",
+            "result_bytes=-1\n",
+            "workspace_bytes=99999999999999999999999\n",
+        ] {
+            assert!(parse_done(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn requests_are_records_ending_with_end() {
+        let exec = Exec {
+            work: Work::Cell(Bytes::from_static(b"x = 1\n")),
+            env: BTreeMap::new(),
+            files: Files::new(&[Entry::file("data.csv", 0o644, &b"a,b\n"[..])]),
+            stdin: Bytes::from_static(b"in"),
+            check_timeout: Duration::ZERO,
+            timeout: Duration::from_secs(30),
+            output_limit: 1024,
+            collect: Collect::None,
+            reset: true,
+            interrupt: Duration::from_secs(2),
+        };
+        let bytes = exec.encode().concat();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.starts_with("exec 0\n"), "{text}");
+        assert!(text.contains("cell 6\nx = 1\n"), "{text}");
+        assert!(text.contains("reset 1\n1"), "{text}");
+        assert!(text.contains("file 17\n644 data.csv\0a,b\n"), "{text:?}");
+        assert!(text.ends_with("stdin 2\ninend 0\n"), "{text:?}");
+        let open = Open {
+            driver: Some(vec!["python3".into(), "driver.py".into()]),
+            start_timeout: Duration::from_secs(20),
+            ..Default::default()
+        }
+        .encode()
+        .concat();
+        assert!(open.starts_with(b"codebox-init 1\nsession 18\npython3\0driver.py\0"));
+        assert!(open.ends_with(b"end 0\n"));
+    }
+}

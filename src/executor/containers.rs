@@ -1,0 +1,189 @@
+//! Containers for a run's stages: a ready one from the pool, else a new one created for the
+//! stage; each locked down, checked, owned by a guard that removes it, and used for one stage.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::pool::Shape;
+use super::stage::{run_stage, Bound, StageRequest, StageResult};
+use super::timings::Step;
+use super::{Executor, Halt, SandboxFailure, BACKSTOP_GRACE};
+use crate::engine::guard::ContainerGuard;
+use crate::engine::posture::{self, Limits, Plan};
+use crate::engine::protocol::{Collect, DecodeLimits, Payload};
+use crate::engine::{EngineError, LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_RUN};
+
+/// Extra time before a container counts as abandoned, beyond its limits.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
+/// Most entries a compile stage may hand back.
+const MAX_ARTIFACT_ENTRIES: usize = 10_000;
+/// Most entries listed from `outputs/` (`codebox-init` lists at most 1000).
+const MAX_OUTPUT_ENTRIES: usize = 1024;
+
+/// The labels of every container codebox creates: managed, its run (or `pool`), this
+/// process, and the time after which it is certainly abandoned (`lifetime` from now).
+pub fn labels(run: &str, instance: &str, lifetime: Duration) -> BTreeMap<String, String> {
+    let expires = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        + lifetime;
+    BTreeMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_RUN.to_string(), run.to_string()),
+        (LABEL_INSTANCE.to_string(), instance.to_string()),
+        (LABEL_EXPIRES.to_string(), expires.as_secs().to_string()),
+    ])
+}
+
+/// The container a stage needs.
+pub(super) struct Want {
+    /// Its name, should it be created for the run.
+    pub name: String,
+    pub image_tag: String,
+    /// The registry name of its image (for `codebox images build NAME`).
+    pub image_name: String,
+    pub limits: Limits,
+    pub workspace_mb: u64,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A container for one stage: created only, or started ahead of time (taken from the pool).
+pub(super) struct Acquired {
+    pub guard: ContainerGuard,
+    pub started: bool,
+}
+
+impl Executor {
+    /// The labels of a run's containers, for a run that may take `budget`.
+    pub(super) fn run_labels(&self, run_id: &str, budget: Duration) -> BTreeMap<String, String> {
+        labels(run_id, &self.instance, budget + EXPIRY_MARGIN)
+    }
+
+    /// Create one locked-down container (not started): lease a uid, build the spec, check
+    /// it, and hand back its owner.
+    pub(super) async fn create(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
+        let lease = self.uids.lease();
+        let plan = Plan {
+            name: want.name.clone(),
+            image: want.image_tag.clone(),
+            uid: lease.uid,
+            limits: want.limits,
+            workspace_mb: want.workspace_mb,
+            labels: want.labels.clone(),
+        };
+        let spec = posture::locked_down(&plan, &self.config.sandbox);
+        posture::check(&spec, &self.config.sandbox)?;
+        let guard = ContainerGuard::new(
+            self.engine.clone(),
+            self.cleanup.clone(),
+            want.name.clone(),
+            lease,
+        );
+        match bound
+            .call(
+                "creating the container",
+                self.engine.create_container(&spec),
+            )
+            .await
+        {
+            Ok(_) => Ok(Acquired {
+                guard,
+                started: false,
+            }),
+            Err(super::stage::BoundError::Engine(EngineError::ImageMissing { tag })) => {
+                Err(SandboxFailure::ImageMissing {
+                    tag,
+                    image: want.image_name.clone(),
+                }
+                .into())
+            }
+            Err(e) => Err(Halt::bound(e)),
+        }
+    }
+
+    /// A container for a stage: a ready one from the pool, else a new one (created only).
+    pub(super) async fn acquire(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
+        let began = Instant::now();
+        let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb);
+        let acquired = match self.pool.take(&shape).await {
+            Some(taken) => Ok(Acquired {
+                guard: taken.guard,
+                started: true,
+            }),
+            None => self.create(want, bound).await,
+        };
+        self.timings.record(Step::Acquire, began.elapsed());
+        acquired
+    }
+
+    /// Run a payload in `container`, then hand it to removal. A container taken from the pool
+    /// that turns out dead (it never answered) is replaced by a new one, once: nothing of the
+    /// run had started in it. `limits_total` is the stage's own time limit; `content_bytes`
+    /// the file content it may send back.
+    pub(super) async fn run_in(
+        &self,
+        want: &Want,
+        container: Acquired,
+        payload: Payload,
+        limits_total: Duration,
+        content_bytes: u64,
+        bound: Bound<'_>,
+    ) -> Result<StageResult, Halt> {
+        let entries = match payload.collect {
+            Some(Collect::WorkspaceOnSuccess { .. }) => MAX_ARTIFACT_ENTRIES,
+            _ => MAX_OUTPUT_ENTRIES,
+        };
+        let request = StageRequest {
+            run_backstop: payload
+                .check
+                .as_ref()
+                .map(|_| payload.timeout + BACKSTOP_GRACE),
+            payload: payload.encode(),
+            backstop: limits_total + BACKSTOP_GRACE,
+            limits: DecodeLimits {
+                output: self.config.sandbox.output_limit_bytes,
+                content: content_bytes,
+                entries,
+            },
+        };
+        let mut container = container;
+        loop {
+            let result = run_stage(
+                self.engine.as_ref(),
+                container.guard.name(),
+                !container.started,
+                request.clone(),
+                bound,
+            )
+            .await;
+            let dead_on_arrival = container.started
+                && !bound.cancel.is_cancelled()
+                && match &result {
+                    Err(super::stage::BoundError::Engine(EngineError::Attach(_))) => true,
+                    Ok(r) => {
+                        r.decoded.phases.is_empty()
+                            && !r.decoded.complete
+                            && r.decoded.fatal.is_none()
+                            && r.protocol_error.is_none()
+                    }
+                    Err(_) => false,
+                };
+            container.guard.remove_later();
+            if let Ok(r) = &result {
+                let t = &r.times;
+                self.timings.record(Step::Deliver, t.deliver);
+                self.timings.record(Step::Run, t.run);
+                self.timings.record(Step::Collect, t.collect);
+            }
+            if !dead_on_arrival {
+                return result.map_err(Halt::bound);
+            }
+            tracing::warn!("a container started ahead of time never answered; using a new one");
+            self.pool
+                .counters()
+                .failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            container = self.create(want, bound).await?;
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Admission as bookkeeping, without tasks or clocks: a bounded FIFO queue, a concurrency cap
+//! and a memory budget that the pool's ready containers share with the runs.
+//!
+//! Only the head of the queue may start, and it starts when both a slot is free
+//! (`runs.max_concurrent_runs`) and the memory of the running runs plus its own stays within
+//! `runs.memory_budget_mb`. A large request at the head is therefore never starved by small
+//! ones behind it. Containers waiting in the pool hold budget too: a head that fits only
+//! without them asks for them back ([`Next::Shed`]), and the pool may grow only while nobody
+//! waits and the budget has room. Once closed (shutdown), nothing more starts.
+
+use std::collections::VecDeque;
+
+/// The limits admission enforces.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    pub max_concurrent_runs: usize,
+    pub max_queued_runs: usize,
+    pub memory_budget_mb: u64,
+}
+
+/// A run waiting for admission, or admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ticket {
+    pub run_id: String,
+    /// Containers it runs at once (test cases): the concurrency slots it takes.
+    pub slots: usize,
+    /// Memory it holds while it runs.
+    pub charge_mb: u64,
+}
+
+/// What to do for the head of the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Start it: its slots and memory are now taken.
+    Start(Ticket),
+    /// It would fit if the pool gave back this much memory of its ready containers.
+    Shed { mb: u64 },
+    /// It waits (or nothing is queued).
+    Wait,
+}
+
+/// Why a ticket was not queued.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    QueueFull { waiting: usize, max: usize },
+    Closed,
+}
+
+/// The queue and what admitted runs hold.
+#[derive(Debug)]
+pub struct Admission {
+    policy: Policy,
+    queue: VecDeque<Ticket>,
+    active: usize,
+    active_memory_mb: u64,
+    peak_active: usize,
+    closed: bool,
+}
+
+impl Admission {
+    pub fn new(policy: Policy) -> Admission {
+        Admission {
+            policy,
+            queue: VecDeque::new(),
+            active: 0,
+            active_memory_mb: 0,
+            peak_active: 0,
+            closed: false,
+        }
+    }
+
+    /// Queue a ticket. A full queue refuses only a ticket that could not start at once.
+    pub fn enqueue(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+        if self.closed {
+            return Err(Refusal::Closed);
+        }
+        let starts_now = self.queue.is_empty()
+            && self.active + ticket.slots <= self.policy.max_concurrent_runs
+            && self.active_memory_mb + ticket.charge_mb <= self.policy.memory_budget_mb;
+        if !starts_now && self.queue.len() >= self.policy.max_queued_runs {
+            return Err(Refusal::QueueFull {
+                waiting: self.queue.len(),
+                max: self.policy.max_queued_runs,
+            });
+        }
+        self.queue.push_back(ticket);
+        Ok(())
+    }
+
+    /// What to do for the head of the queue while the pool holds `pooled_mb` of the budget.
+    pub fn next(&mut self, pooled_mb: u64) -> Next {
+        if self.closed {
+            return Next::Wait;
+        }
+        let Some(head) = self.queue.front() else {
+            return Next::Wait;
+        };
+        let budget = self.policy.memory_budget_mb;
+        let need = self.active_memory_mb + head.charge_mb;
+        if self.active + head.slots > self.policy.max_concurrent_runs || need > budget {
+            return Next::Wait;
+        }
+        if need + pooled_mb > budget {
+            return Next::Shed {
+                mb: need + pooled_mb - budget,
+            };
+        }
+        let ticket = self.queue.pop_front().expect("the head exists");
+        self.active += ticket.slots;
+        self.active_memory_mb += ticket.charge_mb;
+        self.peak_active = self.peak_active.max(self.active);
+        Next::Start(ticket)
+    }
+
+    /// An admitted run ended: its slots and memory are free.
+    pub fn release(&mut self, slots: usize, charge_mb: u64) {
+        self.active = self.active.saturating_sub(slots);
+        self.active_memory_mb = self.active_memory_mb.saturating_sub(charge_mb);
+    }
+
+    /// Take a queued run out of the queue (it was stopped); `false` if it was not queued.
+    pub fn withdraw(&mut self, run_id: &str) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|t| t.run_id != run_id);
+        self.queue.len() != before
+    }
+
+    /// 1-based place in the queue.
+    pub fn position(&self, run_id: &str) -> Option<usize> {
+        self.queue
+            .iter()
+            .position(|t| t.run_id == run_id)
+            .map(|p| p + 1)
+    }
+
+    /// Whether the pool may start one more container of `shape_mb` while holding
+    /// `pooled_mb`: nobody waits, admission is open and the budget has room.
+    pub fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
+        !self.closed
+            && self.queue.is_empty()
+            && self.active_memory_mb + pooled_mb + shape_mb <= self.policy.memory_budget_mb
+    }
+
+    /// Start nothing more (shutdown).
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn active(&self) -> usize {
+        self.active
+    }
+
+    pub fn active_memory_mb(&self) -> u64 {
+        self.active_memory_mb
+    }
+
+    /// The most runs that were ever executing at once.
+    pub fn peak_active(&self) -> usize {
+        self.peak_active
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy {
+            max_concurrent_runs: 2,
+            max_queued_runs: 2,
+            memory_budget_mb: 1024,
+        }
+    }
+
+    fn ticket(id: &str, slots: usize, charge_mb: u64) -> Ticket {
+        Ticket {
+            run_id: id.into(),
+            slots,
+            charge_mb,
+        }
+    }
+
+    fn started(next: Next) -> String {
+        match next {
+            Next::Start(t) => t.run_id,
+            other => panic!("expected a start, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_head_starts_first_and_a_big_head_is_not_overtaken() {
+        let mut a = Admission::new(policy());
+        a.enqueue(ticket("a", 1, 512)).unwrap();
+        assert_eq!(started(a.next(0)), "a");
+        a.enqueue(ticket("b", 1, 1024)).unwrap();
+        a.enqueue(ticket("c", 1, 256)).unwrap();
+        assert_eq!(
+            a.next(0),
+            Next::Wait,
+            "b waits; c, which fits, stays behind it"
+        );
+        assert_eq!(a.position("c"), Some(2));
+        a.release(1, 512);
+        assert_eq!(started(a.next(0)), "b");
+        assert_eq!((a.active(), a.active_memory_mb()), (1, 1024));
+    }
+
+    #[test]
+    fn slots_are_capped_and_the_peak_remembered() {
+        let mut a = Admission::new(Policy {
+            memory_budget_mb: 100_000,
+            max_queued_runs: 10,
+            ..policy()
+        });
+        for id in ["a", "b", "c"] {
+            a.enqueue(ticket(id, 1, 10)).unwrap();
+        }
+        assert_eq!(started(a.next(0)), "a");
+        assert_eq!(started(a.next(0)), "b");
+        assert_eq!(a.next(0), Next::Wait);
+        a.release(1, 10);
+        assert_eq!(started(a.next(0)), "c");
+        assert_eq!(a.peak_active(), 2);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_only_what_cannot_start_at_once() {
+        let mut a = Admission::new(Policy {
+            max_queued_runs: 1,
+            ..policy()
+        });
+        a.enqueue(ticket("a", 2, 10)).unwrap();
+        assert_eq!(started(a.next(0)), "a");
+        a.enqueue(ticket("b", 1, 10)).unwrap();
+        assert_eq!(
+            a.enqueue(ticket("c", 1, 10)),
+            Err(Refusal::QueueFull { waiting: 1, max: 1 })
+        );
+        assert!(a.withdraw("b"));
+        assert!(!a.withdraw("b"));
+        a.enqueue(ticket("c", 1, 10)).unwrap();
+    }
+
+    #[test]
+    fn a_head_that_fits_only_without_the_pool_asks_for_its_memory() {
+        let mut a = Admission::new(policy());
+        a.enqueue(ticket("big", 1, 1024)).unwrap();
+        assert_eq!(a.next(512), Next::Shed { mb: 512 });
+        assert_eq!(a.queued(), 1, "still queued until the memory is back");
+        assert_eq!(started(a.next(0)), "big");
+    }
+
+    #[test]
+    fn the_pool_grows_only_when_nobody_waits_and_the_budget_has_room() {
+        let mut a = Admission::new(policy());
+        assert!(a.pool_may_grow(0, 512));
+        assert!(!a.pool_may_grow(768, 512));
+        a.enqueue(ticket("a", 1, 1024)).unwrap();
+        assert!(!a.pool_may_grow(0, 1), "a run waits");
+        a.close();
+        assert!(!a.pool_may_grow(0, 1));
+    }
+
+    #[test]
+    fn nothing_starts_once_admission_is_closed() {
+        let mut a = Admission::new(policy());
+        a.enqueue(ticket("a", 2, 10)).unwrap();
+        a.enqueue(ticket("b", 1, 10)).unwrap();
+        assert_eq!(started(a.next(0)), "a");
+        a.close();
+        // The run that was running ends during shutdown: the queued one must not start.
+        a.release(2, 10);
+        assert_eq!(a.next(0), Next::Wait);
+        assert_eq!(a.enqueue(ticket("c", 1, 10)), Err(Refusal::Closed));
+    }
+}

@@ -1,0 +1,91 @@
+//! What a run holds of the memory budget, and the start-up check that every language can
+//! ever be admitted.
+
+use crate::config::Config;
+use crate::registry::{Language, Registry};
+use crate::report::RunLimits;
+
+/// A language whose compile stage alone needs more memory than the whole budget.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("setting `runs.memory_budget_mb` = {budget_mb} is invalid: language `{language}` compiles with {compile_mb} MB, which would never fit")]
+pub struct BudgetError {
+    pub language: String,
+    pub compile_mb: u64,
+    pub budget_mb: u64,
+}
+
+/// Memory a run holds while admitted: its own limit (times the test cases it runs at once),
+/// or its compile stage's if larger (the stages' working directories are tmpfs within those
+/// limits).
+pub fn memory_charge(language: &Language, limits: &RunLimits, parallel: usize) -> u64 {
+    let run = limits.memory_mb * parallel as u64;
+    if language.is_compiled() {
+        run.max(language.compile_limits.memory_mb)
+    } else {
+        run
+    }
+}
+
+/// Check that every language's compile stage fits the memory budget (at start).
+pub fn check_budget(registry: &Registry, config: &Config) -> Result<(), BudgetError> {
+    let budget_mb = config.runs.memory_budget_mb;
+    for lang in registry.languages.values() {
+        let compile_mb = lang.compile_limits.memory_mb;
+        if lang.is_compiled() && compile_mb > budget_mb {
+            return Err(BudgetError {
+                language: lang.id.clone(),
+                compile_mb,
+                budget_mb,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_compiled_run_is_charged_its_larger_stage() {
+        let registry = Registry::parse(
+            Path::new("t.toml"),
+            r#"
+[images.i]
+tag = "t"
+context = "images/i"
+
+[languages.plain]
+display_name = "P"
+image = "i"
+source_file = "main.p"
+run = ["p", "main.p"]
+
+[languages.heavy]
+display_name = "H"
+image = "i"
+source_file = "main.h"
+compile = ["cc"]
+run = ["./main"]
+compile_limits = { memory_mb = 1024, workspace_mb = 256 }
+"#,
+        )
+        .unwrap();
+        let limits = RunLimits {
+            memory_mb: 512,
+            timeout_seconds: 1.0,
+            cpus: 1.0,
+        };
+        assert_eq!(memory_charge(&registry.languages["plain"], &limits, 1), 512);
+        assert_eq!(
+            memory_charge(&registry.languages["heavy"], &limits, 1),
+            1024
+        );
+        assert_eq!(
+            memory_charge(&registry.languages["heavy"], &limits, 3),
+            1536,
+            "three test cases at once"
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! Reports that are not in this manager's memory: evicted ones (within their retention), and
+//! runs of other servers sharing the history database. A run another server accepted is
+//! answered from the database once it has ended; while it is unfinished there, the answer is
+//! [`LookupError::Elsewhere`], naming that server, and a wait looks again until the end.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RunManager;
+use crate::history::{now_ms, History};
+use crate::report::{RunReport, Status};
+
+/// How often `get_result` with `wait_seconds` looks again at a run another server holds.
+const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
+/// How long `get_result` with `wait_seconds` looks again for a run id the history does not
+/// know yet: another server sharing it may have accepted the run a moment ago (its history
+/// writes trail its answers).
+const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
+/// How often it looks during that grace.
+const UNKNOWN_POLL: Duration = Duration::from_millis(100);
+
+/// Why a run's report cannot be given.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LookupError {
+    /// Never known here, or finished longer ago than the retention.
+    #[error("run_id: no run `{run_id}` is known to this server (reports are kept for {retention_seconds} s after a run ends; see get_execution_history for older runs)")]
+    Unknown {
+        run_id: String,
+        retention_seconds: u64,
+    },
+    /// Accepted by another codebox server that shares this history database, and not
+    /// finished (as far as the database knows): only that server holds it and can stop it.
+    #[error("run_id: run `{run_id}` is {status} on another codebox server ({owner}); only that server holds it and can stop it. Its report can be read from any server sharing the history database once it ends (get_result with wait_seconds waits for that)", status = status.as_str())]
+    Elsewhere {
+        run_id: String,
+        status: Status,
+        /// The owning instance, its host and when it was last heard from.
+        owner: String,
+    },
+    /// Finished within the retention, but its report left memory (the reports held exceeded
+    /// `runs.retained_reports_mb`) and the history database cannot give it back.
+    #[error("run_id: the report of run `{run_id}` was evicted from memory because finished reports exceeded `runs.retained_reports_mb` ({retained_reports_mb} MB), and the history database cannot supply it: {detail}. Its metadata may still be in get_execution_history; the operator can raise `runs.retained_reports_mb` or fix the history database")]
+    Evicted {
+        run_id: String,
+        retained_reports_mb: u64,
+        detail: String,
+    },
+}
+
+impl RunManager {
+    /// A run not in memory: its stored report; or, while another server holds it unfinished,
+    /// look again every [`ELSEWHERE_POLL`] until it has ended or `timeout` has passed. An id
+    /// the history does not know is looked for again during [`UNKNOWN_GRACE`] (within
+    /// `timeout`).
+    pub(super) async fn wait_in_store(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+    ) -> Result<RunReport, LookupError> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let grace = start + timeout.min(UNKNOWN_GRACE);
+        loop {
+            let outcome = self.stored_report(run_id).await;
+            let now = Instant::now();
+            let pause = match &outcome {
+                Err(LookupError::Elsewhere { .. }) if now < deadline => ELSEWHERE_POLL,
+                Err(LookupError::Unknown { .. }) if now < grace && self.inner.history.is_some() => {
+                    UNKNOWN_POLL
+                }
+                _ => return outcome,
+            };
+            tokio::time::sleep(pause.min(deadline.saturating_duration_since(now))).await;
+        }
+    }
+
+    /// The final report of a run that is not in memory: evicted (within the retention), or
+    /// finished by an earlier server on the same history database. Either comes from the
+    /// history while its retention lasts; anything else is unknown.
+    pub(super) async fn stored_report(&self, run_id: &str) -> Result<RunReport, LookupError> {
+        let retention = self.retention();
+        let evicted_live = self.lock().retention.evicted_within(run_id, retention);
+        let unknown = || LookupError::Unknown {
+            run_id: run_id.to_string(),
+            retention_seconds: retention.as_secs(),
+        };
+        let evicted = |detail: String| LookupError::Evicted {
+            run_id: run_id.to_string(),
+            retained_reports_mb: self.inner.config.runs.retained_reports_mb,
+            detail,
+        };
+        let history = self.inner.history.as_ref();
+        match (evicted_live, history) {
+            (Some(false), _) | (None, None) => Err(unknown()),
+            (None, Some(h)) => {
+                let since = now_ms().saturating_sub(retention.as_millis() as i64);
+                match h.report(run_id, Some(since)).await {
+                    Ok(Some(r)) => Ok(r),
+                    Ok(None) => Err(self.held_elsewhere(h, run_id).await.unwrap_or_else(unknown)),
+                    Err(e) => {
+                        tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
+                        Err(unknown())
+                    }
+                }
+            }
+            (Some(true), None) => Err(evicted("this server keeps no history".into())),
+            (Some(true), Some(h)) => match h.report(run_id, None).await {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => Err(evicted(
+                    "the history database holds no copy of it (its write failed; see the log)"
+                        .into(),
+                )),
+                Err(e) => Err(evicted(e.to_string())),
+            },
+        }
+    }
+
+    /// [`LookupError::Elsewhere`] if the history says another instance holds the run
+    /// unfinished.
+    async fn held_elsewhere(&self, history: &History, run_id: &str) -> Option<LookupError> {
+        let w = match history.whereabouts(run_id).await {
+            Ok(w) => w?,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "cannot look up a run in the history");
+                return None;
+            }
+        };
+        if w.status.is_terminal() || w.instance == self.inner.executor.instance() {
+            return None;
+        }
+        let mut owner = format!("instance {}", w.instance);
+        if let Some(host) = &w.host {
+            owner.push_str(&format!(" on host {host}"));
+        }
+        if let Some(ms) = w.last_seen_ms_ago {
+            owner.push_str(&format!(
+                ", last heard from {:.0} s ago",
+                ms as f64 / 1000.0
+            ));
+        }
+        Some(LookupError::Elsewhere {
+            run_id: run_id.to_string(),
+            status: w.status,
+            owner,
+        })
+    }
+}

@@ -1,0 +1,155 @@
+//! Finished reports: kept for `runs.result_retention_seconds`, but memory holds at most
+//! `runs.retained_reports_mb` of them (outputs plus [`REPORT_OVERHEAD_BYTES`] each). Beyond
+//! that the oldest leave memory and are remembered as evicted (with their end) until their
+//! retention passes, so that a lookup knows to ask the history database for them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::report::RunReport;
+
+/// Memory charged per finished report besides its outputs: ids, message, limits, bookkeeping.
+pub const REPORT_OVERHEAD_BYTES: u64 = 1024;
+
+/// What a finished report counts against `runs.retained_reports_mb`: its stdout, stderr,
+/// compile output, message, returned files and test cases' output, plus
+/// [`REPORT_OVERHEAD_BYTES`].
+pub fn report_bytes(r: &RunReport) -> u64 {
+    let compile = r
+        .compile
+        .as_ref()
+        .map_or(0, |c| c.stdout.len() + c.stderr.len());
+    let files: usize = r
+        .files
+        .iter()
+        .map(|f| f.path.len() + f.content_base64.as_ref().map_or(0, String::len))
+        .sum();
+    let tests: usize = r
+        .tests
+        .iter()
+        .map(|t| t.name.len() + t.stdout.len() + t.stderr.len())
+        .sum();
+    (r.stdout.len() + r.stderr.len() + compile + r.message.len() + files + tests) as u64
+        + REPORT_OVERHEAD_BYTES
+}
+
+struct Finished {
+    report: Arc<RunReport>,
+    ended: Instant,
+    bytes: u64,
+}
+
+/// The finished runs of one manager.
+#[derive(Default)]
+pub struct Retention {
+    finished: HashMap<String, Finished>,
+    /// `finished`'s ids, oldest end first (runs end in order, under the manager's lock).
+    order: VecDeque<String>,
+    bytes: u64,
+    /// Runs whose report left memory, with their end, until their retention passes: by id,
+    /// and oldest end first.
+    evicted: HashMap<String, Instant>,
+    evicted_order: VecDeque<String>,
+}
+
+impl Retention {
+    /// Keep a report that just became final.
+    pub fn keep(&mut self, run_id: &str, report: Arc<RunReport>) {
+        let bytes = report_bytes(&report);
+        self.bytes += bytes;
+        self.order.push_back(run_id.to_string());
+        self.finished.insert(
+            run_id.to_string(),
+            Finished {
+                report,
+                ended: Instant::now(),
+                bytes,
+            },
+        );
+    }
+
+    pub fn get(&self, run_id: &str) -> Option<&Arc<RunReport>> {
+        self.finished.get(run_id).map(|f| &f.report)
+    }
+
+    /// Move the oldest reports out of memory until the rest take at most `max_bytes`;
+    /// returns how many left.
+    pub fn evict_over(&mut self, max_bytes: u64) -> usize {
+        let mut evicted = 0;
+        while self.bytes > max_bytes {
+            let Some(id) = self.order.pop_front() else {
+                break;
+            };
+            let Some(f) = self.finished.remove(&id) else {
+                continue;
+            };
+            self.bytes -= f.bytes;
+            self.evicted.insert(id.clone(), f.ended);
+            self.evicted_order.push_back(id);
+            evicted += 1;
+        }
+        evicted
+    }
+
+    /// Forget every run that ended at least `keep` ago; returns their ids.
+    pub fn purge(&mut self, keep: Duration) -> Vec<String> {
+        let mut gone = Vec::new();
+        while let Some(id) = self.order.front() {
+            if self
+                .finished
+                .get(id)
+                .is_some_and(|f| f.ended.elapsed() < keep)
+            {
+                break;
+            }
+            let id = self.order.pop_front().expect("the front exists");
+            if let Some(f) = self.finished.remove(&id) {
+                self.bytes -= f.bytes;
+            }
+            gone.push(id);
+        }
+        while let Some(id) = self.evicted_order.front() {
+            if self
+                .evicted
+                .get(id)
+                .is_some_and(|ended| ended.elapsed() < keep)
+            {
+                break;
+            }
+            let id = self.evicted_order.pop_front().expect("the front exists");
+            self.evicted.remove(&id);
+            gone.push(id);
+        }
+        gone
+    }
+
+    /// For an evicted run: whether it is still within `retention` of its end. `None` when
+    /// the run was never evicted here.
+    pub fn evicted_within(&self, run_id: &str, retention: Duration) -> Option<bool> {
+        self.evicted
+            .get(run_id)
+            .map(|ended| ended.elapsed() < retention)
+    }
+
+    /// Reports held in memory.
+    pub fn len(&self) -> usize {
+        self.finished.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.finished.is_empty()
+    }
+
+    /// What they count against `runs.retained_reports_mb`.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Reports evicted from memory, within their retention.
+    pub fn evicted(&self) -> usize {
+        self.evicted.len()
+    }
+}
