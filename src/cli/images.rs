@@ -161,9 +161,11 @@ async fn build_all(
             break;
         };
         running.remove(&image.name);
-        if let Err(e) = result {
-            bars.suspend(|| eprintln!("failed to build {}: {e:#}", image.tag));
-            first_error.get_or_insert(e);
+        // The first failure is returned (and printed by the caller); later ones are printed.
+        match (result, &first_error) {
+            (Err(e), None) => first_error = Some(e.context(format!("building {}", image.tag))),
+            (Err(e), Some(_)) => bars.suspend(|| eprintln!("failed to build {}: {e:#}", image.tag)),
+            (Ok(()), _) => {}
         }
     }
     first_error.map_or(Ok(()), Err)
