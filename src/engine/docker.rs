@@ -32,17 +32,25 @@ const REQUEST_TIMEOUT_SECONDS: u64 = 120;
 /// A Docker daemon reached through the Engine API.
 #[derive(Clone)]
 pub struct DockerEngine {
-    docker: Docker,
-    /// Image builds can take many minutes; they get a client with a long timeout.
-    builder: Docker,
+    client: Client,
     address: String,
     /// The certificates of a TLS connection.
     tls: Option<TlsFiles>,
     /// The network of image builds' `RUN` steps (`docker.build_network`).
     build_network: Option<String>,
-    /// Set when the client could not even be set up (e.g. the socket does not exist, the CA
-    /// certificate cannot be read); every operation then fails with it.
-    broken: Option<EngineError>,
+}
+
+/// The Engine API client, or why there is none.
+#[derive(Clone)]
+enum Client {
+    Ready {
+        docker: Docker,
+        /// Image builds can take many minutes; they get a client with a long timeout.
+        builder: Docker,
+    },
+    /// The client could not even be set up (e.g. the socket does not exist, the CA
+    /// certificate cannot be read): every operation fails with this.
+    Unusable(EngineError),
 }
 
 /// The files of a TLS connection, as the docker CLI names them in its certificate folder.
@@ -236,25 +244,18 @@ impl DockerEngine {
                 source: Arc::new(e),
             })
         };
-        let (docker, broken) = match client {
-            Ok(d) => (d, None),
-            // A placeholder client that is never used while `broken` is set.
-            Err(e) => (
-                Docker::connect_with_http("http://127.0.0.1:9", 1, bollard::API_DEFAULT_VERSION)
-                    .map_err(|e2| EngineError::Unreachable {
-                        address: address.clone(),
-                        source: Arc::new(e2),
-                    })?,
-                Some(e),
-            ),
+        let client = match client {
+            Ok(docker) => Client::Ready {
+                builder: docker.clone().with_timeout(Duration::from_secs(3 * 3600)),
+                docker,
+            },
+            Err(e) => Client::Unusable(e),
         };
         Ok(DockerEngine {
-            builder: docker.clone().with_timeout(Duration::from_secs(3 * 3600)),
-            docker,
+            client,
             address,
             tls,
             build_network: settings.build_network.clone(),
-            broken,
         })
     }
 
@@ -266,10 +267,19 @@ impl DockerEngine {
         })
     }
 
-    fn usable(&self) -> Result<(), EngineError> {
-        match &self.broken {
-            None => Ok(()),
-            Some(e) => Err(e.clone()),
+    /// The client, or the error that says why there is none.
+    fn docker(&self) -> Result<&Docker, EngineError> {
+        match &self.client {
+            Client::Ready { docker, .. } => Ok(docker),
+            Client::Unusable(e) => Err(e.clone()),
+        }
+    }
+
+    /// The client for image builds (a long timeout).
+    fn builder(&self) -> Result<&Docker, EngineError> {
+        match &self.client {
+            Client::Ready { builder, .. } => Ok(builder),
+            Client::Unusable(e) => Err(e.clone()),
         }
     }
 
@@ -426,13 +436,16 @@ fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
 #[async_trait]
 impl ContainerEngine for DockerEngine {
     async fn ping(&self) -> Result<EngineInfo, EngineError> {
-        self.usable()?;
         let v = self
-            .docker
+            .docker()?
             .version()
             .await
             .map_err(|e| self.unreachable(e))?;
-        let info = self.docker.info().await.map_err(|e| self.unreachable(e))?;
+        let info = self
+            .docker()?
+            .info()
+            .await
+            .map_err(|e| self.unreachable(e))?;
         let mut runtimes: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
         runtimes.sort();
         Ok(EngineInfo {
@@ -444,8 +457,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
-        self.usable()?;
-        match self.docker.inspect_image(tag).await {
+        match self.docker()?.inspect_image(tag).await {
             Ok(img) => Ok(Some(ImageInfo {
                 id: img.id.unwrap_or_default(),
                 labels: img
@@ -469,7 +481,6 @@ impl ContainerEngine for DockerEngine {
         no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
-        self.usable()?;
         let mut options = BuildImageOptionsBuilder::new()
             .t(tag)
             .rm(true)
@@ -484,9 +495,11 @@ impl ContainerEngine for DockerEngine {
             tag: tag.to_string(),
             source,
         };
-        let mut stream =
-            self.builder
-                .build_image(options, None, Some(bollard::body_full(context_tar.into())));
+        let mut stream = self.builder()?.build_image(
+            options,
+            None,
+            Some(bollard::body_full(context_tar.into())),
+        );
         let mut image_id = None;
         while let Some(item) = stream.next().await {
             let info = item.map_err(|e| self.fail(build_err, e))?;
@@ -516,12 +529,11 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        self.usable()?;
         let options = CreateContainerOptionsBuilder::new()
             .name(&spec.name)
             .build();
         match self
-            .docker
+            .docker()?
             .create_container(Some(options), create_body(spec))
             .await
         {
@@ -534,15 +546,13 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn start_container(&self, id: &str) -> Result<(), EngineError> {
-        self.usable()?;
-        self.docker
+        self.docker()?
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
             .map_err(|e| self.fail(EngineError::StartContainer, e))
     }
 
     async fn attach_container(&self, id: &str) -> Result<Attached, EngineError> {
-        self.usable()?;
         let options = AttachContainerOptionsBuilder::new()
             .stream(true)
             .stdin(true)
@@ -550,7 +560,7 @@ impl ContainerEngine for DockerEngine {
             .stderr(true)
             .build();
         let attached = self
-            .docker
+            .docker()?
             .attach_container(id, Some(options))
             .await
             .map_err(|e| self.fail(EngineError::Attach, e))?;
@@ -571,9 +581,8 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn wait_container(&self, id: &str) -> Result<i64, EngineError> {
-        self.usable()?;
         match self
-            .docker
+            .docker()?
             .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>)
             .next()
             .await
@@ -589,13 +598,12 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn kill_container(&self, id: &str, signal: Signal) -> Result<(), EngineError> {
-        self.usable()?;
         let name = match signal {
             Signal::Term => "SIGTERM",
             Signal::Kill => "SIGKILL",
         };
         let options = KillContainerOptionsBuilder::new().signal(name).build();
-        match self.docker.kill_container(id, Some(options)).await {
+        match self.docker()?.kill_container(id, Some(options)).await {
             // Not running (any more), or gone.
             Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(()),
             other => other.map_err(|e| self.fail(EngineError::KillContainer, e)),
@@ -603,9 +611,8 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn inspect_container(&self, id: &str) -> Result<ContainerState, EngineError> {
-        self.usable()?;
         let c = self
-            .docker
+            .docker()?
             .inspect_container(
                 id,
                 None::<bollard::query_parameters::InspectContainerOptions>,
@@ -622,7 +629,6 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn oom_event(&self, id: &str) -> Result<bool, EngineError> {
-        self.usable()?;
         // From the oldest event the daemon keeps (a timestamp of 1, so no clock of ours is
         // compared with the daemon's), then live: only this container's OOM kills.
         let filters = HashMap::from([("container", vec![id]), ("event", vec!["oom"])]);
@@ -630,7 +636,7 @@ impl ContainerEngine for DockerEngine {
             .since("1")
             .filters(&filters)
             .build();
-        match self.docker.events(Some(options)).next().await {
+        match self.docker()?.events(Some(options)).next().await {
             Some(Ok(_)) => Ok(true),
             Some(Err(e)) => Err(self.fail(EngineError::ContainerEvents, e)),
             None => Ok(false),
@@ -638,7 +644,6 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {
-        self.usable()?;
         let body = ContainerUpdateBody {
             memory: Some(resources.memory_bytes),
             memory_swap: Some(resources.memory_bytes),
@@ -646,19 +651,18 @@ impl ContainerEngine for DockerEngine {
             cpu_period: Some(resources.cpu_period_us),
             ..Default::default()
         };
-        self.docker
+        self.docker()?
             .update_container(id, body)
             .await
             .map_err(|e| self.fail(EngineError::UpdateContainer, e))
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
-        self.usable()?;
         let options = RemoveContainerOptionsBuilder::new()
             .force(true)
             .v(true)
             .build();
-        match self.docker.remove_container(id, Some(options)).await {
+        match self.docker()?.remove_container(id, Some(options)).await {
             Err(e) if is_status(&e, 404) => Ok(()),
             // "removal already in progress"
             Err(e) if is_status(&e, 409) => Ok(()),
@@ -667,13 +671,12 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn list_managed_containers(&self) -> Result<Vec<Leftover>, EngineError> {
-        self.usable()?;
         let options = ListContainersOptionsBuilder::new()
             .all(true)
             .filters(&managed_filter())
             .build();
         let list = self
-            .docker
+            .docker()?
             .list_containers(Some(options))
             .await
             .map_err(|e| self.fail(EngineError::List, e))?;
@@ -687,12 +690,11 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError> {
-        self.usable()?;
         let options = ListVolumesOptionsBuilder::new()
             .filters(&managed_filter())
             .build();
         let list = self
-            .docker
+            .docker()?
             .list_volumes(Some(options))
             .await
             .map_err(|e| self.fail(EngineError::List, e))?;
@@ -708,9 +710,8 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
-        self.usable()?;
         let options = RemoveVolumeOptionsBuilder::new().force(true).build();
-        match self.docker.remove_volume(name, Some(options)).await {
+        match self.docker()?.remove_volume(name, Some(options)).await {
             Err(e) if is_status(&e, 404) => Ok(()),
             other => other.map_err(|e| self.fail(EngineError::RemoveVolume, e)),
         }

@@ -6,6 +6,7 @@
 //! every operation.
 
 pub mod docker;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod guard;
 pub mod posture;

@@ -341,3 +341,26 @@ pub fn whereabouts(db: &mut dyn Database, run_id: &str) -> Result<Option<Whereab
         last_seen_ms_ago: r.int(3).map(|b| (now - b).max(0)),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::new_run;
+    use super::super::{schema, sqlite, store, Query};
+
+    #[test]
+    fn runs_accepted_in_the_same_millisecond_list_the_later_first() {
+        let mut db = sqlite::Sqlite::in_memory().unwrap();
+        schema::migrate(&mut db).unwrap();
+        for id in ["z", "a", "m"] {
+            let mut r = new_run(id, "x");
+            r.created_at_ms = 1000;
+            store::insert(&mut db, &r).unwrap();
+        }
+        let ids: Vec<String> = store::select(&mut db, &Query::default())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(ids, ["m", "a", "z"]);
+    }
+}
