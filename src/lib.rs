@@ -29,7 +29,10 @@
 //!   `posture.rs` (the locked-down spec).
 //! - [`instance`]: this process's identity and liveness lock.
 //! - [`registry`]: `languages.toml`, raw serde types then validated languages and images.
-//! - [`config`]: operator settings, resolved once (file, environment, flags) and validated.
+//! - [`config`]: operator settings, resolved once and validated: the `Config` struct
+//!   (`mod.rs`), its sections (`sections.rs`, `history.rs` with the PostgreSQL URL and its
+//!   TLS parameters in `postgres_tls.rs`, `docker.rs`), where values come from
+//!   (`sources.rs`: file, environment, `--set`) and `validate.rs`.
 //! - [`report`]: the run report, one shape everywhere.
 
 pub mod app;

@@ -57,7 +57,8 @@ pub(super) enum Command {
 }
 
 /// Why a query got no answer.
-pub(super) const NO_ANSWER: &str = "the history thread did not answer (it stopped, or is too far behind)";
+pub(super) const NO_ANSWER: &str =
+    "the history thread did not answer (it stopped, or is too far behind)";
 
 /// What may wait for the history thread: a number of commands, and bytes, since a finished
 /// run's report may hold megabytes (output, returned files, test cases). A command that would
@@ -111,7 +112,6 @@ fn report_bytes(r: &RunReport) -> usize {
         .sum();
     r.stdout.len() + r.stderr.len() + r.message.len() + compile + files + tests
 }
-
 
 impl Command {
     /// Answer a command that cannot be carried out: queries get `error`, a flush its answer.
@@ -403,7 +403,10 @@ mod tests {
         // The flush answers before its own weight is taken off: wait for that too.
         let drained = std::time::Instant::now();
         while h.queued_bytes.load(std::sync::atomic::Ordering::SeqCst) != 0 {
-            assert!(drained.elapsed() < Duration::from_secs(5), "the queue never drained");
+            assert!(
+                drained.elapsed() < Duration::from_secs(5),
+                "the queue never drained"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // Once it caught up, writes are taken again.

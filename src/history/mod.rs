@@ -589,5 +589,4 @@ mod tests {
             "metadata stays"
         );
     }
-
 }
