@@ -22,7 +22,7 @@
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.
 //! - [`executor`]: request validation, the workspace, the two stages, outcomes.
-//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker.rs` (the only bollard user:
+//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user:
 //!   a local socket, or TCP with TLS trusting only the operator's CA),
 //!   `fake.rs` (records specs, fails on demand; only with the `testing` feature, which the
 //!   crate's own tests turn on, never in the shipped binary), `guard.rs` (removal),
