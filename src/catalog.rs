@@ -85,7 +85,7 @@ pub async fn catalog(
         languages,
         limits: LimitsInfo {
             defaults: config.limits.defaults(),
-            ceilings: config.limits.ceilings(),
+            ceilings: config.ceilings(),
         },
     })
 }

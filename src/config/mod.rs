@@ -61,6 +61,8 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::report::RunLimits;
+
 use sources::{collect_settings, env_name, last_key};
 
 section! {
@@ -215,6 +217,15 @@ impl Config {
             }
         }
         out
+    }
+
+    /// The ceilings a client can reach: `limits.max_*`, except that no run can have more
+    /// memory than the whole budget (`runs.memory_budget_mb`), so the smaller of the two is
+    /// the memory ceiling everywhere one is stated or checked.
+    pub fn ceilings(&self) -> RunLimits {
+        let mut c = self.limits.settings_ceilings();
+        c.memory_mb = c.memory_mb.min(self.runs.memory_budget_mb);
+        c
     }
 
     /// The SQLite history file (used when `history.url` is unset).

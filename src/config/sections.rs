@@ -37,7 +37,9 @@ impl LimitSettings {
         }
     }
 
-    pub fn ceilings(&self) -> RunLimits {
+    /// The ceilings these settings alone set; what a client can reach is
+    /// [`crate::config::Config::ceilings`] (the memory budget may be lower).
+    pub(super) fn settings_ceilings(&self) -> RunLimits {
         RunLimits {
             memory_mb: self.max_memory_mb,
             timeout_seconds: self.max_timeout_seconds,

@@ -382,7 +382,7 @@ impl ValidRequest {
             files.push((path, Bytes::from(content)));
         }
         let l = req.limits.unwrap_or_default();
-        let (d, c) = (config.limits.defaults(), config.limits.ceilings());
+        let (d, c) = (config.limits.defaults(), config.ceilings());
         let memory = limit(
             "limits.memory_mb",
             l.memory_mb,

@@ -157,7 +157,7 @@ impl CodeboxServer {
     /// The run-related argument text shared by `run_code` and `start_run`.
     fn run_arguments_text(manager: &RunManager) -> String {
         let c = manager.config();
-        let (d, m) = (c.limits.defaults(), c.limits.ceilings());
+        let (d, m) = (c.limits.defaults(), c.ceilings());
         let ids = language_ids(manager);
         let s = &c.sandbox;
         format!(
@@ -182,7 +182,7 @@ impl CodeboxServer {
             mt_cases = crate::executor::request::MAX_TESTS,
             ids = ids.join(", "),
             dm = d.memory_mb,
-            mm = m.memory_mb.min(c.runs.memory_budget_mb),
+            mm = m.memory_mb,
             dt = fmt_num(d.timeout_seconds),
             mt = fmt_num(m.timeout_seconds),
             dc = fmt_num(d.cpus),
@@ -297,7 +297,7 @@ impl CodeboxServer {
         manager: &RunManager,
     ) -> rmcp::model::JsonObject {
         let c = manager.config();
-        let (d, m) = (c.limits.defaults(), c.limits.ceilings());
+        let (d, m) = (c.limits.defaults(), c.ceilings());
         let ids = language_ids(manager);
         let mut schema = schema.clone();
         let mut describe = |path: &[&str], text: String| {

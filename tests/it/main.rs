@@ -23,6 +23,7 @@ mod pg_cluster;
 mod pool;
 mod postgres;
 mod private_daemon;
+mod readme;
 mod reaper;
 mod registry_file;
 mod remote_tls;
