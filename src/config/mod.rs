@@ -100,6 +100,13 @@ pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
 pub const ENV_PREFIX: &str = "CODEBOX_";
 /// Short variables of one-word keys, kept from before the names were derived.
 const SHORT_ALIASES: [(&str, &str); 1] = [("CODEBOX_LISTEN", "http.listen")];
+fn did_you_mean(nearest: &Option<String>) -> String {
+    nearest
+        .as_ref()
+        .map(|n| format!("did you mean `{n}`? "))
+        .unwrap_or_default()
+}
+
 /// Variables that begin with [`ENV_PREFIX`] but are not settings (and no setting may take
 /// their name): the config file, the bearer token (a secret, never a setting) and the log filter.
 pub const RESERVED_ENV: [&str; 3] = ["CODEBOX_CONFIG", "CODEBOX_TOKEN", "CODEBOX_LOG"];
@@ -134,8 +141,13 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("--set {item}: expected SETTING=VALUE, e.g. --set runs.max_concurrent_runs=2")]
     SetSyntax { item: String },
-    #[error("unknown setting `{setting}` ({origin}); `codebox config --list` lists them all")]
-    Unknown { setting: String, origin: Source },
+    #[error("unknown setting `{setting}` ({origin}); {}`codebox config --list` lists them all", did_you_mean(.nearest))]
+    Unknown {
+        setting: String,
+        origin: Source,
+        /// The known setting nearest to the typo, if one is near.
+        nearest: Option<String>,
+    },
     #[error("setting `{setting}` = {value} ({origin}) is not a valid {expected}")]
     Type {
         setting: String,

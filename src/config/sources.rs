@@ -43,6 +43,7 @@ impl Config {
                 return Err(ConfigError::Unknown {
                     setting: path.to_string(),
                     origin: Source::Flag,
+                    nearest: nearest(path, settings.iter().map(|s| s.path.as_str())),
                 });
             };
             set_in(&mut table, s, value, Source::Flag)?;
@@ -234,6 +235,7 @@ pub(super) fn set_in(
             return Err(ConfigError::Unknown {
                 setting: setting.path.clone(),
                 origin: source,
+                nearest: None,
             });
         };
         node = inner;
@@ -246,4 +248,56 @@ pub(super) fn set_in(
 pub(super) fn inline_value(text: &str) -> Option<toml::Value> {
     let table: toml::Table = toml::from_str(&format!("v = {text}")).ok()?;
     table.get("v").cloned()
+}
+
+/// The candidate nearest to `typo` by edit distance, if it is near enough to be what was
+/// meant (at most a quarter of its length, and at least 2, edits away).
+pub(super) fn nearest<'a>(typo: &str, candidates: impl Iterator<Item = &'a str>) -> Option<String> {
+    let distance = |a: &str, b: &str| -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let next = (row[j + 1] + 1)
+                    .min(row[j] + 1)
+                    .min(prev + usize::from(ca != *cb));
+                prev = row[j + 1];
+                row[j + 1] = next;
+            }
+        }
+        row[b.len()]
+    };
+    let budget = (typo.chars().count() / 4).max(2);
+    candidates
+        .map(|c| (distance(typo, c), c))
+        .filter(|(d, _)| *d <= budget)
+        .min()
+        .map(|(_, c)| c.to_string())
+}
+
+impl Config {
+    /// The `CODEBOX_*` variables among `names` that are neither a setting's nor one of
+    /// [`RESERVED_ENV`], each with the known variable nearest to it: typos that would
+    /// otherwise be ignored without a word.
+    pub fn unknown_env(names: impl Iterator<Item = String>) -> Vec<(String, Option<String>)> {
+        let settings = Config::settings();
+        let known: Vec<String> = settings
+            .iter()
+            .flat_map(|s| {
+                std::iter::once(s.env.clone())
+                    .chain(s.env_short.clone())
+                    .chain(s.env_fallback.clone())
+            })
+            .chain(RESERVED_ENV.iter().map(|v| v.to_string()))
+            .collect();
+        names
+            .filter(|n| n.starts_with(ENV_PREFIX) && !known.contains(n))
+            .map(|n| {
+                let near = nearest(&n, known.iter().map(String::as_str));
+                (n, near)
+            })
+            .collect()
+    }
 }

@@ -4,6 +4,7 @@
 mod batch;
 mod cli;
 mod cli_fake;
+mod cli_first_contact;
 mod common;
 mod docker_runs;
 mod fake_engine;
