@@ -9,6 +9,8 @@
 //! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth),
 //!   which read client messages the same way (`jsonrpc`: invalid requests answered with
 //!   their ids).
+//! - [`api`]: the HTTP APIs for programs beside `/mcp`: `/v1` with its OpenAPI document,
+//!   and the Piston v2 and Judge0 CE compatible routes, on the same run manager.
 //! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
 //!   run manager for every command.
 //! - [`mcp`]: the six MCP tools, typed parameters and results.
@@ -35,6 +37,7 @@
 //!   (`sources.rs`: file, environment, `--set`) and `validate.rs`.
 //! - [`report`]: the run report, one shape everywhere.
 
+pub mod api;
 pub mod app;
 pub mod catalog;
 pub mod cli;

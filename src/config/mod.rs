@@ -45,6 +45,7 @@ mod docker;
 mod history;
 mod postgres_tls;
 mod sections;
+mod sessions;
 mod sources;
 #[cfg(test)]
 mod tests;
@@ -54,6 +55,7 @@ pub use docker::*;
 pub use history::*;
 pub use postgres_tls::{split_tls, SslMode, TlsParams};
 pub use sections::*;
+pub use sessions::SessionSettings;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -82,6 +84,7 @@ section! {
         pub pool: PoolSettings = PoolSettings::default(),
         pub cache: CacheSettings = CacheSettings::default(),
         pub docker: DockerSettings = DockerSettings::default(),
+        pub sessions: SessionSettings = SessionSettings::default(),
     }
 }
 

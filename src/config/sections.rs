@@ -163,7 +163,7 @@ section! {
         /// Host header values accepted at `/mcp` (`name` matches any port, `name:port` exactly).
         pub allowed_hosts: Vec<String> = DEFAULT_ALLOWED_HOSTS.iter().map(|h| h.to_string()).collect(),
         /// Largest request body, in bytes (larger: 413).
-        pub max_body_bytes: usize = 8 * 1024 * 1024,
+        pub max_body_bytes: usize = 32 * 1024 * 1024,
         /// File holding the bearer token (`--token-file` and then `CODEBOX_TOKEN` take
         /// precedence). The token itself is never a setting.
         #[serde(skip_serializing_if = "Option::is_none")]

@@ -226,6 +226,6 @@ impl Config {
                 "must be at least 1024",
             ));
         }
-        Ok(())
+        self.sessions.validate(self)
     }
 }

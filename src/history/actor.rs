@@ -1,6 +1,5 @@
-//! The history thread: the commands the handle sends it (each with its weight, which bounds
-//! the queue by bytes as well as by count), and the actor that owns the database connection,
-//! carries the commands out in order, reconnects and beats the heart.
+//! The history thread: it owns the database connection, carries out the commands in the
+//! order they were sent, reconnects after an outage, and beats this instance's heart.
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -9,14 +8,16 @@ use tokio::sync::oneshot;
 
 use super::db::{Database, DbError};
 use super::{
-    pg, sqlite, store, HistoryError, HistoryRow, NewRun, Owner, Query, Whereabouts,
-    HEARTBEAT_INTERVAL, RECONNECT_INTERVAL,
+    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened, HEARTBEAT_INTERVAL,
+    RECONNECT_INTERVAL,
 };
 use crate::config::HistoryStore;
 use crate::report::RunReport;
 
-pub(super) type Reply<T> = oneshot::Sender<Result<T, HistoryError>>;
+/// How the log names a failed write.
+const WRITE_FAILED: &str = "writing the run history failed";
 
+/// What the history thread is asked to do, in order.
 pub(super) enum Command {
     Insert(NewRun),
     Started {
@@ -33,28 +34,24 @@ pub(super) enum Command {
     ForgetReportsEndedBefore {
         cutoff_ms: i64,
     },
-    Report {
-        run_id: String,
-        ended_after_ms: Option<i64>,
-        reply: Reply<Option<RunReport>>,
+    SessionOpened(SessionOpened),
+    SessionEnded {
+        session_id: String,
+        reason: String,
+        at_ms: i64,
     },
-    Query {
-        query: Query,
-        reply: Reply<Vec<HistoryRow>>,
-    },
-    Get {
-        run_id: String,
-        reply: Reply<Option<HistoryRow>>,
-    },
-    Whereabouts {
-        run_id: String,
-        reply: Reply<Option<Whereabouts>>,
-    },
+    /// A query: it runs on the thread with the database (or why there is none) and answers
+    /// its caller itself; a database error it met is returned for the log.
+    Ask(Box<Query_>),
     /// Answered once every command sent before it is done.
     Flush {
         reply: oneshot::Sender<()>,
     },
 }
+
+/// A query's work on the history thread.
+pub(super) type Query_ =
+    dyn FnOnce(Result<&mut dyn Database, HistoryError>) -> Option<DbError> + Send;
 
 /// Why a query got no answer.
 pub(super) const NO_ANSWER: &str =
@@ -113,38 +110,6 @@ fn report_bytes(r: &RunReport) -> usize {
     r.stdout.len() + r.stderr.len() + r.message.len() + compile + files + tests
 }
 
-impl Command {
-    /// Answer a command that cannot be carried out: queries get `error`, a flush its answer.
-    fn refuse(self, error: HistoryError) {
-        match self {
-            Command::Query { reply, .. } => drop(reply.send(Err(error))),
-            Command::Get { reply, .. } => drop(reply.send(Err(error))),
-            Command::Report { reply, .. } => drop(reply.send(Err(error))),
-            Command::Whereabouts { reply, .. } => drop(reply.send(Err(error))),
-            Command::Flush { reply } => drop(reply.send(())),
-            _ => {}
-        }
-    }
-}
-
-/// Send a query's answer (or its failure) to the asker; the database's error also goes back
-/// to the actor, which logs it.
-fn answer<T>(
-    reply: Reply<T>,
-    result: Result<Result<T, HistoryError>, DbError>,
-) -> Result<(), DbError> {
-    match result {
-        Ok(answer) => {
-            let _ = reply.send(answer);
-            Ok(())
-        }
-        Err(e) => {
-            let _ = reply.send(Err(HistoryError::Query(e.to_string())));
-            Err(e)
-        }
-    }
-}
-
 /// An error and its causes, each said once ("PostgreSQL: db error: FATAL: ..."): the
 /// PostgreSQL client's own messages keep the server's reason in the cause.
 fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
@@ -161,7 +126,10 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Open the store, migrate it, announce this instance and mark what dead ones left.
-fn open_store(store: &HistoryStore, owner: &Owner) -> Result<Box<dyn Database>, DbError> {
+pub(super) fn open_store(
+    store: &HistoryStore,
+    owner: &Owner,
+) -> Result<Box<dyn Database>, DbError> {
     let mut db: Box<dyn Database> = match store {
         HistoryStore::Sqlite(path) => Box::new(sqlite::Sqlite::open(path)?),
         HistoryStore::Postgres { url, password_file } => {
@@ -295,151 +263,61 @@ impl Actor {
 
     fn handle(&mut self, cmd: Command) {
         let Some(db) = self.db.as_mut() else {
-            cmd.refuse(HistoryError::Unavailable {
+            let unavailable = HistoryError::Unavailable {
                 store: self.name.clone(),
                 detail: match &self.open_error {
                     Some(e) => format!("it could not be opened: {e}"),
                     None => "it could not be opened (see the log)".to_string(),
                 },
-            });
+            };
+            match cmd {
+                Command::Ask(query) => {
+                    query(Err(unavailable));
+                }
+                Command::Flush { reply } => {
+                    let _ = reply.send(());
+                }
+                _ => {}
+            }
             return;
         };
         let db = db.as_mut();
-        let write = matches!(
-            cmd,
-            Command::Insert(_)
-                | Command::Started { .. }
-                | Command::Finish { .. }
-                | Command::ForgetReports { .. }
-                | Command::ForgetReportsEndedBefore { .. }
-        );
-        let outcome: Result<(), DbError> = match cmd {
-            Command::Insert(run) => store::insert(db, &run),
-            Command::Started { run_id, at_ms } => store::started(db, &run_id, at_ms),
-            Command::Finish { report, at_ms } => store::finish(db, &report, at_ms),
-            Command::ForgetReports { run_ids } => store::forget_reports(db, &run_ids),
-            Command::ForgetReportsEndedBefore { cutoff_ms } => {
-                store::forget_reports_ended_before(db, cutoff_ms)
+        let (outcome, what) = match cmd {
+            Command::Insert(run) => (store::insert(db, &run), WRITE_FAILED),
+            Command::Started { run_id, at_ms } => {
+                (store::started(db, &run_id, at_ms), WRITE_FAILED)
             }
-            Command::Report {
-                run_id,
-                ended_after_ms,
-                reply,
-            } => answer(
-                reply,
-                store::stored_report(db, &run_id, ended_after_ms).map(|json| {
-                    json.map(|j| {
-                        serde_json::from_str(&j).map_err(|e| {
-                            HistoryError::Query(format!(
-                                "the stored report of run {run_id} is unreadable: {e}"
-                            ))
-                        })
-                    })
-                    .transpose()
-                }),
+            Command::Finish { report, at_ms } => (store::finish(db, &report, at_ms), WRITE_FAILED),
+            Command::ForgetReports { run_ids } => {
+                (store::forget_reports(db, &run_ids), WRITE_FAILED)
+            }
+            Command::ForgetReportsEndedBefore { cutoff_ms } => (
+                store::forget_reports_ended_before(db, cutoff_ms),
+                WRITE_FAILED,
             ),
-            Command::Query { query, reply } => answer(reply, store::select(db, &query).map(Ok)),
-            Command::Get { run_id, reply } => answer(reply, store::get(db, &run_id).map(Ok)),
-            Command::Whereabouts { run_id, reply } => {
-                answer(reply, store::whereabouts(db, &run_id).map(Ok))
-            }
+            Command::SessionOpened(s) => (sessions::opened(db, &s), WRITE_FAILED),
+            Command::SessionEnded {
+                session_id,
+                reason,
+                at_ms,
+            } => (
+                sessions::ended(db, &session_id, &reason, at_ms),
+                WRITE_FAILED,
+            ),
+            Command::Ask(query) => (
+                query(Ok(db)).map_or(Ok(()), Err),
+                "reading the run history failed",
+            ),
             Command::Flush { reply } => {
                 let _ = reply.send(());
-                Ok(())
+                (Ok(()), "")
             }
         };
         // A full disk can fail one write and let the next through: successes do not re-arm
         // the warning, only WARN_EVERY does.
         if let Err(e) = outcome {
-            let what = if write {
-                "writing the run history failed"
-            } else {
-                "reading the run history failed"
-            };
             self.failed(e, what);
         }
         self.beat_if_due();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::tests::{limits, new_run, report};
-    use super::super::*;
-    use super::*;
-
-    #[tokio::test]
-    async fn reports_waiting_for_a_stalled_database_are_bounded_by_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("h.sqlite3");
-        let owner = Owner {
-            instance: "x".into(),
-            data_dir: dir.path().to_path_buf(),
-        };
-        let bounds = QueueBounds {
-            commands: 4096,
-            bytes: 4 << 20,
-        };
-        let h = History::start(&HistoryStore::Sqlite(path.clone()), owner, bounds);
-        h.query(Query::default()).await.unwrap();
-        // Another connection holds the write lock: the history thread waits in its first
-        // write (up to the busy timeout) while reports of 1 MB each arrive.
-        let lock = rusqlite::Connection::open(&path).unwrap();
-        lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
-        h.insert(new_run("r0", "x"));
-        let reports: Vec<Arc<RunReport>> = (0..20)
-            .map(|i| Arc::new(report(&format!("r{i}"), &"x".repeat(1 << 20))))
-            .collect();
-        for r in &reports {
-            h.finish(r.clone());
-        }
-        let held = reports.iter().filter(|r| Arc::strong_count(r) > 1).count();
-        assert!(
-            (1..=4).contains(&held),
-            "{held} reports of 1 MB wait in a 4 MB queue"
-        );
-        lock.execute_batch("COMMIT").unwrap();
-        assert!(h.flush(Duration::from_secs(30)).await);
-        // The flush answers before its own weight is taken off: wait for that too.
-        let drained = std::time::Instant::now();
-        while h.queued_bytes.load(std::sync::atomic::Ordering::SeqCst) != 0 {
-            assert!(
-                drained.elapsed() < Duration::from_secs(5),
-                "the queue never drained"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        // Once it caught up, writes are taken again.
-        h.insert(new_run("r19", "x"));
-        h.finish(reports[19].clone());
-        assert!(h.report("r19", None).await.unwrap().is_some());
-    }
-
-    #[tokio::test]
-    async fn an_unopenable_database_answers_unavailable_and_drops_writes() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("a-file");
-        std::fs::write(&file, "not a folder").unwrap();
-        let h = History::open(
-            &file.join("history.sqlite3"),
-            Owner {
-                instance: "x".into(),
-                data_dir: dir.path().to_path_buf(),
-            },
-        );
-        h.insert(NewRun::new(
-            "r1",
-            "python",
-            limits(),
-            "print(1)",
-            CodePolicy::Preview,
-            "x",
-        ));
-        let err = h.query(Query::default()).await.unwrap_err();
-        assert!(matches!(err, HistoryError::Unavailable { .. }), "{err}");
-        assert!(
-            h.flush(Duration::from_secs(5)).await,
-            "a flush answers even without a database"
-        );
     }
 }

@@ -31,6 +31,7 @@ pub(crate) mod db;
 mod pg;
 mod pg_tls;
 mod schema;
+mod sessions;
 mod sqlite;
 mod store;
 
@@ -45,8 +46,10 @@ use tokio::sync::oneshot;
 
 use crate::config::{CodePolicy, HistoryStore, CODE_PREVIEW_CHARS};
 use crate::report::{RunLimits, RunReport, Stage, Status};
-use actor::{Actor, Command, QueueBounds, Reply, NO_ANSWER, QUEUE};
+use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
+use db::{Database, DbError};
 pub use schema::SCHEMA_VERSION;
+pub use sessions::{SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED};
 
 /// Message written on rows a crashed server left unfinished.
 pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
@@ -113,6 +116,12 @@ pub struct HistoryRow {
     /// The codebox process (server or command) that accepted the run: several servers may
     /// share one history database.
     pub instance: String,
+    /// The session the run executed in; null outside sessions.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Its place among the session's executions (1-based); null outside sessions.
+    #[serde(default)]
+    pub execution_count: Option<u64>,
 }
 
 /// Result of `get_execution_history` and `codebox history --json`.
@@ -131,6 +140,8 @@ pub struct Query {
     pub status: Option<Status>,
     /// A language id (not an alias).
     pub language: Option<String>,
+    /// Only the executions of this session.
+    pub session_id: Option<String>,
 }
 
 /// Where a run stands in the store and which instance has it: what a server that does not
@@ -167,6 +178,8 @@ pub struct NewRun {
     pub code_preview: Option<String>,
     pub created_at_ms: i64,
     pub instance: String,
+    /// The session it executes in, and its place there.
+    pub session: Option<(String, u64)>,
 }
 
 impl NewRun {
@@ -188,7 +201,14 @@ impl NewRun {
             code_preview: code_preview(code, policy),
             created_at_ms: now_ms(),
             instance: instance.to_string(),
+            session: None,
         }
+    }
+
+    /// The same row, for an execution of a session.
+    pub fn in_session(mut self, session_id: &str, execution_count: u64) -> NewRun {
+        self.session = Some((session_id.to_string(), execution_count));
+        self
     }
 }
 
@@ -209,7 +229,6 @@ pub fn code_preview(code: &str, policy: CodePolicy) -> Option<String> {
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
-
 /// Handle to the history thread. Cheap to clone; every method returns at once except queries.
 #[derive(Clone)]
 pub struct History {
@@ -342,9 +361,26 @@ impl History {
         self.send(Command::ForgetReportsEndedBefore { cutoff_ms });
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, HistoryError> {
+    /// Run `query` on the history thread (after every command sent before it) and await its
+    /// answer.
+    async fn ask<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&mut dyn Database) -> Result<T, DbError> + Send + 'static,
+    ) -> Result<T, HistoryError> {
         let (reply, rx) = oneshot::channel();
-        self.send(make(reply));
+        self.send(Command::Ask(Box::new(
+            move |db: Result<&mut dyn Database, HistoryError>| {
+                let (answer, failed) = match db {
+                    Err(unavailable) => (Err(unavailable), None),
+                    Ok(db) => match query(db) {
+                        Ok(v) => (Ok(v), None),
+                        Err(e) => (Err(HistoryError::Query(e.to_string())), Some(e)),
+                    },
+                };
+                let _ = reply.send(answer);
+                failed
+            },
+        )));
         rx.await.unwrap_or_else(|_| {
             Err(HistoryError::Unavailable {
                 store: self.store.clone(),
@@ -361,23 +397,25 @@ impl History {
         ended_after_ms: Option<i64>,
     ) -> Result<Option<RunReport>, HistoryError> {
         let run_id = run_id.to_string();
-        self.ask(|reply| Command::Report {
-            run_id,
-            ended_after_ms,
-            reply,
+        let json = self
+            .ask(move |db| store::stored_report(db, &run_id, ended_after_ms))
+            .await?;
+        json.map(|j| {
+            serde_json::from_str(&j)
+                .map_err(|e| HistoryError::Query(format!("a stored report is unreadable: {e}")))
         })
-        .await
+        .transpose()
     }
 
     /// Rows matching `query`, newest first. Sees every write sent before it.
     pub async fn query(&self, query: Query) -> Result<Vec<HistoryRow>, HistoryError> {
-        self.ask(|reply| Command::Query { query, reply }).await
+        self.ask(move |db| store::select(db, &query)).await
     }
 
     /// One run's row.
     pub async fn get(&self, run_id: &str) -> Result<Option<HistoryRow>, HistoryError> {
         let run_id = run_id.to_string();
-        self.ask(|reply| Command::Get { run_id, reply }).await
+        self.ask(move |db| store::get(db, &run_id)).await
     }
 
     /// Wait (at most `timeout`) until every write sent before has been carried out or
@@ -391,17 +429,35 @@ impl History {
     /// Where a run stands and which instance has it (for a run this process does not hold).
     pub async fn whereabouts(&self, run_id: &str) -> Result<Option<Whereabouts>, HistoryError> {
         let run_id = run_id.to_string();
-        self.ask(|reply| Command::Whereabouts { run_id, reply })
-            .await
+        self.ask(move |db| store::whereabouts(db, &run_id)).await
+    }
+
+    /// Record a session that was just opened.
+    pub fn session_opened(&self, session: SessionOpened) {
+        self.send(Command::SessionOpened(session));
+    }
+
+    /// Record why a session ended (`closed`, `idle`...).
+    pub fn session_ended(&self, session_id: &str, reason: &str) {
+        self.send(Command::SessionEnded {
+            session_id: session_id.to_string(),
+            reason: reason.to_string(),
+            at_ms: now_ms(),
+        });
+    }
+
+    /// What the store knows of a session this process does not hold.
+    pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>, HistoryError> {
+        let id = session_id.to_string();
+        self.ask(move |db| sessions::lookup(db, &id)).await
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::db::Database;
     use super::*;
 
-    pub(super) fn limits() -> RunLimits {
+    fn limits() -> RunLimits {
         RunLimits {
             memory_mb: 512,
             timeout_seconds: 30.0,
@@ -427,7 +483,7 @@ mod tests {
         );
     }
 
-    pub(super) fn new_run(id: &str, instance: &str) -> NewRun {
+    fn new_run(id: &str, instance: &str) -> NewRun {
         NewRun::new(
             id,
             "python",
@@ -525,7 +581,24 @@ mod tests {
         assert_eq!(store::whereabouts(&mut db, "nope").unwrap(), None);
     }
 
-    pub(super) fn report(run_id: &str, stdout: &str) -> RunReport {
+    #[test]
+    fn runs_accepted_in_the_same_millisecond_list_the_later_first() {
+        let mut db = sqlite::Sqlite::in_memory().unwrap();
+        schema::migrate(&mut db).unwrap();
+        for id in ["z", "a", "m"] {
+            let mut r = new_run(id, "x");
+            r.created_at_ms = 1000;
+            store::insert(&mut db, &r).unwrap();
+        }
+        let ids: Vec<String> = store::select(&mut db, &Query::default())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(ids, ["m", "a", "z"]);
+    }
+
+    fn report(run_id: &str, stdout: &str) -> RunReport {
         let mut r = RunReport::new(
             run_id,
             "python",
@@ -587,6 +660,73 @@ mod tests {
             (row.status, row.stdout_bytes),
             (Status::Succeeded, 10),
             "metadata stays"
+        );
+    }
+
+    #[tokio::test]
+    async fn reports_waiting_for_a_stalled_database_are_bounded_by_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.sqlite3");
+        let owner = Owner {
+            instance: "x".into(),
+            data_dir: dir.path().to_path_buf(),
+        };
+        let bounds = QueueBounds {
+            commands: 4096,
+            bytes: 4 << 20,
+        };
+        let h = History::start(&HistoryStore::Sqlite(path.clone()), owner, bounds);
+        h.query(Query::default()).await.unwrap();
+        // Another connection holds the write lock: the history thread waits in its first
+        // write (up to the busy timeout) while reports of 1 MB each arrive.
+        let lock = rusqlite::Connection::open(&path).unwrap();
+        lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        h.insert(new_run("r0", "x"));
+        let reports: Vec<Arc<RunReport>> = (0..20)
+            .map(|i| Arc::new(report(&format!("r{i}"), &"x".repeat(1 << 20))))
+            .collect();
+        for r in &reports {
+            h.finish(r.clone());
+        }
+        let held = reports.iter().filter(|r| Arc::strong_count(r) > 1).count();
+        assert!(
+            (1..=4).contains(&held),
+            "{held} reports of 1 MB wait in a 4 MB queue"
+        );
+        lock.execute_batch("COMMIT").unwrap();
+        assert!(h.flush(Duration::from_secs(30)).await);
+        assert_eq!(h.queued_bytes.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // Once it caught up, writes are taken again.
+        h.insert(new_run("r19", "x"));
+        h.finish(reports[19].clone());
+        assert!(h.report("r19", None).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn an_unopenable_database_answers_unavailable_and_drops_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "not a folder").unwrap();
+        let h = History::open(
+            &file.join("history.sqlite3"),
+            Owner {
+                instance: "x".into(),
+                data_dir: dir.path().to_path_buf(),
+            },
+        );
+        h.insert(NewRun::new(
+            "r1",
+            "python",
+            limits(),
+            "print(1)",
+            CodePolicy::Preview,
+            "x",
+        ));
+        let err = h.query(Query::default()).await.unwrap_err();
+        assert!(matches!(err, HistoryError::Unavailable { .. }), "{err}");
+        assert!(
+            h.flush(Duration::from_secs(5)).await,
+            "a flush answers even without a database"
         );
     }
 }

@@ -182,6 +182,13 @@ impl MakeTlsConnect<Socket> for MakeRustls {
     type Error = rustls::pki_types::InvalidDnsNameError;
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, Self::Error> {
+        // A Unix socket has no host name (and, as with libpq, no TLS: the client asks for a
+        // connector anyway, and never uses it there).
+        let domain = if domain.is_empty() || domain.starts_with('/') {
+            "localhost"
+        } else {
+            domain
+        };
         Ok(RustlsConnect {
             config: self.0.clone(),
             server_name: ServerName::try_from(domain.to_string())?,

@@ -58,6 +58,18 @@ pub struct Sample {
     pub expect: Expect,
 }
 
+/// How the Piston-compatible API (`/api/v2`) names a language.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PistonName {
+    /// Its `language` in `/api/v2/runtimes` (default: the language's id), e.g. `c++`.
+    pub language: String,
+    /// Names accepted besides it, the language's id and its aliases (e.g. `c#`).
+    pub aliases: Vec<String>,
+}
+
+/// Highest Judge0 language id a registry may use.
+pub const MAX_JUDGE0_ID: i64 = 999_999;
+
 /// One language, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Language {
@@ -79,6 +91,10 @@ pub struct Language {
     /// (for Python, the module to import).
     pub packages: Vec<String>,
     pub compile_limits: CompileLimits,
+    /// Judge0 CE language ids served by this language; the first is the one reported for a
+    /// run whose id is not known. Unique across the registry.
+    pub judge0_ids: Vec<u32>,
+    pub piston: PistonName,
     /// The session driver (a program in the image that keeps an interpreter's state between
     /// the executions of a session); `None`: sessions keep files only.
     pub session_driver: Option<Vec<String>>,
@@ -208,18 +224,40 @@ impl Registry {
 
         let mut languages = BTreeMap::new();
         let mut names: BTreeMap<String, String> = BTreeMap::new();
+        let mut judge0: BTreeMap<u32, String> = BTreeMap::new();
         for (id, value) in languages_raw {
             let raw = raw::RawLanguage::deserialize(value)
                 .map_err(|e| field("language", &id, &serde_field(&e), e.message().to_string()))?;
             let lang = validate_language(&id, raw, &images)
                 .map_err(|(f, m)| field("language", &id, &f, m))?;
-            for name in std::iter::once(&lang.id).chain(&lang.aliases) {
+            // Every name a client may use, in any API, means one language.
+            let own: std::collections::BTreeSet<&String> = std::iter::once(&lang.id)
+                .chain(&lang.aliases)
+                .chain(std::iter::once(&lang.piston.language))
+                .chain(&lang.piston.aliases)
+                .collect();
+            for name in own {
                 if let Some(other) = names.insert(name.clone(), lang.id.clone()) {
+                    let which = if name == &lang.id || lang.aliases.contains(name) {
+                        "aliases"
+                    } else {
+                        "piston"
+                    };
                     return Err(field(
                         "language",
                         &id,
-                        "aliases",
+                        which,
                         format!("`{name}` is already used by language `{other}`"),
+                    ));
+                }
+            }
+            for n in &lang.judge0_ids {
+                if let Some(other) = judge0.insert(*n, lang.id.clone()) {
+                    return Err(field(
+                        "language",
+                        &id,
+                        "judge0_ids",
+                        format!("id {n} is already used by language `{other}`"),
                     ));
                 }
             }
@@ -238,6 +276,22 @@ impl Registry {
         self.languages
             .get(&name)
             .or_else(|| self.languages.values().find(|l| l.aliases.contains(&name)))
+    }
+
+    /// Find a language by its name in the Piston-compatible API: its Piston name or Piston
+    /// aliases, else its id or aliases (case-insensitive).
+    pub fn resolve_piston(&self, name: &str) -> Option<&Language> {
+        let name = name.trim().to_ascii_lowercase();
+        self.languages
+            .values()
+            .find(|l| l.piston.language == name || l.piston.aliases.contains(&name))
+            .or_else(|| self.resolve(&name))
+    }
+
+    /// The language serving a Judge0 language id.
+    pub fn by_judge0_id(&self, id: i64) -> Option<&Language> {
+        let id = u32::try_from(id).ok()?;
+        self.languages.values().find(|l| l.judge0_ids.contains(&id))
     }
 
     /// Guess a language from a file name's extension.
@@ -428,6 +482,43 @@ fn validate_language(
             extensions.push(ext.to_ascii_lowercase());
         }
     }
+    let mut judge0_ids = Vec::new();
+    for n in raw.judge0_ids {
+        let ok = (1..=MAX_JUDGE0_ID).contains(&n);
+        let Some(n) = u32::try_from(n).ok().filter(|_| ok) else {
+            return err(
+                "judge0_ids",
+                format!("{n} is not an id from 1 to {MAX_JUDGE0_ID}"),
+            );
+        };
+        if judge0_ids.contains(&n) {
+            return err("judge0_ids", format!("{n} appears twice"));
+        }
+        judge0_ids.push(n);
+    }
+    let raw_piston = raw.piston.unwrap_or(raw::RawPiston {
+        language: None,
+        aliases: Vec::new(),
+    });
+    let piston = PistonName {
+        language: raw_piston.language.unwrap_or_else(|| id.to_string()),
+        aliases: raw_piston.aliases,
+    };
+    for name in std::iter::once(&piston.language).chain(&piston.aliases) {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_graphic() && !c.is_ascii_uppercase());
+        if !ok {
+            return err(
+                "piston",
+                format!(
+                    "`{name}` must be 1 to 64 printable ASCII characters, lowercase, no spaces"
+                ),
+            );
+        }
+    }
     let mut tests = Vec::new();
     for t in raw.tests {
         let Some(status) = Status::parse(&t.expect.status).filter(|s| s.is_terminal()) else {
@@ -469,6 +560,8 @@ fn validate_language(
         env: raw.env,
         packages: raw.packages,
         compile_limits,
+        judge0_ids,
+        piston,
         session_driver,
         tests,
     })
@@ -518,6 +611,54 @@ run = ["python3", "main.py"]
             .to_string();
         assert!(msg.contains("field `image`"), "{msg}");
         assert!(msg.contains("pyth"), "{msg}");
+    }
+
+    #[test]
+    fn judge0_ids_and_piston_names_are_checked_and_unique() {
+        let two = format!(
+            "{MINI}\n[languages.ruby]\ndisplay_name = \"Ruby\"\nimage = \"python\"\nsource_file = \"main.rb\"\nrun = [\"ruby\", \"main.rb\"]\n"
+        );
+        let with = |py: &str, rb: &str| {
+            two.replace("aliases = [\"py\"]", &format!("aliases = [\"py\"]\n{py}"))
+                .replace(
+                    "display_name = \"Ruby\"",
+                    &format!("display_name = \"Ruby\"\n{rb}"),
+                )
+        };
+        let r = Registry::parse(
+            Path::new("l.toml"),
+            &with(
+                "judge0_ids = [71, 1001]\npiston = { language = \"python3\", aliases = [\"py3\"] }",
+                "judge0_ids = [72]",
+            ),
+        )
+        .unwrap();
+        assert_eq!(r.by_judge0_id(1001).unwrap().id, "python");
+        assert_eq!(r.by_judge0_id(72).unwrap().id, "ruby");
+        assert!(r.by_judge0_id(73).is_none() && r.by_judge0_id(-1).is_none());
+        assert_eq!(r.resolve_piston("PY3").unwrap().id, "python");
+        assert_eq!(r.resolve_piston("ruby").unwrap().piston.language, "ruby");
+        for (py, rb, wanted) in [
+            (
+                "judge0_ids = [71]",
+                "judge0_ids = [71]",
+                "judge0_ids`: id 71 is already used by language `python`",
+            ),
+            ("judge0_ids = [0]", "", "judge0_ids`: 0 is not an id"),
+            ("judge0_ids = [5, 5]", "", "5 appears twice"),
+            (
+                "piston = { aliases = [\"rb\"] }",
+                "aliases = [\"rb\"]",
+                "`rb` is already used by language `python`",
+            ),
+            ("piston = { language = \"Py\" }", "", "field `piston`"),
+            ("piston = { color = 1 }", "", "color"),
+        ] {
+            let msg = Registry::parse(Path::new("l.toml"), &with(py, rb))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains(wanted), "{py} / {rb}: {msg}");
+        }
     }
 
     #[test]

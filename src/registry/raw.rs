@@ -41,6 +41,15 @@ pub struct RawSample {
     pub expect: RawExpect,
 }
 
+/// How the Piston-compatible API names a language.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPiston {
+    pub language: Option<String>,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLanguage {
@@ -64,6 +73,11 @@ pub struct RawLanguage {
     #[serde(default)]
     pub packages: Vec<String>,
     pub compile_limits: Option<RawLimits>,
+    /// Judge0 CE language ids served by this language (the first is its own).
+    #[serde(default)]
+    pub judge0_ids: Vec<i64>,
+    /// Its name and extra aliases in the Piston-compatible API.
+    pub piston: Option<RawPiston>,
     /// How sessions keep state: `{ driver = [...] }`; without it, sessions keep files only.
     pub session: Option<RawSession>,
     #[serde(default)]

@@ -1,5 +1,7 @@
 //! Streamable HTTP: `/mcp` (rmcp's service behind a bearer-token check), `GET /healthz`
-//! (no token) and `GET /metrics` (Prometheus text, token required like `/mcp`).
+//! (no token), `GET /metrics` (Prometheus text, token required like `/mcp`), and the APIs
+//! for programs of [`crate::api`] (`/v1`, Piston's `/api/v2`, Judge0's routes) behind the
+//! same token, body cap and Host check.
 //!
 //! # Security
 //! The token is compared in constant time (both sides are hashed first, so the comparison
@@ -7,6 +9,10 @@
 //! what stops a web page from reaching a loopback server through DNS rebinding. Request
 //! bodies above `http.max_body_bytes` are refused with 413 before they are parsed.
 //! Without a token the server only starts on a loopback address and only with `--no-auth`.
+//! The APIs for programs get the same Host check, and refuse any request with an `Origin`
+//! header: browsers send one with every cross-site POST, even a "simple" `text/plain` one
+//! that needs no preflight, and Piston's clients post JSON as `text/plain`; without this a
+//! web page could run code through a `--no-auth` server on loopback.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -33,6 +39,7 @@ use tower::ServiceExt as _;
 
 use super::jsonrpc::{self, Incoming};
 use super::ServeError;
+use crate::api::{self, Api};
 use crate::config::HttpSettings;
 use crate::mcp::CodeboxServer;
 use crate::runs::RunManager;
@@ -61,6 +68,17 @@ impl Token {
         if !scheme.eq_ignore_ascii_case("bearer") {
             return false;
         }
+        self.matches(presented)
+    }
+
+    /// Constant-time check of a header carrying the token alone (Judge0's `X-Auth-Token`).
+    pub fn accepts_raw(&self, value: Option<&HeaderValue>) -> bool {
+        value
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| self.matches(v))
+    }
+
+    fn matches(&self, presented: &str) -> bool {
         let presented: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
         self.digest.ct_eq(&presented).into()
     }
@@ -176,6 +194,108 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// Which API for programs a path belongs to: each refuses in its own clients' shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Family {
+    V1,
+    Piston,
+    Judge0,
+}
+
+impl Family {
+    fn of(path: &str) -> Family {
+        if path == "/v1" || path.starts_with("/v1/") {
+            Family::V1
+        } else if path == "/api/v2" || path.starts_with("/api/v2/") {
+            Family::Piston
+        } else {
+            Family::Judge0
+        }
+    }
+
+    fn refuse(self, status: StatusCode, message: &str) -> Response {
+        match self {
+            Family::V1 => {
+                let code = match status {
+                    StatusCode::UNAUTHORIZED => {
+                        return api::v1::V1Error::unauthorized().into_response()
+                    }
+                    _ => "forbidden",
+                };
+                api::v1::V1Error::new(status, code, message).into_response()
+            }
+            Family::Piston => api::piston::refusal(status, message),
+            Family::Judge0 => api::judge0::refusal(status, message),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct ProgramPolicy {
+    token: Option<Token>,
+    allowed_hosts: Arc<Vec<String>>,
+}
+
+/// Host header names and ports, lowercased and without IPv6 brackets.
+fn authority(value: &str) -> Option<(String, Option<u16>)> {
+    let a = axum::http::uri::Authority::try_from(value.trim()).ok()?;
+    let host = a.host().trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_ascii_lowercase(), a.port_u16()))
+}
+
+/// rmcp's rule: `name` allows any port, `name:port` that port only.
+fn host_allowed(request: &Request, allowed: &[String]) -> bool {
+    let Some((host, port)) = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(authority)
+    else {
+        return false;
+    };
+    allowed
+        .iter()
+        .filter_map(|a| authority(a))
+        .any(|(name, p)| name == host && p.is_none_or(|p| Some(p) == port))
+}
+
+/// The Host, Origin and token checks in front of the APIs for programs.
+async fn guard_programs(
+    State(policy): State<ProgramPolicy>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let family = Family::of(request.uri().path());
+    if !host_allowed(&request, &policy.allowed_hosts) {
+        return family.refuse(
+            StatusCode::FORBIDDEN,
+            "the Host header is not one of the server's http.allowed_hosts",
+        );
+    }
+    if request.headers().contains_key(header::ORIGIN) {
+        return family.refuse(
+            StatusCode::FORBIDDEN,
+            "requests from web pages (with an Origin header) are refused: these routes are for programs; call them from a server-side program",
+        );
+    }
+    if let Some(token) = &policy.token {
+        let headers = request.headers();
+        let ok = token.accepts(headers.get(header::AUTHORIZATION))
+            || (family == Family::Judge0 && token.accepts_raw(headers.get("x-auth-token")));
+        if !ok {
+            return family.refuse(
+                StatusCode::UNAUTHORIZED,
+                if family == Family::Judge0 {
+                    "missing or wrong token: send `X-Auth-Token: <token>` or `Authorization: Bearer <token>`"
+                } else {
+                    "missing or wrong bearer token: send `Authorization: Bearer <token>`"
+                },
+            );
+        }
+    }
+    next.run(request).await
+}
+
 /// Whether a request says its body is JSON (`application/json`, parameters allowed).
 fn says_json(request: &Request) -> bool {
     request
@@ -233,6 +353,15 @@ async fn check_messages(
     request: Request,
     next: Next,
 ) -> Response {
+    if request.method() == Method::DELETE {
+        // rmcp ends the session with 202; the MCP Python SDK takes only 200 or 204 as a
+        // success and logs "Session termination failed: 202" on every close otherwise.
+        let mut response = next.run(request).await;
+        if response.status() == StatusCode::ACCEPTED {
+            response = StatusCode::NO_CONTENT.into_response();
+        }
+        return response;
+    }
     if request.method() != Method::POST {
         return next.run(request).await;
     }
@@ -342,6 +471,18 @@ pub fn router(
         Arc::new(LocalSessionManager::default()),
         mcp_config,
     );
+    let programs_api = Api::new(manager.clone(), policy.max_body_bytes);
+    let programs = Router::new()
+        .nest("/v1", api::v1::router(programs_api.clone()))
+        .merge(api::piston::router(programs_api.clone()))
+        .merge(api::judge0::router(programs_api))
+        .layer(middleware::from_fn_with_state(
+            ProgramPolicy {
+                token: token.clone(),
+                allowed_hosts: Arc::new(policy.allowed_hosts.clone()),
+            },
+            guard_programs,
+        ));
     let state = AppState { manager, token };
     let protected = Router::new()
         .nest_service("/mcp", mcp)
@@ -359,6 +500,7 @@ pub fn router(
         .route("/healthz", get(healthz))
         .with_state(state)
         .merge(protected)
+        .merge(programs)
 }
 
 /// Bind the listen address and serve until `shutdown` resolves.

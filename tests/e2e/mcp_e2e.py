@@ -15,6 +15,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import logging
 import os
 import secrets
 import socket
@@ -235,6 +236,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Capture(logging.Handler):
+    """Keeps what the SDK logs, to check that closing a session logs no failure."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 async def over_http(binary, env, results):
     token = secrets.token_hex(24)
     port = free_port()
@@ -260,11 +272,19 @@ async def over_http(binary, env, results):
             await results.check("http: 401 without the token", refuses_without_token())
         client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
                                     timeout=httpx2.Timeout(30, read=300))
+        capture = Capture()
+        logging.getLogger("mcp").addHandler(capture)
         async with client:
             async with streamable_http_client(f"{url}/mcp", http_client=client) as streams:
                 read, write = streams[0], streams[1]
                 async with ClientSession(read, write) as session:
                     await suite(session, "http", results)
+        logging.getLogger("mcp").removeHandler(capture)
+
+        async def closed_cleanly():
+            failures = [m for m in capture.messages if "termination failed" in m]
+            expect(not failures, f"the SDK logged {failures}")
+        await results.check("http: the session ends without 'Session termination failed'", closed_cleanly())
     finally:
         server.terminate()
         try:

@@ -853,3 +853,456 @@ fn the_generator_is_reproducible_and_ids_are_unique() {
     assert!(a.iter().filter(|m| m.runs).count() <= 5);
     assert!(a.iter().filter(|m| m.bytes.len() >= HUGE).count() <= 2);
 }
+
+/// Which API a hostile HTTP request is for; each refuses in its own shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Api {
+    V1,
+    Judge0,
+    Piston,
+}
+
+/// A request to the APIs for programs, and what may answer it.
+pub struct ApiRequest {
+    pub api: Api,
+    pub method: &'static str,
+    /// Path and query, as sent (not re-encoded).
+    pub target: String,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Option<Vec<u8>>,
+    /// It may start a real run (then 2xx is fine).
+    pub runs: bool,
+}
+
+/// Odd JSON values for any field.
+fn odd_values() -> Vec<Value> {
+    vec![
+        json!(null),
+        json!(true),
+        json!(-1),
+        json!(0),
+        json!(1e308),
+        json!(-1e308),
+        json!(5e-324),
+        json!(18_446_744_073_709_551_615_u64),
+        json!(i64::MIN),
+        json!(1.5),
+        json!(""),
+        json!(" "),
+        json!("NaN"),
+        json!("-Infinity"),
+        json!("1e999"),
+        json!("\u{0}"),
+        json!("\u{202e}x"),
+        json!([]),
+        json!([1, "a", null]),
+        json!({}),
+        json!({"a": {"b": []}}),
+    ]
+}
+
+/// Fields of each API's run request.
+const V1_FIELDS: [&str; 11] = [
+    "language",
+    "code",
+    "stdin",
+    "args",
+    "files",
+    "limits",
+    "tests",
+    "compare",
+    "wait",
+    "session_id",
+    "extra",
+];
+/// Judge0's submission attributes: those a request sets, and those it cannot.
+const JUDGE0_FIELDS: [&str; 35] = codebox::api::judge0::ALL_FIELDS;
+const PISTON_FIELDS: [&str; 10] = [
+    "language",
+    "version",
+    "files",
+    "stdin",
+    "args",
+    "compile_timeout",
+    "run_timeout",
+    "compile_memory_limit",
+    "run_memory_limit",
+    "run_cpu_time",
+];
+
+/// Odd path segments: traversal, encodings, huge, unicode.
+const ODD_SEGMENTS: [&str; 14] = [
+    "..",
+    "%2e%2e",
+    "%00",
+    "%ff%fe",
+    "%zz",
+    "x%2Fy",
+    "nope",
+    "0123456789abcdef0123456789abcdef",
+    "01234567-89ab-cdef-0123-456789abcdef",
+    "00000000-0000-0000-0000-000000000000",
+    "%E2%80%AE",
+    "-1",
+    "1e9",
+    "%20",
+];
+
+/// Odd query strings.
+const ODD_QUERIES: [&str; 14] = [
+    "wait_seconds=-1",
+    "wait_seconds=1e999",
+    "wait_seconds=NaN",
+    "wait_seconds=61",
+    "wait_seconds=%zz",
+    "limit=0",
+    "limit=99999999999999999999",
+    "status=%00",
+    "fields=*,nope",
+    "fields=",
+    "base64_encoded=true&fields=,,,",
+    "tokens=,,,",
+    "a=1&a=2&b",
+    "%%%",
+];
+
+impl Generator {
+    /// `n` hostile requests to `/v1`, Piston's and Judge0's routes. At most `runs` may
+    /// start a real run (a `true` in bash); at most `huge` carry a body over `cap` bytes.
+    pub fn api_requests(
+        &mut self,
+        n: usize,
+        runs: usize,
+        huge: usize,
+        cap: usize,
+    ) -> Vec<ApiRequest> {
+        let mut runs_left = runs;
+        let mut huge_left = huge;
+        (0..n)
+            .map(|_| {
+                let roll = self.rng.below(100);
+                if roll < 2 && runs_left > 0 {
+                    runs_left -= 1;
+                    return self.api_tiny_run();
+                }
+                if roll < 3 && huge_left > 0 {
+                    huge_left -= 1;
+                    let api = *self.rng.pick(&[Api::V1, Api::Judge0, Api::Piston]);
+                    let (method, target) = run_route(api);
+                    let body = format!("{{\"code\":\"{}\"}}", "A".repeat(cap + 1)).into_bytes();
+                    return ApiRequest {
+                        api,
+                        method,
+                        target: target.into(),
+                        headers: vec![],
+                        body: Some(body),
+                        runs: false,
+                    };
+                }
+                match self.rng.below(10) {
+                    0..=2 => self.api_bad_run_body(),
+                    3 => self.api_broken_json(),
+                    4 | 5 => self.api_odd_path(),
+                    6 => self.api_odd_method(),
+                    7 => self.api_odd_headers(),
+                    8 => self.api_batch(),
+                    _ => self.api_limits(),
+                }
+            })
+            .collect()
+    }
+
+    fn api_request(
+        &self,
+        api: Api,
+        method: &'static str,
+        target: String,
+        body: Option<Value>,
+    ) -> ApiRequest {
+        ApiRequest {
+            api,
+            method,
+            target,
+            headers: vec![("content-type", "application/json".into())],
+            body: body.map(|b| serde_json::to_vec(&b).unwrap()),
+            runs: false,
+        }
+    }
+
+    /// A run request with one field made odd, and at least one thing that keeps it from
+    /// running (blank code, or the odd field itself).
+    fn api_bad_run_body(&mut self) -> ApiRequest {
+        let api = *self.rng.pick(&[Api::V1, Api::Judge0, Api::Piston]);
+        let v = self.rng.pick(&odd_values()).clone();
+        let (method, target) = run_route(api);
+        let body = match api {
+            Api::V1 => {
+                let mut b = json!({"language": "bash", "code": " "});
+                let field = *self.rng.pick(&V1_FIELDS);
+                // Odd code may be valid code: then an unknown language keeps it from running.
+                if field == "code" {
+                    b["language"] = json!("cobra");
+                }
+                b[field] = v;
+                b
+            }
+            Api::Judge0 => {
+                let mut b = json!({"language_id": 46, "source_code": " "});
+                let field = *self.rng.pick(&JUDGE0_FIELDS);
+                // A blank source keeps it from running; odd source (numbers are read as
+                // text, as Rails reads them) gets a language Judge0 1.13.1 has and codebox
+                // does not (70, Python 2).
+                if field == "source_code" {
+                    b["language_id"] = json!(70);
+                }
+                b[field] = v;
+                b
+            }
+            Api::Piston => {
+                let mut b =
+                    json!({"language": "bash", "version": "*", "files": [{"content": "true"}]});
+                b[*self.rng.pick(&PISTON_FIELDS)] = v;
+                // An unknown language keeps it from running unless the odd field broke it.
+                b["language"] = json!("cobra");
+                b
+            }
+        };
+        let body = if self.rng.chance(10) {
+            json!([body])
+        } else {
+            body
+        };
+        self.api_request(api, method, target.into(), Some(body))
+    }
+
+    fn api_broken_json(&mut self) -> ApiRequest {
+        let api = *self.rng.pick(&[Api::V1, Api::Judge0, Api::Piston]);
+        let (method, target) = run_route(api);
+        let bodies: [&[u8]; 12] = [
+            b"",
+            b"{",
+            b"nul",
+            b"[1,]",
+            b"{\"language\": \"bash\", \"code\": \"true\",}",
+            b"\xff\xfe\x00",
+            b"{\"code\": \"\\ud800\"}",
+            b"{\"a\":1}{\"b\":2}",
+            b"NaN",
+            b"\"just a string\"",
+            b"{\"source_code\": \"\xc0\x80\", \"language_id\": 46}",
+            b"{\"language\": \"bash\", \"files\": [{\"content\": \"true\", \"encoding\": \"hex\"}]",
+        ];
+        let body = self.rng.pick(&bodies).to_vec();
+        let depth = *self.rng.pick(&[10usize, 200, 5000]);
+        let body = if self.rng.chance(20) {
+            format!("{{\"a\":{}1{}}}", "[".repeat(depth), "]".repeat(depth)).into_bytes()
+        } else {
+            body
+        };
+        let content_type = self
+            .rng
+            .pick(&[
+                "application/json",
+                "text/plain",
+                "application/x-www-form-urlencoded",
+                "",
+                "multipart/form-data; boundary=x",
+            ])
+            .to_string();
+        ApiRequest {
+            api,
+            method,
+            target: target.into(),
+            headers: vec![("content-type", content_type)],
+            body: Some(body),
+            runs: false,
+        }
+    }
+
+    fn api_odd_path(&mut self) -> ApiRequest {
+        let seg = *self.rng.pick(&ODD_SEGMENTS);
+        let q = *self.rng.pick(&ODD_QUERIES);
+        let (api, method, target) = match self.rng.below(9) {
+            0 => (Api::V1, "GET", format!("/v1/runs/{seg}?{q}")),
+            1 => (Api::V1, "DELETE", format!("/v1/runs/{seg}")),
+            2 => (Api::V1, "GET", format!("/v1/history?{q}")),
+            3 => (Api::V1, "GET", format!("/v1/{seg}/{seg}")),
+            4 => (Api::Judge0, "GET", format!("/submissions/{seg}?{q}")),
+            5 => (
+                Api::Judge0,
+                "GET",
+                format!("/submissions/batch?tokens={seg},{seg}&{q}"),
+            ),
+            6 => (Api::Judge0, "GET", format!("/languages/{seg}")),
+            7 => (Api::Judge0, "DELETE", format!("/submissions/{seg}")),
+            _ => (Api::Piston, "GET", format!("/api/v2/{seg}")),
+        };
+        self.api_request(api, method, target, None)
+    }
+
+    fn api_odd_method(&mut self) -> ApiRequest {
+        let (api, path) = *self.rng.pick(&[
+            (Api::V1, "/v1/runs"),
+            (Api::V1, "/v1/languages"),
+            (Api::V1, "/v1/openapi.json"),
+            (Api::Judge0, "/submissions/batch"),
+            (Api::Judge0, "/languages"),
+            (Api::Judge0, "/config_info"),
+            (Api::Piston, "/api/v2/execute"),
+            (Api::Piston, "/api/v2/runtimes"),
+        ]);
+        let method = *self
+            .rng
+            .pick(&["PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"]);
+        self.api_request(api, method, path.into(), Some(json!({})))
+    }
+
+    fn api_odd_headers(&mut self) -> ApiRequest {
+        let api = *self.rng.pick(&[Api::V1, Api::Judge0, Api::Piston]);
+        let (method, target) = run_route(api);
+        let body = match api {
+            Api::V1 => json!({"language": "bash", "code": "true"}),
+            Api::Judge0 => json!({"language_id": 46, "source_code": "true"}),
+            Api::Piston => json!({"language": "bash", "files": [{"content": "true"}]}),
+        };
+        // Each of these is refused before anything runs: no token, a wrong one, a foreign
+        // Host, an Origin.
+        let header = match self.rng.below(5) {
+            0 => ("authorization", "Bearer wrong".to_string()),
+            1 => ("authorization", "Basic eDp5".to_string()),
+            2 => ("x-auth-token", "wrong".to_string()),
+            3 => ("host", "evil.example.com".to_string()),
+            _ => ("origin", "http://evil.example.com".to_string()),
+        };
+        let mut r = self.api_request(api, method, target.into(), Some(body));
+        r.headers.push(header);
+        r
+    }
+
+    fn api_batch(&mut self) -> ApiRequest {
+        let n = *self.rng.pick(&[0usize, 1, 2, 21, 50]);
+        let items: Vec<Value> = (0..n)
+            .map(|_| {
+                let mut item = json!({"language_id": 46, "source_code": " "});
+                let field = *self.rng.pick(&JUDGE0_FIELDS);
+                if field == "source_code" {
+                    item["language_id"] = json!(70);
+                }
+                item[field] = self.rng.pick(&odd_values()).clone();
+                item
+            })
+            .collect();
+        let body = match self.rng.below(4) {
+            0 => json!({"submissions": items}),
+            1 => json!(items),
+            2 => json!({"submissions": self.rng.pick(&odd_values()).clone()}),
+            _ => json!({"submissions": [items]}),
+        };
+        let q = if self.rng.chance(30) {
+            "?base64_encoded=true"
+        } else {
+            ""
+        };
+        self.api_request(
+            Api::Judge0,
+            "POST",
+            format!("/submissions/batch{q}"),
+            Some(body),
+        )
+    }
+
+    fn api_limits(&mut self) -> ApiRequest {
+        let odd = [
+            json!(-1),
+            json!(0),
+            json!(1e308),
+            json!(5e-324),
+            json!(32768),
+            json!(3601),
+            json!(99_999_999),
+            json!(-1e308),
+            json!(6.5),
+            json!(18_446_744_073_709_551_615_u64),
+        ];
+        let v = self.rng.pick(&odd).clone();
+        let api = *self.rng.pick(&[Api::V1, Api::Judge0, Api::Piston]);
+        let (method, target) = run_route(api);
+        let body = match api {
+            Api::V1 => {
+                let field = *self.rng.pick(&["memory_mb", "timeout_seconds", "cpus"]);
+                json!({"language": "bash", "code": " ", "limits": {field: v}})
+            }
+            Api::Judge0 => {
+                let field = *self.rng.pick(&[
+                    "cpu_time_limit",
+                    "wall_time_limit",
+                    "memory_limit",
+                    "cpu_extra_time",
+                    "stack_limit",
+                    "max_file_size",
+                ]);
+                json!({"language_id": 46, "source_code": " ", field: v})
+            }
+            Api::Piston => {
+                let field = *self.rng.pick(&[
+                    "run_timeout",
+                    "compile_timeout",
+                    "run_memory_limit",
+                    "compile_memory_limit",
+                ]);
+                json!({"language": "cobra", "files": [{"content": "true"}], field: v})
+            }
+        };
+        self.api_request(api, method, target.into(), Some(body))
+    }
+
+    /// A valid tiny run through one of the APIs.
+    fn api_tiny_run(&mut self) -> ApiRequest {
+        let api = *self.rng.pick(&[Api::V1, Api::Judge0, Api::Piston]);
+        let (method, target) = run_route(api);
+        let body = match api {
+            Api::V1 => {
+                json!({"language": "bash", "code": "true", "wait": self.rng.chance(50), "args": ["$(id)", "'\""]})
+            }
+            Api::Judge0 => {
+                json!({"language_id": 46, "source_code": "true", "stdin": "\u{0}\u{7f}", "command_line_arguments": "-- $(id) `x`"})
+            }
+            Api::Piston => {
+                json!({"language": "sh", "files": [{"content": "true"}, {"content": "x"}], "args": ["1", "2", "3"], "run_memory_limit": -1})
+            }
+        };
+        let mut r = self.api_request(api, method, target.into(), Some(body));
+        r.runs = true;
+        r
+    }
+}
+
+/// The route that starts runs in each API.
+fn run_route(api: Api) -> (&'static str, &'static str) {
+    match api {
+        Api::V1 => ("POST", "/v1/runs"),
+        Api::Judge0 => ("POST", "/submissions"),
+        Api::Piston => ("POST", "/api/v2/execute"),
+    }
+}
+
+#[test]
+fn the_api_generator_is_reproducible_and_bounded() {
+    let a = Generator::new(7, 0, 0).api_requests(500, 5, 2, 1000);
+    let b = Generator::new(7, 0, 0).api_requests(500, 5, 2, 1000);
+    assert!(a
+        .iter()
+        .zip(&b)
+        .all(|(x, y)| x.target == y.target && x.body == y.body));
+    assert!(a.iter().filter(|r| r.runs).count() <= 5);
+    let huge = |b: &Vec<u8>| b.len() > 1000 && b.starts_with(b"{\"code\":\"AAAA");
+    assert!(
+        a.iter()
+            .filter(|r| r.body.as_ref().is_some_and(huge))
+            .count()
+            <= 2
+    );
+    for api in [Api::V1, Api::Judge0, Api::Piston] {
+        assert!(a.iter().any(|r| r.api == api), "no request for {api:?}");
+    }
+}

@@ -21,10 +21,11 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp_support::{fake_manager, params};
 
 const TOKEN: &str = "test-token-0123456789abcdef";
-const BODY_CAP: usize = 64 * 1024;
+pub const BODY_CAP: usize = 64 * 1024;
 
-struct Server {
-    addr: SocketAddr,
+/// The HTTP application on 127.0.0.1, port 0; stopped when dropped.
+pub struct Server {
+    pub addr: SocketAddr,
     stop: CancellationToken,
 }
 
@@ -34,7 +35,7 @@ impl Drop for Server {
     }
 }
 
-async fn start(manager: RunManager, token: Option<&str>) -> Server {
+pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
     let policy = HttpSettings {
         max_body_bytes: BODY_CAP,
         ..HttpSettings::default()

@@ -11,6 +11,7 @@ use crate::common::root;
 const LAYERS: &[&str] = &[
     "cli",
     "transport",
+    "api",
     "app",
     "mcp",
     "runs",

@@ -594,7 +594,7 @@ async fn http_hostilities(server: &ServeChild, s: &HttpSession) -> usize {
         .unwrap();
     expect(
         r.status().as_u16(),
-        &[202, 404],
+        &[204, 404],
         "DELETE of an unknown session",
     );
     let r = http.get(server.http_url("/metrics")).send().await.unwrap();
@@ -688,7 +688,10 @@ async fn http_survives_hostile_messages_answers_every_request_and_leaks_nothing(
     // A body cap above the 10 MB strings, so they reach the parser; one over it gets 413.
     let mut server = ServeChild::start(Options {
         http_token: Some(TOKEN),
-        sets: &["http.max_body_bytes=16777216"],
+        sets: &[
+            "http.max_body_bytes=16777216",
+            "sessions.max_upload_bytes=4194304",
+        ],
         ..Options::default()
     })
     .await;
@@ -805,6 +808,217 @@ async fn http_survives_hostile_messages_answers_every_request_and_leaks_nothing(
         a.anonymous_errors,
         statuses.lock().unwrap(),
         answered.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        peak_kb / 1024,
+        PEAK_RSS_BOUND_KB / 1024,
+    );
+    assert!(
+        peak_kb < PEAK_RSS_BOUND_KB,
+        "peak RSS {peak_kb} kB over the bound {PEAK_RSS_BOUND_KB} kB"
+    );
+}
+
+/// One raw HTTP/1.1 exchange: the request as given (the target is not normalised), then the
+/// status and body of the answer; `None` when the connection closed without an answer.
+async fn raw_exchange(addr: &str, r: &fuzz_gen::ApiRequest) -> Option<(u16, Vec<u8>)> {
+    let mut head = format!("{} {} HTTP/1.1\r\n", r.method, r.target);
+    let given = |name: &str| r.headers.iter().any(|(k, _)| *k == name);
+    if !given("host") {
+        head.push_str("Host: 127.0.0.1\r\n");
+    }
+    if !given("authorization") && !given("x-auth-token") {
+        head.push_str(&format!("Authorization: Bearer {TOKEN}\r\n"));
+    }
+    for (k, v) in &r.headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    let body = r.body.clone().unwrap_or_default();
+    head.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
+    let mut c = tokio::net::TcpStream::connect(addr).await.ok()?;
+    c.write_all(head.as_bytes()).await.ok()?;
+    // A server refusing a body over the cap may answer and close before it is all sent.
+    let _ = c.write_all(&body).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(120), c.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out);
+    let status: u16 = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let headers = text[..split].to_ascii_lowercase();
+    let mut body = out[split..].to_vec();
+    if headers.contains("transfer-encoding: chunked") {
+        let mut plain = Vec::new();
+        let mut rest = &body[..];
+        while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..eol]).ok()?.trim(), 16).ok()?;
+            if size == 0 || rest.len() < eol + 2 + size {
+                break;
+            }
+            plain.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+            rest = &rest[eol + 2 + size + 2..];
+        }
+        body = plain;
+    }
+    Some((status, body))
+}
+
+/// Whether a refusal's body has its API's shape and says something.
+fn clear_refusal(api: fuzz_gen::Api, body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    let text = |v: &Value| v.as_str().is_some_and(|s| !s.trim().is_empty());
+    match api {
+        fuzz_gen::Api::V1 => text(&v["error"]["code"]) && text(&v["error"]["message"]),
+        fuzz_gen::Api::Piston => text(&v["message"]),
+        // `{error}`, or the field errors of a 422 (`{field: [messages]}`), or a batch's
+        // answers, one per submission.
+        fuzz_gen::Api::Judge0 => {
+            text(&v["error"])
+                || v.as_object().is_some_and(|o| {
+                    !o.is_empty()
+                        && o.values().all(|m| {
+                            m.as_array()
+                                .is_some_and(|a| !a.is_empty() && a.iter().all(text))
+                        })
+                })
+                || v.as_array().is_some_and(|a| !a.is_empty())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_apis_refuse_hostile_requests_with_clear_4xx_never_5xx_and_leak_nothing() {
+    let seed = fuzz_gen::seed() ^ 0x4150_4953; // "APIS": other requests than the MCP storms
+    let n = message_count() / 2;
+    println!(
+        "fuzz apis: seed {seed:#x} (replay with CODEBOX_FUZZ_SEED={:#x})",
+        fuzz_gen::seed()
+    );
+    let started = Instant::now();
+    const CAP: usize = 1024 * 1024;
+    let requests = Generator::new(seed, 0, 0).api_requests(n, MAX_RUNS, MAX_HUGE, CAP);
+    let mut server = ServeChild::start(Options {
+        http_token: Some(TOKEN),
+        sets: &[
+            "http.max_body_bytes=1048576",
+            "sessions.max_upload_bytes=524288",
+        ],
+        ..Options::default()
+    })
+    .await;
+    let addr = server.addr.clone().unwrap();
+    let tally = Arc::new(Mutex::new(BTreeMap::<(String, u16), usize>::new()));
+    let wrong = Arc::new(Mutex::new(Vec::<String>::new()));
+    futures_util::stream::iter(requests.iter())
+        .map(|r| {
+            let (addr, tally, wrong) = (addr.clone(), tally.clone(), wrong.clone());
+            async move {
+                let what = || {
+                    let body = r.body.as_deref().unwrap_or_default();
+                    format!(
+                        "{:?} {} {} {:?}: {}",
+                        r.api,
+                        r.method,
+                        r.target,
+                        r.headers,
+                        String::from_utf8_lossy(&body[..body.len().min(200)])
+                    )
+                };
+                let Some((status, body)) = raw_exchange(&addr, r).await else {
+                    wrong
+                        .lock()
+                        .unwrap()
+                        .push(format!("no answer to {}", what()));
+                    return;
+                };
+                *tally
+                    .lock()
+                    .unwrap()
+                    .entry((format!("{:?}", r.api), status))
+                    .or_insert(0) += 1;
+                let fine = if status >= 500 {
+                    false
+                } else if (400..500).contains(&status) {
+                    clear_refusal(r.api, &body)
+                } else {
+                    // Success only where a run may start, or a GET that reads.
+                    r.runs || r.method == "GET"
+                };
+                if !fine {
+                    wrong.lock().unwrap().push(format!(
+                        "{status} {} to {}",
+                        String::from_utf8_lossy(&body[..body.len().min(200)]),
+                        what()
+                    ));
+                }
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<()>>()
+        .await;
+    let storm = started.elapsed();
+    assert!(server.alive(), "the server exited during the storm");
+    let wrong = wrong.lock().unwrap().clone();
+    assert!(
+        wrong.is_empty(),
+        "{} requests were not refused clearly with a 4xx (or were dropped), e.g.:\n{}",
+        wrong.len(),
+        wrong[..wrong.len().min(15)].join("\n")
+    );
+
+    // Valid requests through each API still get their answers.
+    let http = reqwest::Client::new();
+    let v1: Value = http
+        .post(server.http_url("/v1/runs"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python", "code": "print(6 * 7)"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v1["stdout"], "42\n", "{v1}");
+    let judge0: Value = http
+        .post(server.http_url("/submissions?wait=true"))
+        .header("x-auth-token", TOKEN)
+        .json(&json!({"language_id": 71, "source_code": "print(6 * 7)", "expected_output": "42"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(judge0["status"]["id"], 3, "{judge0}");
+    let piston: Value = http
+        .post(server.http_url("/api/v2/execute"))
+        .bearer_auth(TOKEN)
+        .body(
+            json!({"language": "python", "version": "*", "files": [{"content": "print(6 * 7)"}]})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(piston["run"]["stdout"], "42\n", "{piston}");
+    let peak_kb = server.peak_rss_kb();
+    let instance = server.instance().await;
+    let status = server.signal_and_wait(libc::SIGTERM).await;
+    assert!(status.success(), "codebox serve exited with {status}");
+    assert_no_panics(&server);
+    assert_no_leftovers(&instance).await;
+    println!(
+        "fuzz apis: {} requests, every one answered, refusals all 4xx in their API's shape; statuses by API {:?}; storm {:.1} s, whole test {:.1} s; peak RSS {} MB (bound {} MB)",
+        requests.len(),
+        tally.lock().unwrap(),
+        storm.as_secs_f64(),
         started.elapsed().as_secs_f64(),
         peak_kb / 1024,
         PEAK_RSS_BOUND_KB / 1024,

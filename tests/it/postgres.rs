@@ -175,6 +175,7 @@ async fn record_three_runs(history: &History) -> Vec<HistoryRow> {
             status: Some(Status::Failed),
             language: Some("bash".into()),
             limit: Some(5),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -145,6 +145,44 @@ fn every_language_image_builds_on_the_base_as_a_sandbox_user() {
     }
 }
 
+/// SPEC section 11: these languages keep their interpreter's state in a session. Each names a
+/// driver that its image's Dockerfile installs from the image folder (docs/adding-a-language.md,
+/// "Adding a session driver"), and no other language has one.
+#[test]
+fn the_stateful_languages_have_a_driver_their_image_installs() {
+    let r = registry();
+    let stateful: Vec<&str> = r
+        .languages
+        .values()
+        .filter(|l| l.is_stateful())
+        .map(|l| l.id.as_str())
+        .collect();
+    assert_eq!(stateful, ["bash", "javascript", "python", "r", "ruby"]);
+    for lang in r.languages.values().filter(|l| l.is_stateful()) {
+        let driver = lang.session_driver.as_ref().unwrap();
+        let installed = driver
+            .iter()
+            .find_map(|a| a.strip_prefix("/usr/local/lib/codebox/"))
+            .unwrap_or_else(|| panic!("{}: the driver is not in /usr/local/lib/codebox/", lang.id));
+        let context = root().join(&lang.image.context);
+        assert!(
+            context.join(installed).is_file(),
+            "{}: {installed} is not in {}",
+            lang.id,
+            context.display()
+        );
+        let dockerfile = std::fs::read_to_string(context.join("Dockerfile")).unwrap();
+        let copy = format!("COPY {installed} /usr/local/lib/codebox/{installed}");
+        let chmod = format!("RUN chmod 0644 /usr/local/lib/codebox/{installed}");
+        let lines = instructions(&dockerfile);
+        assert!(
+            lines.contains(&copy.as_str()) && lines.contains(&chmod.as_str()),
+            "{}: the Dockerfile does not install {installed} world-readable ({copy}, {chmod})",
+            lang.id
+        );
+    }
+}
+
 #[test]
 fn every_language_entry_is_complete() {
     for lang in registry().languages.values() {
@@ -260,4 +298,84 @@ fn the_readme_lists_the_registry_languages() {
         readme[start..end] == expected,
         "README.md's language table is out of step with languages.toml; between the markers it should read:\n{expected}"
     );
+}
+
+/// Judge0 CE 1.13.1's active language ids (`db/languages/active.rb` of that release), with
+/// the codebox language that serves each one codebox ships; `None`: a language codebox does
+/// not ship.
+const JUDGE0_1_13_1: &[(u32, Option<&str>)] = &[
+    (43, None), // Plain Text
+    (44, None), // Executable
+    (45, None), // Assembly (NASM)
+    (46, Some("bash")),
+    (47, None), // Basic (FBC)
+    (48, Some("c")),
+    (49, Some("c")),
+    (50, Some("c")),
+    (51, Some("csharp")),
+    (52, Some("cpp")),
+    (53, Some("cpp")),
+    (54, Some("cpp")),
+    (55, Some("commonlisp")),
+    (56, Some("d")),
+    (57, Some("elixir")),
+    (58, Some("erlang")),
+    (59, Some("fortran")),
+    (60, Some("go")),
+    (61, Some("haskell")),
+    (62, Some("java")),
+    (63, Some("javascript")),
+    (64, Some("lua")),
+    (65, Some("ocaml")),
+    (66, Some("octave")),
+    (67, Some("pascal")),
+    (68, Some("php")),
+    (69, Some("prolog")),
+    (70, None), // Python 2.7
+    (71, Some("python")),
+    (72, Some("ruby")),
+    (73, Some("rust")),
+    (74, Some("typescript")),
+    (75, Some("c")),
+    (76, Some("cpp")),
+    (77, Some("cobol")),
+    (78, Some("kotlin")),
+    (79, None), // Objective-C
+    (80, Some("r")),
+    (81, Some("scala")),
+    (82, None), // SQLite
+    (83, None), // Swift
+    (84, None), // Visual Basic.Net
+    (85, Some("perl")),
+    (86, Some("clojure")),
+    (87, None), // F#
+    (88, None), // Groovy
+    (89, None), // Multi-file program
+];
+
+#[test]
+fn every_language_has_judge0_ids_and_judge0_ids_mean_what_judge0_1_13_1_means() {
+    let r = registry();
+    for (id, lang) in JUDGE0_1_13_1 {
+        assert_eq!(
+            r.by_judge0_id(*id as i64).map(|l| l.id.as_str()),
+            *lang,
+            "Judge0 CE 1.13.1 language id {id}"
+        );
+    }
+    for lang in r.languages.values() {
+        let first = lang.judge0_ids.first().copied();
+        assert!(
+            first.is_some(),
+            "language `{}` has no judge0_ids: give it its Judge0 CE 1.13.1 ids, or the next free id from 1001 up",
+            lang.id
+        );
+        for id in &lang.judge0_ids {
+            assert!(
+                JUDGE0_1_13_1.iter().any(|(j, _)| j == id) || *id >= 1001,
+                "language `{}`: id {id} is neither a Judge0 CE 1.13.1 id nor 1001 or above",
+                lang.id
+            );
+        }
+    }
 }
