@@ -183,6 +183,9 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
             super::images::ensure(app, lang).await?;
         }
     }
+    // Watched before the run exists: a Ctrl-C or a SIGTERM stops it (its row then ends
+    // `stopped`, its containers go), rather than killing the process with the run in flight.
+    let interrupted = crate::transport::shutdown_signal();
     let accepted = app.runs.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => anyhow::anyhow!("invalid argument {e}"),
         other => anyhow::anyhow!(other),
@@ -192,9 +195,8 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
         let runs = app.runs.clone();
         let run_id = run_id.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                let _ = runs.stop(&run_id).await;
-            }
+            interrupted.await;
+            let _ = runs.stop(&run_id).await;
         })
     };
     let report = loop {

@@ -698,7 +698,10 @@ mod tests {
         // The flush answers before its own weight is taken off: wait for that too.
         let drained = std::time::Instant::now();
         while h.queued_bytes.load(std::sync::atomic::Ordering::SeqCst) != 0 {
-            assert!(drained.elapsed() < Duration::from_secs(5), "the queue never drained");
+            assert!(
+                drained.elapsed() < Duration::from_secs(5),
+                "the queue never drained"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // Once it caught up, writes are taken again.

@@ -250,3 +250,87 @@ fn run_help_shows_the_configured_defaults_and_maximums() {
         "{text}"
     );
 }
+
+/// The history row of the run whose code contains `marker`, as `codebox history --json` says.
+fn row_of(marker: &str, data: &std::path::Path) -> Option<serde_json::Value> {
+    let o = codebox_command()
+        .args(["history", "--json", "--limit", "50"])
+        .env("CODEBOX_DATA_DIR", data)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    v["runs"]
+        .as_array()?
+        .iter()
+        .find(|r| {
+            r["code_preview"]
+                .as_str()
+                .is_some_and(|c| c.contains(marker))
+        })
+        .cloned()
+}
+
+#[test]
+fn a_run_in_flight_names_its_process_and_a_sigterm_leaves_its_row_final() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let marker = format!("sigterm-{}", std::process::id());
+    let p = program(
+        &dir,
+        "sleep.py",
+        &format!("import time\n# {marker}\ntime.sleep(120)\n"),
+    );
+    let mut child = codebox_command()
+        .args(["run", &p])
+        .env("CODEBOX_DATA_DIR", &data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // If an assertion fails first, the run is still stopped (Ctrl-C) and cleans up after itself.
+    struct Interrupt(i32);
+    impl Drop for Interrupt {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on the child this test started (harmless once it exited).
+            unsafe { libc::kill(self.0, libc::SIGINT) };
+        }
+    }
+    let _interrupt = Interrupt(child.id() as i32);
+    let started = std::time::Instant::now();
+    while row_of(&marker, &data).is_none_or(|r| r["status"] != "running") {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "the run never showed as running"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // `codebox history` says who holds it.
+    let o = codebox_command()
+        .args(["history"])
+        .env("CODEBOX_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    let table = stdout(&o);
+    let line = table
+        .lines()
+        .find(|l| l.contains("running"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("in flight in codebox process") && line.contains("alive on this host"),
+        "{table}"
+    );
+    // A row that left the queue no longer says it waits for a slot.
+    assert!(line.contains("started; not finished yet"), "{table}");
+    // SIGTERM: the run is stopped and recorded as such before the process exits.
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    let row = row_of(&marker, &data).unwrap();
+    assert_eq!(row["status"], "stopped", "{row}");
+    let run_id = row["run_id"].as_str().unwrap().to_string();
+    assert!(
+        crate::mcp_support::labelled(&run_id).is_empty(),
+        "containers left"
+    );
+}
