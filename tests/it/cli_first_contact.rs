@@ -280,7 +280,7 @@ fn a_run_in_flight_names_its_process_and_a_sigterm_leaves_its_row_final() {
         "sleep.py",
         &format!("import time\n# {marker}\ntime.sleep(120)\n"),
     );
-    let mut child = codebox_command()
+    let child = codebox_command()
         .args(["run", &p])
         .env("CODEBOX_DATA_DIR", &data)
         .stdout(Stdio::null())
