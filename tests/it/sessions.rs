@@ -469,7 +469,7 @@ async fn a_killed_servers_sessions_are_reaped_and_later_calls_are_told_it_restar
     use crate::serve_child::{instance_objects, Options, ServeChild};
     let opts = || Options {
         http_token: Some(TOKEN),
-        sets: &["pool.sizes={}"],
+        sets: &["pool.sizes={}", "sessions.ready={}"],
         ..Default::default()
     };
     let mut server = ServeChild::start(opts()).await;
@@ -531,4 +531,48 @@ async fn a_killed_servers_sessions_are_reaped_and_later_calls_are_told_it_restar
     let runs = history.structured_content.unwrap()["runs"].clone();
     assert_eq!(runs.as_array().unwrap().len(), 1, "{runs}");
     assert_eq!(runs[0]["execution_count"], 1);
+}
+
+#[tokio::test]
+async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further() {
+    let m = docker_manager(|_| {}, None);
+    let timeout = |s: &SessionInfo, code: &str| {
+        let mut r = exec(s, code);
+        r.limits = Some(LimitsInput {
+            timeout_seconds: Some(2.0),
+            ..Default::default()
+        });
+        r
+    };
+    let py = m.create_session(open("python")).await.unwrap();
+    run(&m, exec(&py, "pass")).await;
+    let r = run(
+        &m,
+        timeout(
+            &py,
+            "import subprocess\nsubprocess.run(['sleep', '100'])\nprint('after the deadline')\nx = 2",
+        ),
+    )
+    .await;
+    assert_eq!(r.status, Status::TimedOut, "{r:?}");
+    assert!(!r.stdout.contains("after the deadline"), "{r:?}");
+    assert_eq!(state(&r), (InterpreterState::Kept, None));
+    let x = run(&m, exec(&py, "'x' in globals()")).await;
+    assert_eq!(
+        x.result.as_deref(),
+        Some("False"),
+        "the cell stopped at the deadline"
+    );
+    let sh = m.create_session(open("bash")).await.unwrap();
+    run(&m, exec(&sh, "n=5")).await;
+    let r = run(&m, timeout(&sh, "while :; do sleep 1; done")).await;
+    assert_eq!(r.status, Status::TimedOut, "{r:?}");
+    assert_eq!(
+        state(&r),
+        (InterpreterState::Kept, None),
+        "a shell loop is interrupted, not the shell"
+    );
+    let n = run(&m, exec(&sh, "echo $n")).await;
+    assert_eq!(n.stdout, "5\n");
+    m.shutdown(Duration::from_secs(30)).await;
 }
