@@ -31,6 +31,17 @@ pub struct LanguageInfo {
     /// Libraries beyond the standard library that programs can use (for Python, the modules
     /// to import). Nothing can be installed at run time: there is no network.
     pub packages: Vec<String>,
+    /// What a session of this language keeps between executions: `stateful` (the
+    /// interpreter's variables, imports and definitions, and the files) or `files`.
+    pub session: SessionKind,
+}
+
+/// What a language's sessions keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionKind {
+    Stateful,
+    Files,
 }
 
 /// Default and maximum limits a request may set.
@@ -79,6 +90,11 @@ pub async fn catalog(
                     .cloned()
             }),
             packages: lang.packages.clone(),
+            session: if lang.is_stateful() {
+                SessionKind::Stateful
+            } else {
+                SessionKind::Files
+            },
         });
     }
     Ok(Catalog {

@@ -17,6 +17,9 @@
 //! (`codebox config --list`), and printing a configuration (`codebox config`) then reading it
 //! back gives the same configuration.
 
+mod postgres_tls;
+pub use postgres_tls::{split_tls, SslMode, TlsParams};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -48,6 +51,9 @@ macro_rules! section {
         }
     };
 }
+
+mod sessions;
+pub use sessions::SessionSettings;
 
 section! {
     /// Defaults and ceilings of the limits a request may set (`limits` in `run_code`).
@@ -253,22 +259,22 @@ pub fn redact_password(url: &str) -> String {
 }
 
 /// Check a `history.url`: a `postgres://` or `postgresql://` URL that the PostgreSQL client
-/// parses, holding no password, asking for no TLS (codebox connects without it).
+/// parses (with libpq's `sslmode` and `sslrootcert`, whose CA file must exist when a mode
+/// checks the server), holding no password.
 pub fn check_postgres_url(url: &str) -> Result<postgres::Config, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(
             "must be a PostgreSQL URL starting with postgres:// or postgresql://, e.g. postgres://codebox@db.internal/codebox".into(),
         );
     }
-    let config: postgres::Config = url
+    let (rest, tls) = split_tls(url)?;
+    let config: postgres::Config = rest
         .parse()
         .map_err(|e| format!("is not a PostgreSQL URL the client understands: {e}"))?;
     if config.get_password().is_some() {
         return Err("must not hold a password (the configuration is printed and logged); put it in history.password_file".into());
     }
-    if config.get_ssl_mode() == postgres::config::SslMode::Require {
-        return Err("asks for sslmode=require, but codebox connects to PostgreSQL without TLS (use a Unix socket, loopback or a private network)".into());
-    }
+    tls.check()?;
     if config.get_hosts().is_empty() {
         return Err(
             "names no host (give one after the @, or a socket folder such as %2Frun%2Fpostgresql)"
@@ -295,7 +301,7 @@ section! {
         /// Host header values accepted at `/mcp` (`name` matches any port, `name:port` exactly).
         pub allowed_hosts: Vec<String> = DEFAULT_ALLOWED_HOSTS.iter().map(|h| h.to_string()).collect(),
         /// Largest request body, in bytes (larger: 413).
-        pub max_body_bytes: usize = 8 * 1024 * 1024,
+        pub max_body_bytes: usize = 32 * 1024 * 1024,
         /// File holding the bearer token (`--token-file` and then `CODEBOX_TOKEN` take
         /// precedence). The token itself is never a setting.
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -454,6 +460,7 @@ section! {
         pub pool: PoolSettings = PoolSettings::default(),
         pub cache: CacheSettings = CacheSettings::default(),
         pub docker: DockerSettings = DockerSettings::default(),
+        pub sessions: SessionSettings = SessionSettings::default(),
     }
 }
 
@@ -898,7 +905,7 @@ impl Config {
                 "must be at least 1024",
             ));
         }
-        Ok(())
+        self.sessions.validate(self)
     }
 }
 
@@ -1325,9 +1332,10 @@ mod tests {
             ("mysql://x@y/z", "postgres://"),
             ("postgres://codebox:hunter2@db/codebox", "password_file"),
             (
-                "postgres://codebox@db/codebox?sslmode=require",
-                "without TLS",
+                "postgres://codebox@db/codebox?sslmode=verify-full&sslrootcert=%2Fno%2Fca.pem",
+                "/no/ca.pem does not exist",
             ),
+            ("postgres://codebox@db/codebox?sslmode=allow", "verify-ca"),
             ("postgres://codebox@db/codebox?bogus=1", "understands"),
         ] {
             let msg = Config::resolve(None, no_env, &[format!("history.url={url}")])

@@ -11,6 +11,7 @@
 pub mod judge0;
 pub mod openapi;
 pub mod piston;
+pub mod sessions;
 pub mod v1;
 
 use std::collections::BTreeMap;
@@ -286,9 +287,10 @@ mod tests {
 
     #[test]
     fn serde_messages_name_their_field() {
-        let e = parse_json::<crate::executor::RunRequest>(br#"{"code": "x"}"#).unwrap_err();
+        let e =
+            parse_json::<crate::executor::RunRequest>(br#"{"language": "python"}"#).unwrap_err();
         assert!(
-            matches!(&e, BodyError::Invalid { field: Some(f), .. } if f == "language"),
+            matches!(&e, BodyError::Invalid { field: Some(f), .. } if f == "code"),
             "{e:?}"
         );
         let e = parse_json::<crate::executor::RunRequest>(

@@ -8,10 +8,14 @@ use serde_json::{json, Map, Value};
 
 use super::v1::{ErrorBody, RETRY_AFTER_SECONDS};
 use crate::catalog::Catalog;
-use crate::executor::RunRequest;
+use crate::executor::{RunRequest, SessionRequest};
 use crate::history::HistoryResult;
-use crate::mcp::{standard_schema, GetResultParams, HistoryParams, MAX_WAIT_SECONDS};
+use crate::mcp::{
+    standard_schema, GetResultParams, HistoryParams, ReadSessionFileParams, SessionFileResult,
+    MAX_WAIT_SECONDS,
+};
 use crate::report::RunReport;
+use crate::runs::sessions::{Closed, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager};
 
 /// Where the schemas live in the document.
@@ -97,6 +101,11 @@ pub fn document(manager: &RunManager) -> Value {
     let accepted = add_schema::<Accepted>(&mut generator, &mut schemas);
     let catalog = add_schema::<Catalog>(&mut generator, &mut schemas);
     let history = add_schema::<HistoryResult>(&mut generator, &mut schemas);
+    let session_request = add_schema::<SessionRequest>(&mut generator, &mut schemas);
+    let session = add_schema::<SessionInfo>(&mut generator, &mut schemas);
+    let sessions = add_schema::<SessionList>(&mut generator, &mut schemas);
+    let closed = add_schema::<Closed>(&mut generator, &mut schemas);
+    let file = add_schema::<SessionFileResult>(&mut generator, &mut schemas);
     add_schema::<ErrorBody>(&mut generator, &mut schemas);
 
     // POST /v1/runs takes run_code's arguments plus `wait`.
@@ -125,6 +134,23 @@ pub fn document(manager: &RunManager) -> Value {
         "description": "The run id that POST /v1/runs returned.",
         "schema": { "type": "string" },
     });
+    let session_parameter = json!({
+        "name": "id", "in": "path", "required": true,
+        "description": "The session id that POST /v1/sessions returned.",
+        "schema": { "type": "string" },
+    });
+    let mut file_parameters = vec![
+        session_parameter.clone(),
+        json!({
+            "name": "path", "in": "path", "required": true,
+            "description": "A path relative to the session's working directory (`.` for the directory itself).",
+            "schema": { "type": "string" },
+        }),
+    ];
+    file_parameters.extend(query_parameters::<ReadSessionFileParams>(&[
+        "offset",
+        "max_bytes",
+    ]));
     let mut get_run_parameters = vec![id_parameter.clone()];
     get_run_parameters.extend(query_parameters::<GetResultParams>(&["wait_seconds"]));
     let unauthorized = refusal("Missing or wrong bearer token.");
@@ -136,9 +162,10 @@ pub fn document(manager: &RunManager) -> Value {
             "description": format!(
                 "Run code in locked-down, throwaway Docker containers. The same runs, reports \
                  and limits as the MCP tools at /mcp (run_code, start_run, get_result, stop_run, \
-                 list_supported_languages, get_execution_history). At most {} runs execute at \
-                 once; a queue holds {} more.",
-                c.runs.max_concurrent_runs, c.runs.max_queued_runs
+                 list_supported_languages, get_execution_history) and sessions (create_session, \
+                 list_sessions, close_session, read_session_file). At most {} runs execute at \
+                 once; a queue holds {} more. At most {} sessions are open at once.",
+                c.runs.max_concurrent_runs, c.runs.max_queued_runs, c.sessions.max_sessions
             ),
         },
         "servers": [{ "url": "/" }],
@@ -167,6 +194,8 @@ pub fn document(manager: &RunManager) -> Value {
                         "202": response("Accepted (wait: false); poll GET /v1/runs/{id}.", schema_ref(&accepted)),
                         "400": refusal("An argument is wrong; `field` names it."),
                         "401": unauthorized.clone(),
+                        "404": refusal("session_id names no session this server ever opened."),
+                        "409": refusal("session_id names a session that has ended (session_ended: the message says why), or that another server holds (conflict)."),
                         "413": refusal("The body is over http.max_body_bytes."),
                         "429": retryable("The queue is full; retry later."),
                         "503": retryable("The server cannot accept runs now (it is shutting down)."),
@@ -219,6 +248,59 @@ pub fn document(manager: &RunManager) -> Value {
                         "400": refusal("A filter is wrong; `field` names it."),
                         "401": unauthorized.clone(),
                         "503": retryable("This server keeps no history, or its database failed."),
+                    },
+                },
+            },
+            "/v1/sessions": {
+                "post": {
+                    "operationId": "createSession",
+                    "summary": "Open a session (create_session): files, and for stateful languages the interpreter's state, kept between executions (POST /v1/runs with session_id).",
+                    "requestBody": {
+                        "required": true,
+                        "content": { "application/json": { "schema": schema_ref(&session_request) } },
+                    },
+                    "responses": {
+                        "200": response("The session.", schema_ref(&session)),
+                        "400": refusal("An argument is wrong; `field` names it."),
+                        "401": unauthorized.clone(),
+                        "413": refusal("The body is over http.max_body_bytes."),
+                        "429": retryable("sessions.max_sessions or a memory budget is full (sessions_full); retry later."),
+                        "503": retryable("The session's container could not be opened, or the server is shutting down."),
+                    },
+                },
+                "get": {
+                    "operationId": "listSessions",
+                    "summary": "The open sessions (list_sessions).",
+                    "responses": {
+                        "200": response("The open sessions.", schema_ref(&sessions)),
+                        "401": unauthorized.clone(),
+                    },
+                },
+            },
+            "/v1/sessions/{id}": {
+                "delete": {
+                    "operationId": "closeSession",
+                    "summary": "Close a session (close_session): its container and files are removed.",
+                    "parameters": [session_parameter],
+                    "responses": {
+                        "200": response("Closed.", schema_ref(&closed)),
+                        "401": unauthorized.clone(),
+                        "404": refusal("No such session was ever opened here."),
+                        "409": refusal("The session has ended (session_ended: the message says why), or another server holds it (conflict)."),
+                    },
+                },
+            },
+            "/v1/sessions/{id}/files/{path}": {
+                "get": {
+                    "operationId": "readSessionFile",
+                    "summary": "A file of the session's working directory, or a folder's entries (read_session_file); symbolic links are not followed.",
+                    "parameters": file_parameters,
+                    "responses": {
+                        "200": response("The file (content_base64) or the folder (entries).", schema_ref(&file)),
+                        "400": refusal("The path or a number is wrong, or there is no such file."),
+                        "401": unauthorized.clone(),
+                        "404": refusal("No such session was ever opened here."),
+                        "409": refusal("The session has ended, or another server holds it."),
                     },
                 },
             },

@@ -380,6 +380,8 @@ async fn execute(State(api): State<Api>, body: Body) -> Response {
         Err(e @ SubmitError::ShuttingDown) => {
             return refusal(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
         }
+        // Piston's requests name no session.
+        Err(e @ SubmitError::Session(_)) => return bad(e.to_string()),
     };
     match run_to_end(m, &accepted.run_id).await {
         Ok(report) => Json(response(lang, version_of(&versions, lang), &report)).into_response(),

@@ -3,7 +3,8 @@
 //! - `POST /v1/runs`: `run_code`'s arguments; waits and answers the report (200), or with
 //!   `"wait": false` answers `202 {run_id, status, limits}` at once;
 //! - `GET /v1/runs/{id}[?wait_seconds=N]`: `get_result`; `DELETE /v1/runs/{id}`: `stop_run`;
-//! - `GET /v1/languages`, `GET /v1/history`, `GET /v1/openapi.json`.
+//! - `GET /v1/languages`, `GET /v1/history`, `GET /v1/openapi.json`;
+//! - `/v1/sessions...`: see [`super::sessions`].
 //!
 //! An accepted request answers 200 with its report whatever the report's status. Refusals
 //! are `{error: {code, message, field?}}` with the status of [`V1Error`].
@@ -24,6 +25,7 @@ use super::{from_value, query_pairs, read_body, run_to_end, Api, BodyError};
 use crate::catalog::catalog;
 use crate::executor::RunRequest;
 use crate::mcp::{query_history, HistoryParams, HistoryQueryError, MAX_WAIT_SECONDS};
+use crate::runs::sessions::SessionError;
 use crate::runs::{LookupError, SubmitError};
 
 /// Seconds a client is told to wait (`Retry-After`) after a full queue.
@@ -39,8 +41,8 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ErrorDetail {
     /// `invalid_argument` (400), `unauthorized` (401), `forbidden` (403), `not_found` (404),
-    /// `method_not_allowed` (405), `conflict` (409), `too_large` (413), `queue_full` (429),
-    /// `engine_unavailable` (503).
+    /// `method_not_allowed` (405), `conflict` or `session_ended` (409), `too_large` (413),
+    /// `queue_full` or `sessions_full` (429), `engine_unavailable` (503).
     pub code: String,
     /// What went wrong and what to do.
     pub message: String,
@@ -118,6 +120,25 @@ impl From<SubmitError> for V1Error {
                 "engine_unavailable",
                 e.to_string(),
             ),
+            SubmitError::Session(e) => e.into(),
+        }
+    }
+}
+
+impl From<SessionError> for V1Error {
+    fn from(e: SessionError) -> V1Error {
+        let text = e.to_string();
+        match e {
+            SessionError::Invalid(e) => V1Error::invalid(e.field, e.message),
+            SessionError::Unknown { .. } => V1Error::not_found(text),
+            SessionError::Full(_) => {
+                V1Error::new(StatusCode::TOO_MANY_REQUESTS, "sessions_full", text)
+            }
+            SessionError::Unavailable(_) | SessionError::ShuttingDown => {
+                V1Error::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", text)
+            }
+            SessionError::Elsewhere { .. } => V1Error::new(StatusCode::CONFLICT, "conflict", text),
+            _ => V1Error::new(StatusCode::CONFLICT, "session_ended", text),
         }
     }
 }
@@ -178,6 +199,18 @@ pub fn router(api: Api) -> Router {
         .route("/languages", get(languages))
         .route("/history", get(history))
         .route(
+            "/sessions",
+            get(super::sessions::list).post(super::sessions::create),
+        )
+        .route(
+            "/sessions/{id}",
+            axum::routing::delete(super::sessions::close),
+        )
+        .route(
+            "/sessions/{id}/files/{*path}",
+            get(super::sessions::read_file),
+        )
+        .route(
             "/openapi.json",
             get(move || {
                 let document = document.clone();
@@ -226,7 +259,11 @@ async fn post_run(State(api): State<Api>, body: Body) -> Result<Response, V1Erro
     let bytes = read_body(body, api.max_body).await?;
     let (request, wait) = parse_run_body(&bytes)?;
     let m = api.manager();
-    let accepted = m.submit(request)?;
+    let accepted = match m.submit(request) {
+        Ok(a) => a,
+        Err(SubmitError::Session(e)) => return Err(m.explain(e).await.into()),
+        Err(e) => return Err(e.into()),
+    };
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
@@ -235,7 +272,7 @@ async fn post_run(State(api): State<Api>, body: Body) -> Result<Response, V1Erro
 }
 
 /// The query parameters of a request, refusing any not in `known`.
-fn query(raw: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, V1Error> {
+pub(super) fn query(raw: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, V1Error> {
     let pairs = query_pairs(raw);
     for (k, _) in &pairs {
         if !known.contains(&k.as_str()) {
@@ -316,7 +353,10 @@ async fn languages(State(api): State<Api>, RawQuery(raw): RawQuery) -> Result<Re
 
 async fn history(State(api): State<Api>, RawQuery(raw): RawQuery) -> Result<Response, V1Error> {
     let mut params = HistoryParams::default();
-    for (k, v) in query(raw.as_deref(), &["limit", "status", "language"])? {
+    for (k, v) in query(
+        raw.as_deref(),
+        &["limit", "status", "language", "session_id"],
+    )? {
         match k.as_str() {
             "limit" => {
                 params.limit = Some(v.trim().parse().map_err(|_| {
@@ -324,6 +364,7 @@ async fn history(State(api): State<Api>, RawQuery(raw): RawQuery) -> Result<Resp
                 })?)
             }
             "status" => params.status = Some(v),
+            "session_id" => params.session_id = Some(v),
             _ => params.language = Some(v),
         }
     }

@@ -20,6 +20,9 @@ pub struct HistoryArgs {
     /// Only runs of this language (id or alias).
     #[arg(long)]
     pub language: Option<String>,
+    /// Only the executions of this session (its id, `cbx_...`).
+    #[arg(long)]
+    pub session: Option<String>,
     /// Print `{"runs": [...]}`, the same object as the `get_execution_history` tool.
     #[arg(long)]
     pub json: bool,
@@ -43,7 +46,7 @@ pub async fn history(
             None => bail!("--status: `{s}` is not a status"),
         },
     };
-    let filtered = status.is_some() || args.language.is_some();
+    let filtered = status.is_some() || args.language.is_some() || args.session.is_some();
     let language = args
         .language
         .map(|l| app.registry.resolve(&l).map_or(l, |lang| lang.id.clone()));
@@ -53,6 +56,7 @@ pub async fn history(
             limit: Some(args.limit),
             status,
             language,
+            session_id: args.session,
         })
         .await?;
     if args.json {
@@ -88,7 +92,11 @@ pub async fn history(
         let exit = r
             .exit_code
             .map_or_else(|| "-".to_string(), |c| c.to_string());
-        let message: String = r.message.chars().take(60).collect();
+        let mut message: String = r.message.chars().take(60).collect();
+        if let (Some(s), Some(n)) = (&r.session_id, r.execution_count) {
+            let tag: String = s.chars().take(10).collect();
+            message = format!("[{tag}… #{n}] {message}");
+        }
         writeln!(
             out,
             "{:<32}  {:<24}  {:<10}  {:<13}  {:>9}  {:>5}  {}",

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
+
+mod session;
 
 use super::{
     detail, Attached, BuildProgress, ContainerEngine, ContainerSpec, ContainerState, EngineError,
@@ -33,6 +34,9 @@ pub enum Step {
     Update,
     Remove,
 }
+
+/// A request's records, by name and value.
+pub type Records = Vec<(String, Vec<u8>)>;
 
 /// What the program in the next attached container does.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +66,10 @@ pub enum Behaviour {
     KilledWhole { oom_event: bool },
     /// Panic while attaching (a bug in a run task).
     Panic,
+    /// A session's cell that does not parse: the check phase fails with this message.
+    Syntax(String),
+    /// A session's cell whose final expression has this value.
+    Result(String),
 }
 
 impl Default for Behaviour {
@@ -120,6 +128,8 @@ struct State {
     stuck: BTreeSet<Step>,
     /// Attach connections whose write half is still held by codebox.
     open_inputs: Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests sessions' containers received, with their records (kept after removal).
+    session_requests: Vec<(String, Records)>,
 }
 
 /// The fake engine.
@@ -212,6 +222,15 @@ impl FakeEngine {
                     .find(|(name, _)| *name == s.name)
                     .map(|(_, p)| p.clone())
             })
+            .collect()
+    }
+
+    /// The records of every request sessions' containers received, in order.
+    pub fn session_requests(&self) -> Vec<Records> {
+        self.state()
+            .session_requests
+            .iter()
+            .map(|(_, r)| r.clone())
             .collect()
     }
 
@@ -373,13 +392,33 @@ fn workspace_frames(payload: &Payload) -> Vec<u8> {
 async fn program(
     state: Arc<Mutex<State>>,
     name: String,
-    mut input: tokio::io::DuplexStream,
+    input: tokio::io::DuplexStream,
     out: mpsc::UnboundedSender<Result<Output, EngineError>>,
     mut signals: mpsc::UnboundedReceiver<Signal>,
     behaviour: Behaviour,
 ) {
-    let mut raw = Vec::new();
-    let _ = input.read_to_end(&mut raw).await;
+    // Records as they arrive: a `session` record turns the container into a session's.
+    let mut reader = session::Reader::new(input);
+    let mut is_session = false;
+    if reader.line().await.is_some() {
+        while let Some((name, _)) = reader.record().await {
+            is_session |= name == "session";
+            if name == "end" {
+                break;
+            }
+        }
+    }
+    if is_session {
+        let (code, oom_event) =
+            session::serve(state.clone(), name.clone(), reader, out, &mut signals).await;
+        let mut st = lock(&state);
+        if let Some(c) = st.containers.get_mut(&name) {
+            c.oom_event = oom_event;
+            c.exit.send_replace(Some(code));
+        }
+        return;
+    }
+    let raw = reader.rest().await;
     let payload = parse_payload(&raw);
     let send = |bytes: Vec<u8>| {
         let _ = out.send(Ok(Output::Stdout(Bytes::from(bytes))));
@@ -459,6 +498,10 @@ async fn program(
             }
         }
         (Some(_), Behaviour::Panic) => unreachable!("panics at attach"),
+        (Some(_), Behaviour::Syntax(_) | Behaviour::Result(_)) => {
+            send(frame(b'!', b"a session's behaviour in a run"));
+            (125, false)
+        }
     };
     let mut st = lock(&state);
     if let Some(p) = &payload {

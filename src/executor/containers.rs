@@ -18,7 +18,7 @@ const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
 /// Most entries a compile stage may hand back.
 const MAX_ARTIFACT_ENTRIES: usize = 10_000;
 /// Most entries listed from `outputs/` (`codebox-init` lists at most 1000).
-const MAX_OUTPUT_ENTRIES: usize = 1024;
+pub(super) const MAX_OUTPUT_ENTRIES: usize = 1024;
 
 /// The labels of every container codebox creates: managed, its run (or `pool`), this
 /// process, and the time after which it is certainly abandoned (`lifetime` from now).

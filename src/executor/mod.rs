@@ -21,6 +21,7 @@ pub mod outputs;
 pub mod pool;
 mod probe;
 pub mod request;
+pub mod session;
 pub mod stage;
 pub mod timings;
 
@@ -44,8 +45,9 @@ use outcome::{classify, Outcome};
 use pool::{run_workspace_mb, Pool};
 pub use probe::ProbeOutput;
 pub use request::{
-    Compare, CompileLimitsInput, Encoding, FileInput, LimitsInput, RequestError, RunRequest,
-    TestInput, ValidRequest, ValidTest,
+    check_relative_path, Compare, CompileLimitsInput, Encoding, FileInput, LimitsInput,
+    RequestError, RunRequest, SessionRequest, SessionTarget, SessionTerms, TestInput, ValidRequest,
+    ValidSession, ValidTest,
 };
 use stage::{Bound, BoundError, Interrupted};
 use timings::{Step, Timings};
@@ -205,6 +207,8 @@ enum Ended {
         outcome: Outcome,
         streams: Streams,
         files: Vec<FileReport>,
+        /// A session's cell: the final expression's value, and whether it was cut.
+        result: Option<(String, bool)>,
     },
     /// Every test case ran (or was stopped).
     Cases(Vec<TestReport>),
@@ -346,7 +350,12 @@ impl Executor {
                 outcome,
                 streams,
                 files,
+                result,
             } => {
+                if let Some((text, truncated)) = result {
+                    r.result = Some(text);
+                    r.result_truncated = truncated;
+                }
                 r.message = outputs::with_unlisted_note(run_message(&outcome, req), &files);
                 r.status = outcome.status;
                 r.exit_code = outcome.exit_code;
@@ -504,6 +513,7 @@ impl Executor {
             outcome: classify(phase, &result),
             streams: Streams::of(phase),
             files: outputs::report_files(&result.decoded.files),
+            result: None,
         })
     }
 }

@@ -116,7 +116,9 @@ pub const MIN_TIMEOUT_SECONDS: f64 = 0.001;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
-    /// Language id or alias (see `list_supported_languages`).
+    /// Language id or alias (see `list_supported_languages`); may be left out with
+    /// `session_id`.
+    #[serde(default)]
     pub language: String,
     /// The program's source code.
     pub code: String,
@@ -139,10 +141,34 @@ pub struct RunRequest {
     /// How `expected_stdout` is compared: `trim` (default) or `exact`.
     #[serde(default)]
     pub compare: Option<Compare>,
+    /// Execute in this session (`create_session`): its files, and for stateful languages its
+    /// interpreter's state, are kept between executions.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// With `session_id`: start a fresh interpreter (files kept) before running `code`.
+    #[serde(default)]
+    pub reset: Option<bool>,
     /// Lower compile-stage limits for this run (see [`CompileLimitsInput`]).
     #[serde(skip)]
     #[schemars(skip)]
     pub compile_limits: Option<CompileLimitsInput>,
+}
+
+/// The session a request executes in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionTarget {
+    pub id: String,
+    pub reset: bool,
+}
+
+/// What a session fixes for its executions.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionTerms<'a> {
+    pub language: &'a Language,
+    /// Memory and CPU fixed at creation; the timeout is the default of each execution.
+    pub limits: RunLimits,
+    /// Most bytes the `files` of one call may hold.
+    pub max_upload_bytes: usize,
 }
 
 /// A test case that passed validation.
@@ -166,6 +192,8 @@ pub struct ValidRequest {
     /// Empty for a single run.
     pub tests: Vec<ValidTest>,
     pub compare: Compare,
+    /// The session it executes in, if any.
+    pub session: Option<SessionTarget>,
 }
 
 /// A rejected request: which field, and why.
@@ -225,6 +253,15 @@ fn limit(
     Ok(v)
 }
 
+/// Check a path a client names inside a working directory (`.` is the directory itself);
+/// returns it normalised.
+pub fn check_relative_path(field: &str, path: &str) -> Result<String, RequestError> {
+    if path == "." || path.is_empty() {
+        return Ok(".".into());
+    }
+    check_path(field, path, "")
+}
+
 /// Check a workspace-relative file path.
 fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, RequestError> {
     if path.is_empty() || path.len() > 255 {
@@ -277,17 +314,83 @@ impl ValidRequest {
         registry: &Registry,
         config: &Config,
     ) -> Result<ValidRequest, RequestError> {
-        let Some(language) = registry.resolve(&req.language) else {
-            let known: Vec<&str> = registry.languages.keys().map(String::as_str).collect();
+        if req.session_id.is_some() || req.reset.is_some() {
+            return reject(
+                if req.session_id.is_some() {
+                    "session_id"
+                } else {
+                    "reset"
+                },
+                "this request names a session; it is executed by the session's server",
+            );
+        }
+        let language = resolve_language(registry, &req.language)?;
+        ValidRequest::checked(req, language, config, None)
+    }
+
+    /// Validate an execution in a session: the session fixes the language, memory and CPU;
+    /// `tests` and (for a stateful language) `args` do not apply.
+    pub fn for_session(
+        mut req: RunRequest,
+        registry: &Registry,
+        terms: SessionTerms<'_>,
+        config: &Config,
+    ) -> Result<ValidRequest, RequestError> {
+        let language = terms.language;
+        if !req.language.is_empty()
+            && registry.resolve(&req.language).map(|l| &l.id) != Some(&language.id)
+        {
             return reject(
                 "language",
                 format!(
-                    "unknown language `{}`; supported: {}",
-                    req.language,
-                    known.join(", ")
+                    "the session runs `{}`; `{}` cannot run in it (leave language out, or create a session for it)",
+                    language.id, req.language
                 ),
             );
+        }
+        if let Some(l) = &req.limits {
+            for (field, given) in [
+                ("limits.memory_mb", l.memory_mb.is_some()),
+                ("limits.cpus", l.cpus.is_some()),
+            ] {
+                if given {
+                    return reject(
+                        field,
+                        "is fixed for the session when it is created; only limits.timeout_seconds may be given per execution",
+                    );
+                }
+            }
+        }
+        if req.tests.is_some() || req.compare.is_some() {
+            return reject(
+                "tests",
+                "test cases (and compare) are for runs, not session executions",
+            );
+        }
+        if language.is_stateful() && req.args.as_ref().is_some_and(|a| !a.is_empty()) {
+            return reject(
+                "args",
+                format!(
+                    "a `{}` session keeps an interpreter running; there is no program to pass arguments to",
+                    language.id
+                ),
+            );
+        }
+        let target = SessionTarget {
+            id: req.session_id.take().unwrap_or_default(),
+            reset: req.reset.take().unwrap_or(false),
         };
+        let mut valid = ValidRequest::checked(req, language, config, Some(terms))?;
+        valid.session = Some(target);
+        Ok(valid)
+    }
+
+    fn checked(
+        req: RunRequest,
+        language: &Language,
+        config: &Config,
+        session: Option<SessionTerms<'_>>,
+    ) -> Result<ValidRequest, RequestError> {
         let mut language = language.clone();
         if let Some(lower) = req.compile_limits {
             lower_compile_limits(&mut language, lower)?;
@@ -364,7 +467,12 @@ impl ValidRequest {
         let mut total = 0usize;
         for (i, f) in raw_files.into_iter().enumerate() {
             let field = format!("files[{i}].path");
-            let path = check_path(&field, &f.path, &language.source_file)?;
+            // A stateful session has no source file to clash with.
+            let source = match session {
+                Some(_) if language.is_stateful() => "",
+                _ => language.source_file.as_str(),
+            };
+            let path = check_path(&field, &f.path, source)?;
             if files.iter().any(|(p, _)| *p == path) {
                 return reject(field, format!("`{path}` appears twice"));
             }
@@ -387,19 +495,20 @@ impl ValidRequest {
                     })?,
             };
             total += content.len();
-            if total > s.max_files_bytes {
+            let max_total = session.map_or(s.max_files_bytes, |t| t.max_upload_bytes);
+            if total > max_total {
                 return reject(
                     "files",
-                    format!(
-                        "total {total}+ bytes; the maximum is {} bytes",
-                        s.max_files_bytes
-                    ),
+                    format!("total {total}+ bytes; the maximum is {max_total} bytes"),
                 );
             }
             files.push((path, Bytes::from(content)));
         }
         let l = req.limits.unwrap_or_default();
-        let (d, c) = (config.limits.defaults(), config.limits.ceilings());
+        let (mut d, c) = (config.limits.defaults(), config.limits.ceilings());
+        if let Some(t) = session {
+            d = t.limits;
+        }
         let memory = limit(
             "limits.memory_mb",
             l.memory_mb,
@@ -442,9 +551,10 @@ impl ValidRequest {
             );
         }
         // The source and files must fit the working directory (a tmpfs within the memory).
+        // A session's own working directory is checked by its container (ENOSPC).
         let workspace_mb = config.sandbox.workspace_mb.min(memory as u64 / 2).max(1);
         let needed = req.code.len() + files.iter().map(|(_, c)| c.len()).sum::<usize>();
-        if needed as u64 > workspace_mb * 1024 * 1024 {
+        if session.is_none() && needed as u64 > workspace_mb * 1024 * 1024 {
             return reject(
                 "files",
                 format!(
@@ -465,6 +575,7 @@ impl ValidRequest {
             },
             tests: valid_tests,
             compare: req.compare.unwrap_or_default(),
+            session: None,
         })
     }
 }
@@ -509,6 +620,24 @@ fn lower_compile_limits(
         l.workspace_mb = l.workspace_mb.min(m / 2).max(1);
     }
     Ok(())
+}
+
+/// The language a request names, or an error listing the supported ones.
+fn resolve_language<'r>(registry: &'r Registry, name: &str) -> Result<&'r Language, RequestError> {
+    registry.resolve(name).ok_or_else(|| {
+        let known: Vec<&str> = registry.languages.keys().map(String::as_str).collect();
+        RequestError {
+            field: "language".into(),
+            message: if name.is_empty() {
+                format!(
+                    "is required (or give a session_id); supported: {}",
+                    known.join(", ")
+                )
+            } else {
+                format!("unknown language `{name}`; supported: {}", known.join(", "))
+            },
+        }
+    })
 }
 
 /// Check one stdin: within the cap; empty is none.
@@ -568,5 +697,78 @@ mod tests {
         assert!(!Compare::Trim.matches("a", "a\nb"));
         assert!(!Compare::Exact.matches("a\n", "a"));
         assert!(Compare::Exact.matches("a\n", "a\n"));
+    }
+}
+
+/// What a client asks for to open a session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// Language id or alias (see `list_supported_languages`).
+    pub language: String,
+    /// Memory and CPU for the session's whole life; `timeout_seconds` is each execution's
+    /// default timeout.
+    #[serde(default)]
+    pub limits: Option<LimitsInput>,
+    /// Files placed in the session's working directory; they stay.
+    #[serde(default)]
+    pub files: Option<Vec<FileInput>>,
+    /// End the session after this many seconds without a call naming it.
+    #[serde(default)]
+    pub idle_timeout_seconds: Option<f64>,
+}
+
+/// A session request that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidSession {
+    pub language: Language,
+    pub limits: RunLimits,
+    pub files: Vec<(String, Bytes)>,
+    pub idle_timeout: std::time::Duration,
+}
+
+impl ValidSession {
+    pub fn new(
+        req: SessionRequest,
+        registry: &Registry,
+        config: &Config,
+    ) -> Result<ValidSession, RequestError> {
+        let max_idle = config.sessions.max_idle_timeout_seconds as f64;
+        let idle = limit(
+            "idle_timeout_seconds",
+            req.idle_timeout_seconds,
+            config.sessions.idle_timeout_seconds as f64,
+            max_idle,
+            "idle time",
+            "s",
+        )?;
+        if idle < 1.0 {
+            return reject(
+                "idle_timeout_seconds",
+                format!("requested {idle} s; the minimum is 1 s"),
+            );
+        }
+        // The files and limits are checked as an execution's would be, with the session's
+        // upload cap.
+        let probe = RunRequest {
+            language: req.language,
+            code: "-".into(),
+            files: req.files,
+            limits: req.limits,
+            ..Default::default()
+        };
+        let language = resolve_language(registry, &probe.language)?;
+        let terms = SessionTerms {
+            language,
+            limits: config.limits.defaults(),
+            max_upload_bytes: config.sessions.max_upload_bytes,
+        };
+        let valid = ValidRequest::checked(probe, language, config, Some(terms))?;
+        Ok(ValidSession {
+            language: valid.language,
+            limits: valid.limits,
+            files: valid.files,
+            idle_timeout: std::time::Duration::from_secs_f64(idle),
+        })
     }
 }

@@ -26,15 +26,18 @@
 //! ([`History::forget_reports`], [`History::forget_reports_ended_before`]). With a shared
 //! store, any server answers `get_result` for a finished run of another from this column.
 
+mod actor;
 pub(crate) mod db;
 mod pg;
+mod pg_tls;
 mod schema;
+mod sessions;
 mod sqlite;
 mod store;
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -43,8 +46,10 @@ use tokio::sync::oneshot;
 
 use crate::config::{CodePolicy, HistoryStore, CODE_PREVIEW_CHARS};
 use crate::report::{RunLimits, RunReport, Stage, Status};
+use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
 pub use schema::SCHEMA_VERSION;
+pub use sessions::{SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED};
 
 /// Message written on rows a crashed server left unfinished.
 pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
@@ -111,6 +116,12 @@ pub struct HistoryRow {
     /// The codebox process (server or command) that accepted the run: several servers may
     /// share one history database.
     pub instance: String,
+    /// The session the run executed in; null outside sessions.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Its place among the session's executions (1-based); null outside sessions.
+    #[serde(default)]
+    pub execution_count: Option<u64>,
 }
 
 /// Result of `get_execution_history` and `codebox history --json`.
@@ -129,6 +140,8 @@ pub struct Query {
     pub status: Option<Status>,
     /// A language id (not an alias).
     pub language: Option<String>,
+    /// Only the executions of this session.
+    pub session_id: Option<String>,
 }
 
 /// Where a run stands in the store and which instance has it: what a server that does not
@@ -165,6 +178,8 @@ pub struct NewRun {
     pub code_preview: Option<String>,
     pub created_at_ms: i64,
     pub instance: String,
+    /// The session it executes in, and its place there.
+    pub session: Option<(String, u64)>,
 }
 
 impl NewRun {
@@ -186,7 +201,14 @@ impl NewRun {
             code_preview: code_preview(code, policy),
             created_at_ms: now_ms(),
             instance: instance.to_string(),
+            session: None,
         }
+    }
+
+    /// The same row, for an execution of a session.
+    pub fn in_session(mut self, session_id: &str, execution_count: u64) -> NewRun {
+        self.session = Some((session_id.to_string(), execution_count));
+        self
     }
 }
 
@@ -207,65 +229,17 @@ pub fn code_preview(code: &str, policy: CodePolicy) -> Option<String> {
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
-
-type Reply<T> = oneshot::Sender<Result<T, HistoryError>>;
-
-enum Command {
-    Insert(NewRun),
-    Started {
-        run_id: String,
-        at_ms: i64,
-    },
-    Finish {
-        report: Arc<RunReport>,
-        at_ms: i64,
-    },
-    ForgetReports {
-        run_ids: Vec<String>,
-    },
-    ForgetReportsEndedBefore {
-        cutoff_ms: i64,
-    },
-    Report {
-        run_id: String,
-        ended_after_ms: Option<i64>,
-        reply: Reply<Option<RunReport>>,
-    },
-    Query {
-        query: Query,
-        reply: Reply<Vec<HistoryRow>>,
-    },
-    Get {
-        run_id: String,
-        reply: Reply<Option<HistoryRow>>,
-    },
-    Whereabouts {
-        run_id: String,
-        reply: Reply<Option<Whereabouts>>,
-    },
-    /// Answered once every command sent before it is done.
-    Flush {
-        reply: oneshot::Sender<()>,
-    },
-}
-
-/// Why a query got no answer.
-const NO_ANSWER: &str = "the history thread did not answer (it stopped, or is too far behind)";
-
-/// How many commands may wait for the history thread.
-const QUEUE_CAPACITY: usize = 4096;
-
-/// How often a history that keeps failing is warned about.
-const WARN_EVERY: Duration = Duration::from_secs(600);
-
 /// Handle to the history thread. Cheap to clone; every method returns at once except queries.
 #[derive(Clone)]
 pub struct History {
-    tx: mpsc::SyncSender<Command>,
+    tx: mpsc::SyncSender<(Command, u64)>,
     /// How logs and errors name the store (a file, or a URL without password).
     store: String,
     /// Commands are being dropped (the queue is full, or the thread stopped): warned once.
     dropping: Arc<std::sync::atomic::AtomicBool>,
+    /// The weight of the commands sent and not yet carried out (the thread subtracts).
+    queued_bytes: Arc<std::sync::atomic::AtomicU64>,
+    max_bytes: u64,
 }
 
 /// This process, as the history records and judges instances.
@@ -287,11 +261,17 @@ impl History {
     /// a warning is logged, writes are dropped and queries answer
     /// [`HistoryError::Unavailable`] until it can (tried again every [`RECONNECT_INTERVAL`]).
     pub fn connect(store: &HistoryStore, owner: Owner) -> History {
-        let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
+        History::start(store, owner, QUEUE)
+    }
+
+    fn start(store: &HistoryStore, owner: Owner, bounds: QueueBounds) -> History {
+        let (tx, rx) = mpsc::sync_channel(bounds.commands);
+        let queued_bytes: Arc<std::sync::atomic::AtomicU64> = Default::default();
         let thread_store = store.clone();
+        let thread_queued = queued_bytes.clone();
         let spawned = std::thread::Builder::new()
             .name("codebox-history".into())
-            .spawn(move || Actor::new(thread_store, owner).run(rx));
+            .spawn(move || Actor::new(thread_store, owner).run(rx, &thread_queued));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the history thread; runs will not be recorded");
         }
@@ -299,6 +279,8 @@ impl History {
             tx,
             store: store.to_string(),
             dropping: Default::default(),
+            queued_bytes,
+            max_bytes: bounds.bytes,
         }
     }
 
@@ -307,25 +289,37 @@ impl History {
         &self.store
     }
 
-    /// Never blocks: when the database falls behind by [`QUEUE_CAPACITY`] commands, the
+    /// Never blocks: when the database falls behind by [`QUEUE`]'s commands or bytes, the
     /// command is dropped with a warning (a history failure never holds up or fails a run,
-    /// and the queue never holds an unbounded number of reports).
+    /// and the queue never holds an unbounded number of reports, or bytes of them).
     fn send(&self, cmd: Command) {
         use std::sync::atomic::Ordering;
-        let dropped = match self.tx.try_send(cmd) {
-            Ok(()) => {
-                if self.dropping.swap(false, Ordering::Relaxed) {
-                    tracing::info!(store = %self.store, "the history caught up; runs are recorded again");
+        let weight = cmd.weight();
+        let before = self.queued_bytes.fetch_add(weight, Ordering::SeqCst);
+        let dropped = if before > 0 && before.saturating_add(weight) > self.max_bytes {
+            format!(
+                "the history database is behind by {} MB of reports (the queue holds at most {} MB); writes are dropped until it catches up",
+                before >> 20,
+                self.max_bytes >> 20
+            )
+        } else {
+            match self.tx.try_send((cmd, weight)) {
+                Ok(()) => {
+                    if self.dropping.swap(false, Ordering::Relaxed) {
+                        tracing::info!(store = %self.store, "the history caught up; runs are recorded again");
+                    }
+                    return;
                 }
-                return;
-            }
-            Err(mpsc::TrySendError::Full(_)) => format!(
-                "the history database is behind by {QUEUE_CAPACITY} writes; writes are dropped until it catches up"
-            ),
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                "the history thread has stopped; runs are not recorded".to_string()
+                Err(mpsc::TrySendError::Full(_)) => format!(
+                    "the history database is behind by {} writes; writes are dropped until it catches up",
+                    QUEUE.commands
+                ),
+                Err(mpsc::TrySendError::Disconnected(_)) => {
+                    "the history thread has stopped; runs are not recorded".to_string()
+                }
             }
         };
+        self.queued_bytes.fetch_sub(weight, Ordering::SeqCst);
         // One warning per episode, not one per dropped write.
         if !self.dropping.swap(true, Ordering::Relaxed) {
             tracing::warn!(store = %self.store, "{dropped}");
@@ -367,9 +361,26 @@ impl History {
         self.send(Command::ForgetReportsEndedBefore { cutoff_ms });
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, HistoryError> {
+    /// Run `query` on the history thread (after every command sent before it) and await its
+    /// answer.
+    async fn ask<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&mut dyn Database) -> Result<T, DbError> + Send + 'static,
+    ) -> Result<T, HistoryError> {
         let (reply, rx) = oneshot::channel();
-        self.send(make(reply));
+        self.send(Command::Ask(Box::new(
+            move |db: Result<&mut dyn Database, HistoryError>| {
+                let (answer, failed) = match db {
+                    Err(unavailable) => (Err(unavailable), None),
+                    Ok(db) => match query(db) {
+                        Ok(v) => (Ok(v), None),
+                        Err(e) => (Err(HistoryError::Query(e.to_string())), Some(e)),
+                    },
+                };
+                let _ = reply.send(answer);
+                failed
+            },
+        )));
         rx.await.unwrap_or_else(|_| {
             Err(HistoryError::Unavailable {
                 store: self.store.clone(),
@@ -386,23 +397,25 @@ impl History {
         ended_after_ms: Option<i64>,
     ) -> Result<Option<RunReport>, HistoryError> {
         let run_id = run_id.to_string();
-        self.ask(|reply| Command::Report {
-            run_id,
-            ended_after_ms,
-            reply,
+        let json = self
+            .ask(move |db| store::stored_report(db, &run_id, ended_after_ms))
+            .await?;
+        json.map(|j| {
+            serde_json::from_str(&j)
+                .map_err(|e| HistoryError::Query(format!("a stored report is unreadable: {e}")))
         })
-        .await
+        .transpose()
     }
 
     /// Rows matching `query`, newest first. Sees every write sent before it.
     pub async fn query(&self, query: Query) -> Result<Vec<HistoryRow>, HistoryError> {
-        self.ask(|reply| Command::Query { query, reply }).await
+        self.ask(move |db| store::select(db, &query)).await
     }
 
     /// One run's row.
     pub async fn get(&self, run_id: &str) -> Result<Option<HistoryRow>, HistoryError> {
         let run_id = run_id.to_string();
-        self.ask(|reply| Command::Get { run_id, reply }).await
+        self.ask(move |db| store::get(db, &run_id)).await
     }
 
     /// Wait (at most `timeout`) until every write sent before has been carried out or
@@ -416,248 +429,27 @@ impl History {
     /// Where a run stands and which instance has it (for a run this process does not hold).
     pub async fn whereabouts(&self, run_id: &str) -> Result<Option<Whereabouts>, HistoryError> {
         let run_id = run_id.to_string();
-        self.ask(|reply| Command::Whereabouts { run_id, reply })
-            .await
-    }
-}
-
-/// Open the store, migrate it, announce this instance and mark what dead ones left.
-fn open_store(store: &HistoryStore, owner: &Owner) -> Result<Box<dyn Database>, DbError> {
-    let mut db: Box<dyn Database> = match store {
-        HistoryStore::Sqlite(path) => Box::new(sqlite::Sqlite::open(path)?),
-        HistoryStore::Postgres { url, password_file } => {
-            Box::new(pg::Postgres::connect(url, password_file.as_deref())?)
-        }
-    };
-    store::prepare(db.as_mut(), owner)?;
-    Ok(db)
-}
-
-/// The history thread: owns the connection, runs the commands in order, beats the heart.
-struct Actor {
-    store: HistoryStore,
-    name: String,
-    owner: Owner,
-    db: Option<Box<dyn Database>>,
-    /// When to try opening the store again (while `db` is `None`).
-    retry_at: Instant,
-    /// When the next heartbeat is due (while `db` is `Some`).
-    beat_at: Instant,
-    /// Whether the current outage was reported (one warning per outage, not per write).
-    outage_reported: bool,
-    /// Operations that failed since the last warning about them, and when that was: a full
-    /// disk fails the writes of every run, and is warned about once, then at most every
-    /// [`WARN_EVERY`] while it lasts.
-    lost: u64,
-    warned: Option<Instant>,
-}
-
-impl Actor {
-    fn new(store: HistoryStore, owner: Owner) -> Actor {
-        let now = Instant::now();
-        Actor {
-            name: store.to_string(),
-            store,
-            owner,
-            db: None,
-            retry_at: now,
-            beat_at: now,
-            outage_reported: false,
-            lost: 0,
-            warned: None,
-        }
+        self.ask(move |db| store::whereabouts(db, &run_id)).await
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Command>) {
-        loop {
-            self.connect_if_due();
-            self.beat_if_due();
-            let now = Instant::now();
-            let next = if self.db.is_some() {
-                self.beat_at
-            } else {
-                self.retry_at
-            };
-            let cmd = match rx.recv_timeout(next.saturating_duration_since(now)) {
-                Ok(cmd) => cmd,
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            };
-            self.connect_if_due();
-            self.handle(cmd);
-        }
+    /// Record a session that was just opened.
+    pub fn session_opened(&self, session: SessionOpened) {
+        self.send(Command::SessionOpened(session));
     }
 
-    fn connect_if_due(&mut self) {
-        if self.db.is_some() || Instant::now() < self.retry_at {
-            return;
-        }
-        match open_store(&self.store, &self.owner) {
-            Ok(db) => {
-                if self.outage_reported {
-                    tracing::info!(store = %self.name, "the history database is reachable again; runs are recorded");
-                }
-                self.db = Some(db);
-                self.outage_reported = false;
-                self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
-            }
-            Err(e) => {
-                if !self.outage_reported {
-                    tracing::warn!(store = %self.name, error = %e, "cannot open the history database; runs will be served but not recorded (trying again every {} s)", RECONNECT_INTERVAL.as_secs());
-                    self.outage_reported = true;
-                }
-                self.retry_at = Instant::now() + RECONNECT_INTERVAL;
-            }
-        }
-    }
-
-    fn beat_if_due(&mut self) {
-        let Some(db) = self.db.as_mut() else { return };
-        if Instant::now() < self.beat_at {
-            return;
-        }
-        self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
-        let beat = db.now_ms().and_then(|now| {
-            store::heartbeat(db.as_mut(), &self.owner, now)?;
-            store::mark_interrupted(db.as_mut(), &self.owner, now)
+    /// Record why a session ended (`closed`, `idle`...).
+    pub fn session_ended(&self, session_id: &str, reason: &str) {
+        self.send(Command::SessionEnded {
+            session_id: session_id.to_string(),
+            reason: reason.to_string(),
+            at_ms: now_ms(),
         });
-        if let Err(e) = beat {
-            self.failed(e, "recording this server's heartbeat failed");
-        }
     }
 
-    /// Log a failed operation; drop a connection that is gone, so the next command reconnects.
-    fn failed(&mut self, e: DbError, what: &str) {
-        if self.db.as_ref().is_some_and(|db| db.is_broken()) {
-            self.db = None;
-            self.retry_at = Instant::now();
-            tracing::warn!(store = %self.name, error = %e, "{what}; the connection to the history database was lost (reconnecting)");
-            self.outage_reported = true;
-        } else {
-            self.lost += 1;
-            if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                tracing::warn!(store = %self.name, error = %e, lost = self.lost, "{what}; runs go on unaffected but are not recorded (warned again at most every {} minutes while it fails)", WARN_EVERY.as_secs() / 60);
-                self.warned = Some(Instant::now());
-                self.lost = 0;
-            } else {
-                tracing::debug!(store = %self.name, error = %e, "{what} again");
-            }
-        }
-    }
-
-    fn handle(&mut self, cmd: Command) {
-        let Some(db) = self.db.as_mut() else {
-            let unavailable = || HistoryError::Unavailable {
-                store: self.name.clone(),
-                detail: "it could not be opened (see the log)".to_string(),
-            };
-            match cmd {
-                Command::Query { reply, .. } => {
-                    let _ = reply.send(Err(unavailable()));
-                }
-                Command::Get { reply, .. } => {
-                    let _ = reply.send(Err(unavailable()));
-                }
-                Command::Report { reply, .. } => {
-                    let _ = reply.send(Err(unavailable()));
-                }
-                Command::Whereabouts { reply, .. } => {
-                    let _ = reply.send(Err(unavailable()));
-                }
-                Command::Flush { reply } => {
-                    let _ = reply.send(());
-                }
-                _ => {}
-            }
-            return;
-        };
-        let db = db.as_mut();
-        let query_error = |e: &DbError| HistoryError::Query(e.to_string());
-        let write = matches!(
-            cmd,
-            Command::Insert(_)
-                | Command::Started { .. }
-                | Command::Finish { .. }
-                | Command::ForgetReports { .. }
-                | Command::ForgetReportsEndedBefore { .. }
-        );
-        let outcome: Result<(), DbError> = match cmd {
-            Command::Insert(run) => store::insert(db, &run),
-            Command::Started { run_id, at_ms } => store::started(db, &run_id, at_ms),
-            Command::Finish { report, at_ms } => store::finish(db, &report, at_ms),
-            Command::ForgetReports { run_ids } => store::forget_reports(db, &run_ids),
-            Command::ForgetReportsEndedBefore { cutoff_ms } => {
-                store::forget_reports_ended_before(db, cutoff_ms)
-            }
-            Command::Report {
-                run_id,
-                ended_after_ms,
-                reply,
-            } => match store::stored_report(db, &run_id, ended_after_ms) {
-                Ok(json) => {
-                    let parsed = json
-                        .map(|j| {
-                            serde_json::from_str(&j).map_err(|e| {
-                                HistoryError::Query(format!(
-                                    "the stored report of run {run_id} is unreadable: {e}"
-                                ))
-                            })
-                        })
-                        .transpose();
-                    let _ = reply.send(parsed);
-                    Ok(())
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(query_error(&e)));
-                    Err(e)
-                }
-            },
-            Command::Query { query, reply } => match store::select(db, &query) {
-                Ok(rows) => {
-                    let _ = reply.send(Ok(rows));
-                    Ok(())
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(query_error(&e)));
-                    Err(e)
-                }
-            },
-            Command::Get { run_id, reply } => match store::get(db, &run_id) {
-                Ok(row) => {
-                    let _ = reply.send(Ok(row));
-                    Ok(())
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(query_error(&e)));
-                    Err(e)
-                }
-            },
-            Command::Flush { reply } => {
-                let _ = reply.send(());
-                Ok(())
-            }
-            Command::Whereabouts { run_id, reply } => match store::whereabouts(db, &run_id) {
-                Ok(w) => {
-                    let _ = reply.send(Ok(w));
-                    Ok(())
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(query_error(&e)));
-                    Err(e)
-                }
-            },
-        };
-        // A full disk can fail one write and let the next through: successes do not re-arm
-        // the warning, only WARN_EVERY does.
-        if let Err(e) = outcome {
-            let what = if write {
-                "writing the run history failed"
-            } else {
-                "reading the run history failed"
-            };
-            self.failed(e, what);
-        }
-        self.beat_if_due();
+    /// What the store knows of a session this process does not hold.
+    pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>, HistoryError> {
+        let id = session_id.to_string();
+        self.ask(move |db| sessions::lookup(db, &id)).await
     }
 }
 
@@ -869,6 +661,45 @@ mod tests {
             (Status::Succeeded, 10),
             "metadata stays"
         );
+    }
+
+    #[tokio::test]
+    async fn reports_waiting_for_a_stalled_database_are_bounded_by_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.sqlite3");
+        let owner = Owner {
+            instance: "x".into(),
+            data_dir: dir.path().to_path_buf(),
+        };
+        let bounds = QueueBounds {
+            commands: 4096,
+            bytes: 4 << 20,
+        };
+        let h = History::start(&HistoryStore::Sqlite(path.clone()), owner, bounds);
+        h.query(Query::default()).await.unwrap();
+        // Another connection holds the write lock: the history thread waits in its first
+        // write (up to the busy timeout) while reports of 1 MB each arrive.
+        let lock = rusqlite::Connection::open(&path).unwrap();
+        lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        h.insert(new_run("r0", "x"));
+        let reports: Vec<Arc<RunReport>> = (0..20)
+            .map(|i| Arc::new(report(&format!("r{i}"), &"x".repeat(1 << 20))))
+            .collect();
+        for r in &reports {
+            h.finish(r.clone());
+        }
+        let held = reports.iter().filter(|r| Arc::strong_count(r) > 1).count();
+        assert!(
+            (1..=4).contains(&held),
+            "{held} reports of 1 MB wait in a 4 MB queue"
+        );
+        lock.execute_batch("COMMIT").unwrap();
+        assert!(h.flush(Duration::from_secs(30)).await);
+        assert_eq!(h.queued_bytes.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // Once it caught up, writes are taken again.
+        h.insert(new_run("r19", "x"));
+        h.finish(reports[19].clone());
+        assert!(h.report("r19", None).await.unwrap().is_some());
     }
 
     #[tokio::test]

@@ -1,6 +1,6 @@
 //! The shared backend: a PostgreSQL database that several codebox servers record into. The
 //! synchronous `postgres` client runs on the history thread (it drives its own small runtime
-//! there, never the server's), without TLS.
+//! there, never the server's), over TLS as the URL's `sslmode` asks (`pg_tls.rs`).
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -37,9 +37,12 @@ impl Postgres {
     /// Connect to `url` (already validated by the configuration), with the password from
     /// `password_file` if given.
     pub fn connect(url: &str, password_file: Option<&Path>) -> Result<Postgres, DbError> {
+        let bad_url = |e: String| DbError::Schema(format!("history.url {e}"));
+        let (url, tls) = crate::config::split_tls(url).map_err(bad_url)?;
         let mut config: postgres::Config = url
             .parse()
             .map_err(|e| DbError::Schema(format!("history.url is not a PostgreSQL URL: {e}")))?;
+        config.ssl_mode(tls.client_mode());
         if let Some(path) = password_file {
             let text = std::fs::read_to_string(path).map_err(|source| DbError::PasswordFile {
                 path: path.to_path_buf(),
@@ -59,7 +62,12 @@ impl Postgres {
         config.notice_callback(|notice| {
             tracing::debug!(notice = %notice.message(), "PostgreSQL notice");
         });
-        let mut client = config.connect(NoTls).map_err(err)?;
+        let mut client = if tls.mode == crate::config::SslMode::Disable {
+            config.connect(NoTls)
+        } else {
+            config.connect(super::pg_tls::connector(&tls).map_err(bad_url)?)
+        }
+        .map_err(err)?;
         client
             .batch_execute(&format!(
                 "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET TIME ZONE 'UTC'"

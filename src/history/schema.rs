@@ -58,6 +58,19 @@ const MIGRATIONS: &[&str] = &[
         started_at   BIGINT NOT NULL,   -- Unix ms, the database's clock
         heartbeat_at BIGINT NOT NULL    -- Unix ms, the database's clock
     );",
+    // 4: sessions. Each execution's row names its session and its place in it; `sessions`
+    // says who opened each session and why it ended, for calls that name it later.
+    "ALTER TABLE runs ADD COLUMN session_id TEXT;
+    ALTER TABLE runs ADD COLUMN execution_count BIGINT;
+    CREATE INDEX runs_by_session ON runs (session_id);
+    CREATE TABLE sessions (
+        id          TEXT PRIMARY KEY,
+        instance    TEXT NOT NULL,
+        language    TEXT NOT NULL,
+        created_at  BIGINT NOT NULL,   -- Unix ms
+        ended_at    BIGINT,
+        end_reason  TEXT
+    );",
 ];
 
 /// The schema version this codebox writes.

@@ -71,7 +71,8 @@ fn is_dead(db: &mut dyn Database, owner: &Owner, id: &str, now: i64) -> Result<b
 pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<u64, DbError> {
     let instances: Vec<String> = db
         .query(
-            "SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')",
+            "SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')
+             UNION SELECT DISTINCT instance FROM sessions WHERE ended_at IS NULL",
             &[],
         )?
         .iter()
@@ -99,6 +100,7 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
                 values![INTERRUPTED_MESSAGE, now_ms(), json, &report.run_id],
             )?;
         }
+        super::sessions::mark_restarted(db, &instance, now)?;
         if n > 0 {
             tracing::warn!(
                 runs = n,
@@ -136,9 +138,10 @@ fn interrupted_report(row: &Row) -> RunReport {
 pub fn insert(db: &mut dyn Database, r: &NewRun) -> Result<(), DbError> {
     db.execute(
         "INSERT INTO runs (id, instance, created_at, language, memory_mb, timeout_seconds, cpus,
-            status, code_sha256, code_bytes, code_preview, message, seq)
+            status, code_sha256, code_bytes, code_preview, message, seq, session_id,
+            execution_count)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8, ?9, ?10, 'waiting for a free slot',
-            (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs))
+            (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs), ?11, ?12)
          ON CONFLICT (id) DO NOTHING",
         values![
             &r.run_id,
@@ -151,6 +154,8 @@ pub fn insert(db: &mut dyn Database, r: &NewRun) -> Result<(), DbError> {
             &r.code_sha256,
             r.code_bytes,
             r.code_preview.clone(),
+            r.session.as_ref().map(|(id, _)| id.clone()),
+            r.session.as_ref().map(|(_, n)| *n as i64),
         ],
     )?;
     Ok(())
@@ -246,7 +251,7 @@ pub fn stored_report(
 const COLUMNS: &str = "id, created_at, started_at, ended_at, language, image_id, memory_mb, timeout_seconds,
     cpus, status, stage, exit_code, signal, duration_ms, queued_ms, compile_duration_ms, stdout_bytes,
     stderr_bytes, stdout_truncated, stderr_truncated, code_sha256, code_bytes, code_preview, message,
-    instance";
+    instance, session_id, execution_count";
 
 fn rfc3339(ms: i64) -> String {
     chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
@@ -291,6 +296,8 @@ fn history_row(r: &Row) -> HistoryRow {
         code_preview: r.text(22),
         message: r.text(23).unwrap_or_default(),
         instance: r.text(24).unwrap_or_default(),
+        session_id: r.text(25),
+        execution_count: count(26),
     }
 }
 
@@ -303,6 +310,7 @@ pub fn select(db: &mut dyn Database, q: &Query) -> Result<Vec<HistoryRow>, DbErr
     let sql = format!(
         "SELECT {COLUMNS} FROM runs
          WHERE (?1 = '' OR status = ?1) AND (?2 = '' OR language = ?2)
+            AND (?4 = '' OR session_id = ?4)
          ORDER BY created_at DESC, seq DESC LIMIT ?3"
     );
     let rows = db.query(
@@ -310,7 +318,8 @@ pub fn select(db: &mut dyn Database, q: &Query) -> Result<Vec<HistoryRow>, DbErr
         values![
             q.status.map_or("", Status::as_str),
             q.language.as_deref().unwrap_or(""),
-            limit
+            limit,
+            q.session_id.as_deref().unwrap_or("")
         ],
     )?;
     Ok(rows.iter().map(history_row).collect())

@@ -1,32 +1,39 @@
-//! The MCP tool server: the six tools of the contract, typed parameters and results (their
-//! JSON schemas are derived from the Rust types), descriptions written from the running
-//! configuration.
+//! The MCP tool server: the tools of the contract, typed parameters and results (their JSON
+//! schemas are derived from the Rust types), descriptions written from the running
+//! configuration ([`describe`], [`schema`]), results built in [`results`].
 //!
-//! A run that executed and failed is a normal result. Bad arguments, an unknown run id and a
-//! full queue are tool errors (`isError: true`) whose text names the field.
+//! A run that executed and failed is a normal result. Bad arguments, an unknown run or session
+//! id and a full queue are tool errors (`isError: true`) whose text names the field.
 
+pub mod describe;
 pub mod params;
+pub mod results;
+pub mod schema;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Json;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ResourceContents,
-    ServerCapabilities, ServerConfig, ToolAnnotations,
+    CallToolResult, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 
 use crate::catalog::{catalog, Catalog};
-use crate::executor::{outputs, RunRequest};
+use crate::executor::{RunRequest, SessionRequest};
 use crate::history::{HistoryResult, Query, MAX_QUERY_LIMIT};
-use crate::report::{fmt_num, RunReport, Status};
+use crate::report::{RunReport, Status};
+use crate::runs::sessions::{Closed, SessionError, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager, SubmitError};
-pub use params::{GetResultParams, HistoryParams, Parameters, StopRunParams};
+pub use params::{
+    GetResultParams, HistoryParams, Parameters, ReadSessionFileParams, SessionIdParams,
+    StopRunParams,
+};
+pub use results::{report_result, session_file_result, SessionFileResult, SENT_AS_BLOCK};
+pub use schema::standard_schema;
 
 /// Longest `get_result` long-poll.
 pub const MAX_WAIT_SECONDS: f64 = 60.0;
@@ -40,249 +47,58 @@ pub struct CodeboxServer {
     tool_router: ToolRouter<Self>,
 }
 
-fn submit_error(e: SubmitError) -> String {
-    match e {
-        SubmitError::Invalid(e) => format!("invalid argument {e}"),
-        other => other.to_string(),
-    }
-}
-
-/// Formats JSON Schema defines; schemars also writes its own (`uint64`, `double`...), which
-/// strict validators (the official TypeScript SDK's) warn about on every call.
-const STANDARD_FORMATS: &[&str] = &[
-    "date-time",
-    "date",
-    "time",
-    "duration",
-    "email",
-    "idn-email",
-    "hostname",
-    "idn-hostname",
-    "ipv4",
-    "ipv6",
-    "uri",
-    "uri-reference",
-    "iri",
-    "iri-reference",
-    "uuid",
-    "uri-template",
-    "json-pointer",
-    "relative-json-pointer",
-    "regex",
-];
-
-/// A schema with only standard keywords' values: non-standard `format`s removed.
-pub fn standard_schema(schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObject {
-    fn clean(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(o) => {
-                let odd = matches!(o.get("format"), Some(serde_json::Value::String(f)) if !STANDARD_FORMATS.contains(&f.as_str()));
-                if odd {
-                    o.remove("format");
-                }
-                o.values_mut().for_each(clean);
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(clean),
-            _ => {}
+impl CodeboxServer {
+    /// A refused request as a tool error's text; a session the server does not know is
+    /// looked up in the history first.
+    async fn submit_error(&self, e: SubmitError) -> String {
+        match e {
+            SubmitError::Invalid(e) => format!("invalid argument {e}"),
+            SubmitError::Session(e) => self.session_error(e).await,
+            other => other.to_string(),
         }
     }
-    let mut v = serde_json::Value::Object(schema.clone());
-    clean(&mut v);
-    match v {
-        serde_json::Value::Object(o) => o,
-        _ => schema.clone(),
-    }
-}
 
-/// A run report as a tool result: the report as structured content; as text, the report
-/// without file contents (which are never repeated in text); each returned image as an image
-/// block, each other returned file as an embedded resource.
-pub fn report_result(report: RunReport) -> CallToolResult {
-    let mut blocks = Vec::new();
-    for f in &report.files {
-        let Some(data) = &f.content_base64 else {
-            continue;
-        };
-        if outputs::is_image(&f.mime_type) {
-            blocks.push(ContentBlock::image(data.clone(), f.mime_type.clone()));
-            continue;
-        }
-        let uri = format!("codebox://runs/{}/{}", report.run_id, f.path);
-        let text = base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok());
-        blocks.push(ContentBlock::resource(match text {
-            Some(text) => ResourceContents::TextResourceContents {
-                uri,
-                mime_type: Some(f.mime_type.clone()),
-                text,
-                meta: None,
-            },
-            None => ResourceContents::BlobResourceContents {
-                uri,
-                mime_type: Some(f.mime_type.clone()),
-                blob: data.clone(),
-                meta: None,
-            },
-        }));
-    }
-    let mut summary = report.clone();
-    for f in &mut summary.files {
-        if f.content_base64.take().is_some() {
-            f.omitted_reason = Some(if outputs::is_image(&f.mime_type) {
-                "content in an image block of this result".to_string()
-            } else {
-                "content in an embedded resource of this result".to_string()
-            });
+    async fn session_error(&self, e: SessionError) -> String {
+        match self.manager.explain(e).await {
+            SessionError::Invalid(e) => format!("invalid argument {e}"),
+            other => other.to_string(),
         }
     }
-    let text = serde_json::to_string(&summary).unwrap_or_default();
-    let structured = serde_json::to_value(&report).unwrap_or_default();
-    let mut content = vec![ContentBlock::text(text)];
-    content.extend(blocks);
-    let mut result = CallToolResult::success(content);
-    result.structured_content = Some(structured);
-    result
-}
-
-/// The ids of the languages the server runs, sorted.
-fn language_ids(manager: &RunManager) -> Vec<&str> {
-    manager
-        .registry()
-        .languages
-        .keys()
-        .map(String::as_str)
-        .collect()
 }
 
 impl CodeboxServer {
-    /// The run-related argument text shared by `run_code` and `start_run`.
-    fn run_arguments_text(manager: &RunManager) -> String {
-        let c = manager.config();
-        let (d, m) = (c.limits.defaults(), c.limits.ceilings());
-        let ids = language_ids(manager);
-        let s = &c.sandbox;
-        format!(
-            "{n} languages: {ids}. Each run gets fresh containers with no network, a read-only root \
-             filesystem and a non-root user; compiled languages compile first (a compiler failure is \
-             status compile_error). The working directory is writable scratch of {ws} MB (memory); \
-             files the program leaves under outputs/ come back in the report's `files` (at most \
-             {of} files, {ob} bytes in all, {ofb} per file), images also as image content. \
-             Limits (optional `limits` object): memory_mb default {dm} (max {mm}), \
-             timeout_seconds default {dt} (max {mt}), cpus default {dc} (max {mc}); over a maximum is \
-             rejected, never clamped. stdout and stderr are kept up to {out} bytes each. Code at most \
-             {code} bytes; stdin at most {stdin} bytes; `files` at most {files} files, {fbytes} bytes in \
-             all, relative paths only. `tests` (at most {mt_cases} cases of stdin, args and \
-             expected_stdout) compiles once and runs each case in a fresh container; the report \
-             then has `tests` and `tests_summary`. At most {conc} runs execute at once and the rest \
-             wait in a queue of {queue}; when it is full the call fails and can be retried.",
-            n = ids.len(),
-            ws = s.workspace_mb,
-            of = s.max_output_files,
-            ob = s.max_output_bytes,
-            ofb = s.max_output_file_bytes,
-            mt_cases = crate::executor::request::MAX_TESTS,
-            ids = ids.join(", "),
-            dm = d.memory_mb,
-            mm = m.memory_mb.min(c.runs.memory_budget_mb),
-            dt = fmt_num(d.timeout_seconds),
-            mt = fmt_num(m.timeout_seconds),
-            dc = fmt_num(d.cpus),
-            mc = fmt_num(m.cpus),
-            out = s.output_limit_bytes,
-            code = s.max_code_bytes,
-            stdin = s.max_stdin_bytes,
-            files = s.max_files,
-            fbytes = s.max_files_bytes,
-            conc = c.runs.max_concurrent_runs,
-            queue = c.runs.max_queued_runs,
-        )
-    }
-
     pub fn new(manager: RunManager) -> CodeboxServer {
         let mut tool_router = Self::tool_router();
-        let args = Self::run_arguments_text(&manager);
-        let retention = manager.config().runs.result_retention_seconds;
-        let descriptions = [
-            (
-                "run_code",
-                format!(
-                    "Run a program in a locked-down, throwaway Docker container and wait for the end. \
-                     Returns the run report: status (succeeded, failed, compile_error, timed_out, \
-                     out_of_memory, stopped, sandbox_error), exit_code, signal, stdout, stderr, compile \
-                     output, durations and resource usage. A program that fails is a normal result, \
-                     not an error. Sends progress notifications while it runs if the request carries a \
-                     progress token; cancelling the call stops the run. {args} For long runs use \
-                     start_run and get_result."
-                ),
-                ToolAnnotations::new().read_only(false).destructive(false).idempotent(false).open_world(false),
-            ),
-            (
-                "start_run",
-                format!(
-                    "Start a program like run_code but return at once with {{run_id, status, limits}}; \
-                     poll get_result (with wait_seconds up to {MAX_WAIT_SECONDS:.0}) for the report and \
-                     stop it with stop_run. {args}"
-                ),
-                ToolAnnotations::new().read_only(false).destructive(false).idempotent(false).open_world(false),
-            ),
-            (
-                "get_result",
-                format!(
-                    "Get the report of a run started with start_run. While it is unfinished the report \
-                     has status queued or running (with the time so far); with wait_seconds (0 to \
-                     {MAX_WAIT_SECONDS:.0}, default 0) the call waits for the end, answering as soon as \
-                     it comes. Reports are kept for {retention} s after a run ends; an unknown run_id is \
-                     an error."
-                ),
-                ToolAnnotations::new().read_only(true).destructive(false).idempotent(true).open_world(false),
-            ),
-            (
-                "stop_run",
-                "Stop a run: a queued run ends at once, a running one is stopped and its containers \
-                 removed right after; returns the final report (status stopped, with the output produced so far). \
-                 On a run that already finished it returns that run's report unchanged, without error."
-                    .to_string(),
-                ToolAnnotations::new().read_only(false).destructive(true).idempotent(true).open_world(false),
-            ),
-            (
-                "list_supported_languages",
-                format!(
-                    "List the {} supported languages (id, display name, aliases, Docker image, whether \
-                     the image is present, source file name, whether it compiles, toolchain version, and \
-                     `packages`: the libraries programs can use, e.g. numpy for Python; nothing can be \
-                     installed at run time) and the default and maximum limits a run may ask for.",
-                    manager.registry().languages.len()
-                ),
-                ToolAnnotations::new().read_only(true).destructive(false).idempotent(true).open_world(false),
-            ),
-            (
-                "get_execution_history",
-                format!(
-                    "List past runs of this server, newest first: status, language, limits, durations, \
-                     output sizes, code sha256 and code preview (no output text). Filters: limit (1 to \
-                     {MAX_QUERY_LIMIT}, default 20), status, language."
-                ),
-                ToolAnnotations::new().read_only(true).destructive(false).idempotent(true).open_world(false),
-            ),
-        ];
-        for (name, description, annotations) in descriptions {
-            if let Some(route) = tool_router.map.get_mut(name) {
-                route.attr.description = Some(description.into());
-                route.attr.annotations = Some(annotations);
-                if matches!(name, "run_code" | "start_run") {
-                    let schema = Self::run_schema_with_numbers(&route.attr.input_schema, &manager);
-                    route.attr.input_schema = Arc::new(schema);
+        let run_schema = tool_router
+            .map
+            .get("run_code")
+            .map(|r| schema::run_schema(&r.attr.input_schema, &manager));
+        for d in describe::descriptions(&manager) {
+            let Some(route) = tool_router.map.get_mut(d.name) else {
+                continue;
+            };
+            route.attr.description = Some(d.description.into());
+            route.attr.annotations = Some(d.annotations);
+            if let Some(run) = &run_schema {
+                match d.name {
+                    "run_code" => route.attr.input_schema = Arc::new(run.clone()),
+                    "start_run" => {
+                        route.attr.input_schema = Arc::new(schema::start_run_schema(run))
+                    }
+                    _ => {}
                 }
-                // These return the report as built by `report_result`.
-                if matches!(name, "run_code" | "get_result" | "stop_run") {
-                    route.attr.output_schema = Some(schema_for_output::<RunReport>());
-                }
+            }
+            // These return the report as built by `report_result`.
+            if matches!(d.name, "run_code" | "get_result" | "stop_run") {
+                route.attr.output_schema = Some(schema_for_output::<RunReport>());
+            }
+            if d.name == "read_session_file" {
+                route.attr.output_schema = Some(schema_for_output::<SessionFileResult>());
             }
         }
         for route in tool_router.map.values_mut() {
-            route.attr.input_schema = Arc::new(standard_schema(&route.attr.input_schema));
+            let input = schema::compact(&route.attr.input_schema);
+            route.attr.input_schema = Arc::new(standard_schema(&input));
             if let Some(out) = &route.attr.output_schema {
                 route.attr.output_schema = Some(Arc::new(standard_schema(out)));
             }
@@ -291,61 +107,6 @@ impl CodeboxServer {
             manager,
             tool_router,
         }
-    }
-
-    /// The run argument schema with the running config's numbers and language ids written
-    /// into the field descriptions (the derived schema only has the static docs).
-    fn run_schema_with_numbers(
-        schema: &rmcp::model::JsonObject,
-        manager: &RunManager,
-    ) -> rmcp::model::JsonObject {
-        let c = manager.config();
-        let (d, m) = (c.limits.defaults(), c.limits.ceilings());
-        let ids = language_ids(manager);
-        let mut schema = schema.clone();
-        let mut describe = |path: &[&str], text: String| {
-            let mut node = schema.get_mut(path[0]);
-            for key in &path[1..] {
-                node = node.and_then(|n| n.get_mut(*key));
-            }
-            if let Some(obj) = node.and_then(serde_json::Value::as_object_mut) {
-                obj.insert("description".into(), serde_json::Value::String(text));
-            }
-        };
-        describe(
-            &["properties", "language"],
-            format!(
-                "Language id or alias, one of: {} (see list_supported_languages).",
-                ids.join(", ")
-            ),
-        );
-        let limits = ["$defs", "LimitsInput", "properties"];
-        describe(
-            &[limits[0], limits[1], limits[2], "memory_mb"],
-            format!(
-                "Memory limit in MB, a whole number; default {}, at most {} (swap is disabled).",
-                d.memory_mb,
-                m.memory_mb.min(c.runs.memory_budget_mb)
-            ),
-        );
-        describe(
-            &[limits[0], limits[1], limits[2], "timeout_seconds"],
-            format!(
-                "Wall-clock limit of the run stage in seconds; default {}, at least {}, at most {}.",
-                fmt_num(d.timeout_seconds),
-                fmt_num(crate::executor::request::MIN_TIMEOUT_SECONDS),
-                fmt_num(m.timeout_seconds)
-            ),
-        );
-        describe(
-            &[limits[0], limits[1], limits[2], "cpus"],
-            format!(
-                "CPU quota in cores, may be fractional (e.g. 0.5); default {}, at most {}.",
-                fmt_num(d.cpus),
-                fmt_num(m.cpus)
-            ),
-        );
-        schema
     }
 
     pub fn manager(&self) -> &RunManager {
@@ -361,7 +122,10 @@ impl CodeboxServer {
         Parameters(request): Parameters<RunRequest>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
-        let accepted = self.manager.submit(request).map_err(submit_error)?;
+        let accepted = match self.manager.submit(request) {
+            Ok(a) => a,
+            Err(e) => return Err(self.submit_error(e).await),
+        };
         let run_id = accepted.run_id;
         let token = ctx.meta.get_progress_token();
         let mut notified = 0.0_f64;
@@ -410,7 +174,10 @@ impl CodeboxServer {
         &self,
         Parameters(request): Parameters<RunRequest>,
     ) -> Result<Json<Accepted>, String> {
-        self.manager.submit(request).map(Json).map_err(submit_error)
+        match self.manager.submit(request) {
+            Ok(a) => Ok(Json(a)),
+            Err(e) => Err(self.submit_error(e).await),
+        }
     }
 
     #[tool(description = "Get a run's report, optionally waiting for the end.")]
@@ -451,6 +218,66 @@ impl CodeboxServer {
             .await
             .map(Json)
             .map_err(|e| format!("listing the languages failed: {e}"))
+    }
+
+    #[tool(description = "Open a session.")]
+    async fn create_session(
+        &self,
+        Parameters(request): Parameters<SessionRequest>,
+    ) -> Result<Json<SessionInfo>, String> {
+        match self.manager.create_session(request).await {
+            Ok(info) => Ok(Json(info)),
+            Err(e) => Err(self.session_error(e).await),
+        }
+    }
+
+    #[tool(description = "Read a session's file.")]
+    async fn read_session_file(
+        &self,
+        Parameters(p): Parameters<ReadSessionFileParams>,
+    ) -> Result<CallToolResult, String> {
+        let offset = match p.offset {
+            None => 0,
+            Some(o) if o >= 0 => o as u64,
+            Some(o) => {
+                return Err(format!(
+                    "invalid argument offset: must be 0 or more; got {o}"
+                ))
+            }
+        };
+        let max_bytes = match p.max_bytes {
+            None => None,
+            Some(m) if m > 0 => Some(m as u64),
+            Some(m) => {
+                return Err(format!(
+                    "invalid argument max_bytes: must be positive; got {m}"
+                ))
+            }
+        };
+        match self
+            .manager
+            .read_session_file(&p.session_id, &p.path, offset, max_bytes)
+            .await
+        {
+            Ok(f) => Ok(session_file_result(f, &p.session_id)),
+            Err(e) => Err(self.session_error(e).await),
+        }
+    }
+
+    #[tool(description = "List the open sessions.")]
+    async fn list_sessions(&self) -> Result<Json<SessionList>, String> {
+        Ok(Json(self.manager.list_sessions()))
+    }
+
+    #[tool(description = "Close a session.")]
+    async fn close_session(
+        &self,
+        Parameters(p): Parameters<SessionIdParams>,
+    ) -> Result<Json<Closed>, String> {
+        match self.manager.close_session(&p.session_id) {
+            Ok(c) => Ok(Json(c)),
+            Err(e) => Err(self.session_error(e).await),
+        }
     }
 
     #[tool(description = "List past runs, newest first.")]
@@ -519,6 +346,7 @@ pub async fn query_history(
             limit,
             status,
             language,
+            session_id: p.session_id,
         })
         .await
         .map(|runs| HistoryResult { runs })
@@ -531,9 +359,10 @@ impl ServerHandler for CodeboxServer {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("codebox", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-                "codebox runs code in locked-down, throwaway Docker containers. Call \
-                 list_supported_languages to see languages and limits; run_code runs a program and \
-                 waits for its report; start_run + get_result(wait_seconds) + stop_run handle long runs; \
+                "codebox runs code in locked-down, throwaway Docker containers. \
+                 list_supported_languages shows languages and limits; run_code runs a program and \
+                 waits for its report; start_run + get_result + stop_run handle long runs; \
+                 create_session keeps files and interpreter state across run_code calls; \
                  get_execution_history lists past runs.",
             )
     }

@@ -82,4 +82,31 @@ pub struct HistoryParams {
     /// Only runs of this language (id or alias).
     #[serde(default)]
     pub language: Option<String>,
+    /// Only the executions of this session.
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// Arguments naming a session.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionIdParams {
+    /// The id `create_session` returned.
+    pub session_id: String,
+}
+
+/// Arguments of `read_session_file`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadSessionFileParams {
+    /// The id `create_session` returned.
+    pub session_id: String,
+    /// Relative to the session's working directory (`.` for itself, `outputs/plot.png`).
+    pub path: String,
+    /// Where to start reading, in bytes (default 0).
+    #[serde(default)]
+    pub offset: Option<i64>,
+    /// Most bytes to return (default and maximum: the output cap).
+    #[serde(default)]
+    pub max_bytes: Option<i64>,
 }

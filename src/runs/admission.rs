@@ -7,8 +7,12 @@
 //! ones behind it. Containers waiting in the pool hold budget too: a head that fits only
 //! without them asks for them back ([`Next::Shed`]), and the pool may grow only while nobody
 //! waits and the budget has room. Once closed (shutdown), nothing more starts.
+//!
+//! Open sessions hold their memory for their whole life ([`Admission::hold`]). Executions of
+//! one session run one at a time: a ticket whose session is executing waits without holding
+//! up the tickets behind it, and the first ticket of a session in the queue is its earliest.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 /// The limits admission enforces.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -26,6 +30,8 @@ pub struct Ticket {
     pub slots: usize,
     /// Memory it holds while it runs.
     pub charge_mb: u64,
+    /// The session it executes in.
+    pub session: Option<String>,
 }
 
 /// What to do for the head of the queue.
@@ -53,6 +59,10 @@ pub struct Admission {
     queue: VecDeque<Ticket>,
     active: usize,
     active_memory_mb: u64,
+    /// Memory open sessions hold.
+    held_mb: u64,
+    /// Sessions with an execution running.
+    executing: HashSet<String>,
     peak_active: usize,
     closed: bool,
 }
@@ -64,6 +74,8 @@ impl Admission {
             queue: VecDeque::new(),
             active: 0,
             active_memory_mb: 0,
+            held_mb: 0,
+            executing: HashSet::new(),
             peak_active: 0,
             closed: false,
         }
@@ -76,7 +88,7 @@ impl Admission {
         }
         let starts_now = self.queue.is_empty()
             && self.active + ticket.slots <= self.policy.max_concurrent_runs
-            && self.active_memory_mb + ticket.charge_mb <= self.policy.memory_budget_mb;
+            && self.committed_mb() + ticket.charge_mb <= self.policy.memory_budget_mb;
         if !starts_now && self.queue.len() >= self.policy.max_queued_runs {
             return Err(Refusal::QueueFull {
                 waiting: self.queue.len(),
@@ -87,16 +99,27 @@ impl Admission {
         Ok(())
     }
 
-    /// What to do for the head of the queue while the pool holds `pooled_mb` of the budget.
+    /// Memory admitted runs and open sessions hold.
+    fn committed_mb(&self) -> u64 {
+        self.active_memory_mb + self.held_mb
+    }
+
+    /// What to do for the head of the queue (its first ticket whose session is not
+    /// executing) while the pool holds `pooled_mb` of the budget.
     pub fn next(&mut self, pooled_mb: u64) -> Next {
         if self.closed {
             return Next::Wait;
         }
-        let Some(head) = self.queue.front() else {
+        let Some(at) = self.queue.iter().position(|t| {
+            t.session
+                .as_ref()
+                .is_none_or(|s| !self.executing.contains(s))
+        }) else {
             return Next::Wait;
         };
+        let head = &self.queue[at];
         let budget = self.policy.memory_budget_mb;
-        let need = self.active_memory_mb + head.charge_mb;
+        let need = self.committed_mb() + head.charge_mb;
         if self.active + head.slots > self.policy.max_concurrent_runs || need > budget {
             return Next::Wait;
         }
@@ -105,17 +128,45 @@ impl Admission {
                 mb: need + pooled_mb - budget,
             };
         }
-        let ticket = self.queue.pop_front().expect("the head exists");
+        let ticket = self.queue.remove(at).expect("the head exists");
+        if let Some(s) = &ticket.session {
+            self.executing.insert(s.clone());
+        }
         self.active += ticket.slots;
         self.active_memory_mb += ticket.charge_mb;
         self.peak_active = self.peak_active.max(self.active);
         Next::Start(ticket)
     }
 
-    /// An admitted run ended: its slots and memory are free.
-    pub fn release(&mut self, slots: usize, charge_mb: u64) {
-        self.active = self.active.saturating_sub(slots);
-        self.active_memory_mb = self.active_memory_mb.saturating_sub(charge_mb);
+    /// An admitted run ended: its slots and memory are free, and its session may execute
+    /// again.
+    pub fn release(&mut self, ticket: &Ticket) {
+        self.active = self.active.saturating_sub(ticket.slots);
+        self.active_memory_mb = self.active_memory_mb.saturating_sub(ticket.charge_mb);
+        if let Some(s) = &ticket.session {
+            self.executing.remove(s);
+        }
+    }
+
+    /// Whether a session of `mb` may be held now: the runs, the pool (`pooled_mb`) and the
+    /// open sessions leave room in the budget. `false` does not wait: the caller refuses.
+    pub fn may_hold(&self, mb: u64, pooled_mb: u64) -> bool {
+        !self.closed && self.committed_mb() + pooled_mb + mb <= self.policy.memory_budget_mb
+    }
+
+    /// A session opens (or is being opened): its memory is held from now on.
+    pub fn hold(&mut self, mb: u64) {
+        self.held_mb += mb;
+    }
+
+    /// A session ended: its memory is free.
+    pub fn unhold(&mut self, mb: u64) {
+        self.held_mb = self.held_mb.saturating_sub(mb);
+    }
+
+    /// Memory open sessions hold.
+    pub fn held_mb(&self) -> u64 {
+        self.held_mb
     }
 
     /// Take a queued run out of the queue (it was stopped); `false` if it was not queued.
@@ -138,7 +189,7 @@ impl Admission {
     pub fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
         !self.closed
             && self.queue.is_empty()
-            && self.active_memory_mb + pooled_mb + shape_mb <= self.policy.memory_budget_mb
+            && self.committed_mb() + pooled_mb + shape_mb <= self.policy.memory_budget_mb
     }
 
     /// Start nothing more (shutdown).
@@ -185,6 +236,14 @@ mod tests {
             run_id: id.into(),
             slots,
             charge_mb,
+            session: None,
+        }
+    }
+
+    fn in_session(id: &str, session: &str) -> Ticket {
+        Ticket {
+            session: Some(session.into()),
+            ..ticket(id, 1, 0)
         }
     }
 
@@ -208,7 +267,7 @@ mod tests {
             "b waits; c, which fits, stays behind it"
         );
         assert_eq!(a.position("c"), Some(2));
-        a.release(1, 512);
+        a.release(&ticket("a", 1, 512));
         assert_eq!(started(a.next(0)), "b");
         assert_eq!((a.active(), a.active_memory_mb()), (1, 1024));
     }
@@ -226,7 +285,7 @@ mod tests {
         assert_eq!(started(a.next(0)), "a");
         assert_eq!(started(a.next(0)), "b");
         assert_eq!(a.next(0), Next::Wait);
-        a.release(1, 10);
+        a.release(&ticket("a", 1, 10));
         assert_eq!(started(a.next(0)), "c");
         assert_eq!(a.peak_active(), 2);
     }
@@ -277,8 +336,51 @@ mod tests {
         assert_eq!(started(a.next(0)), "a");
         a.close();
         // The run that was running ends during shutdown: the queued one must not start.
-        a.release(2, 10);
+        a.release(&ticket("a", 2, 10));
         assert_eq!(a.next(0), Next::Wait);
         assert_eq!(a.enqueue(ticket("c", 1, 10)), Err(Refusal::Closed));
+    }
+
+    #[test]
+    fn a_sessions_executions_run_one_at_a_time_without_holding_up_others() {
+        let mut a = Admission::new(Policy {
+            max_concurrent_runs: 4,
+            max_queued_runs: 10,
+            memory_budget_mb: 1024,
+        });
+        for t in [
+            in_session("s1", "A"),
+            in_session("s2", "A"),
+            ticket("r", 1, 10),
+            in_session("s3", "A"),
+        ] {
+            a.enqueue(t).unwrap();
+        }
+        assert_eq!(started(a.next(0)), "s1");
+        assert_eq!(
+            started(a.next(0)),
+            "r",
+            "s2 waits for s1; the run behind it does not"
+        );
+        assert_eq!(a.next(0), Next::Wait);
+        a.release(&in_session("s1", "A"));
+        assert_eq!(
+            started(a.next(0)),
+            "s2",
+            "the session's next in arrival order"
+        );
+        assert_eq!(a.next(0), Next::Wait);
+    }
+
+    #[test]
+    fn sessions_hold_memory_that_runs_cannot_use() {
+        let mut a = Admission::new(policy());
+        assert!(a.may_hold(512, 0));
+        a.hold(512);
+        assert!(!a.may_hold(512, 256), "the pool's share counts too");
+        a.enqueue(ticket("big", 1, 1024)).unwrap();
+        assert_eq!(a.next(0), Next::Wait, "the held memory is not the runs'");
+        a.unhold(512);
+        assert_eq!(started(a.next(0)), "big");
     }
 }

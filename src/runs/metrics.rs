@@ -33,6 +33,11 @@ pub struct Metrics {
     rejected_queue_full: AtomicU64,
     containers_reaped: AtomicU64,
     reports_evicted: AtomicU64,
+    sessions_opened: AtomicU64,
+    sessions_ended: AtomicU64,
+    session_executions: AtomicU64,
+    /// Interpreter resets by reason.
+    session_resets: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Metrics {
@@ -53,6 +58,25 @@ impl Metrics {
         }
         h.count += 1;
         h.sum += seconds;
+        if let Some(s) = &report.session {
+            self.session_executions.fetch_add(1, Ordering::Relaxed);
+            if let Some(reason) = s.reset_reason {
+                *self
+                    .session_resets
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(reason.as_str())
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    pub(super) fn session_opened(&self) {
+        self.sessions_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn session_ended(&self) {
+        self.sessions_ended.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn report_evicted(&self) {
@@ -167,6 +191,49 @@ impl Metrics {
             );
             let _ = writeln!(w, "codebox_run_latency_seconds_sum {}", h.sum);
             let _ = writeln!(w, "codebox_run_latency_seconds_count {}", h.count);
+        }
+        let _ = writeln!(w, "# HELP codebox_sessions_open Sessions open now.");
+        let _ = writeln!(w, "# TYPE codebox_sessions_open gauge");
+        let _ = writeln!(w, "codebox_sessions_open {}", stats.sessions_open);
+        let _ = writeln!(
+            w,
+            "# HELP codebox_sessions_memory_mb Memory open sessions hold of runs.memory_budget_mb."
+        );
+        let _ = writeln!(w, "# TYPE codebox_sessions_memory_mb gauge");
+        let _ = writeln!(w, "codebox_sessions_memory_mb {}", stats.sessions_memory_mb);
+        for (name, help, n) in [
+            (
+                "codebox_sessions_opened_total",
+                "Sessions opened.",
+                &self.sessions_opened,
+            ),
+            (
+                "codebox_sessions_ended_total",
+                "Sessions ended (closed, expired, or their container failed).",
+                &self.sessions_ended,
+            ),
+            (
+                "codebox_session_executions_total",
+                "Executions in sessions that reached a final status.",
+                &self.session_executions,
+            ),
+        ] {
+            let _ = writeln!(w, "# HELP {name} {help}");
+            let _ = writeln!(w, "# TYPE {name} counter");
+            let _ = writeln!(w, "{name} {}", n.load(Ordering::Relaxed));
+        }
+        let _ = writeln!(
+            w,
+            "# HELP codebox_session_resets_total Session interpreters lost and started again, by reason."
+        );
+        let _ = writeln!(w, "# TYPE codebox_session_resets_total counter");
+        for (reason, n) in self
+            .session_resets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(w, "codebox_session_resets_total{{reason=\"{reason}\"}} {n}");
         }
         let _ = writeln!(
             w,

@@ -22,6 +22,7 @@ mod budget;
 mod lookup;
 pub mod metrics;
 pub mod retention;
+pub mod sessions;
 mod stats;
 
 use std::collections::HashMap;
@@ -36,16 +37,20 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::executor::pool::Pool;
-use crate::executor::{new_run_id, parallelism, Executor, RequestError, RunRequest, ValidRequest};
+use crate::executor::session::{Broken, SessionBox};
+use crate::executor::{
+    new_run_id, parallelism, Executor, RequestError, RunRequest, SessionTerms, ValidRequest,
+};
 use crate::history::{now_ms, History, NewRun};
 use crate::registry::Registry;
-use crate::report::{RunLimits, RunReport, Status};
+use crate::report::{InterpreterState, RunLimits, RunReport, SessionExecution, Status};
 use admission::{Admission, Next, Policy, Refusal, Ticket};
 pub use budget::{check_budget, memory_charge, BudgetError};
 pub use lookup::LookupError;
 pub use metrics::Metrics;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
+use sessions::{SessionError, Sessions, SESSION_TICK};
 pub use stats::{PoolSnapshot, Stats};
 
 /// How long `stop` waits for a running run's containers to be killed and removed.
@@ -78,6 +83,18 @@ pub enum SubmitError {
     /// The server is shutting down.
     #[error("the server is shutting down and accepts no new runs")]
     ShuttingDown,
+    /// The session named cannot take executions (ended, unknown, another server's).
+    #[error(transparent)]
+    Session(SessionError),
+}
+
+impl From<SessionError> for SubmitError {
+    fn from(e: SessionError) -> SubmitError {
+        match e {
+            SessionError::Invalid(e) => SubmitError::Invalid(e),
+            other => SubmitError::Session(other),
+        }
+    }
 }
 
 impl SubmitError {
@@ -105,13 +122,21 @@ enum RunState {
     Running { started: Instant },
 }
 
+/// The session a live execution belongs to.
+#[derive(Clone)]
+struct LiveSession {
+    id: String,
+    container: Arc<SessionBox>,
+    execution: u64,
+}
+
 /// A run not finished yet.
 struct Live {
     /// The report before anything happened (status `queued`).
     base: RunReport,
-    charge_mb: u64,
-    /// Containers it runs at once (test cases): the concurrency slots it takes.
-    slots: usize,
+    /// What admission charged it (slots, memory, its session).
+    ticket: Ticket,
+    session: Option<LiveSession>,
     budget: Duration,
     accepted: Instant,
     state: RunState,
@@ -123,6 +148,25 @@ struct State {
     live: HashMap<String, Live>,
     admission: Admission,
     retention: Retention,
+    sessions: Sessions,
+}
+
+/// How a run's task ended: its report, and for a session's execution what became of the
+/// session.
+struct Finished {
+    report: RunReport,
+    broken: Option<Broken>,
+    workspace_bytes: Option<u64>,
+}
+
+impl From<RunReport> for Finished {
+    fn from(report: RunReport) -> Finished {
+        Finished {
+            report,
+            broken: None,
+            workspace_bytes: None,
+        }
+    }
 }
 
 struct Inner {
@@ -164,6 +208,7 @@ impl RunManager {
                 live: HashMap::new(),
                 admission: Admission::new(policy),
                 retention: Retention::default(),
+                sessions: Sessions::default(),
             }),
         });
         let manager = RunManager { inner };
@@ -177,6 +222,7 @@ impl RunManager {
         });
         manager.sweep_history();
         tokio::spawn(purge_loop(Arc::downgrade(&manager.inner)));
+        tokio::spawn(session_loop(Arc::downgrade(&manager.inner)));
         manager
     }
 
@@ -212,6 +258,9 @@ impl RunManager {
 
     /// Validate a request and queue it. Returns at once; the run starts when admitted.
     pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
+        if let Some(id) = req.session_id.clone() {
+            return self.submit_in_session(&id, req);
+        }
         let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
         let budget_mb = self.inner.config.runs.memory_budget_mb;
         let slots = parallelism(&valid, &self.inner.config);
@@ -225,6 +274,41 @@ impl RunManager {
                 ),
             }));
         }
+        self.enqueue(valid, slots, charge_mb)
+    }
+
+    /// An execution in session `id`: the session's language, memory and CPU; one run slot,
+    /// and the compile stage's memory for a compiled language (the session holds its own).
+    fn submit_in_session(&self, id: &str, req: RunRequest) -> Result<Accepted, SubmitError> {
+        let (language, limits) = {
+            let mut st = self.lock();
+            let s = st.sessions.usable(id)?;
+            (s.language.clone(), s.limits)
+        };
+        let registry = &self.inner.registry;
+        let Some(lang) = registry.languages.get(&language) else {
+            return Err(SessionError::Unknown { id: id.to_string() }.into());
+        };
+        let terms = SessionTerms {
+            language: lang,
+            limits,
+            max_upload_bytes: self.inner.config.sessions.max_upload_bytes,
+        };
+        let valid = ValidRequest::for_session(req, registry, terms, &self.inner.config)?;
+        let charge_mb = if lang.is_compiled() {
+            lang.compile_limits.memory_mb
+        } else {
+            0
+        };
+        self.enqueue(valid, 1, charge_mb)
+    }
+
+    fn enqueue(
+        &self,
+        valid: ValidRequest,
+        slots: usize,
+        charge_mb: u64,
+    ) -> Result<Accepted, SubmitError> {
         self.purge_expired();
         let run_id = new_run_id();
         let limits = valid.limits;
@@ -239,21 +323,49 @@ impl RunManager {
                 self.inner.executor.instance(),
             )
         });
-        let base = Executor::blank_report(&run_id, &valid);
+        let mut base = Executor::blank_report(&run_id, &valid);
         let budget = Executor::budget(&valid);
         let mut st = self.lock();
+        let mut row = row;
+        let session = match &valid.session {
+            None => None,
+            Some(target) => {
+                let s = st.sessions.usable(&target.id)?;
+                s.executions += 1;
+                row = row.map(|r| r.in_session(&target.id, s.executions));
+                s.pending += 1;
+                s.touch();
+                base.session = Some(SessionExecution {
+                    session_id: target.id.clone(),
+                    execution_count: s.executions,
+                    state: s.state,
+                    reset_reason: None,
+                });
+                Some(LiveSession {
+                    id: target.id.clone(),
+                    container: s.container.clone(),
+                    execution: s.executions,
+                })
+            }
+        };
         let ticket = Ticket {
             run_id: run_id.clone(),
             slots,
             charge_mb,
+            session: session.as_ref().map(|s| s.id.clone()),
         };
-        match st.admission.enqueue(ticket) {
-            Ok(()) => {}
-            Err(Refusal::Closed) => return Err(SubmitError::ShuttingDown),
-            Err(Refusal::QueueFull { waiting, max }) => {
-                self.inner.metrics.rejected_queue_full();
-                return Err(SubmitError::QueueFull { waiting, max });
+        if let Err(refusal) = st.admission.enqueue(ticket.clone()) {
+            if let Some(s) = session.and_then(|x| st.sessions.open.get_mut(&x.id)) {
+                s.executions -= 1;
+                s.pending -= 1;
             }
+            return Err(match refusal {
+                Refusal::Closed => SubmitError::ShuttingDown,
+                Refusal::QueueFull { waiting, max } => {
+                    self.inner.metrics.rejected_queue_full();
+                    SubmitError::QueueFull { waiting, max }
+                }
+            });
         }
         if let (Some(h), Some(row)) = (&self.inner.history, row) {
             h.insert(row);
@@ -263,8 +375,8 @@ impl RunManager {
             run_id.clone(),
             Live {
                 base,
-                charge_mb,
-                slots,
+                ticket,
+                session,
                 budget,
                 accepted: Instant::now(),
                 state: RunState::Queued {
@@ -321,10 +433,11 @@ impl RunManager {
         };
         let queued_ms = now.duration_since(run.accepted).as_millis() as u64;
         let cancel = run.cancel.clone();
+        let session = run.session.clone();
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
         }
-        self.spawn(run_id, *request, queued_ms, cancel);
+        self.spawn(run_id, *request, queued_ms, cancel, session);
     }
 
     /// Start filling the pool where it is short, while admission lets it grow.
@@ -362,11 +475,29 @@ impl RunManager {
         request: ValidRequest,
         queued_ms: u64,
         cancel: CancellationToken,
+        session: Option<LiveSession>,
     ) {
         let executor = self.inner.executor.clone();
         let id = run_id.clone();
-        let task =
-            tokio::spawn(async move { executor.execute(&id, &request, queued_ms, cancel).await });
+        let task = tokio::spawn(async move {
+            let Some(s) = session else {
+                return Finished::from(executor.execute(&id, &request, queued_ms, cancel).await);
+            };
+            let at = SessionExecution {
+                session_id: s.id.clone(),
+                execution_count: s.execution,
+                state: InterpreterState::Kept,
+                reset_reason: None,
+            };
+            let r = executor
+                .execute_in_session(&s.container, at, &id, &request, queued_ms, cancel)
+                .await;
+            Finished {
+                report: r.report,
+                broken: r.broken,
+                workspace_bytes: r.workspace_bytes,
+            }
+        });
         let manager = self.clone();
         tokio::spawn(async move {
             let outcome = task.await.map_err(|e| {
@@ -389,12 +520,17 @@ impl RunManager {
 
     /// Record a run's end, free its slot and memory, wake waiters, start what can start.
     /// `Err` carries why the run's task failed.
-    fn finish(&self, st: &mut State, run_id: &str, outcome: Result<RunReport, String>) {
+    fn finish(&self, st: &mut State, run_id: &str, outcome: Result<Finished, String>) {
         let Some(run) = st.live.remove(run_id) else {
             return;
         };
+        let (mut broken, mut workspace_bytes) = (None, None);
         let report = match outcome {
-            Ok(r) => r,
+            Ok(f) => {
+                broken = f.broken;
+                workspace_bytes = f.workspace_bytes;
+                f.report
+            }
             Err(message) => {
                 tracing::error!(run_id, %message, "a run's task failed");
                 let mut r = run.base.clone();
@@ -407,8 +543,9 @@ impl RunManager {
             }
         };
         if matches!(run.state, RunState::Running { .. }) {
-            st.admission.release(run.slots, run.charge_mb);
+            st.admission.release(&run.ticket);
         }
+        let session_state = report.session.as_ref().map(|x| x.state);
         let report = Arc::new(report);
         if let Some(h) = &self.inner.history {
             h.finish(report.clone());
@@ -424,6 +561,9 @@ impl RunManager {
             .saturating_mul(1024 * 1024);
         for _ in 0..st.retention.evict_over(max_bytes) {
             self.inner.metrics.report_evicted();
+        }
+        if let Some(s) = &run.session {
+            self.execution_ended(st, &s.id, session_state, workspace_bytes, broken);
         }
         self.pump(st);
     }
@@ -529,7 +669,7 @@ impl RunManager {
                     r.queued_ms = run.accepted.elapsed().as_millis() as u64;
                     r.message = "stopped while waiting in the queue; it never started".into();
                     st.admission.withdraw(run_id);
-                    self.finish(&mut st, run_id, Ok(r.clone()));
+                    self.finish(&mut st, run_id, Ok(r.clone().into()));
                     return Ok(r);
                 }
             }
@@ -564,6 +704,7 @@ impl RunManager {
     /// to `grace`) until their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.executor.pool().close();
+        self.end_all_sessions();
         let ids: Vec<String> = {
             let mut st = self.lock();
             st.admission.close();
@@ -590,6 +731,15 @@ async fn pool_loop(inner: Weak<Inner>) {
             return;
         }
         manager.refill(&st);
+    }
+}
+
+async fn session_loop(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(SESSION_TICK);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        RunManager { inner }.expire_sessions();
     }
 }
 

@@ -23,6 +23,9 @@ pub struct Stats {
     /// Compile-cache lookups that found a verdict, and those that did not.
     pub compile_cache_hits: u64,
     pub compile_cache_misses: u64,
+    /// Sessions open, and the memory they hold.
+    pub sessions_open: usize,
+    pub sessions_memory_mb: u64,
 }
 
 /// What the pool holds and has done.
@@ -65,6 +68,8 @@ impl RunManager {
             evicted: st.retention.evicted(),
             compile_cache_hits,
             compile_cache_misses,
+            sessions_open: st.sessions.open.len(),
+            sessions_memory_mb: st.admission.held_mb(),
         }
     }
 }

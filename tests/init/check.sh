@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tests of codebox-init (images/base/codebox-init.c, docs/sandbox-init.md) inside real
+# Tests of codebox-init (images/base/codebox-init*.c, docs/sandbox-init.md) inside real
 # containers, locked down as codebox runs them, with the helper as PID 1 (no --init).
 #
 # Needs Docker and the image codebox/base:bookworm
@@ -8,6 +8,8 @@
 # build), runs every case below, prints one line per case, removes the image, and exits 1 if
 # any case failed. Each case is a payload (Python assignments) and checks (Python asserts on
 # `res`), separated by `---`; tests/init/frames.py builds the payloads and decodes the frames.
+# Session cases (session mode) are Python scripts that drive a live container through a
+# session client (frames.py), with a tiny test driver (tests/init/driver.py) in the image.
 # Arguments, if any, name the cases to run (the others are skipped).
 set -uo pipefail
 
@@ -27,19 +29,24 @@ trap cleanup EXIT
 
 # The first stage is images/base/Dockerfile's own (the build cache shares it). The second
 # helper, codebox-init-small, has a 128-byte X frame buffer, to check that a text that does not
-# fit is left out, never written past the buffer.
-docker build -q -t "$image" -f - "$here/../../images/base" >"$work/build.log" 2>&1 <<'EOF' || { cat "$work/build.log"; exit 1; }
+# fit is left out, never written past the buffer. The context: the helper's sources and the
+# test driver of the session cases (tests/init/driver.py).
+mkdir -p "$work/context"
+cp "$here"/../../images/base/codebox-init.h "$here"/../../images/base/codebox-init*.c \
+  "$here/driver.py" "$work/context/"
+docker build -q -t "$image" -f - "$work/context" >"$work/build.log" 2>&1 <<'EOF' || { cat "$work/build.log"; exit 1; }
 FROM debian:bookworm-slim AS init
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev
-COPY codebox-init.c /src/codebox-init.c
+COPY codebox-init.h codebox-init*.c /src/
 RUN flags="-std=c11 -static -O2 -Wall -Wextra -Werror -s" \
- && gcc $flags -o /codebox-init /src/codebox-init.c && /codebox-init --selftest \
- && gcc $flags -DX_BYTES=128 -o /codebox-init-small /src/codebox-init.c
+ && gcc $flags -o /codebox-init /src/codebox-init*.c && /codebox-init --selftest \
+ && gcc $flags -DX_BYTES=128 -o /codebox-init-small /src/codebox-init*.c
 
 FROM codebox/base:bookworm
 RUN codebox-install python3 strace
 COPY --from=init /codebox-init /codebox-init-small /usr/local/bin/
+COPY driver.py /usr/local/lib/codebox-test/driver.py
 ENV PYTHONDONTWRITEBYTECODE=1
 EOF
 
@@ -101,6 +108,34 @@ run_case() {
     printf 'FAIL %-32s %6ss\n' "$name" "$elapsed"
     cat "$dir/report"
     [[ -s $dir/err ]] && head -c 4000 "$dir/err" | sed 's/^/      docker: /'
+    failed=1
+  fi
+}
+
+# session_case NAME [docker run options] < case
+# A session case is a Python script driving a live container through `s` (tests/init/frames.py).
+session_case() {
+  local name=$1 dir=$work/$1 container=codebox-init-test-$$-$1
+  shift
+  if [[ ${#only[@]} -gt 0 && " ${only[*]} " != *" $name "* ]]; then
+    cat >/dev/null
+    return
+  fi
+  mkdir -p "$dir"
+  cat >"$dir/case"
+  containers+=("$container")
+  local start=$EPOCHREALTIME elapsed
+  # shellcheck disable=SC2086 # HELPER is a command line
+  python3 "$here/frames.py" session "$dir/case" "$container" \
+    docker run -i --rm --name "$container" "${locked[@]}" "$@" "$image" \
+    ${HELPER:-/usr/local/bin/codebox-init} >"$dir/report" 2>&1
+  local rc=$?
+  elapsed=$(python3 -c "print(f'{$EPOCHREALTIME - $start:.2f}')")
+  if [[ $rc == 0 ]]; then
+    printf 'ok   %-32s %6ss\n' "$name" "$elapsed"
+  else
+    printf 'FAIL %-32s %6ss\n' "$name" "$elapsed"
+    cat "$dir/report"
     failed=1
   fi
 }
@@ -601,13 +636,16 @@ assert res.run.stdout.decode().split("\n")[:11] == [
     "ran now", "  \\0   b   i   n   a   r   y 377"], res.run.stdout
 EOF
 
-run_case payload-link-cannot-redirect <<'EOF'
+link_redirect_case() {
+  cat <<'EOF'
 records = [("link", "d\0/tmp"), ("file", "0644 d/x\0escaped")]
 run = ["true"]
 ---
 assert res.rc == 125 and res.run is None
 assert res.fatal.startswith("payload: cannot open the directory d"), res.fatal
 EOF
+}
+run_case payload-link-cannot-redirect < <(link_redirect_case)
 
 run_case payload-dotdot <<'EOF'
 files = [("0644", "a/../../etc/x", "x")]
@@ -640,6 +678,411 @@ collect = "outputs"
 ---
 assert res.check is None and res.run is None and res.entries == [] and res.rc == 0
 EOF
+
+# ---- session mode (docs/sandbox-init.md, "Session mode"), with the test driver ----
+
+session_case session-state-kept <<'EOF'
+a = s.open(driver=DRIVER, timeout_ms=20000)
+assert a.d == {"state": "new", "workspace_bytes": str(a.workspace_bytes)} and a.fatal is None, a
+a = s.exec(cell="x = 41\nprint('hello')", timeout_ms=10000)
+assert a.state == "new" and a.result is None and a.result_bytes is None, a
+assert a.check.end == "exited" and a.check.code == 0 and a.check.stdout == b"", a
+assert a.run.end == "exited" and a.run.code == 0 and a.run.stdout == b"hello\n", a
+assert a.run.stdout_bytes == 6 and a.run.peak_source == "process" and a.run.peak_kb > 1000, a
+a = s.exec(cell="x + 1", timeout_ms=10000)
+assert a.state == "kept" and a.result == b"42" and a.result_bytes == 2 and a.run.stdout == b"", a
+assert a.reason is None and a.error is None and a.workspace_bytes >= 0, a
+EOF
+
+session_case session-syntax-error <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 1")
+a = s.exec(cell="def f(:\n    pass")
+assert a.check.end == "exited" and a.check.code == 1 and a.run is None, a
+assert b"SyntaxError" in a.check.stderr and a.check.stderr_bytes == len(a.check.stderr), a
+assert a.state == "kept" and a.result is None, a
+a = s.exec(cell="x")
+assert a.result == b"1" and a.state == "kept", a
+EOF
+
+session_case session-result-and-output-caps <<'EOF'
+s.open(driver=DRIVER)
+a = s.exec(cell="print('o' * 1000)\n'r' * 5000", output_limit=100)
+assert a.run.stdout == b"o" * 100 and a.run.stdout_bytes == 1001, a
+assert a.result == b"'" + b"r" * 99 and a.result_bytes == 5002, a
+a = s.exec(cell="'r' * 200000")
+assert a.result == b"'" + b"r" * 200000 + b"'" and a.result_bytes == 200002, len(a.result)
+# One R frame, within the host's largest frame (1 MiB) whatever output_limit says.
+a = s.exec(cell="'r' * 1200000", output_limit=4 << 20)
+assert a.result == b"'" + b"r" * ((1 << 20) - 1) and a.result_bytes == 1200002, len(a.result)
+EOF
+
+session_case session-done-error <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 1")
+a = s.exec(cell="raise SystemExit(4)")
+assert a.run.end == "exited" and a.run.code == 4 and a.state == "kept", a
+a = s.exec(cell="print('before')\n1 / 0")
+assert a.run.end == "exited" and a.run.code == 1 and a.run.stdout == b"before\n", a
+assert b"ZeroDivisionError" in a.run.stderr and a.result is None and a.state == "kept", a
+a = s.exec(cell="import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport time\ntime.sleep(5)")
+assert a.run.end == "signaled" and a.run.signal == 2 and a.state == "kept", a
+a = s.exec(cell="x")
+assert a.result == b"1", a
+EOF
+
+# What a cell starts ends with it: a child of the driver, and an orphan in a session of its own
+# that ignores SIGTERM; the next cell sees no live process but its own and codebox-init (and,
+# not PID 1, tini).
+background_case() {
+  cat <<'EOF'
+s.open(driver=DRIVER)
+a = s.exec(cell="""
+import os, signal, subprocess, time
+child = subprocess.Popen(['sleep', '60'])
+if os.fork() == 0:
+    os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.fork() == 0:
+        open('/tmp/bg.pid', 'w').write(str(os.getpid()))
+        time.sleep(60)
+    os._exit(0)
+os.wait()
+while not os.path.exists('/tmp/bg.pid'):
+    time.sleep(0.01)
+print('started', flush=True)
+""", timeout_ms=20000)
+assert a.run.stdout == b"started\n" and a.run.code == 0 and a.run.wall_ms < 10000, a
+a = s.exec(cell="""
+import os
+def state(p):
+    try:
+        return open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+        return 'gone'
+mine = {1, os.getpid(), os.getppid()}
+sorted(p for p in map(int, filter(str.isdigit, os.listdir('/proc'))) if p not in mine and state(p) not in ('Z', 'gone'))
+""")
+assert a.result == b"[]", a
+EOF
+}
+session_case session-background-killed < <(background_case)
+session_case session-background-killed-not-pid1 --init < <(background_case)
+
+# The run's guarantees hold for a cell: codebox-init cannot be read or signalled from it, the
+# driver is the OOM killer's first choice, has fds 0 to 4 from codebox-init (0 is the cell's
+# stdin while it runs) and default signal handling.
+session_case session-cell-cannot-reach-pid1 <<'EOF'
+s.open(driver=DRIVER)
+a = s.exec(cell="""
+import os, signal
+seen = []
+for path in ('/proc/1/fd/1', '/proc/1/environ', '/proc/1/mem'):
+    try:
+        open(path, 'rb').close()
+        seen.append('opened ' + path)
+    except PermissionError:
+        seen.append('denied ' + path)
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGSTOP):
+    os.kill(1, sig)
+seen.append(open('/proc/self/oom_score_adj').read().strip())
+seen.append(os.readlink('/proc/self/fd/0'))
+seen.append(sorted(int(fd) for fd in os.listdir('/proc/self/fd') if int(fd) <= 4))
+seen
+""", stdin="x")
+assert a.result == repr(["denied /proc/1/fd/1", "denied /proc/1/environ", "denied /proc/1/mem",
+                         "1000", "/tmp/.codebox-stdin", [0, 1, 2, 3, 4]]).encode(), a
+a = s.exec(cell="'still here'")
+assert a.result == b"'still here'" and a.state == "kept", a
+EOF
+
+session_case session-timeout-interrupted <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 5")
+a = s.exec(cell="print('spinning', flush=True)\nwhile True: pass", timeout_ms=1000)
+assert a.run.end == "timed_out" and a.run.stdout == b"spinning\n", a
+assert b"KeyboardInterrupt" in a.run.stderr and a.state == "kept" and a.reason is None, a
+assert 1000 <= a.run.wall_ms < 10000, a
+a = s.exec(cell="x")
+assert a.result == b"5" and a.state == "kept", a
+EOF
+
+# A driver that ignores SIGINT is killed after interrupt_ms and started again: the state is
+# lost, and the next execution runs in a fresh interpreter.
+reset_case() {
+  cat <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 5")
+a = s.exec(cell="import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+           timeout_ms=1000, interrupt_ms=500)
+assert a.run.end == "timed_out" and a.state == "reset" and a.reason == "timed_out", a
+assert 1500 <= a.run.wall_ms < 10000, a
+a = s.exec(cell="x")
+assert a.state == "new" and a.run.code == 1 and b"NameError" in a.run.stderr, a
+a = s.exec(cell="x = 6\nx")
+assert a.state == "kept" and a.result == b"6", a
+EOF
+}
+session_case session-timeout-reset < <(reset_case)
+session_case session-timeout-reset-not-pid1 --init < <(reset_case)
+
+# SIGTERM from outside during an execution stops it (interrupt first: the state is kept); what
+# it wrote under outputs/ comes back with the next execution, not with the stopped one.
+session_case session-stop <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 7")
+s.send(s.exec_request(cell="""
+import os, time
+os.makedirs('outputs', exist_ok=True)
+open('outputs/partial.txt', 'w').write('p')
+print('sleeping', flush=True)
+time.sleep(30)
+""", timeout_ms=30000, collect="outputs"))
+time.sleep(2)
+s.signal("TERM")
+a = s.answer()
+assert a.run.end == "stopped" and a.run.stdout == b"sleeping\n" and a.entries == [], a
+assert a.state == "kept" and a.run.wall_ms < 10000, a
+a = s.exec(cell="x", collect="outputs")
+assert a.result == b"7" and [e.path for e in a.entries] == ["outputs/partial.txt"], a
+EOF
+
+# SIGTERM means nothing outside an execution, and a SIGTERM from inside the container (the
+# cell's own) never stops anything.
+session_case session-sigterm-idle-ignored <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 8")
+s.signal("TERM")
+time.sleep(1)
+a = s.exec(cell="import os, signal, time\nos.kill(1, signal.SIGTERM)\ntime.sleep(0.5)\nx")
+assert a.run.end == "exited" and a.run.code == 0 and a.result == b"8" and a.state == "kept", a
+EOF
+
+session_case session-oom -m 128m --memory-swap 128m <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 1")
+a = s.exec(cell="b = bytearray(1 << 30)")
+assert a.run.end == "signaled" and a.run.signal == 9 and a.run.oom_kills >= 1, a
+assert a.state == "reset" and a.reason == "out_of_memory", a
+a = s.exec(cell="1 + 1")
+assert a.state == "new" and a.result == b"2", a
+EOF
+
+session_case session-driver-exits <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 1")
+a = s.exec(cell="print('bye', flush=True)\nimport os\nos._exit(3)")
+assert a.run.end == "exited" and a.run.code == 3 and a.run.stdout == b"bye\n", a
+assert a.state == "reset" and a.reason == "driver_exited" and a.warnings == [], a
+a = s.exec(cell="'x' in globals()")
+assert a.state == "new" and a.result == b"False", a
+EOF
+
+session_case session-reset-request <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 1")
+a = s.exec(cell="'x' in globals()", reset=1)
+assert a.state == "new" and a.result == b"False", a
+a = s.exec(cell="'x' in globals()", reset=0)
+assert a.state == "kept" and a.result == b"False", a
+EOF
+
+session_case session-cell-stdin <<'EOF'
+s.open(driver=DRIVER)
+a = s.exec(cell="import sys\nsys.stdin.read().upper()", stdin="some input")
+assert a.result == b"'SOME INPUT'", a
+a = s.exec(cell="import sys\nsys.stdin.read()")
+assert a.result == b"''", a
+EOF
+
+session_case session-usage -m 512m --memory-swap 512m <<'EOF'
+s.open(driver=DRIVER)
+a = s.exec(cell="import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass")
+assert 300 <= a.run.cpu_ms <= 1500, a.run.cpu_ms
+a = s.exec(cell="import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time\\nwhile time.process_time() < 0.5: pass'])")
+assert 300 <= a.run.cpu_ms <= 1500, a.run.cpu_ms
+a = s.exec(cell="b = bytearray(150 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\ndel b")
+assert a.run.peak_kb >= 150 * 1024, a.run.peak_kb
+a = s.exec(cell="1")
+assert a.run.peak_kb < 100 * 1024, a.run.peak_kb
+EOF
+
+session_case session-changed-outputs <<'EOF'
+s.open(driver=DRIVER, files=[("0644", "outputs/uploaded.txt", "u0")])
+a = s.exec(cell="""
+import os
+open('outputs/a.txt', 'w').write('a')
+open('outputs/b.txt', 'w').write('b')
+os.symlink('a.txt', 'outputs/link')
+""", collect="outputs")
+assert [e.path for e in a.entries] == ["outputs/a.txt", "outputs/b.txt", "outputs/link"], a
+a = s.exec(cell="open('outputs/a.txt', 'w').write('a')\nopen('outputs/b.txt', 'w').write('B')",
+           collect="outputs")
+assert [(e.path, e.content) for e in a.entries] == [("outputs/b.txt", b"B")], a
+a = s.exec(cell="None", collect="outputs", files=[("0644", "outputs/c.txt", "c")])
+assert a.entries == [], a
+a = s.exec(cell="open('outputs/c.txt', 'w').write('C')\nopen('outputs/uploaded.txt', 'w').write('u0')",
+           collect="outputs")
+assert [(e.path, e.content) for e in a.entries] == [("outputs/c.txt", b"C")], a
+a = s.exec(cell="import os\nos.remove('outputs/link')\nos.symlink('b.txt', 'outputs/link')",
+           collect="outputs")
+assert [(e.path, e.target) for e in a.entries] == [("outputs/link", "b.txt")], a
+EOF
+
+session_case session-files-only <<'EOF'
+a = s.open(files=[("0644", "data.txt", "from the opening\n")], env=["GREETING=hi"])
+assert a.state == "new", a
+prog = "import os, sys\nprint(os.environ['GREETING'], os.environ['EXTRA'], open('data.txt').read().strip(), sys.stdin.read().upper())\n"
+a = s.exec(check=["python3", "-c", "import sys; print(repr(sys.stdin.read()))"],
+           run=["python3", "main.py"], files=[("0644", "main.py", prog)], env=["EXTRA=x"],
+           stdin="abc", timeout_ms=10000)
+assert a.state == "new" and a.check.code == 0 and a.check.stdout == b"''\n", a
+assert a.run.stdout == b"hi x from the opening ABC\n" and a.run.peak_source == "process", a
+assert a.result is None and a.result_bytes is None, a
+# What the program left at a file's path (a FIFO, a link to a file outside) is replaced, never
+# followed or opened; a directory there fails the request and the session goes on.
+a = s.exec(run=["python3", "-c", "import os; os.mkfifo('main.py.new'); os.remove('data.txt'); os.symlink('/tmp/outside', 'data.txt'); open('/tmp/outside', 'w').write('outside'); os.mkdir('dir')"],
+           env=["EXTRA=y"])
+assert a.state == "kept" and a.run.code == 0, a
+a = s.exec(run=["python3", "-c", "import os; print(open('data.txt').read(), open('main.py.new').read(), open('/tmp/outside').read(), os.path.islink('data.txt'))"],
+           files=[("0644", "data.txt", "new data"), ("0644", "main.py.new", "was a fifo")])
+assert a.run.stdout == b"new data was a fifo outside False\n", a
+a = s.exec(run=["true"], files=[("0644", "dir", "x")])
+assert a.error == "cannot replace dir: it is a directory" and a.run is None and a.state is None, a
+a = s.exec(run=["python3", "-c", "import sys; print(len(sys.stdin.read()))"])
+assert a.run.stdout == b"0\n" and a.state == "kept", a
+EOF
+
+read_case() {
+  cat <<'EOF'
+s.open(driver=DRIVER, files=[("0644", "data.bin", bytes(range(100))), ("0600", "sub/b.txt", "b"),
+                             ("0644", "sub/a.txt", "aa")], dirs=[("0755", "sub/deeper")],
+       links=[("lnk", "sub"), ("sub/out", "/etc/passwd")])
+s.exec(cell="import os\nos.mkfifo('fifo')")
+a = s.read("data.bin", offset=10, max_bytes=5)
+(e,) = a.entries
+assert (e.kind, e.path, e.size, e.mode, e.reason) == ("f", "data.bin", 100, 0o644, "range 5"), a
+assert e.sha256 == hashlib.sha256(bytes(range(100))).hexdigest() and a.content == bytes(range(10, 15)), a
+assert a.error is None and a.state is None and a.workspace_bytes > 0, a
+a = s.read("data.bin", offset=95, max_bytes=100)
+assert a.content == bytes(range(95, 100)) and a.entries[0].reason == "range 5", a
+a = s.read("data.bin")
+assert a.content == bytes(range(100)) and a.entries[0].reason == "range 100", a
+a = s.read("data.bin", offset=200)
+assert a.content == b"" and a.entries[0].size == 100 and a.entries[0].reason == "range 0", a
+a = s.read("sub")
+assert [(e.kind, e.path, e.size, e.reason, e.target) for e in a.entries] == [
+    ("d", "sub", 0, "", ""), ("f", "sub/a.txt", 2, "listed", ""),
+    ("f", "sub/b.txt", 1, "listed", ""), ("d", "sub/deeper", 0, "", ""),
+    ("l", "sub/out", 11, "a symbolic link, not followed", "/etc/passwd")], a
+assert a.content == b"", a
+a = s.read(".")
+assert [e.path for e in a.entries] == [".", "data.bin", "fifo", "lnk", "sub"], a
+assert a.files["fifo"].reason == "not a regular file", a
+a = s.read("lnk")
+assert [(e.kind, e.path, e.target) for e in a.entries] == [("l", "lnk", "sub")] and a.content == b"", a
+a = s.read("lnk/a.txt")
+assert a.error == "lnk/a.txt: lnk is a symbolic link, not followed" and a.entries == [], a
+a = s.read("sub/out")
+assert a.entries[0].kind == "l" and a.content == b"", a
+a = s.read("fifo")
+assert a.entries[0].reason == "not a regular file", a
+a = s.read("missing/x")
+assert a.error == "missing/x: No such file or directory", a
+a = s.read("missing")
+assert a.error == "missing: No such file or directory", a
+a = s.read("../etc/passwd")
+assert "invalid path" in a.error, a
+a = s.exec(cell="1")
+assert a.result == b"1", a
+EOF
+}
+session_case session-read < <(read_case)
+
+# A request that is not understood is answered by D error=...; the session goes on. Only an
+# input that cannot be followed is fatal.
+session_case session-malformed-requests <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 3")
+for request, error in [
+    (s.exec_request(cell="1", records=[("bogus", b"x")]), "unknown record `bogus`"),
+    (s.exec_request(cell="1", records=[("cell", b"2")]), "the cell record appears twice"),
+    (s.exec_request(cell="1", records=[("path", b"x")]), "an exec request has no path record"),
+    (s.exec_request(cell="1", timeout_ms="soon"), "the timeout_ms record is not a decimal number"),
+    (s.exec_request(cell="1", collect="workspace-on-success"), "collect is `workspace-on-success`, not none or outputs"),
+    (s.exec_request(cell="1", reset=2), "the reset record is not 0 or 1"),
+    (s.exec_request(run=["true"]), "a stateful session's exec request has no run record"),
+    (s.exec_request(), "a stateful session's exec request needs a cell record"),
+    (s.exec_request(cell="1", files=[("0644", "../x", "x")]), 'file record: invalid path "../x" (relative, at most 4096 bytes, no empty, `.` or `..` component)'),
+    (s.exec_request(cell="1", records=[("stdin", b"")], check=["true"]), "a stateful session's exec request has no check record"),
+    (b"file 3\nabcend 0\n", "a request begins with an exec or read record, not `file`"),
+    (b"end 0\n", "a request begins with an exec or read record, not end"),
+    (b"exec 2\nxyend 0\n", "the exec record is not empty"),
+    (b"read 0\nend 0\n", "a read request needs a path record"),
+    (b"read 0\npath 1\nxcell 1\nxend 0\n", "a read request has no cell record"),
+]:
+    a = s.request(request)
+    assert a.error == error and a.state is None and a.run is None, (request, a)
+a = s.exec(cell="x")
+assert a.result == b"3" and a.state == "kept", a
+# env records (the host sends the language's with every execution) are ignored: the driver has
+# the opening's environment.
+a = s.exec(cell="import os\nos.environ.get('A')", env=["A=1"])
+assert a.error is None and a.result is None and a.state == "kept", a
+a = s.request(b"hello\n")
+assert a.fatal == "request: a record header is not `<name> <length>`", a
+EOF
+
+session_case session-driver-missing <<'EOF'
+a = s.open(driver=["no-such-driver"])
+assert a.fatal == "the session's driver cannot start: cannot run no-such-driver: No such file or directory", a
+EOF
+
+session_case session-driver-dies-at-start <<'EOF'
+a = s.open(driver=["python3", "-c", "import sys; print('boom', file=sys.stderr); sys.exit(2)"])
+assert a.fatal == "the session's driver cannot start: the driver exited with code 2 before it said ready; the end of its stderr: boom ", a
+EOF
+
+session_case session-driver-not-ready <<'EOF'
+a = s.open(driver=["sleep", "60"], timeout_ms=1000)
+assert a.fatal == "the session's driver cannot start: the driver did not say ready within 1000 ms", a
+assert a.elapsed < 10, a.elapsed
+EOF
+
+# The cell forges a reply on fd 4: the driver broke the protocol and is replaced.
+session_case session-driver-breaks-protocol <<'EOF'
+s.open(driver=DRIVER)
+s.exec(cell="x = 1")
+a = s.exec(cell="import os\nos.write(4, b'done ok\\nextra\\n')\nimport time\ntime.sleep(5)")
+assert a.state == "reset" and a.reason == "driver_exited", a
+assert a.warnings == ["the driver wrote after its answer to the cell"], a
+a = s.exec(cell="'x' in globals()")
+assert a.state == "new" and a.result == b"False", a
+EOF
+
+# ---- under gVisor (runsc), where the daemon has it ----
+# gVisor (release 20221219) follows a symbolic link to a directory opened with O_DIRECTORY |
+# O_NOFOLLOW; these check that no link is followed there either. Its sentry's own threads count
+# against the pids limit: 64 is too few for a session there (it dies after a few executions),
+# so these run with 256, the configuration's default.
+if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+  run_case payload-link-cannot-redirect-runsc --runtime runsc < <(link_redirect_case)
+  session_case session-read-runsc --runtime runsc --pids-limit 256 < <(read_case)
+  session_case session-state-runsc --runtime runsc --pids-limit 256 <<'EOF'
+# Where the high-water mark cannot be reset (no clear_refs), peak_kb is left out.
+s.open(driver=DRIVER)
+a = s.exec(cell="x = 2\nx")
+assert a.state == "new" and a.result == b"2" and a.run.peak_kb is None, a
+assert a.run.x.get("peak_source") is None, a
+a = s.exec(cell="import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+           timeout_ms=1000, interrupt_ms=500)
+assert a.run.end == "timed_out" and a.state == "reset" and a.reason == "timed_out", a
+a = s.exec(cell="'x' in globals()")
+assert a.state == "new" and a.result == b"False", a
+EOF
+else
+  echo "skip the runsc cases: the daemon has no runsc runtime"
+fi
 
 leftover=$(docker ps -aq --filter "name=codebox-init-test-$$-")
 if [[ -n $leftover ]]; then

@@ -310,6 +310,16 @@ fn run_outputs_writes_the_returned_files_into_a_folder() {
         std::fs::read(target.join("sub/b.bin")).unwrap(),
         (0..=255u8).collect::<Vec<u8>>()
     );
+    // `--json` keeps the bytes in the report (only MCP sends them as content blocks).
+    let out = codebox(&["run", &prog, "--json"]);
+    let report: RunReport = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let a = report.files.iter().find(|f| f.path == "outputs/a.txt");
+    assert_eq!(
+        a.and_then(|f| f.content_base64.as_deref()),
+        Some("QQ=="),
+        "{:?}",
+        report.files
+    );
 }
 
 #[test]

@@ -239,6 +239,77 @@ async fn v1_a_full_queue_is_429_with_retry_after() {
 }
 
 #[tokio::test]
+async fn v1_sessions_open_run_read_list_close_and_tell_what_ended() {
+    let fake = Arc::new(FakeEngine::new());
+    let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
+    let (status, session) = s
+        .send("POST", "/v1/sessions", Some(r#"{"language": "python"}"#))
+        .await;
+    assert_eq!(status, 200, "{session}");
+    let id = session["session_id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("cbx_"), "{id}");
+    assert_eq!(session["stateful"], true);
+    fake.script(codebox::engine::fake::Behaviour::Result("2".into()));
+    let body = json!({"session_id": id, "code": "1 + 1"}).to_string();
+    let (status, report) = s.send("POST", "/v1/runs", Some(&body)).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["result"], "2");
+    assert_eq!(report["session"]["execution_count"], 1);
+    assert_eq!(report["session"]["state"], "new");
+    let (status, file) = s
+        .send("GET", &format!("/v1/sessions/{id}/files/data.txt"), None)
+        .await;
+    assert_eq!(status, 200, "{file}");
+    assert_eq!(
+        file["content_base64"], "ZmFrZQ==",
+        "the bytes travel in /v1"
+    );
+    assert_eq!(file["size_bytes"], 4);
+    let (status, list) = s.send("GET", "/v1/sessions", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(list["sessions"][0]["session_id"], id.as_str());
+    assert_eq!(list["sessions"][0]["executions"], 1);
+    let (status, closed) = s.send("DELETE", &format!("/v1/sessions/{id}"), None).await;
+    assert_eq!((status, closed["closed"].clone()), (200, json!(true)));
+    let (status, e) = s.send("POST", "/v1/runs", Some(&body)).await;
+    assert_eq!(status, 409, "{e}");
+    assert_eq!(code_and_field(&e).0, "session_ended");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("was closed"),
+        "{e}"
+    );
+    let (status, e) = s.send("DELETE", "/v1/sessions/cbx_nope", None).await;
+    assert_eq!((status, code_and_field(&e).0.as_str()), (404, "not_found"));
+    let bad = json!({"session_id": "cbx_nope", "code": "1", "limits": {"memory_mb": 64}});
+    let (status, e) = s.send("POST", "/v1/runs", Some(&bad.to_string())).await;
+    assert_eq!(status, 404, "the session is looked up first: {e}");
+}
+
+#[tokio::test]
+async fn v1_a_full_server_refuses_a_session_with_429_and_retry_after() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| c.sessions.max_sessions = 1);
+    let s = start(m, Some(TOKEN)).await;
+    let open = r#"{"language": "bash"}"#;
+    assert_eq!(s.send("POST", "/v1/sessions", Some(open)).await.0, 200);
+    let r = s
+        .http
+        .post(s.url("/v1/sessions"))
+        .bearer_auth(TOKEN)
+        .body(open)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(code_and_field(&e).0, "sessions_full");
+}
+
+#[tokio::test]
 async fn every_route_of_the_openapi_document_answers_and_none_is_missing() {
     let s = start(fake_manager(&fake_with_output(), |_| {}), Some(TOKEN)).await;
     let (status, doc) = s.send("GET", "/v1/openapi.json", None).await;
@@ -249,7 +320,7 @@ async fn every_route_of_the_openapi_document_answers_and_none_is_missing() {
     for (path, item) in paths {
         for (method, op) in item.as_object().unwrap() {
             operations.push(format!("{} {path}", method.to_uppercase()));
-            let concrete = path.replace("{id}", "nope");
+            let concrete = path.replace("{id}", "nope").replace("{path}", "x");
             let body = (method == "post").then_some(r#"{"language": "js", "code": "x"}"#);
             let (status, _) = s.send(&method.to_uppercase(), &concrete, body).await;
             let documented: Vec<&String> = op["responses"].as_object().unwrap().keys().collect();
@@ -264,11 +335,15 @@ async fn every_route_of_the_openapi_document_answers_and_none_is_missing() {
         operations,
         [
             "DELETE /v1/runs/{id}",
+            "DELETE /v1/sessions/{id}",
             "GET /v1/history",
             "GET /v1/languages",
             "GET /v1/openapi.json",
             "GET /v1/runs/{id}",
+            "GET /v1/sessions",
+            "GET /v1/sessions/{id}/files/{path}",
             "POST /v1/runs",
+            "POST /v1/sessions",
         ]
     );
     for schema in [

@@ -690,7 +690,10 @@ async fn http_survives_hostile_messages_answers_every_request_and_leaks_nothing(
     // A body cap above the 10 MB strings, so they reach the parser; one over it gets 413.
     let mut server = ServeChild::start(Options {
         http_token: Some(TOKEN),
-        sets: &["http.max_body_bytes=16777216"],
+        sets: &[
+            "http.max_body_bytes=16777216",
+            "sessions.max_upload_bytes=4194304",
+        ],
         ..Options::default()
     })
     .await;
@@ -902,7 +905,10 @@ async fn http_apis_refuse_hostile_requests_with_clear_4xx_never_5xx_and_leak_not
     let requests = Generator::new(seed, 0, 0).api_requests(n, MAX_RUNS, MAX_HUGE, CAP);
     let mut server = ServeChild::start(Options {
         http_token: Some(TOKEN),
-        sets: &["http.max_body_bytes=1048576"],
+        sets: &[
+            "http.max_body_bytes=1048576",
+            "sessions.max_upload_bytes=524288",
+        ],
         ..Options::default()
     })
     .await;

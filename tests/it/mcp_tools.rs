@@ -36,9 +36,13 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
     assert_eq!(
         names,
         [
+            "close_session",
+            "create_session",
             "get_execution_history",
             "get_result",
+            "list_sessions",
             "list_supported_languages",
+            "read_session_file",
             "run_code",
             "start_run",
             "stop_run"
@@ -53,16 +57,33 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
         assert_eq!(a.open_world_hint, Some(false), "{}", t.name);
         let read_only = matches!(
             t.name.as_ref(),
-            "get_result" | "list_supported_languages" | "get_execution_history"
+            "get_result"
+                | "list_supported_languages"
+                | "get_execution_history"
+                | "read_session_file"
+                | "list_sessions"
         );
         assert_eq!(a.read_only_hint, Some(read_only), "{}", t.name);
-        assert_eq!(a.destructive_hint, Some(t.name == "stop_run"), "{}", t.name);
-        if matches!(t.name.as_ref(), "run_code" | "start_run") {
+        assert_eq!(
+            a.destructive_hint,
+            Some(matches!(t.name.as_ref(), "stop_run" | "close_session")),
+            "{}",
+            t.name
+        );
+        if t.name == "run_code" {
             assert!(d.contains(&format!("{n} languages")), "{d}");
-            assert!(d.contains("python") && d.contains("cpp"), "{d}");
             assert!(d.contains("memory_mb default 384 (max 8192)"), "{d}");
             assert!(d.contains("timeout_seconds default 30 (max 120)"), "{d}");
             assert!(d.contains("At most 3 runs"), "{d}");
+        }
+        if t.name == "start_run" {
+            assert!(d.contains("Arguments as run_code"), "{d}");
+        }
+        if t.name == "create_session" {
+            assert!(d.contains("default 600, max 3600"), "{d}");
+            assert!(d.contains("3600 s after creation"), "{d}");
+            assert!(d.contains("state is lost"), "{d}");
+            assert!(d.contains("At most 8 sessions holding 4096 MB"), "{d}");
         }
         // Only formats JSON Schema defines (no `uint64`, `double`...): strict validators
         // such as the official TypeScript SDK's accept them silently.
@@ -100,6 +121,26 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
         }
     }
     let run_code = tools.iter().find(|t| t.name == "run_code").unwrap();
+    let start_run = tools.iter().find(|t| t.name == "start_run").unwrap();
+    assert_eq!(
+        start_run
+            .input_schema
+            .get("properties")
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        run_code
+            .input_schema
+            .get("properties")
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        "start_run takes run_code's arguments"
+    );
     let props = run_code.input_schema.get("properties").unwrap();
     assert!(props.get("limits").is_some());
     let language = props["language"]["description"].as_str().unwrap();
@@ -114,6 +155,48 @@ async fn tools_have_schemas_truthful_annotations_and_descriptions_from_the_runni
     assert!(memory.contains("default 384, at most 8192"), "{memory}");
     let info = client.peer_info().unwrap();
     assert_eq!(info.server_info.as_ref().unwrap().name, "codebox");
+}
+
+/// What the model reads of `tools/list` on every turn: names, descriptions, input schemas.
+fn model_facing_chars(tools: &[rmcp::model::Tool]) -> usize {
+    tools
+        .iter()
+        .map(|t| {
+            t.name.len()
+                + t.description.as_deref().map_or(0, str::len)
+                + Value::Object((*t.input_schema).clone()).to_string().len()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn what_the_model_reads_of_the_tools_stays_within_its_budget() {
+    let fake = Arc::new(FakeEngine::new());
+    let client = connect(fake_manager(&fake, |_| {})).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let chars = model_facing_chars(&tools);
+    eprintln!(
+        "model-facing tools/list: {chars} characters for {} tools",
+        tools.len()
+    );
+    if std::env::var("DUMP_TOOLS").is_ok() {
+        for t in &tools {
+            eprintln!("{}: {}", t.name, Value::Object((*t.input_schema).clone()));
+        }
+    }
+    for t in &tools {
+        eprintln!(
+            "  {}: description {}, input schema {}",
+            t.name,
+            t.description.as_deref().map_or(0, str::len),
+            Value::Object((*t.input_schema).clone()).to_string().len()
+        );
+    }
+    assert!(
+        chars <= codebox::mcp::describe::MODEL_FACING_BUDGET,
+        "{chars} characters, over the budget of {}",
+        codebox::mcp::describe::MODEL_FACING_BUDGET
+    );
 }
 
 #[tokio::test]
@@ -298,7 +381,7 @@ async fn start_run_then_long_poll_get_result_then_stop_run_which_is_idempotent()
     let started = ok(
         &client,
         "start_run",
-        json!({"language": "python", "code": "import time\nprint('begun', flush=True)\ntime.sleep(120)", "limits": {"timeout_seconds": 300}}),
+        json!({"language": "python", "code": "import subprocess\nprint('begun', flush=True)\nsubprocess.run(['sleep', '120'])", "limits": {"timeout_seconds": 300}}),
     )
     .await;
     let id = started["run_id"].as_str().unwrap().to_string();
@@ -317,8 +400,16 @@ async fn start_run_then_long_poll_get_result_then_stop_run_which_is_idempotent()
         .await,
     );
     assert!(!r.status.is_terminal(), "{r:?}");
-    eventually(30, "the run's container exists", || {
-        !labelled(&id).is_empty()
+    // `sleep` runs once the program has printed.
+    eventually(30, "the program printed and sleeps", || {
+        labelled(&id).iter().any(|c| {
+            let top = std::process::Command::new("docker")
+                .args(["top", c])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            top.contains("sleep 120")
+        })
     })
     .await;
     let stopped = report(ok(&client, "stop_run", json!({"run_id": id})).await);
@@ -503,10 +594,13 @@ async fn history_without_a_database_is_a_tool_error_that_says_so() {
 }
 
 #[tokio::test]
-async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources() {
+async fn each_returned_file_travels_once_as_a_block_in_the_order_of_files() {
+    use base64::Engine as _;
+    use rmcp::model::{ContentBlock, ResourceContents};
+    use sha2::{Digest, Sha256};
     let m = docker_manager(|_| {}, None);
     let client = connect(m.clone()).await;
-    let code = "import os\nimport matplotlib.pyplot as plt\nos.makedirs('outputs')\nplt.plot([1, 2, 3])\nplt.savefig('outputs/plot.png')\nopen('outputs/table.csv', 'w').write('a,b\\n1,2\\n')\n";
+    let code = "import os\nimport matplotlib.pyplot as plt\nos.makedirs('outputs')\nplt.plot([1, 2, 3])\nplt.savefig('outputs/plot.png')\nopen('outputs/table.csv', 'w').write('a,b\\n1,2\\n')\nopen('outputs/z.bin', 'wb').write(bytes(range(256)))\n";
     let res = call(
         &client,
         "run_code",
@@ -515,40 +609,62 @@ async fn a_saved_plot_comes_back_as_an_image_block_and_other_files_as_resources(
     .await;
     let r = report(res.structured_content.clone().unwrap());
     assert_eq!(r.status, Status::Succeeded, "{r:?}");
-    let png = r
-        .files
-        .iter()
-        .find(|f| f.path == "outputs/plot.png")
-        .unwrap();
-    let data = png.content_base64.clone().unwrap();
-    let images: Vec<_> = res.content.iter().filter_map(|c| c.as_image()).collect();
-    assert_eq!(images.len(), 1);
+    let paths: Vec<&str> = r.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(
-        (images[0].mime_type.as_str(), &images[0].data),
-        ("image/png", &data)
+        paths,
+        ["outputs/plot.png", "outputs/table.csv", "outputs/z.bin"]
     );
-    let resources: Vec<_> = res
-        .content
-        .iter()
-        .filter_map(|c| match c {
-            rmcp::model::ContentBlock::Resource(r) => Some(r.resource.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(resources.len(), 1, "{:?}", res.content);
-    match &resources[0] {
-        rmcp::model::ResourceContents::TextResourceContents { text, uri, .. } => {
+    for f in &r.files {
+        assert_eq!(f.content_base64, None, "{} is sent twice", f.path);
+        assert_eq!(
+            f.omitted_reason.as_deref(),
+            Some(codebox::mcp::SENT_AS_BLOCK)
+        );
+    }
+    // The text is the structured report, and the blocks follow it in the order of `files`.
+    let text = crate::mcp_support::text(&res);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        res.structured_content.clone().unwrap()
+    );
+    let sha = |bytes: &[u8]| -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.decode(s).unwrap();
+    let blocks = &res.content[1..];
+    assert_eq!(blocks.len(), 3, "{:?}", res.content);
+    let ContentBlock::Image(image) = &blocks[0] else {
+        panic!("{:?}", blocks[0])
+    };
+    assert_eq!(image.mime_type, "image/png");
+    assert_eq!(sha(&b64(&image.data)), r.files[0].sha256);
+    let resource = |i: usize| match &blocks[i] {
+        ContentBlock::Resource(r) => r.resource.clone(),
+        other => panic!("{other:?}"),
+    };
+    match resource(1) {
+        ResourceContents::TextResourceContents { text, uri, .. } => {
             assert_eq!(text, "a,b\n1,2\n");
-            assert!(uri.ends_with("/outputs/table.csv"), "{uri}");
+            assert!(
+                uri.ends_with(&format!("{}/outputs/table.csv", r.run_id)),
+                "{uri}"
+            );
         }
         other => panic!("{other:?}"),
     }
-    let summary = crate::mcp_support::text(&res);
-    assert!(
-        !summary.contains(&data[..40]),
-        "the text repeats the image's base64"
-    );
-    assert!(summary.contains("outputs/plot.png"), "{summary}");
+    match resource(2) {
+        ResourceContents::BlobResourceContents { blob, uri, .. } => {
+            assert_eq!(b64(&blob), (0..=255u8).collect::<Vec<u8>>());
+            assert!(uri.ends_with("/outputs/z.bin"), "{uri}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The whole result carries the plot's bytes once.
+    let whole = serde_json::to_string(&res).unwrap();
+    assert_eq!(whole.matches(&image.data[..64]).count(), 1);
     settle(&m).await;
 }
 

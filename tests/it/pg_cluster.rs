@@ -31,6 +31,10 @@ pub struct PgCluster {
     root: PathBuf,
     bin: PathBuf,
     pid: Option<i32>,
+    /// Server options beyond the socket-only defaults (TLS: the certificate, a TCP port).
+    extra: String,
+    /// With TLS: the loopback port it listens on.
+    pub tcp_port: Option<u16>,
 }
 
 fn bin_dir() -> PathBuf {
@@ -84,11 +88,16 @@ fn as_server_user(program: &Path, root: &Path) -> Command {
 }
 
 /// Start the server of the cluster in `root` and wait until it accepts connections; its PID.
-fn start_server(bin: &Path, root: &Path) -> Option<i32> {
+/// Without `extra` options it listens on its socket only.
+fn start_server(bin: &Path, root: &Path, extra: &str) -> Option<i32> {
     let data = root.join("data");
+    let listen = if extra.is_empty() {
+        format!("-c listen_addresses='' -p {PORT}")
+    } else {
+        extra.to_string()
+    };
     let options = format!(
-        "-k {} -c listen_addresses='' -p {PORT} -c fsync=off -c synchronous_commit=off \
-         -c full_page_writes=off",
+        "-k {} {listen} -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
         root.display()
     );
     check(
@@ -181,6 +190,8 @@ impl PgCluster {
             root: root.clone(),
             bin: bin.clone(),
             pid: None,
+            extra: String::new(),
+            tcp_port: None,
         };
         if is_root() {
             std::os::unix::fs::chown(&root, Some(id_of("-u")), Some(id_of("-g"))).unwrap();
@@ -194,14 +205,133 @@ impl PgCluster {
                 .arg(&data)
                 .output(),
         );
-        cluster.pid = start_server(&bin, &root);
+        cluster.pid = start_server(&bin, &root, "");
         cluster
+    }
+
+    /// A fresh cluster that also listens on a loopback TCP port with `ssl = on`, refusing
+    /// connections there without TLS, its certificate (for `localhost` only) made by openssl
+    /// with a CA of its own ([`PgCluster::ca`]); [`PgCluster::other_ca`] signed nothing.
+    pub fn start_tls() -> PgCluster {
+        let mut cluster = PgCluster::start();
+        cluster.pause();
+        let root = cluster.root.clone();
+        let openssl = |args: &[&str]| {
+            check(
+                &format!("openssl {}", args[..2].join(" ")),
+                Command::new("openssl")
+                    .args(args)
+                    .current_dir(&root)
+                    .output(),
+            )
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for (name, cn) in [("ca", "codebox test CA"), ("other-ca", "codebox other CA")] {
+            let (key, pem, subject) = (
+                format!("{name}.key"),
+                format!("{name}.pem"),
+                format!("/CN={cn}"),
+            );
+            let mut args = vec!["req", "-x509"];
+            args.extend(ec);
+            args.extend([
+                "-keyout", &key, "-out", &pem, "-days", "2", "-subj", &subject,
+            ]);
+            args.extend(["-addext", "basicConstraints=critical,CA:TRUE"]);
+            args.extend(["-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+            openssl(&args);
+        }
+        let mut args = vec!["req"];
+        args.extend(ec);
+        args.extend([
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        openssl(&args);
+        std::fs::write(
+            root.join("server.ext"),
+            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ]);
+        std::fs::write(
+            root.join("data/pg_hba.conf"),
+            "local all all trust\nhostnossl all all 127.0.0.1/32 reject\n\
+             hostssl all all 127.0.0.1/32 trust\n",
+        )
+        .unwrap();
+        for file in ["server.key", "server.pem", "data/pg_hba.conf"] {
+            let path = root.join(file);
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
+            if is_root() {
+                std::os::unix::fs::chown(&path, Some(id_of("-u")), Some(id_of("-g"))).unwrap();
+            }
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        cluster.extra = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -c ssl=on -c ssl_cert_file={0}/server.pem \
+             -c ssl_key_file={0}/server.key",
+            root.display()
+        );
+        cluster.tcp_port = Some(port);
+        cluster.restart();
+        cluster
+    }
+
+    /// The CA file that signed the server's certificate (TLS clusters).
+    pub fn ca(&self) -> PathBuf {
+        self.root.join("ca.pem")
+    }
+
+    /// A CA file that signed nothing of this cluster's.
+    pub fn other_ca(&self) -> PathBuf {
+        self.root.join("other-ca.pem")
+    }
+
+    /// The URL of database `db` over TCP to `host` (TLS clusters), with `params` as its query.
+    pub fn tcp_url(&self, host: &str, db: &str, params: &str) -> String {
+        let port = self.tcp_port.expect("a TLS cluster");
+        format!("postgres://{SUPERUSER}@{host}:{port}/{db}?{params}")
     }
 
     /// The URL of database `db` over the cluster's socket, as `history.url` takes it.
     pub fn url(&self, db: &str) -> String {
         let socket_dir = self.root.display().to_string().replace('/', "%2F");
-        format!("postgres://{SUPERUSER}@{socket_dir}:{PORT}/{db}")
+        // The port names the socket file too.
+        let port = self.tcp_port.unwrap_or(PORT);
+        format!("postgres://{SUPERUSER}@{socket_dir}:{port}/{db}")
     }
 
     /// Run `f` with a client connected to database `db`, on a thread of its own (the
@@ -244,7 +374,7 @@ impl PgCluster {
     }
 
     pub fn restart(&mut self) {
-        self.pid = start_server(&self.bin, &self.root);
+        self.pid = start_server(&self.bin, &self.root, &self.extra);
     }
 }
 

@@ -175,6 +175,7 @@ async fn record_three_runs(history: &History) -> Vec<HistoryRow> {
             status: Some(Status::Failed),
             language: Some("bash".into()),
             limit: Some(5),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -303,4 +304,63 @@ async fn runs_go_on_while_postgres_is_down_and_are_recorded_again_once_it_is_bac
     assert_eq!(row.status, Status::Succeeded);
     assert!(history.get(&before).await.unwrap().is_some());
     m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn history_over_tls_follows_libpqs_sslmode_and_sslrootcert() {
+    let pg = PgCluster::start_tls();
+    pg.create_database("tls");
+    let dir = tempfile::tempdir().unwrap();
+    let encoded = |p: std::path::PathBuf| p.display().to_string().replace('/', "%2F");
+    let (ca, other) = (encoded(pg.ca()), encoded(pg.other_ca()));
+    let opens = |host: &str, params: String| {
+        let url = pg.tcp_url(host, "tls", &params);
+        let dir = dir.path().to_path_buf();
+        async move {
+            let h = postgres(&url, "tls-test", &dir);
+            h.query(Query::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    // The server takes TLS only (hostnossl ... reject): each of these is encrypted.
+    for (host, params) in [
+        ("127.0.0.1", String::new()),
+        ("127.0.0.1", "sslmode=prefer".into()),
+        ("127.0.0.1", "sslmode=require".into()),
+        ("127.0.0.1", format!("sslmode=verify-ca&sslrootcert={ca}")),
+        ("localhost", format!("sslmode=verify-full&sslrootcert={ca}")),
+    ] {
+        opens(host, params.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{host} {params}: {e}"));
+    }
+    for (host, params, words) in [
+        ("127.0.0.1", "sslmode=disable".to_string(), "no encryption"),
+        // The certificate names localhost, not 127.0.0.1.
+        (
+            "127.0.0.1",
+            format!("sslmode=verify-full&sslrootcert={ca}"),
+            "not valid for name",
+        ),
+        (
+            "localhost",
+            format!("sslmode=verify-full&sslrootcert={other}"),
+            "UnknownIssuer",
+        ),
+        (
+            "localhost",
+            format!("sslmode=verify-ca&sslrootcert={other}"),
+            "UnknownIssuer",
+        ),
+        (
+            "localhost",
+            format!("sslmode=require&sslrootcert={other}"),
+            "UnknownIssuer",
+        ),
+    ] {
+        let err = opens(host, params.clone()).await.unwrap_err();
+        assert!(err.contains(words), "{host} {params}: {err}");
+    }
 }

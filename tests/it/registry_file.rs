@@ -145,6 +145,44 @@ fn every_language_image_builds_on_the_base_as_a_sandbox_user() {
     }
 }
 
+/// SPEC section 11: these languages keep their interpreter's state in a session. Each names a
+/// driver that its image's Dockerfile installs from the image folder (docs/adding-a-language.md,
+/// "Adding a session driver"), and no other language has one.
+#[test]
+fn the_stateful_languages_have_a_driver_their_image_installs() {
+    let r = registry();
+    let stateful: Vec<&str> = r
+        .languages
+        .values()
+        .filter(|l| l.is_stateful())
+        .map(|l| l.id.as_str())
+        .collect();
+    assert_eq!(stateful, ["bash", "javascript", "python", "r", "ruby"]);
+    for lang in r.languages.values().filter(|l| l.is_stateful()) {
+        let driver = lang.session_driver.as_ref().unwrap();
+        let installed = driver
+            .iter()
+            .find_map(|a| a.strip_prefix("/usr/local/lib/codebox/"))
+            .unwrap_or_else(|| panic!("{}: the driver is not in /usr/local/lib/codebox/", lang.id));
+        let context = root().join(&lang.image.context);
+        assert!(
+            context.join(installed).is_file(),
+            "{}: {installed} is not in {}",
+            lang.id,
+            context.display()
+        );
+        let dockerfile = std::fs::read_to_string(context.join("Dockerfile")).unwrap();
+        let copy = format!("COPY {installed} /usr/local/lib/codebox/{installed}");
+        let chmod = format!("RUN chmod 0644 /usr/local/lib/codebox/{installed}");
+        let lines = instructions(&dockerfile);
+        assert!(
+            lines.contains(&copy.as_str()) && lines.contains(&chmod.as_str()),
+            "{}: the Dockerfile does not install {installed} world-readable ({copy}, {chmod})",
+            lang.id
+        );
+    }
+}
+
 #[test]
 fn every_language_entry_is_complete() {
     for lang in registry().languages.values() {

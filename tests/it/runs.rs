@@ -267,6 +267,7 @@ async fn each_run_gets_one_history_row_inserted_at_admission_and_completed_at_th
             status: Some(Status::Stopped),
             language: Some("python".into()),
             limit: Some(1),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -63,6 +63,12 @@ fn submit(api: &Api, valid: Valid) -> Result<String, Refused> {
         }
         Err(e @ SubmitError::QueueFull { .. }) => Err(Refused::Busy(format!("queue is full: {e}"))),
         Err(e @ SubmitError::ShuttingDown) => Err(Refused::Busy(e.to_string())),
+        // Judge0's submissions name no session.
+        Err(e @ SubmitError::Session(_)) => {
+            let mut errors = Errors::new();
+            add(&mut errors, "session_id", e.to_string());
+            Err(Refused::Fields(errors))
+        }
     }
 }
 

@@ -279,7 +279,20 @@ impl Decoder {
                 let mode =
                     u32::from_str_radix(f[2], 8).map_err(|_| ProtocolError("bad mode".into()))?;
                 let reason = (!f[5].is_empty()).then(|| f[5].to_string());
-                if kind == EntryKind::File && reason.is_none() {
+                // A session's `read` of part of a file: `range <n>`, n bytes follow.
+                let range = match reason.as_deref().and_then(|r| r.strip_prefix("range ")) {
+                    Some(n) => Some(
+                        n.parse::<u64>()
+                            .map_err(|_| ProtocolError("bad range".into()))?,
+                    ),
+                    None => None,
+                };
+                let content = match (kind, &reason, range) {
+                    (EntryKind::File, None, _) => Some(size),
+                    (EntryKind::File, Some(_), Some(n)) => Some(n),
+                    _ => None,
+                };
+                if let Some(size) = content {
                     match self.content.checked_add(size) {
                         Some(total) if total <= self.limits.content => self.content = total,
                         _ => {

@@ -68,6 +68,8 @@ pub struct Exec {
     pub reset: bool,
     /// How long an interrupted driver has to answer.
     pub interrupt: Duration,
+    /// The host's count of this execution (names such as `figure-<n>-1.png`).
+    pub execution_count: u64,
 }
 
 fn millis(d: Duration) -> Vec<u8> {
@@ -96,6 +98,13 @@ impl Exec {
                 }
                 record(&mut head, "interrupt_ms", &millis(self.interrupt));
             }
+        }
+        if self.execution_count > 0 {
+            record(
+                &mut head,
+                "execution_count",
+                self.execution_count.to_string().as_bytes(),
+            );
         }
         record(&mut head, "timeout_ms", &millis(self.timeout));
         record(
@@ -256,12 +265,14 @@ mod tests {
             collect: Collect::None,
             reset: true,
             interrupt: Duration::from_secs(2),
+            execution_count: 3,
         };
         let bytes = exec.encode().concat();
         let text = String::from_utf8_lossy(&bytes);
         assert!(text.starts_with("exec 0\n"), "{text}");
         assert!(text.contains("cell 6\nx = 1\n"), "{text}");
         assert!(text.contains("reset 1\n1"), "{text}");
+        assert!(text.contains("execution_count 1\n3"), "{text}");
         assert!(text.contains("file 17\n644 data.csv\0a,b\n"), "{text:?}");
         assert!(text.ends_with("stdin 2\ninend 0\n"), "{text:?}");
         let open = Open {

@@ -1,0 +1,323 @@
+//! The history thread: it owns the database connection, carries out the commands in the
+//! order they were sent, reconnects after an outage, and beats this instance's heart.
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::db::{Database, DbError};
+use super::{
+    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened, HEARTBEAT_INTERVAL,
+    RECONNECT_INTERVAL,
+};
+use crate::config::HistoryStore;
+use crate::report::RunReport;
+
+/// How the log names a failed write.
+const WRITE_FAILED: &str = "writing the run history failed";
+
+/// What the history thread is asked to do, in order.
+pub(super) enum Command {
+    Insert(NewRun),
+    Started {
+        run_id: String,
+        at_ms: i64,
+    },
+    Finish {
+        report: Arc<RunReport>,
+        at_ms: i64,
+    },
+    ForgetReports {
+        run_ids: Vec<String>,
+    },
+    ForgetReportsEndedBefore {
+        cutoff_ms: i64,
+    },
+    SessionOpened(SessionOpened),
+    SessionEnded {
+        session_id: String,
+        reason: String,
+        at_ms: i64,
+    },
+    /// A query: it runs on the thread with the database (or why there is none) and answers
+    /// its caller itself; a database error it met is returned for the log.
+    Ask(Box<Query_>),
+    /// Answered once every command sent before it is done.
+    Flush {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A query's work on the history thread.
+pub(super) type Query_ =
+    dyn FnOnce(Result<&mut dyn Database, HistoryError>) -> Option<DbError> + Send;
+
+/// Why a query got no answer.
+pub(super) const NO_ANSWER: &str =
+    "the history thread did not answer (it stopped, or is too far behind)";
+
+/// What may wait for the history thread: a number of commands, and bytes, since a finished
+/// run's report may hold megabytes (output, returned files, test cases). A command that would
+/// go over either is dropped (one warning per episode); the first command into an empty queue
+/// is always taken, whatever its size.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct QueueBounds {
+    pub commands: usize,
+    pub bytes: u64,
+}
+
+pub(super) const QUEUE: QueueBounds = QueueBounds {
+    commands: 4096,
+    bytes: 64 << 20,
+};
+
+/// How often a history that keeps failing is warned about.
+const WARN_EVERY: Duration = Duration::from_secs(600);
+
+impl Command {
+    /// Roughly the bytes a queued command keeps alive: what bounds the queue by memory.
+    pub(super) fn weight(&self) -> u64 {
+        const BASE: usize = 256;
+        let n = match self {
+            Command::Insert(run) => BASE + run.code_preview.as_ref().map_or(0, String::len),
+            Command::Finish { report, .. } => BASE + report_bytes(report),
+            Command::ForgetReports { run_ids } => {
+                BASE + run_ids.iter().map(String::len).sum::<usize>()
+            }
+            _ => BASE,
+        };
+        n as u64
+    }
+}
+
+/// The bytes a report holds in its strings: output, compile output, files, test cases.
+fn report_bytes(r: &RunReport) -> usize {
+    let compile = r
+        .compile
+        .as_ref()
+        .map_or(0, |c| c.stdout.len() + c.stderr.len());
+    let files: usize = r
+        .files
+        .iter()
+        .map(|f| f.path.len() + f.content_base64.as_ref().map_or(0, String::len) + 128)
+        .sum();
+    let tests: usize = r
+        .tests
+        .iter()
+        .map(|t| t.name.len() + t.stdout.len() + t.stderr.len() + 128)
+        .sum();
+    r.stdout.len() + r.stderr.len() + r.message.len() + compile + files + tests
+}
+
+/// An error and its causes, each said once ("PostgreSQL: db error: FATAL: ..."): the
+/// PostgreSQL client's own messages keep the server's reason in the cause.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// Open the store, migrate it, announce this instance and mark what dead ones left.
+pub(super) fn open_store(
+    store: &HistoryStore,
+    owner: &Owner,
+) -> Result<Box<dyn Database>, DbError> {
+    let mut db: Box<dyn Database> = match store {
+        HistoryStore::Sqlite(path) => Box::new(sqlite::Sqlite::open(path)?),
+        HistoryStore::Postgres { url, password_file } => {
+            Box::new(pg::Postgres::connect(url, password_file.as_deref())?)
+        }
+    };
+    store::prepare(db.as_mut(), owner)?;
+    Ok(db)
+}
+
+/// The history thread: owns the connection, runs the commands in order, beats the heart.
+pub(super) struct Actor {
+    store: HistoryStore,
+    name: String,
+    owner: Owner,
+    db: Option<Box<dyn Database>>,
+    /// When to try opening the store again (while `db` is `None`).
+    retry_at: Instant,
+    /// When the next heartbeat is due (while `db` is `Some`).
+    beat_at: Instant,
+    /// Whether the current outage was reported (one warning per outage, not per write).
+    outage_reported: bool,
+    /// Why the store could not be opened last time (what queries are told meanwhile).
+    open_error: Option<String>,
+    /// Operations that failed since the last warning about them, and when that was: a full
+    /// disk fails the writes of every run, and is warned about once, then at most every
+    /// [`WARN_EVERY`] while it lasts.
+    lost: u64,
+    warned: Option<Instant>,
+}
+
+impl Actor {
+    pub(super) fn new(store: HistoryStore, owner: Owner) -> Actor {
+        let now = Instant::now();
+        Actor {
+            name: store.to_string(),
+            store,
+            owner,
+            db: None,
+            retry_at: now,
+            beat_at: now,
+            outage_reported: false,
+            open_error: None,
+            lost: 0,
+            warned: None,
+        }
+    }
+
+    pub(super) fn run(
+        mut self,
+        rx: mpsc::Receiver<(Command, u64)>,
+        queued_bytes: &std::sync::atomic::AtomicU64,
+    ) {
+        loop {
+            self.connect_if_due();
+            self.beat_if_due();
+            let now = Instant::now();
+            let next = if self.db.is_some() {
+                self.beat_at
+            } else {
+                self.retry_at
+            };
+            let (cmd, weight) = match rx.recv_timeout(next.saturating_duration_since(now)) {
+                Ok(queued) => queued,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            self.connect_if_due();
+            self.handle(cmd);
+            queued_bytes.fetch_sub(weight, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn connect_if_due(&mut self) {
+        if self.db.is_some() || Instant::now() < self.retry_at {
+            return;
+        }
+        match open_store(&self.store, &self.owner) {
+            Ok(db) => {
+                if self.outage_reported {
+                    tracing::info!(store = %self.name, "the history database is reachable again; runs are recorded");
+                }
+                self.db = Some(db);
+                self.outage_reported = false;
+                self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+            }
+            Err(e) => {
+                self.open_error = Some(with_causes(&e));
+                if !self.outage_reported {
+                    tracing::warn!(store = %self.name, error = %e, "cannot open the history database; runs will be served but not recorded (trying again every {} s)", RECONNECT_INTERVAL.as_secs());
+                    self.outage_reported = true;
+                }
+                self.retry_at = Instant::now() + RECONNECT_INTERVAL;
+            }
+        }
+    }
+
+    fn beat_if_due(&mut self) {
+        let Some(db) = self.db.as_mut() else { return };
+        if Instant::now() < self.beat_at {
+            return;
+        }
+        self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+        let beat = db.now_ms().and_then(|now| {
+            store::heartbeat(db.as_mut(), &self.owner, now)?;
+            store::mark_interrupted(db.as_mut(), &self.owner, now)
+        });
+        if let Err(e) = beat {
+            self.failed(e, "recording this server's heartbeat failed");
+        }
+    }
+
+    /// Log a failed operation; drop a connection that is gone, so the next command reconnects.
+    fn failed(&mut self, e: DbError, what: &str) {
+        if self.db.as_ref().is_some_and(|db| db.is_broken()) {
+            self.db = None;
+            self.retry_at = Instant::now();
+            tracing::warn!(store = %self.name, error = %e, "{what}; the connection to the history database was lost (reconnecting)");
+            self.outage_reported = true;
+        } else {
+            self.lost += 1;
+            if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                tracing::warn!(store = %self.name, error = %e, lost = self.lost, "{what}; runs go on unaffected but are not recorded (warned again at most every {} minutes while it fails)", WARN_EVERY.as_secs() / 60);
+                self.warned = Some(Instant::now());
+                self.lost = 0;
+            } else {
+                tracing::debug!(store = %self.name, error = %e, "{what} again");
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        let Some(db) = self.db.as_mut() else {
+            let unavailable = HistoryError::Unavailable {
+                store: self.name.clone(),
+                detail: match &self.open_error {
+                    Some(e) => format!("it could not be opened: {e}"),
+                    None => "it could not be opened (see the log)".to_string(),
+                },
+            };
+            match cmd {
+                Command::Ask(query) => {
+                    query(Err(unavailable));
+                }
+                Command::Flush { reply } => {
+                    let _ = reply.send(());
+                }
+                _ => {}
+            }
+            return;
+        };
+        let db = db.as_mut();
+        let (outcome, what) = match cmd {
+            Command::Insert(run) => (store::insert(db, &run), WRITE_FAILED),
+            Command::Started { run_id, at_ms } => {
+                (store::started(db, &run_id, at_ms), WRITE_FAILED)
+            }
+            Command::Finish { report, at_ms } => (store::finish(db, &report, at_ms), WRITE_FAILED),
+            Command::ForgetReports { run_ids } => {
+                (store::forget_reports(db, &run_ids), WRITE_FAILED)
+            }
+            Command::ForgetReportsEndedBefore { cutoff_ms } => (
+                store::forget_reports_ended_before(db, cutoff_ms),
+                WRITE_FAILED,
+            ),
+            Command::SessionOpened(s) => (sessions::opened(db, &s), WRITE_FAILED),
+            Command::SessionEnded {
+                session_id,
+                reason,
+                at_ms,
+            } => (
+                sessions::ended(db, &session_id, &reason, at_ms),
+                WRITE_FAILED,
+            ),
+            Command::Ask(query) => (
+                query(Ok(db)).map_or(Ok(()), Err),
+                "reading the run history failed",
+            ),
+            Command::Flush { reply } => {
+                let _ = reply.send(());
+                (Ok(()), "")
+            }
+        };
+        // A full disk can fail one write and let the next through: successes do not re-arm
+        // the warning, only WARN_EVERY does.
+        if let Err(e) = outcome {
+            self.failed(e, what);
+        }
+        self.beat_if_due();
+    }
+}

@@ -1,0 +1,73 @@
+//! Sessions in the store: when each was opened, by which instance, and why it ended, so that
+//! a call naming a session this process does not hold is told the truth: it ended (and why),
+//! another server holds it, or the server that held it is gone.
+
+use super::db::{values, Database, DbError};
+
+/// Why a session of a dead instance ended.
+pub const RESTARTED: &str = "restarted";
+
+/// A session that was just opened.
+#[derive(Debug, Clone)]
+pub struct SessionOpened {
+    pub session_id: String,
+    pub language: String,
+    pub instance: String,
+    pub created_at_ms: i64,
+}
+
+/// What the store knows of a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    /// The instance that opened it.
+    pub instance: String,
+    /// That instance's host, if it ever sent a heartbeat.
+    pub host: Option<String>,
+    /// Milliseconds since that instance's last heartbeat.
+    pub last_seen_ms_ago: Option<i64>,
+    /// Why it ended (`closed`, `idle`, `lifetime`, `out_of_memory`, `failed`, `restarted`);
+    /// `None` while its instance holds it.
+    pub ended: Option<String>,
+}
+
+pub fn opened(db: &mut dyn Database, s: &SessionOpened) -> Result<(), DbError> {
+    db.execute(
+        "INSERT INTO sessions (id, instance, language, created_at)
+         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO NOTHING",
+        values![&s.session_id, &s.instance, &s.language, s.created_at_ms],
+    )?;
+    Ok(())
+}
+
+pub fn ended(db: &mut dyn Database, id: &str, reason: &str, at_ms: i64) -> Result<(), DbError> {
+    db.execute(
+        "UPDATE sessions SET ended_at = ?2, end_reason = ?3 WHERE id = ?1 AND ended_at IS NULL",
+        values![id, at_ms, reason],
+    )?;
+    Ok(())
+}
+
+pub fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, DbError> {
+    let now = db.now_ms()?;
+    let rows = db.query(
+        "SELECT sessions.instance, instances.host, instances.heartbeat_at, sessions.end_reason
+         FROM sessions LEFT JOIN instances ON instances.id = sessions.instance
+         WHERE sessions.id = ?1",
+        values![id],
+    )?;
+    Ok(rows.first().map(|r| SessionRecord {
+        instance: r.text(0).unwrap_or_default(),
+        host: r.text(1),
+        last_seen_ms_ago: r.int(2).map(|b| (now - b).max(0)),
+        ended: r.text(3),
+    }))
+}
+
+/// The sessions a dead instance left open ended when it did.
+pub fn mark_restarted(db: &mut dyn Database, instance: &str, at_ms: i64) -> Result<u64, DbError> {
+    db.execute(
+        "UPDATE sessions SET ended_at = ?2, end_reason = ?3
+         WHERE instance = ?1 AND ended_at IS NULL",
+        values![instance, at_ms, RESTARTED],
+    )
+}

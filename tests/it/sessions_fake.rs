@@ -1,0 +1,425 @@
+//! Sessions' control flow on the fake engine: what each execution reports (count, state,
+//! result), interrupt before reset, ends and what later calls are told, the caps that refuse
+//! at once, one execution at a time, and that every container goes. The real thing against
+//! Docker is in `sessions.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use codebox::engine::fake::{exited, Behaviour, FakeEngine};
+use codebox::executor::{LimitsInput, RunRequest, SessionRequest};
+use codebox::report::{InterpreterState, ResetReason, Status};
+use codebox::runs::sessions::{SessionError, SessionInfo};
+use codebox::runs::{RunManager, SubmitError};
+
+use crate::mcp_support::{eventually, fake_manager};
+
+fn open(language: &str) -> SessionRequest {
+    SessionRequest {
+        language: language.into(),
+        ..Default::default()
+    }
+}
+
+fn cell(session: &SessionInfo, code: &str) -> RunRequest {
+    RunRequest {
+        code: code.into(),
+        session_id: Some(session.session_id.clone()),
+        ..Default::default()
+    }
+}
+
+async fn run(m: &RunManager, req: RunRequest) -> codebox::report::RunReport {
+    let id = m.submit(req).expect("accepted").run_id;
+    m.wait(&id, Duration::from_secs(20)).await.unwrap()
+}
+
+fn state(r: &codebox::report::RunReport) -> (u64, InterpreterState, Option<ResetReason>) {
+    let s = r.session.as_ref().expect("a session's execution");
+    (s.execution_count, s.state, s.reset_reason)
+}
+
+#[tokio::test]
+async fn executions_count_keep_state_and_return_the_final_value() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    assert!(s.stateful);
+    assert_eq!(s.language, "python");
+    assert_eq!(fake.specs().len(), 1, "one container");
+    assert_eq!(fake.specs()[0].labels["codebox.run"], "session");
+    fake.script(exited(0, "hi\n"));
+    fake.script(Behaviour::Result("42".into()));
+    let first = run(&m, cell(&s, "print('hi')")).await;
+    assert_eq!(first.status, Status::Succeeded, "{}", first.message);
+    assert_eq!(first.stdout, "hi\n");
+    assert_eq!(state(&first), (1, InterpreterState::New, None));
+    assert_eq!(first.result, None);
+    let second = run(&m, cell(&s, "x = 41\nx + 1")).await;
+    assert_eq!(state(&second), (2, InterpreterState::Kept, None));
+    assert_eq!(second.result.as_deref(), Some("42"));
+    assert!(!second.result_truncated);
+    assert_eq!(fake.specs().len(), 1, "still one container");
+    let sent = fake.session_requests();
+    assert_eq!(sent.len(), 2);
+    assert!(sent[1]
+        .iter()
+        .any(|(k, v)| k == "cell" && v == b"x = 41\nx + 1"));
+    m.close_session(&s.session_id).unwrap();
+    eventually(10, "the container removed", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_syntax_error_is_a_compile_error_and_keeps_the_state() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(exited(0, ""));
+    fake.script(Behaviour::Syntax("SyntaxError: invalid syntax".into()));
+    run(&m, cell(&s, "x = 1")).await;
+    let r = run(&m, cell(&s, "x = (")).await;
+    assert_eq!(r.status, Status::CompileError, "{}", r.message);
+    assert!(r.compile.as_ref().unwrap().stderr.contains("SyntaxError"));
+    assert_eq!(state(&r), (2, InterpreterState::Kept, None));
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_stop_interrupts_and_keeps_the_state_unless_the_driver_does_not_answer() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::Hang {
+        stdout: "working\n".into(),
+    });
+    fake.script(Behaviour::HangHard);
+    fake.script(exited(0, ""));
+    for (count, expect) in [
+        (1, (InterpreterState::New, None)),
+        (2, (InterpreterState::Reset, Some(ResetReason::Stopped))),
+    ] {
+        let id = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
+        eventually(10, "it runs", || {
+            m.report(&id).unwrap().status == Status::Running
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = m.stop(&id).await.unwrap();
+        assert_eq!(r.status, Status::Stopped, "{}", r.message);
+        assert_eq!(state(&r), (count, expect.0, expect.1));
+    }
+    let after = run(&m, cell(&s, "1")).await;
+    assert_eq!(
+        state(&after),
+        (3, InterpreterState::New, None),
+        "a fresh interpreter after the reset"
+    );
+    assert_eq!(fake.specs().len(), 1, "the session kept its container");
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn an_out_of_memory_kill_resets_the_interpreter_not_the_session() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::Signal {
+        signal: 9,
+        oom: true,
+    });
+    fake.script(exited(0, "fine\n"));
+    let r = run(&m, cell(&s, "b = bytearray(10**10)")).await;
+    assert_eq!(r.status, Status::OutOfMemory, "{}", r.message);
+    assert_eq!(
+        state(&r),
+        (1, InterpreterState::Reset, Some(ResetReason::OutOfMemory))
+    );
+    let next = run(&m, cell(&s, "print('fine')")).await;
+    assert_eq!(next.status, Status::Succeeded);
+    assert_eq!(state(&next).1, InterpreterState::New);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_container_killed_whole_by_an_oom_ends_the_session_and_later_calls_say_so() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::KilledWhole { oom_event: true });
+    let r = run(&m, cell(&s, "b = bytearray(10**10)")).await;
+    assert_eq!(r.status, Status::OutOfMemory, "{}", r.message);
+    let err = m.submit(cell(&s, "1")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "session_id: session {} ended: out of memory; create a new one",
+            s.session_id
+        )
+    );
+    eventually(10, "the container removed", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
+    assert_eq!(m.stats().sessions_memory_mb, 0, "its memory is back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_session_expires_and_later_calls_are_told_how_long_it_waited() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m
+        .create_session(SessionRequest {
+            idle_timeout_seconds: Some(30.0),
+            ..open("python")
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.idle_timeout_seconds, 30);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    run(&m, cell(&s, "1")).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        m.list_sessions().sessions.len(),
+        1,
+        "a call restarted its clock"
+    );
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(m.list_sessions().sessions.is_empty());
+    let err = m.submit(cell(&s, "1")).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "session_id: session {} expired after 30 s idle; create a new one",
+            s.session_id
+        )
+    );
+    let err = m.close_session(&s.session_id).unwrap_err();
+    assert!(err.is_ended(), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_ends_at_its_maximum_lifetime_even_when_busy() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| c.sessions.max_lifetime_seconds = 120);
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::Hang {
+        stdout: String::new(),
+    });
+    let mut forever = cell(&s, "while True: pass");
+    forever.limits = Some(LimitsInput {
+        timeout_seconds: Some(600.0),
+        ..Default::default()
+    });
+    let busy = m.submit(forever).unwrap().run_id;
+    let queued = m.submit(cell(&s, "print(1)")).unwrap().run_id;
+    tokio::time::sleep(Duration::from_secs(121)).await;
+    let r = m.wait(&busy, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(r.status, Status::Stopped, "{}", r.message);
+    let q = m.wait(&queued, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(q.status, Status::Stopped);
+    assert!(
+        q.message.contains("reached its maximum lifetime of 120 s"),
+        "{}",
+        q.message
+    );
+    let err = m.submit(cell(&s, "1")).unwrap_err().to_string();
+    assert!(err.contains("maximum lifetime of 120 s"), "{err}");
+}
+
+#[tokio::test]
+async fn over_max_sessions_or_the_memory_share_creation_is_refused_at_once() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        c.sessions.max_sessions = 2;
+        c.runs.memory_budget_mb = 4096;
+    });
+    let a = m.create_session(open("python")).await.unwrap();
+    m.create_session(open("python")).await.unwrap();
+    let err = m.create_session(open("python")).await.unwrap_err();
+    assert!(matches!(err, SessionError::Full(_)), "{err}");
+    assert!(err.is_retryable());
+    assert!(err.to_string().contains("sessions.max_sessions"), "{err}");
+    m.close_session(&a.session_id).unwrap();
+    // Half of the 4096 MB budget is the sessions' share: 512 MB open, 2048 MB more is over.
+    let big = SessionRequest {
+        limits: Some(LimitsInput {
+            memory_mb: Some(2048.0),
+            ..Default::default()
+        }),
+        ..open("python")
+    };
+    let err = m.create_session(big).await.unwrap_err();
+    assert!(
+        err.to_string().contains("sessions.memory_budget_mb"),
+        "{err}"
+    );
+    assert_eq!(m.stats().sessions_memory_mb, 512);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn what_a_session_fixes_cannot_be_asked_per_execution() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    let field = |req: RunRequest| match m.submit(req).unwrap_err() {
+        SubmitError::Invalid(e) => e.field,
+        other => panic!("{other}"),
+    };
+    let mut r = cell(&s, "1");
+    r.limits = Some(LimitsInput {
+        memory_mb: Some(1024.0),
+        ..Default::default()
+    });
+    assert_eq!(field(r), "limits.memory_mb");
+    let mut r = cell(&s, "1");
+    r.tests = Some(vec![Default::default()]);
+    assert_eq!(field(r), "tests");
+    let mut r = cell(&s, "1");
+    r.args = Some(vec!["a".into()]);
+    assert_eq!(field(r), "args", "no program to pass arguments to");
+    let mut r = cell(&s, "1");
+    r.language = "ruby".into();
+    assert_eq!(field(r), "language");
+    let mut r = cell(&s, "1");
+    r.language = "py".into();
+    m.submit(r).expect("the session's own language, by alias");
+    let unknown = RunRequest {
+        session_id: Some("cbx_0000".into()),
+        ..cell(&s, "1")
+    };
+    assert_eq!(
+        m.submit(unknown).unwrap_err().to_string(),
+        "session_id: unknown session cbx_0000"
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn executions_of_one_session_run_one_at_a_time_in_arrival_order() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::Hang {
+        stdout: String::new(),
+    });
+    let first = m.submit(cell(&s, "a")).unwrap().run_id;
+    eventually(10, "the first cell reached the container", || {
+        fake.session_requests().len() == 1
+    })
+    .await;
+    let second = m.submit(cell(&s, "b")).unwrap();
+    assert_eq!(second.status, Status::Queued);
+    // A run of its own still starts: the session's queue holds up nobody else.
+    let other = m
+        .submit(RunRequest {
+            language: "python".into(),
+            code: "print(1)".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    m.wait(&other.run_id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(m.report(&second.run_id).unwrap().status, Status::Queued);
+    m.stop(&first).await.unwrap();
+    let r = m
+        .wait(&second.run_id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    let cells: Vec<Vec<u8>> = fake
+        .session_requests()
+        .into_iter()
+        .filter_map(|rec| rec.into_iter().find(|(k, _)| k == "cell").map(|(_, v)| v))
+        .collect();
+    assert_eq!(cells, [b"a".to_vec(), b"b".to_vec()]);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn closing_a_session_stops_what_is_queued_and_removes_its_container() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::Hang {
+        stdout: String::new(),
+    });
+    let running = m.submit(cell(&s, "a")).unwrap().run_id;
+    let queued = m.submit(cell(&s, "b")).unwrap().run_id;
+    eventually(10, "it runs", || {
+        m.report(&running).unwrap().status == Status::Running
+    })
+    .await;
+    let closed = m.close_session(&s.session_id).unwrap();
+    assert_eq!((closed.executions, closed.closed), (2, true));
+    let q = m.wait(&queued, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(q.status, Status::Stopped);
+    assert!(q.message.contains("was closed"), "{}", q.message);
+    let r = m.wait(&running, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(r.status, Status::Stopped);
+    eventually(10, "the container removed", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
+    assert_eq!(
+        m.submit(cell(&s, "c")).unwrap_err().to_string(),
+        format!("session_id: session {} was closed", s.session_id)
+    );
+}
+
+#[tokio::test]
+async fn files_only_sessions_run_the_program_each_time_and_never_reset() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("perl")).await.unwrap();
+    assert!(!s.stateful, "perl has no session driver");
+    let mut req = cell(&s, "print 'hi'");
+    req.args = Some(vec!["x".into()]);
+    let r = run(&m, req).await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    assert_eq!(state(&r).1, InterpreterState::New);
+    let r = run(&m, cell(&s, "print 'again'")).await;
+    assert_eq!(state(&r).1, InterpreterState::Kept);
+    let sent = fake.session_requests();
+    assert!(sent[0]
+        .iter()
+        .any(|(k, v)| k == "run" && v.ends_with(b"x\0")));
+    assert!(sent[0].iter().any(|(k, _)| k == "file"), "the source file");
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_session_file_is_read_without_running_anything() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    let f = m
+        .read_session_file(&s.session_id, "data.txt", 0, None)
+        .await
+        .unwrap();
+    match f {
+        codebox::runs::sessions::SessionFile::File {
+            size_bytes,
+            content,
+            ..
+        } => {
+            assert_eq!(size_bytes, 4);
+            assert_eq!(content, b"fake");
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = m
+        .read_session_file(&s.session_id, "../etc/passwd", 0, None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().starts_with("path:"), "{err}");
+    m.shutdown(Duration::from_secs(10)).await;
+    eventually(10, "shutdown removes the session", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
+}
