@@ -342,7 +342,7 @@ fn the_readme_lists_the_registry_languages() {
 const JUDGE0_1_13_1: &[(u32, Option<&str>)] = &[
     (43, None), // Plain Text
     (44, None), // Executable
-    (45, None), // Assembly (NASM)
+    (45, Some("nasm")),
     (46, Some("bash")),
     (47, None), // Basic (FBC)
     (48, Some("c")),
@@ -376,16 +376,16 @@ const JUDGE0_1_13_1: &[(u32, Option<&str>)] = &[
     (76, Some("cpp")),
     (77, Some("cobol")),
     (78, Some("kotlin")),
-    (79, None), // Objective-C
+    (79, Some("objectivec")),
     (80, Some("r")),
     (81, Some("scala")),
-    (82, None), // SQLite
+    (82, Some("sql")),
     (83, None), // Swift
     (84, None), // Visual Basic.Net
     (85, Some("perl")),
     (86, Some("clojure")),
     (87, None), // F#
-    (88, None), // Groovy
+    (88, Some("groovy")),
     (89, None), // Multi-file program
 ];
 
