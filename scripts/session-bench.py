@@ -2,7 +2,8 @@
 """Sessions as an agent sees them: the official MCP Python SDK starts `codebox serve` over
 stdio and times, call by call:
 
-- `create_session` for python, and the first execution after it;
+- `create_session` for python (with a session opened ahead of time, as `codebox serve` keeps
+  one), and the first execution after it;
 - one warm execution (`x = x + 1`) in an open session, against `docker run --rm -i` of a
   python hello world with the same lockdown (the baseline every codebox figure is put beside);
 - a pandas workflow of five steps on a 10 MB CSV: in one session (the CSV uploaded once) and as
@@ -113,6 +114,9 @@ async def main():
             await session.initialize()
             creates, firsts = [], []
             for _ in range(10):
+                # The server keeps a python session opened ahead of time (sessions.ready): give
+                # it the time to open the next one, as an agent's think time does.
+                await asyncio.sleep(3)
                 s, took, _ = await call(session, "create_session", {"language": "python"})
                 creates.append(took)
                 _, took, _ = await call(session, "run_code", {"session_id": s["session_id"], "code": "x = 0"})

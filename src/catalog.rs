@@ -24,6 +24,8 @@ pub struct LanguageInfo {
     pub image_present: bool,
     /// Name the code is saved under in the workspace.
     pub source_file: String,
+    /// File extensions `codebox run` takes as this language (without the dot).
+    pub extensions: Vec<String>,
     /// Whether a compile step or syntax check runs first (its failures are `compile_error`).
     pub compiled: bool,
     /// Toolchain version, recorded when the image was built; null if unknown.
@@ -83,6 +85,7 @@ pub async fn catalog(
             image: lang.image.tag.clone(),
             image_present: info.is_some(),
             source_file: lang.source_file.clone(),
+            extensions: lang.extensions.clone(),
             compiled: lang.can_fail_to_compile(),
             version: info.and_then(|i| {
                 i.labels
@@ -101,7 +104,7 @@ pub async fn catalog(
         languages,
         limits: LimitsInfo {
             defaults: config.limits.defaults(),
-            ceilings: config.limits.ceilings(),
+            ceilings: config.ceilings(),
         },
     })
 }

@@ -96,6 +96,21 @@ pub enum Command {
     },
 }
 
+/// The command line, with the run limits' help showing this configuration's defaults and
+/// maximums (as the environment and `CODEBOX_CONFIG` give it; the shipped defaults when that
+/// cannot be read: the real error comes when the command runs).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let file = std::env::var_os("CODEBOX_CONFIG").map(PathBuf::from);
+    let config =
+        Config::resolve(file.as_deref(), |k| std::env::var(k).ok(), &[]).unwrap_or_default();
+    let help = run::limit_help(&config);
+    Cli::command().mut_subcommand("run", |c| {
+        help.into_iter()
+            .fold(c, |c, (id, text)| c.mut_arg(id, |a| a.help(text)))
+    })
+}
+
 /// `languages.toml`: the `languages` setting, else the current folder's, else the one next
 /// to the sources this binary was built from.
 fn registry_path(config: &Config) -> PathBuf {
@@ -134,6 +149,24 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
         sets.push(format!("pool.sizes={{ {} }}", sizes.join(", ")));
     }
     sets.extend(cli.set.iter().cloned());
+    // A typo in a variable's name would otherwise be ignored without a word
+    // (`CODEBOX_TEST_*` belong to the test suite).
+    let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    for (var, near) in Config::unknown_env(names.filter(|n| !n.starts_with("CODEBOX_TEST_"))) {
+        match near {
+            Some(near) => tracing::warn!("{var} is not a codebox setting and is ignored; did you mean {near}? (`codebox config --list` lists them)"),
+            None => tracing::warn!("{var} is not a codebox setting and is ignored (`codebox config --list` lists them)"),
+        }
+    }
+    if let Some(path) = cli.config.as_deref().filter(|p| !p.exists()) {
+        let flag = std::env::args_os()
+            .any(|a| a == "--config" || a.to_string_lossy().starts_with("--config="));
+        anyhow::bail!(
+            "{}: the config file {} does not exist",
+            if flag { "--config" } else { "CODEBOX_CONFIG" },
+            path.display()
+        );
+    }
     Ok(Config::resolve(
         cli.config.as_deref(),
         |k| std::env::var(k).ok(),

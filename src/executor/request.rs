@@ -505,7 +505,7 @@ impl ValidRequest {
             files.push((path, Bytes::from(content)));
         }
         let l = req.limits.unwrap_or_default();
-        let (mut d, c) = (config.limits.defaults(), config.limits.ceilings());
+        let (mut d, c) = (config.limits.defaults(), config.ceilings());
         if let Some(t) = session {
             d = t.limits;
         }

@@ -90,7 +90,7 @@ fn run_rejects_limits_over_the_ceiling() {
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr)
-            .contains("limits.memory_mb: requested 32768 MB of memory; the maximum is 16384 MB"),
+            .contains("limits.memory_mb: requested 32768 MB of memory; the maximum is 8192 MB"),
         "{}",
         text(&out.stderr)
     );
@@ -165,7 +165,10 @@ fn languages_json_lists_every_language_with_its_image() {
     assert_eq!(py["image"], "codebox/python:3.11");
     assert_eq!(py["image_present"], true);
     assert_eq!(py["compiled"], true);
-    assert_eq!(v["limits"]["ceilings"]["memory_mb"], 16384);
+    assert_eq!(
+        v["limits"]["ceilings"]["memory_mb"], 8192,
+        "the budget, below the setting"
+    );
 }
 
 const AWK_REGISTRY: &str = r#"

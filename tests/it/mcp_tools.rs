@@ -543,7 +543,10 @@ async fn list_supported_languages_is_the_catalog() {
     assert_eq!(py["image"], "codebox/python:3.11");
     assert_eq!(py["image_present"], true);
     assert_eq!(v["limits"]["defaults"]["memory_mb"], 512);
-    assert_eq!(v["limits"]["ceilings"]["memory_mb"], 16384);
+    assert_eq!(
+        v["limits"]["ceilings"]["memory_mb"], 8192,
+        "the budget, below the setting"
+    );
     settle(&m).await;
 }
 
