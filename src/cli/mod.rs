@@ -8,6 +8,7 @@ mod doctor;
 mod history;
 mod images;
 mod languages;
+mod repl;
 mod run;
 mod serve;
 mod smoke;
@@ -56,6 +57,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a program file and print its output; the exit status mirrors the program's.
     Run(run::RunArgs),
+    /// An interactive session: cells run in one container that keeps files and (for stateful
+    /// languages) variables. Ctrl-C interrupts a cell, Ctrl-D ends the session.
+    Repl(repl::ReplArgs),
     /// List the supported languages.
     Languages {
         /// Print the same object as the `list_supported_languages` tool.
@@ -194,6 +198,7 @@ pub async fn dispatch(app: &App, command: Command) -> anyhow::Result<i32> {
     let mut out = std::io::stdout();
     match command {
         Command::Run(args) => run_file(app, args).await,
+        Command::Repl(args) => repl::repl(app, args).await,
         Command::Languages { json } => languages(app, json, &mut out).await,
         Command::Images { action } => images(app, action, &mut out).await,
         Command::Smoke { only, build } => smoke(app, &only, build, &mut out).await,

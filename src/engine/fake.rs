@@ -130,6 +130,8 @@ struct State {
     open_inputs: Arc<std::sync::atomic::AtomicUsize>,
     /// Requests sessions' containers received, with their records (kept after removal).
     session_requests: Vec<(String, Records)>,
+    /// Image builds as they start and end: "start TAG", "end TAG".
+    builds: Vec<String>,
 }
 
 /// The fake engine.
@@ -153,6 +155,11 @@ impl FakeEngine {
 
     pub fn fail_at(&self, step: Step) {
         self.state().fail.insert(step);
+    }
+
+    /// Image builds as they started and ended: "start TAG", "end TAG".
+    pub fn builds(&self) -> Vec<String> {
+        self.state().builds.clone()
     }
 
     /// Make the next `n` container removals fail.
@@ -541,7 +548,11 @@ impl ContainerEngine for FakeEngine {
         _no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
+        self.state().builds.push(format!("start {tag}"));
         progress("fake build");
+        // Long enough for builds started together to overlap.
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        self.state().builds.push(format!("end {tag}"));
         Ok(format!("sha256:fake-{tag}"))
     }
 

@@ -700,8 +700,9 @@ impl RunManager {
         }
     }
 
-    /// Refuse new runs, start no queued one, stop every queued and running one, and wait (up
-    /// to `grace`) until their containers are gone.
+    /// Refuse new runs, start no queued one, stop every queued and running one, end every
+    /// session, and wait (up to `grace` for the stops, and as long again for the removals)
+    /// until their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.executor.pool().close();
         self.end_all_sessions();
@@ -710,12 +711,13 @@ impl RunManager {
             st.admission.close();
             st.live.keys().cloned().collect()
         };
-        if ids.is_empty() {
-            return;
+        if !ids.is_empty() {
+            tracing::info!(runs = ids.len(), "stopping unfinished runs");
+            let stops = ids.iter().map(|id| self.stop(id));
+            let _ = tokio::time::timeout(grace, futures_util::future::join_all(stops)).await;
         }
-        tracing::info!(runs = ids.len(), "stopping unfinished runs");
-        let stops = ids.iter().map(|id| self.stop(id));
-        let _ = tokio::time::timeout(grace, futures_util::future::join_all(stops)).await;
+        // Sessions' containers (and those of the stopped runs) are removed in the background.
+        self.inner.executor.cleanup().drain(grace).await;
     }
 }
 

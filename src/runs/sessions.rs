@@ -350,12 +350,26 @@ fn rfc3339(t: SystemTime) -> String {
     chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// A session's container opened ahead of time (`sessions.ready`), waiting for its
+/// `create_session`: its driver started, nothing else run in it. Its memory is held.
+pub(super) struct Ready {
+    language: String,
+    container: Arc<SessionBox>,
+    since: Instant,
+    memory_mb: u64,
+}
+
 /// Every session of one manager.
 #[derive(Default)]
 pub(super) struct Sessions {
     pub open: HashMap<String, OpenSession>,
     /// Sessions being opened (they count against the caps already).
     pub opening: usize,
+    /// Containers opened ahead of time, and those being opened, by language.
+    ready: Vec<Ready>,
+    filling: Vec<String>,
+    /// Keep containers opened ahead of time (`codebox serve`).
+    keep_ready: bool,
     ended: HashMap<String, EndReason>,
     ended_order: VecDeque<String>,
 }
@@ -394,12 +408,32 @@ impl RunManager {
         let memory_mb = valid.limits.memory_mb;
         let settings = &config.sessions;
         let share_mb = settings.memory_budget_mb(&config);
+        let mut taken = None;
         {
             let mut st = self.lock();
             let st = &mut *st;
             if st.admission.is_closed() {
                 return Err(SessionError::ShuttingDown);
             }
+            let d = config.limits.defaults();
+            let default_limits = memory_mb == d.memory_mb && valid.limits.cpus == d.cpus;
+            if valid.files.is_empty() && default_limits {
+                let at = st
+                    .sessions
+                    .ready
+                    .iter()
+                    .position(|r| r.language == valid.language.id);
+                taken = at.map(|i| st.sessions.ready.swap_remove(i));
+            }
+        }
+        if let Some(ready) = taken {
+            let info = self.open_as_session(ready.container, &valid, &new_session_id());
+            self.refill_ready();
+            return Ok(info);
+        }
+        {
+            let mut st = self.lock();
+            let st = &mut *st;
             let open = st.sessions.open.len() + st.sessions.opening;
             if open >= settings.max_sessions {
                 return Err(SessionError::Full(format!(
@@ -461,6 +495,18 @@ impl RunManager {
             st.admission.unhold(memory_mb);
             return Err(SessionError::ShuttingDown);
         }
+        drop(st);
+        Ok(self.open_as_session(container, &valid, &id))
+    }
+
+    /// Record an opened container as session `id` (its memory is held already).
+    fn open_as_session(
+        &self,
+        container: Arc<SessionBox>,
+        valid: &ValidSession,
+        id: &str,
+    ) -> SessionInfo {
+        let settings = &self.inner.config.sessions;
         let now = SystemTime::now();
         let session = OpenSession {
             language: valid.language.id.clone(),
@@ -472,22 +518,125 @@ impl RunManager {
             last_used: Instant::now(),
             last_used_at: now,
             idle_timeout: valid.idle_timeout,
-            lifetime,
+            lifetime: Duration::from_secs(settings.max_lifetime_seconds),
             executions: 0,
             pending: 0,
             state: InterpreterState::New,
             workspace_bytes: 0,
             ending: None,
         };
-        let info = session.info(&id);
+        let info = session.info(id);
         tracing::info!(
-            session = log_id(&id),
+            session = log_id(id),
             language = info.language,
             "session opened"
         );
+        if let Some(h) = &self.inner.history {
+            h.session_opened(crate::history::SessionOpened {
+                session_id: id.to_string(),
+                language: info.language.clone(),
+                instance: self.inner.executor.instance().to_string(),
+                created_at_ms: crate::history::now_ms(),
+            });
+        }
         self.inner.metrics.session_opened();
-        st.sessions.open.insert(id, session);
-        Ok(info)
+        self.lock().sessions.open.insert(id.to_string(), session);
+        info
+    }
+
+    /// Keep `sessions.ready` containers opened ahead of time from now on (`codebox serve`).
+    pub fn start_ready_sessions(&self) {
+        self.lock().sessions.keep_ready = true;
+        self.refill_ready();
+    }
+
+    /// Open containers ahead of time where `sessions.ready` asks for more, while the
+    /// sessions' share and count and the budget have room for them.
+    pub(super) fn refill_ready(&self) {
+        let config = self.inner.config.clone();
+        let settings = &config.sessions;
+        let memory_mb = config.limits.defaults().memory_mb;
+        let mut st = self.lock();
+        if !st.sessions.keep_ready || st.admission.is_closed() {
+            return;
+        }
+        for (language, &want) in &settings.ready {
+            let Some(lang) = self.inner.registry.resolve(language).cloned() else {
+                continue;
+            };
+            loop {
+                let s = &st.sessions;
+                let have = s.ready.iter().filter(|r| r.language == lang.id).count()
+                    + s.filling.iter().filter(|l| **l == lang.id).count();
+                let containers = s.open.len() + s.opening + s.ready.len() + s.filling.len();
+                let room = st.admission.held_mb() + memory_mb <= settings.memory_budget_mb(&config)
+                    && st
+                        .admission
+                        .may_hold(memory_mb, self.inner.executor.pool().memory_mb());
+                if have >= want || containers >= settings.max_sessions || !room {
+                    break;
+                }
+                st.admission.hold(memory_mb);
+                st.sessions.filling.push(lang.id.clone());
+                let manager = self.clone();
+                let lang = lang.clone();
+                tokio::spawn(async move {
+                    let d = manager.inner.config.limits.defaults();
+                    let spec = SessionSpec {
+                        name: format!("codebox-session-{}", &new_session_id()[4..16]),
+                        language: &lang,
+                        limits: Limits {
+                            memory_mb: d.memory_mb,
+                            cpus: d.cpus,
+                        },
+                        workspace_mb: manager.inner.config.sessions.workspace_mb_for(d.memory_mb),
+                        files: Files::default(),
+                        lifetime: Duration::from_secs(
+                            manager.inner.config.sessions.max_lifetime_seconds
+                                + manager.inner.config.pool.idle_seconds,
+                        ),
+                    };
+                    let opened = manager.inner.executor.open_session(spec).await;
+                    let mut st = manager.lock();
+                    if let Some(i) = st.sessions.filling.iter().position(|l| *l == lang.id) {
+                        st.sessions.filling.swap_remove(i);
+                    }
+                    match opened {
+                        Ok(c) if !st.admission.is_closed() => st.sessions.ready.push(Ready {
+                            language: lang.id.clone(),
+                            container: Arc::new(c),
+                            since: Instant::now(),
+                            memory_mb: d.memory_mb,
+                        }),
+                        other => {
+                            if let Err(e) = other {
+                                tracing::warn!(language = lang.id, error = %e, "could not open a session ahead of time");
+                            }
+                            st.admission.unhold(d.memory_mb);
+                            manager.pump(&mut st);
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// Containers opened ahead of time that waited longer than `pool.idle_seconds` are
+    /// replaced; on shutdown (`all`) every one goes.
+    pub(super) fn expire_ready(&self, all: bool) {
+        let max = Duration::from_secs(self.inner.config.pool.idle_seconds);
+        let mut st = self.lock();
+        let (old, keep): (Vec<Ready>, Vec<Ready>) = std::mem::take(&mut st.sessions.ready)
+            .into_iter()
+            .partition(|r| all || r.since.elapsed() >= max);
+        st.sessions.ready = keep;
+        for r in &old {
+            r.container.close();
+            st.admission.unhold(r.memory_mb);
+        }
+        if !old.is_empty() {
+            self.pump(&mut st);
+        }
     }
 
     /// The open sessions of this server.
@@ -743,10 +892,14 @@ impl RunManager {
         for (id, reason) in due {
             self.end_session(&mut st, &id, reason);
         }
+        drop(st);
+        self.expire_ready(false);
+        self.refill_ready();
     }
 
-    /// End every session (shutdown).
+    /// End every session (shutdown), and remove the containers opened ahead of time.
     pub(super) fn end_all_sessions(&self) {
+        self.expire_ready(true);
         let mut st = self.lock();
         let ids: Vec<String> = st.sessions.open.keys().cloned().collect();
         for id in ids {

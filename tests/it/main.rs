@@ -31,6 +31,7 @@ mod registry_file;
 mod remote_tls;
 mod runs;
 mod serve_child;
+mod sessions;
 mod sessions_fake;
 mod shared_store;
 mod workspace;
