@@ -113,7 +113,7 @@ pub fn command() -> clap::Command {
 
 /// `languages.toml`: the `languages` setting, else the current folder's, else the one next
 /// to the sources this binary was built from.
-fn registry_path(config: &Config) -> PathBuf {
+pub(crate) fn registry_path(config: &Config) -> PathBuf {
     if let Some(p) = &config.languages {
         return p.clone();
     }

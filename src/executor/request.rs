@@ -226,7 +226,10 @@ fn limit(
     if !v.is_finite() {
         return reject(
             field,
-            format!("must be a finite number (1 to {} {unit})", fmt_num(ceiling)),
+            format!(
+                "must be a finite number (at most {} {unit})",
+                fmt_num(ceiling)
+            ),
         );
     }
     if v <= 0.0 {

@@ -334,3 +334,19 @@ fn a_run_in_flight_names_its_process_and_a_sigterm_leaves_its_row_final() {
         "containers left"
     );
 }
+
+#[test]
+fn config_names_the_language_registry_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = codebox_command()
+        .arg("config")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let registry = crate::common::root().join("languages.toml");
+    let first = stdout(&o).lines().next().unwrap_or_default().to_string();
+    assert_eq!(
+        first,
+        format!("# language registry in use: {}", registry.display())
+    );
+}

@@ -656,6 +656,15 @@ fn the_memory_ceiling_is_the_smaller_of_the_setting_and_the_budget() {
 }
 
 #[test]
+fn a_non_finite_limit_states_no_wrong_minimum() {
+    let msg = reject(with_limits(None, Some(f64::NAN), None));
+    assert_eq!(
+        msg,
+        "limits.timeout_seconds: must be a finite number (at most 3600 s)"
+    );
+}
+
+#[test]
 fn limits_within_ceilings_are_kept_exactly() {
     let v = valid(with_limits(Some(8192.0), Some(0.5), Some(4.0)));
     assert_eq!(
