@@ -101,8 +101,13 @@ pub const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
 pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
 /// Prefix of every configuration variable.
 pub const ENV_PREFIX: &str = "CODEBOX_";
-/// Short variables of one-word keys, kept from before the names were derived.
-const SHORT_ALIASES: [(&str, &str); 1] = [("CODEBOX_LISTEN", "http.listen")];
+/// Short variables kept from before the names were derived (one-word keys, and keys that
+/// later settings came to share).
+const SHORT_ALIASES: [(&str, &str); 2] = [
+    ("CODEBOX_LISTEN", "http.listen"),
+    // Documented before `sessions.memory_budget_mb` shared its last key.
+    ("CODEBOX_MEMORY_BUDGET_MB", "runs.memory_budget_mb"),
+];
 fn did_you_mean(nearest: &Option<String>) -> String {
     nearest
         .as_ref()

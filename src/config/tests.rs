@@ -72,6 +72,7 @@ fn every_setting_has_a_file_key_a_flag_and_a_variable() {
         ("CODEBOX_LISTEN", "http.listen"),
         ("CODEBOX_ALLOWED_HOSTS", "http.allowed_hosts"),
         ("CODEBOX_MAX_BODY_BYTES", "http.max_body_bytes"),
+        ("CODEBOX_MEMORY_BUDGET_MB", "runs.memory_budget_mb"),
     ] {
         let s = settings.iter().find(|s| s.path == path).unwrap();
         assert!(
