@@ -290,6 +290,7 @@ impl ValidRequest {
         session: Option<SessionTerms<'_>>,
     ) -> Result<ValidRequest, RequestError> {
         let mut language = language.clone();
+        language.name_after(&req.code);
         if let Some(lower) = req.compile_limits {
             lower_compile_limits(&mut language, lower)?;
         }

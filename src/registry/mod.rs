@@ -3,6 +3,7 @@
 //! the field.
 
 mod raw;
+mod source_name;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use serde::Deserialize;
 
 use crate::report::Status;
 
+pub use source_name::SourceName;
 pub use validate::is_safe_file_name;
 use validate::{is_identifier, is_safe_relative, serde_field, validate_language, IDENT_RULE};
 
@@ -83,6 +85,8 @@ pub struct Language {
     pub extensions: Vec<String>,
     pub image: Image,
     pub source_file: String,
+    /// How a program renames its source file (and `{name}` in the commands), if it can.
+    pub source_name: Option<SourceName>,
     pub compile: Option<Vec<String>>,
     /// A syntax check run in the run stage's container right before the program (no extra
     /// container); a non-zero exit is `compile_error`. For interpreters whose checker finds

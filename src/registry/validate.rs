@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::raw;
 use super::*;
+use super::{raw, source_name};
 
 pub(super) const IDENT_RULE: &str =
     "must be lowercase letters, digits, `_`, `-` or `+`, starting with a letter";
@@ -102,6 +102,17 @@ pub(super) fn validate_language(
             "a language has a compile stage or a check, not both (its compiler checks)".into(),
         );
     }
+    let (stem, _) = source_name::split_name(&raw.source_file);
+    let source_name = match &raw.source_name {
+        Some(p) => Some(
+            SourceName::new(p, raw.compile.clone(), raw.check.clone(), raw.run.clone())
+                .map_err(|m| ("source_name".to_string(), m))?,
+        ),
+        None => None,
+    };
+    let compile = raw.compile.as_deref().map(|c| source_name::fill(c, stem));
+    let check = raw.check.as_deref().map(|c| source_name::fill(c, stem));
+    let run = source_name::fill(&raw.run, stem);
     if let Some(v) = &raw.version {
         if v.is_empty() {
             return err("version", "must be a non-empty command when present".into());
@@ -245,9 +256,10 @@ pub(super) fn validate_language(
         extensions,
         image: image.clone(),
         source_file: raw.source_file,
-        compile: raw.compile,
-        check: raw.check,
-        run: raw.run,
+        source_name,
+        compile,
+        check,
+        run,
         version: raw.version,
         env: raw.env,
         packages: raw.packages,

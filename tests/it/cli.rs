@@ -40,6 +40,19 @@ fn run_prints_output_and_mirrors_the_exit_status() {
 }
 
 #[test]
+fn a_java_file_runs_under_the_name_of_its_public_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let hello = write_temp(
+        &dir,
+        "Hello.java",
+        "public class Hello {\n    public static void main(String[] a) { System.out.println(\"hello from \" + Hello.class.getName()); }\n}\n",
+    );
+    let out = codebox(&["run", &hello]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hello from Hello\n");
+}
+
+#[test]
 fn run_json_prints_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let file = write_temp(
