@@ -14,7 +14,9 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-image=codebox-init-test
+# A tag of its own: another worktree's run of this script may build and remove its own at the
+# same time.
+image=codebox-init-test-$$
 work=$(mktemp -d)
 failed=0
 containers=()
