@@ -24,6 +24,13 @@ pub struct LanguageInfo {
     pub image_present: bool,
     /// Name the code is saved under in the workspace.
     pub source_file: String,
+    /// Where the code itself names the file: a regular expression whose first group, when it
+    /// matches the code, replaces the stem of `source_file` (Java: `public class Hello` is
+    /// saved as `Hello.java`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_name: Option<String>,
+    /// File extensions `codebox run` takes as this language (without the dot).
+    pub extensions: Vec<String>,
     /// Whether a compile step or syntax check runs first (its failures are `compile_error`).
     pub compiled: bool,
     /// Toolchain version, recorded when the image was built; null if unknown.
@@ -83,6 +90,8 @@ pub async fn catalog(
             image: lang.image.tag.clone(),
             image_present: info.is_some(),
             source_file: lang.source_file.clone(),
+            source_name: lang.source_name.as_ref().map(|s| s.pattern().to_string()),
+            extensions: lang.extensions.clone(),
             compiled: lang.can_fail_to_compile(),
             version: info.and_then(|i| {
                 i.labels
@@ -101,7 +110,7 @@ pub async fn catalog(
         languages,
         limits: LimitsInfo {
             defaults: config.limits.defaults(),
-            ceilings: config.limits.ceilings(),
+            ceilings: config.ceilings(),
         },
     })
 }

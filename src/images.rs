@@ -5,9 +5,15 @@
 //! command run in a locked-down container from the new image; the answers become image labels
 //! (`codebox.version.<language>`) on the final tag, so versions are recorded at build time,
 //! never typed by hand.
+//!
+//! An image folder may also hold `pypi-wheels.txt`: PyPI wheels (a toolchain that Debian does
+//! not package, such as Zig's) that the build downloads on the host, with pip, pinned by
+//! version and hash, into the build context's `wheels/` folder. Nothing is fetched inside the
+//! build, whose containers may not reach the registry.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::engine::{ContainerEngine, EngineError};
@@ -18,6 +24,10 @@ use crate::registry::{Image, Registry};
 pub const VERSION_LABEL_PREFIX: &str = "codebox.version.";
 /// How long a version command may take.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The file of an image folder that lists PyPI wheels to download into the build context.
+pub const WHEELS_FILE: &str = "pypi-wheels.txt";
+/// Where the downloaded wheels appear in the build context.
+pub const WHEELS_DIR: &str = "wheels";
 
 /// What is known of one image.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -75,6 +85,8 @@ pub enum ImageError {
     },
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error("cannot download the wheels listed in {path}: {detail}")]
+    Wheels { path: String, detail: String },
     #[error("image {tag}: the version command of `{language}` failed: {source}")]
     Version {
         tag: String,
@@ -90,12 +102,86 @@ pub enum ImageError {
     },
 }
 
-/// Tar a build context folder (the Dockerfile at its root).
-fn context_tar(dir: &Path) -> std::io::Result<Vec<u8>> {
+/// Tar a build context folder (the Dockerfile at its root), with the downloaded wheels, if
+/// any, under `wheels/`.
+fn context_tar(dir: &Path, wheels: Option<&Path>) -> std::io::Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
     b.follow_symlinks(false);
     b.append_dir_all(".", dir)?;
+    if let Some(w) = wheels {
+        b.append_dir_all(WHEELS_DIR, w)?;
+    }
     b.into_inner()
+}
+
+/// The pip arguments that download the wheels listed in `list` into `dest`. Every line must
+/// pin a hash (`--require-hashes`), and only built wheels are taken (`--only-binary`): a
+/// source distribution would run its build script on the host.
+pub fn pip_download_args(list: &Path, dest: &Path) -> Vec<OsString> {
+    let mut args: Vec<OsString> = [
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        "--dest",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    args.push(dest.into());
+    args.push("--requirement".into());
+    args.push(list.into());
+    args
+}
+
+/// A folder of downloaded wheels, removed when dropped.
+#[derive(Debug)]
+pub struct Wheels {
+    pub dir: PathBuf,
+}
+
+impl Drop for Wheels {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Download the wheels listed in `list` (pip's requirements format, each line pinned with
+/// `--hash`) into a fresh temporary folder, with the host's `python3 -m pip` (pip keeps its own
+/// download cache, so a rebuild does not fetch them again).
+pub async fn fetch_wheels(list: &Path) -> Result<Wheels, ImageError> {
+    let failed = |detail: String| ImageError::Wheels {
+        path: list.display().to_string(),
+        detail,
+    };
+    let wheels = Wheels {
+        dir: std::env::temp_dir().join(format!("codebox-wheels-{}", uuid::Uuid::new_v4().simple())),
+    };
+    std::fs::create_dir_all(&wheels.dir).map_err(|e| failed(e.to_string()))?;
+    let out = tokio::process::Command::new("python3")
+        .args(pip_download_args(list, &wheels.dir))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| {
+            failed(format!(
+                "cannot run `python3 -m pip` on this host ({e}); install pip"
+            ))
+        })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        return Err(failed(format!(
+            "pip exited with {}: {}",
+            out.status,
+            tail[tail.len().saturating_sub(6)..].join(" / ")
+        )));
+    }
+    Ok(wheels)
 }
 
 /// The registry images an image's Dockerfile builds `FROM` (the base image, for a language
@@ -159,9 +245,20 @@ pub async fn build(
 ) -> Result<String, ImageError> {
     let engine = executor.engine().as_ref();
     let dir = registry.root().join(&image.context);
+    let list = dir.join(WHEELS_FILE);
+    let wheels = if list.is_file() {
+        progress(&format!(
+            "downloading the wheels listed in {}",
+            list.display()
+        ));
+        Some(fetch_wheels(&list).await?)
+    } else {
+        None
+    };
     let tar = {
         let d = dir.clone();
-        tokio::task::spawn_blocking(move || context_tar(&d))
+        let w = wheels.as_ref().map(|w| w.dir.clone());
+        tokio::task::spawn_blocking(move || context_tar(&d, w.as_deref()))
             .await
             .map_err(|e| ImageError::Context {
                 path: dir.display().to_string(),
@@ -172,6 +269,7 @@ pub async fn build(
                 source,
             })?
     };
+    drop(wheels);
     let base_labels = BTreeMap::from([("codebox.image".to_string(), image.name.clone())]);
     let id = engine
         .build_image(&image.tag, tar, base_labels.clone(), no_cache, progress)
@@ -221,4 +319,65 @@ pub async fn build(
     Ok(engine
         .build_image(&image.tag, tar, labels, false, &|_| {})
         .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_context_carries_the_downloaded_wheels_under_wheels() {
+        let context = tempfile::tempdir().unwrap();
+        std::fs::write(context.path().join("Dockerfile"), "FROM scratch\n").unwrap();
+        let wheels = tempfile::tempdir().unwrap();
+        std::fs::write(wheels.path().join("tool-1.0-py3-none-any.whl"), b"zip").unwrap();
+        let names = |tar: Vec<u8>| -> Vec<String> {
+            tar::Archive::new(&tar[..])
+                .entries()
+                .unwrap()
+                .map(|e| e.unwrap().path().unwrap().display().to_string())
+                .collect()
+        };
+        let with = names(context_tar(context.path(), Some(wheels.path())).unwrap());
+        assert!(with.iter().any(|n| n == "Dockerfile"), "{with:?}");
+        assert!(
+            with.iter().any(|n| n == "wheels/tool-1.0-py3-none-any.whl"),
+            "{with:?}"
+        );
+        let without = names(context_tar(context.path(), None).unwrap());
+        assert!(
+            !without.iter().any(|n| n.starts_with("wheels")),
+            "{without:?}"
+        );
+    }
+
+    #[test]
+    fn wheels_are_downloaded_pinned_by_hash_and_never_built_on_the_host() {
+        let args: Vec<String> = pip_download_args(Path::new("/x/pypi-wheels.txt"), Path::new("/d"))
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        for flag in ["--require-hashes", "--only-binary=:all:", "--no-deps"] {
+            assert!(
+                args.iter().any(|a| a == flag),
+                "{flag} missing from {args:?}"
+            );
+        }
+        assert_eq!(args[..3], ["-m", "pip", "download"]);
+        assert!(args.ends_with(&[
+            "--dest".to_string(),
+            "/d".to_string(),
+            "--requirement".to_string(),
+            "/x/pypi-wheels.txt".to_string()
+        ]));
+    }
+
+    #[test]
+    fn the_wheels_folder_is_removed_when_dropped() {
+        let dir = std::env::temp_dir().join(format!("codebox-wheels-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.whl"), b"x").unwrap();
+        drop(Wheels { dir: dir.clone() });
+        assert!(!dir.exists());
+    }
 }

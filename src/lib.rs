@@ -13,22 +13,30 @@
 //!   and the Piston v2 and Judge0 CE compatible routes, on the same run manager.
 //! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
 //!   run manager for every command.
-//! - [`mcp`]: the six MCP tools, typed parameters and results.
+//! - [`mcp`]: the ten MCP tools, typed parameters and results, their descriptions written
+//!   from the running configuration.
 //! - [`runs`]: the run manager (admission queue, concurrency cap, memory budget, stop,
-//!   retention) and its metrics.
-//! - [`history`]: the run history on its own thread, in SQLite or a shared PostgreSQL behind
-//!   one seam, with one list of migrations and the instances' heartbeats.
+//!   retention), sessions (`sessions/`: their lifetimes, ends and budget), and metrics.
+//! - [`history`]: the run history on its own thread (`actor.rs`: the commands, bounded by
+//!   count and bytes, and the thread), in SQLite or a shared PostgreSQL (over TLS as libpq's
+//!   `sslmode` says, `pg_tls.rs`) behind one seam, with one list of migrations and the
+//!   instances' heartbeats.
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.
-//! - [`executor`]: request validation, the workspace, the two stages, outcomes.
-//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker.rs` (the only bollard user:
+//! - [`executor`]: request validation, the workspace, the two stages, outcomes, and a
+//!   session's container (`session.rs`).
+//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user:
 //!   a local socket, or TCP with TLS trusting only the operator's CA),
-//!   `fake.rs` (records specs, fails on demand), `guard.rs` (removal), `posture.rs` (the
-//!   locked-down spec).
+//!   `fake.rs` (records specs, fails on demand; only with the `testing` feature, which the
+//!   crate's own tests turn on, never in the shipped binary), `guard.rs` (removal),
+//!   `posture.rs` (the locked-down spec).
 //! - [`instance`]: this process's identity and liveness lock.
 //! - [`registry`]: `languages.toml`, raw serde types then validated languages and images.
-//! - [`config`]: operator settings, resolved once (file, environment, flags) and validated.
+//! - [`config`]: operator settings, resolved once and validated: the `Config` struct
+//!   (`mod.rs`), its sections (`sections.rs`, `history.rs` with the PostgreSQL URL and its
+//!   TLS parameters in `postgres_tls.rs`, `docker.rs`), where values come from
+//!   (`sources.rs`: file, environment, `--set`) and `validate.rs`.
 //! - [`report`]: the run report, one shape everywhere.
 
 pub mod api;

@@ -1,6 +1,6 @@
 //! The `codebox` binary: parse the command line, send logs to stderr, map errors to exit codes.
 
-use clap::Parser;
+use clap::FromArgMatches;
 
 /// An error and its causes, each cause said once: most of codebox's errors already quote
 /// their cause, which `{:#}` would repeat.
@@ -17,9 +17,14 @@ fn describe(e: &anyhow::Error) -> String {
 }
 
 fn main() {
-    let cli = codebox::cli::Cli::parse();
+    let matches = codebox::cli::command().get_matches();
+    let cli = codebox::cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Colour only for a person at a terminal, and never when NO_COLOR is set (no-color.org).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CODEBOX_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

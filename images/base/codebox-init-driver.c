@@ -315,6 +315,7 @@ int driver_start(void)
         if (nul < 0 || fq < 0 || fr < 0 || frep < 0 || fnul < 0)
             _exit(127);
         child_setup(fnul, o[1], e[1]);
+        setpgid(0, 0); /* a group of its own, whatever this process is: see interrupt() */
         if (dup2(fq, 3) != 3 || dup2(fr, 4) != 4)
             _exit(127);
         static char cell_stdin[MAX_PATH + 32];
@@ -327,6 +328,7 @@ int driver_start(void)
         cfg.env = env, cfg.nenv = drv.nenv + 1;
         child_exec(drv.argv, frep);
     }
+    setpgid(pid, pid); /* the child does too; whichever runs first */
     close(o[1]), close(e[1]), close(q[0]), close(r[1]), close(rep[1]);
     if (read(rep[0], &exec_errno, sizeof exec_errno) != (ssize_t)sizeof exec_errno)
         exec_errno = 0; /* end of file: exec succeeded */
@@ -503,15 +505,17 @@ __attribute__((format(printf, 2, 3))) static void broken(struct run *r, const ch
     r->killed = r->over = 1;
 }
 
-/* Interrupt the cell (deadline or SIGTERM): its other processes are killed and the driver gets
- * SIGINT and interrupt_ms to answer. */
+/* Interrupt the cell (deadline or SIGTERM) as a terminal's Ctrl-C does: SIGINT to the driver's
+ * process group, so that a program the cell waits for stops too and the cell cannot go on past
+ * its deadline once that program is gone (a shell leaves a loop only when the command it waits
+ * for died of SIGINT). The driver has interrupt_ms to answer; what the cell started is killed
+ * when it ends, or, with the driver, when it does not answer in time. */
 static void interrupt(struct run *r, const char *end)
 {
     r->end = end;
-    kill_others(drv.pid, &r->acc, &r->status, &r->dead);
     if (r->dead)
         return;
-    kill(drv.pid, SIGINT);
+    kill(-drv.pid, SIGINT);
     uint64_t ms = r->c->interrupt_ms < 1000000000ULL ? r->c->interrupt_ms : 1000000000ULL;
     r->grace = now_ns() + (int64_t)ms * 1000000;
 }

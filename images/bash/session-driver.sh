@@ -11,26 +11,31 @@
 # makes globals, `return` and `break` are refused as in a script), with fd 0 on
 # $CODEBOX_CELL_STDIN; its status is the status of its last command.
 #
-# SIGINT: a non-interactive shell cannot stop what it runs on SIGINT, only an interactive one
-# can (it abandons the command line it runs and reads the next, as in a terminal). So the
-# shell that runs the cells is `bash -i`, reading its command lines from a FIFO on its fd 0;
-# each line runs one cell, and before the cell runs it writes the next line into the FIFO.
-# SIGINT abandons the line; the next one answers `done interrupted` for it. The shell also
-# waits for a foreground command before it acts on SIGINT, so codebox-init sends SIGINT to the
-# driver's process group, which includes that command. Between cells SIGINT is ignored.
+# SIGINT: a non-interactive shell cannot stop what it runs on SIGINT (a trap runs after the
+# command, and the script goes on); an interactive one can: it abandons what it runs and reads
+# its next command line, as in a terminal. So the shell that runs the cells is `bash -i`,
+# reading command lines from a FIFO on its fd 0, and each cell runs from $PROMPT_COMMAND,
+# which the shell runs before it reads a line (and runs as a non-interactive shell would: no
+# job numbers, no terminal complaints). Before the cell runs, the driver writes an empty line
+# into the FIFO: SIGINT abandons the cell, the shell reads that line, and the next
+# $PROMPT_COMMAND answers `done interrupted` for it. A shell acts on SIGINT only once the
+# command it waits on has ended, and only if that command died of it, so a `sleep` the cell
+# waits on must get SIGINT too (a terminal's Ctrl-C goes to the whole process group); a
+# command codebox-init kills first lets the cell go on to its next command until SIGINT comes.
+# Between cells SIGINT is ignored.
 #
 # As in a terminal, `exit` (and a failing command under `set -e`) ends the shell and so the
 # driver: codebox-init reports driver_exited and starts a new one; bash writes "exit" on
 # stderr then. The code is read byte for byte (LC_ALL=C): a cell may hold any byte but NUL,
 # which no shell variable can (such a cell is answered `syntax`); the read is a byte per
-# system call, so a cell of 1 MB takes about a second to arrive.
+# system call, so a cell of 1 MB takes a second or two to arrive (100 KB: 0.2 s).
 
 if [ "$1" != --setup ]; then
   # Started by codebox-init: make the FIFO and become the interactive shell that reads it.
   fifo=$(mktemp -u /tmp/codebox-bash-driver.XXXXXXXX) && mkfifo -m 600 "$fifo" || exit 70
   exec 5<>"$fifo"
   rm -f "$fifo"
-  printf '%s\n' ". '${BASH_SOURCE[0]}' --setup" >&5
+  printf '%s\n' ". '${BASH_SOURCE[0]}' --setup" >&5 # the first command line
   # Job control off (+m); its start-up complaints and the first prompt go to /dev/null, the
   # real stderr waits on fd 9 until --setup takes it back.
   exec "$BASH" --norc --noprofile --noediting +m -i 0<&5 5<&- 9>&2 2>/dev/null
@@ -39,16 +44,17 @@ fi
 # --setup: sourced by the interactive shell, as its first command line.
 exec 2>&9 9>&-
 PS1='' PS2='' PS0=''
-unset PROMPT_COMMAND HISTFILE
+unset HISTFILE
 set +o history +H
 exec {__codebox_requests}<&3 {__codebox_replies}>&4 3<&- 4<&- # fds 3 and 4 are the cells'
 __codebox_bash=$BASH
 __codebox_busy=     # set while a cell runs
 __codebox_code=
 exec {__codebox_stderr}>&2 # for a fatal error, wherever a cell sends fd 2
-# The command line that runs one cell. Backslashes: never an alias; 2>/dev/null: under a
-# cell's `set -x`, the driver's own commands are not traced.
-__codebox_line='{ \__codebox_next; } 2>/dev/null && { builtin eval -- "$__codebox_code"; } <"${CODEBOX_CELL_STDIN:-/dev/null}"; { \__codebox_done $?; } 2>/dev/null'
+# What runs one cell, at the top level (`eval` in a function would make `declare` local).
+# Backslashes: never an alias; 2>/dev/null: under a cell's `set -x`, the driver's own
+# commands are not traced.
+PROMPT_COMMAND='{ \__codebox_next; } 2>/dev/null && { builtin eval -- "$__codebox_code"; } <"${CODEBOX_CELL_STDIN:-/dev/null}"; { \__codebox_done $?; } 2>/dev/null'
 
 __codebox_reply() {
   builtin printf '%s' "$1" >&"$__codebox_replies"
@@ -66,7 +72,7 @@ __codebox_next() {
   local - # the cells' `set` options (-e, -u, -x, pipefail) are not this function's
   set +euxo pipefail
   builtin trap '' INT
-  builtin printf '%s\n' "$__codebox_line" >&0 # the next command line, whatever happens to this
+  builtin printf '\n' >&0 # a command line to read after this cell, whatever happens to it
   if [[ -n $__codebox_busy ]]; then
     __codebox_busy=
     __codebox_reply $'done interrupted\n'
@@ -127,4 +133,4 @@ __codebox_done() {
 
 builtin trap '' INT
 __codebox_reply $'ready\n'
-builtin printf '%s\n' "$__codebox_line" >&0
+# The first cell: the prompt after this command line runs $PROMPT_COMMAND.

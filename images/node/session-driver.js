@@ -104,7 +104,7 @@ function syntaxError(source, filename) {
     new vm.Script(source, { filename });
     return null;
   } catch (e) {
-    if (!/await is only valid/.test(e.message)) return withoutDriverFrames(String(e.stack)) + "\n";
+    if (!/await is only valid/.test(e.message)) return withoutFrames(String(e.stack)) + "\n";
     try {
       new vm.Script(`(async () => {\n${source}\n})`, { filename, lineOffset: -1 });
       return null;
@@ -114,17 +114,23 @@ function syntaxError(source, filename) {
         return `${filename}:${lines.length}\n${lines[lines.length - 1]}\n\n` +
           "SyntaxError: Unexpected end of input\n";
       }
-      return withoutDriverFrames(String(e2.stack)) + "\n";
+      return withoutFrames(String(e2.stack)) + "\n";
     }
   }
 }
 
-// A stack as text, cut where this driver's frames begin (a cell's frames come first).
+// A stack as text, cut where this driver's frames begin: a cell's frames come first, then
+// the inspector's that ran it and this file's.
 function withoutDriverFrames(text) {
   const lines = text.split("\n");
   const ours = lines.findIndex((l) => /^\s+at /.test(l) &&
-    (l.includes("node:inspector") || l.includes(__filename) || l.includes("node:vm")));
+    (l.includes("(node:inspector:") || l.includes(__filename)));
   return (ours < 0 ? lines : lines.slice(0, ours)).join("\n");
+}
+
+// A compile error as Node prints a script's: where, the line, the caret, the message.
+function withoutFrames(text) {
+  return text.split("\n").filter((l) => !/^\s+at /.test(l)).join("\n");
 }
 
 function printError(error) {

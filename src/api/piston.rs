@@ -237,8 +237,8 @@ fn decode_file(i: usize, f: &PistonFile) -> Result<(String, Encoding), String> {
 /// The request as a codebox run.
 fn to_run(api: &Api, req: ExecuteRequest, lang: &Language) -> Result<RunRequest, String> {
     let c = api.manager().config();
-    let ceilings = c.limits.ceilings();
-    let memory_ceiling_mb = ceilings.memory_mb.min(c.runs.memory_budget_mb);
+    let ceilings = c.ceilings();
+    let memory_ceiling_mb = ceilings.memory_mb;
     let run_timeout = client_limit(
         "run_timeout",
         req.run_timeout,

@@ -6,6 +6,12 @@ use crate::config::Config;
 
 pub fn print(config: &Config, list: bool, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
     if !list {
+        // A comment, so that the output still reads back as a config file.
+        writeln!(
+            out,
+            "# language registry in use: {}",
+            super::registry_path(config).display()
+        )?;
         write!(out, "{}", config.to_toml())?;
         super::flush(out)?;
         return Ok(0);

@@ -90,6 +90,12 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
         }
         writeln!(out, "  {} {what}", if pass { "ok  " } else { "FAIL" })
     };
+    writeln!(
+        out,
+        "Language registry: {} ({} languages)",
+        app.registry.path.display(),
+        app.registry.languages.len()
+    )?;
     writeln!(out, "Docker:")?;
     let info = match app.engine.ping().await {
         Ok(info) => info,

@@ -93,6 +93,9 @@ pub async fn history(
             .exit_code
             .map_or_else(|| "-".to_string(), |c| c.to_string());
         let mut message: String = r.message.chars().take(60).collect();
+        if !r.status.is_terminal() {
+            message = format!("{message} [{}]", owner(app, r).await);
+        }
         if let (Some(s), Some(n)) = (&r.session_id, r.execution_count) {
             let tag: String = s.chars().take(10).collect();
             message = format!("[{tag}… #{n}] {message}");
@@ -111,4 +114,30 @@ pub async fn history(
     }
     super::flush(out)?;
     Ok(0)
+}
+
+/// Which process holds a run still in flight, as far as this process can tell: its instance
+/// id, and whether it is alive (its lock file, on this host and data directory) or when it
+/// was last heard from (its heartbeat, from another host).
+async fn owner(app: &App, row: &crate::history::HistoryRow) -> String {
+    use crate::instance::{Instance, Liveness};
+    let id: String = row.instance.chars().take(12).collect();
+    if row.instance == app.instance.id {
+        return format!("in flight in this process ({id})");
+    }
+    match Instance::liveness(&app.config.data_dir, &row.instance) {
+        Liveness::Alive => format!("in flight in codebox process {id}, alive on this host"),
+        Liveness::Dead => format!(
+            "codebox process {id} is gone; the next codebox to start marks this run interrupted"
+        ),
+        Liveness::Unknown => match app.history.whereabouts(&row.run_id).await {
+            Ok(Some(w)) => format!(
+                "in flight in codebox process {id} on {}, last heard from {}",
+                w.host.as_deref().unwrap_or("an unknown host"),
+                w.last_seen_ms_ago
+                    .map_or_else(|| "never".to_string(), |ms| format!("{} s ago", ms / 1000))
+            ),
+            _ => format!("in flight in codebox process {id}"),
+        },
+    }
 }

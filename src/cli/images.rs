@@ -1,11 +1,17 @@
 //! `codebox images build|list`, and building a missing image on first use, with progress.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
 use crate::app::App;
 use crate::images;
-use crate::registry::Language;
+use crate::registry::{Image, Language};
+
+/// Images built at once by `codebox images build` unless `--jobs` says otherwise.
+pub const DEFAULT_BUILD_JOBS: u16 = 3;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ImagesAction {
@@ -15,6 +21,9 @@ pub enum ImagesAction {
         /// Rebuild every layer, e.g. to pick up Debian's security updates.
         #[arg(long)]
         no_cache: bool,
+        /// Images built at once (each after the images it builds on).
+        #[arg(long, default_value_t = DEFAULT_BUILD_JOBS, value_parser = clap::value_parser!(u16).range(1..=16))]
+        jobs: u16,
     },
     /// Show which images are present.
     List {
@@ -29,7 +38,11 @@ pub async fn images(
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
     match action {
-        ImagesAction::Build { names, no_cache } => {
+        ImagesAction::Build {
+            names,
+            no_cache,
+            jobs,
+        } => {
             app.engine.ping().await?;
             let names: Vec<String> = if names.is_empty() {
                 app.registry.images.keys().cloned().collect()
@@ -38,11 +51,21 @@ pub async fn images(
             };
             // An image another one builds on comes first; one that was not asked for is
             // built only when it is missing.
+            let mut todo = Vec::new();
             for image in images::build_order(&app.registry, &names)? {
                 let asked = names.contains(&image.name);
                 if asked || app.engine.inspect_image(&image.tag).await?.is_none() {
-                    build(app, &image.name, no_cache).await?;
+                    todo.push(image);
                 }
+            }
+            let started = Instant::now();
+            let built = todo.len();
+            build_all(app, todo, no_cache, usize::from(jobs)).await?;
+            if built > 1 {
+                eprintln!(
+                    "built {built} images in {:.1} s ({jobs} at once)",
+                    started.elapsed().as_secs_f64()
+                );
             }
             Ok(0)
         }
@@ -97,16 +120,66 @@ pub async fn ensure(app: &App, lang: &Language) -> anyhow::Result<()> {
             image.tag,
             image.context.display()
         );
-        build(app, &image.name, false).await?;
+        build(app, image, false, &indicatif::MultiProgress::new()).await?;
     }
     Ok(())
 }
 
+/// Build `todo` (each after the images it builds on, which come earlier in it), up to `jobs`
+/// at once. After a failure no new build starts; those under way finish, and the first error
+/// is returned.
+async fn build_all(
+    app: &App,
+    todo: Vec<&Image>,
+    no_cache: bool,
+    jobs: usize,
+) -> anyhow::Result<()> {
+    let bars = indicatif::MultiProgress::new();
+    let mut pending = todo;
+    let waits_for = |image: &Image, pending: &[&Image], running: &BTreeSet<String>| {
+        images::dependencies(&app.registry, image)
+            .iter()
+            .any(|d| running.contains(&d.name) || pending.iter().any(|p| p.name == d.name))
+    };
+    let mut running = BTreeSet::new();
+    let mut under_way = FuturesUnordered::new();
+    let mut first_error = None;
+    loop {
+        while first_error.is_none() && under_way.len() < jobs.max(1) {
+            let Some(i) = pending
+                .iter()
+                .position(|img| !waits_for(img, &pending, &running))
+            else {
+                break;
+            };
+            let image = pending.remove(i);
+            running.insert(image.name.clone());
+            let bars = &bars;
+            under_way.push(async move { (image, build(app, image, no_cache, bars).await) });
+        }
+        let Some((image, result)) = under_way.next().await else {
+            break;
+        };
+        running.remove(&image.name);
+        // The first failure is returned (and printed by the caller); later ones are printed.
+        match (result, &first_error) {
+            (Err(e), None) => first_error = Some(e.context(format!("building {}", image.tag))),
+            (Err(e), Some(_)) => bars.suspend(|| eprintln!("failed to build {}: {e:#}", image.tag)),
+            (Ok(()), _) => {}
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
 /// Build one image with a spinner on stderr (or, when stderr is not a terminal, one line per
-/// Dockerfile step).
-async fn build(app: &App, name: &str, no_cache: bool) -> anyhow::Result<()> {
-    let image = images::find(&app.registry, name)?;
-    let bar = indicatif::ProgressBar::new_spinner();
+/// Dockerfile step, prefixed with the image's tag since several may build at once).
+async fn build(
+    app: &App,
+    image: &Image,
+    no_cache: bool,
+    bars: &indicatif::MultiProgress,
+) -> anyhow::Result<()> {
+    let bar = bars.add(indicatif::ProgressBar::new_spinner());
     bar.set_style(
         indicatif::ProgressStyle::with_template("{spinner} {prefix} [{elapsed}] {wide_msg}")
             .expect("static template"),
@@ -116,24 +189,28 @@ async fn build(app: &App, name: &str, no_cache: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     let progress = {
         let bar = bar.clone();
+        let tag = image.tag.clone();
         move |line: &str| {
             if line.starts_with("Step ") || !bar.is_hidden() {
                 bar.set_message(line.to_string());
             }
             if bar.is_hidden() && line.starts_with("Step ") {
-                eprintln!("  {line}");
+                eprintln!("  {tag}: {line}");
             }
         }
     };
     let result = images::build(&app.executor, &app.registry, image, no_cache, &progress).await;
     bar.finish_and_clear();
+    bars.remove(&bar);
     let id = result?;
-    eprintln!(
-        "built {} ({}) in {:.1} s",
-        image.tag,
-        short_id(&id),
-        started.elapsed().as_secs_f64()
-    );
+    bars.suspend(|| {
+        eprintln!(
+            "built {} ({}) in {:.1} s",
+            image.tag,
+            short_id(&id),
+            started.elapsed().as_secs_f64()
+        )
+    });
     Ok(())
 }
 

@@ -8,6 +8,7 @@ mod doctor;
 mod history;
 mod images;
 mod languages;
+mod repl;
 mod run;
 mod serve;
 mod smoke;
@@ -56,6 +57,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a program file and print its output; the exit status mirrors the program's.
     Run(run::RunArgs),
+    /// An interactive session: cells run in one container that keeps files and (for stateful
+    /// languages) variables. Ctrl-C interrupts a cell, Ctrl-D ends the session.
+    Repl(repl::ReplArgs),
     /// List the supported languages.
     Languages {
         /// Print the same object as the `list_supported_languages` tool.
@@ -92,9 +96,24 @@ pub enum Command {
     },
 }
 
+/// The command line, with the run limits' help showing this configuration's defaults and
+/// maximums (as the environment and `CODEBOX_CONFIG` give it; the shipped defaults when that
+/// cannot be read: the real error comes when the command runs).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let file = std::env::var_os("CODEBOX_CONFIG").map(PathBuf::from);
+    let config =
+        Config::resolve(file.as_deref(), |k| std::env::var(k).ok(), &[]).unwrap_or_default();
+    let help = run::limit_help(&config);
+    Cli::command().mut_subcommand("run", |c| {
+        help.into_iter()
+            .fold(c, |c, (id, text)| c.mut_arg(id, |a| a.help(text)))
+    })
+}
+
 /// `languages.toml`: the `languages` setting, else the current folder's, else the one next
 /// to the sources this binary was built from.
-fn registry_path(config: &Config) -> PathBuf {
+pub(crate) fn registry_path(config: &Config) -> PathBuf {
     if let Some(p) = &config.languages {
         return p.clone();
     }
@@ -135,6 +154,24 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
         sets.push(format!("pool.sizes={{ {} }}", sizes.join(", ")));
     }
     sets.extend(cli.set.iter().cloned());
+    // A typo in a variable's name would otherwise be ignored without a word
+    // (`CODEBOX_TEST_*` belong to the test suite).
+    let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    for (var, near) in Config::unknown_env(names.filter(|n| !n.starts_with("CODEBOX_TEST_"))) {
+        match near {
+            Some(near) => tracing::warn!("{var} is not a codebox setting and is ignored; did you mean {near}? (`codebox config --list` lists them)"),
+            None => tracing::warn!("{var} is not a codebox setting and is ignored (`codebox config --list` lists them)"),
+        }
+    }
+    if let Some(path) = cli.config.as_deref().filter(|p| !p.exists()) {
+        let flag = std::env::args_os()
+            .any(|a| a == "--config" || a.to_string_lossy().starts_with("--config="));
+        anyhow::bail!(
+            "{}: the config file {} does not exist",
+            if flag { "--config" } else { "CODEBOX_CONFIG" },
+            path.display()
+        );
+    }
     Ok(Config::resolve(
         cli.config.as_deref(),
         |k| std::env::var(k).ok(),
@@ -166,6 +203,7 @@ pub async fn dispatch(app: &App, command: Command) -> anyhow::Result<i32> {
     let mut out = std::io::stdout();
     match command {
         Command::Run(args) => run_file(app, args).await,
+        Command::Repl(args) => repl::repl(app, args).await,
         Command::Languages { json } => languages(app, json, &mut out).await,
         Command::Images { action } => images(app, action, &mut out).await,
         Command::Smoke { only, build } => smoke(app, &only, build, &mut out).await,

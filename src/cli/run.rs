@@ -14,7 +14,8 @@ use crate::runs::SubmitError;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The program's source file.
+    /// The program's source file, or `-` to read the program from standard input (then
+    /// `--language` is required).
     pub file: PathBuf,
     /// Language id or alias (default: guessed from the file's extension).
     #[arg(long, short)]
@@ -22,11 +23,14 @@ pub struct RunArgs {
     /// File whose content is the program's standard input.
     #[arg(long)]
     pub stdin: Option<PathBuf>,
-    #[arg(long)]
+    /// Memory limit in MB (the help shows the configured default and maximum).
+    #[arg(long, allow_negative_numbers = true)]
     pub memory_mb: Option<f64>,
-    #[arg(long)]
+    /// Wall-clock limit in seconds.
+    #[arg(long, allow_negative_numbers = true)]
     pub timeout_seconds: Option<f64>,
-    #[arg(long)]
+    /// CPU quota in cores.
+    #[arg(long, allow_negative_numbers = true)]
     pub cpus: Option<f64>,
     /// Print the run report as JSON instead of the program's output.
     #[arg(long)]
@@ -88,22 +92,73 @@ fn write_outputs(dir: &Path, report: &RunReport) -> anyhow::Result<()> {
 /// How often the wait for the end re-arms (the run manager's wait is bounded).
 const WAIT_SLICE: Duration = Duration::from_secs(60);
 
+/// The help of the limit flags, with the defaults and maximums of `config` (what
+/// `codebox run --help` shows).
+pub fn limit_help(config: &crate::config::Config) -> [(&'static str, String); 3] {
+    let (d, m) = (config.limits.defaults(), config.ceilings());
+    [
+        (
+            "memory_mb",
+            format!(
+                "Memory limit in MB (default {}, max {})",
+                d.memory_mb, m.memory_mb
+            ),
+        ),
+        (
+            "timeout_seconds",
+            format!(
+                "Wall-clock limit in seconds (default {}, max {})",
+                d.timeout_seconds, m.timeout_seconds
+            ),
+        ),
+        (
+            "cpus",
+            format!("CPU quota in cores (default {}, max {})", d.cpus, m.cpus),
+        ),
+    ]
+}
+
+/// Whether `--outputs DIR` can be written to: a folder, or nothing yet. Checked before the
+/// run, so that a run is never made for output that could not be kept.
+fn check_outputs_dir(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => bail!(
+            "--outputs {}: it exists and is not a folder; name a folder (it is created if missing)",
+            dir.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
-    let code = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let from_stdin = args.file.as_os_str() == "-";
+    if from_stdin && args.language.is_none() {
+        bail!("codebox run -: the program comes from standard input, so pass --language (see `codebox languages`)");
+    }
+    if let Some(dir) = &args.outputs {
+        check_outputs_dir(dir)?;
+    }
+    let code = if from_stdin {
+        std::io::read_to_string(std::io::stdin())
+            .context("codebox run -: cannot read the program from standard input")?
+    } else {
+        std::fs::read_to_string(&args.file)
+            .with_context(|| format!("cannot read the program {}", args.file.display()))?
+    };
     let language = match &args.language {
         Some(l) => l.clone(),
         None => match app.registry.for_file(&args.file) {
             Some(l) => l.id.clone(),
             None => bail!(
-                "cannot tell the language of {} from its extension; pass --language (see `codebox languages`)",
+                "cannot tell the language of {} from its extension; pass --language (`codebox languages` lists each language's extensions and aliases)",
                 args.file.display()
             ),
         },
     };
     let stdin = match &args.stdin {
         Some(p) => Some(
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+            std::fs::read_to_string(p)
+                .with_context(|| format!("--stdin {}: cannot read it", p.display()))?,
         ),
         None => None,
     };
@@ -128,6 +183,9 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
             super::images::ensure(app, lang).await?;
         }
     }
+    // Watched before the run exists: a Ctrl-C or a SIGTERM stops it (its row then ends
+    // `stopped`, its containers go), rather than killing the process with the run in flight.
+    let interrupted = crate::transport::shutdown_signal();
     let accepted = app.runs.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => anyhow::anyhow!("invalid argument {e}"),
         other => anyhow::anyhow!(other),
@@ -137,9 +195,8 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
         let runs = app.runs.clone();
         let run_id = run_id.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                let _ = runs.stop(&run_id).await;
-            }
+            interrupted.await;
+            let _ = runs.stop(&run_id).await;
         })
     };
     let report = loop {
@@ -149,9 +206,28 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
         }
     };
     stopper.abort();
+    // The run happened: its output is printed first, whatever happens to the files.
+    print_report(app, &args, &report)?;
     if let Some(dir) = &args.outputs {
-        write_outputs(dir, &report)?;
+        if let Err(e) = write_outputs(dir, &report) {
+            eprintln!(
+                "codebox: the files under outputs/ were not all written to {}: {e:#}",
+                dir.display()
+            );
+            return Ok(exit_status(&report).max(1));
+        }
+    } else if !report.files.is_empty() && !args.json {
+        let n = report.files.len();
+        eprintln!(
+            "codebox: the program left {n} file{} under outputs/, not kept; pass --outputs DIR to write them there",
+            if n == 1 { "" } else { "s" }
+        );
     }
+    Ok(exit_status(&report))
+}
+
+/// The program's output, then a summary line on stderr (or the report as JSON).
+fn print_report(app: &App, args: &RunArgs, report: &RunReport) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -169,10 +245,15 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
                 app.config.sandbox.output_limit_bytes, report.stdout_bytes, report.stderr_bytes
             );
         }
+        // The compiler's output was just printed: point there, not at a JSON field.
+        let message = report.message.replace(
+            "the compiler's output is in compile.stderr",
+            "its output is above",
+        );
         eprintln!(
-            "codebox: {} ({}) in {} ms",
-            report.status, report.message, report.duration_ms
+            "codebox: {} ({message}) in {} ms",
+            report.status, report.duration_ms
         );
     }
-    Ok(exit_status(&report))
+    Ok(())
 }

@@ -54,6 +54,7 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
     let shutdown = transport::shutdown_signal();
     app.reap().await;
     app.runs.start_pool();
+    app.runs.start_ready_sessions();
     transport::serve(app.runs.clone(), &app.config, transport, shutdown).await?;
     Ok(0)
 }

@@ -1,6 +1,8 @@
 //! The `[sessions]` settings: how many sessions may be open, how much of the memory budget
 //! they may hold, how long they live, and how much one call may upload into them.
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +34,17 @@ section! {
         pub max_lifetime_seconds: u64 = 3600,
         /// Bytes the `files` of one session call may hold in all.
         pub max_upload_bytes: usize = 16 * 1024 * 1024,
+        /// Sessions opened ahead of time per language, e.g. `{ python = 1 }` (`codebox serve`
+        /// only): a `create_session` with the default limits and no files takes one at once
+        /// instead of starting a container and an interpreter. Each holds its memory from
+        /// the sessions' share while it waits, serves one session only, and is replaced after
+        /// `pool.idle_seconds`. `{}` turns it off.
+        pub ready: BTreeMap<String, usize> = default_ready(),
     }
+}
+
+fn default_ready() -> BTreeMap<String, usize> {
+    BTreeMap::from([("python".to_string(), 1)])
 }
 
 impl SessionSettings {

@@ -11,7 +11,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
+mod program;
 mod session;
+
+use program::{phase_end, program};
 
 use super::{
     detail, Attached, BuildProgress, ContainerEngine, ContainerSpec, ContainerState, EngineError,
@@ -135,6 +138,8 @@ struct State {
     calls: BTreeMap<Step, usize>,
     /// Images say nothing of what their `codebox-init` takes (built before it took more).
     old_init: bool,
+    /// Image builds as they start and end: "start TAG", "end TAG".
+    builds: Vec<String>,
 }
 
 /// The fake engine.
@@ -158,6 +163,11 @@ impl FakeEngine {
 
     pub fn fail_at(&self, step: Step) {
         self.state().fail.insert(step);
+    }
+
+    /// Image builds as they started and ended: "start TAG", "end TAG".
+    pub fn builds(&self) -> Vec<String> {
+        self.state().builds.clone()
     }
 
     /// Make the next `n` container removals fail.
@@ -357,195 +367,6 @@ impl tokio::io::AsyncWrite for TrackedSink {
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
-
-/// The frames of a phase that ended (`extra`: more `key=value` lines).
-fn phase_end(end: &str, stdout: &str, stderr: &str, extra: &str) -> Vec<u8> {
-    let mut v = frame(b'P', b"run");
-    if !stdout.is_empty() {
-        v.extend(frame(b'O', stdout.as_bytes()));
-    }
-    if !stderr.is_empty() {
-        v.extend(frame(b'E', stderr.as_bytes()));
-    }
-    v.extend(frame(
-        b'X',
-        format!(
-            "phase=run\nend={end}\n{extra}wall_ms=1\ncpu_ms=1\npeak_kb=1024\npeak_source=cgroup\nstdout_bytes={}\nstderr_bytes={}\n",
-            stdout.len(),
-            stderr.len()
-        )
-        .as_bytes(),
-    ));
-    v
-}
-
-/// The working directory sent back by a compile stage: the payload's entries and a `main`.
-fn workspace_frames(payload: &Payload) -> Vec<u8> {
-    let mut v = Vec::new();
-    let mut entries = payload.files.entries();
-    entries.push(crate::engine::protocol::Entry::file(
-        "main",
-        0o755,
-        Bytes::from_static(b"\x7fELF fake binary"),
-    ));
-    for e in entries {
-        let (kind, size) = match e.kind {
-            EntryKind::File => ("f", e.content.len()),
-            EntryKind::Dir => ("d", 0),
-            EntryKind::Link => ("l", 0),
-        };
-        v.extend(frame(
-            b'F',
-            format!("{kind}\0{}\0{:o}\0{size}\0\0\0{}", e.path, e.mode, e.target).as_bytes(),
-        ));
-        if size > 0 {
-            v.extend(frame(b'B', &e.content));
-        }
-    }
-    v
-}
-
-/// Play `codebox-init`: read the payload, then act out the behaviour.
-async fn program(
-    state: Arc<Mutex<State>>,
-    name: String,
-    input: tokio::io::DuplexStream,
-    out: mpsc::UnboundedSender<Result<Output, EngineError>>,
-    mut signals: mpsc::UnboundedReceiver<Signal>,
-    behaviour: Behaviour,
-) {
-    // Records as they arrive: a `session` record turns the container into a session's.
-    let mut reader = session::Reader::new(input);
-    let mut is_session = false;
-    if reader.line().await.is_some() {
-        while let Some((name, _)) = reader.record().await {
-            is_session |= name == "session";
-            if name == "end" {
-                break;
-            }
-        }
-    }
-    if is_session {
-        let (code, oom_event) =
-            session::serve(state.clone(), name.clone(), reader, out, &mut signals).await;
-        let mut st = lock(&state);
-        if let Some(c) = st.containers.get_mut(&name) {
-            c.oom_event = oom_event;
-            c.exit.send_replace(Some(code));
-        }
-        return;
-    }
-    let raw = reader.rest().await;
-    let payload = parse_payload(&raw);
-    let send = |bytes: Vec<u8>| {
-        let _ = out.send(Ok(Output::Stdout(Bytes::from(bytes))));
-    };
-    let (code, oom) = match (&payload, behaviour) {
-        (None, _) => {
-            send(frame(b'!', b"not a payload"));
-            (125, false)
-        }
-        (
-            Some(p),
-            Behaviour::Exit {
-                code,
-                stdout,
-                stderr,
-            },
-        ) => {
-            let mut v = phase_end(
-                "exited",
-                &stdout,
-                &stderr,
-                &format!("code={code}\noom_kills=0\n"),
-            );
-            if code == 0 && matches!(p.collect, Some(Collect::WorkspaceOnSuccess { .. })) {
-                v.extend(workspace_frames(p));
-            }
-            v.extend(frame(b'Z', b""));
-            send(v);
-            (0, false)
-        }
-        (Some(_), Behaviour::Signal { signal, oom }) => {
-            let extra = format!("signal={signal}\noom_kills={}\n", u8::from(oom));
-            let mut v = phase_end("signaled", "", "", &extra);
-            v.extend(frame(b'Z', b""));
-            send(v);
-            (0, oom)
-        }
-        (Some(_), Behaviour::TimedOut { stdout }) => {
-            let mut v = phase_end("timed_out", &stdout, "", "");
-            v.extend(frame(b'Z', b""));
-            send(v);
-            (0, false)
-        }
-        (Some(_), Behaviour::Raw(bytes)) => {
-            send(bytes);
-            (0, false)
-        }
-        (Some(_), Behaviour::KilledWhole { oom_event }) => {
-            send(frame(b'P', b"run"));
-            if let Some(c) = lock(&state).containers.get_mut(&name) {
-                c.oom_event = oom_event;
-            }
-            (137, false)
-        }
-        (Some(_), hang @ (Behaviour::Hang { .. } | Behaviour::HangHard)) => {
-            let mut v = frame(b'P', b"run");
-            if let Behaviour::Hang { stdout } = &hang {
-                if !stdout.is_empty() {
-                    v.extend(frame(b'O', stdout.as_bytes()));
-                }
-            }
-            send(v);
-            loop {
-                match signals.recv().await {
-                    Some(Signal::Term) if hang != Behaviour::HangHard => {
-                        let mut v = frame(
-                            b'X',
-                            b"phase=run\nend=stopped\nwall_ms=1\ncpu_ms=1\npeak_kb=1024\noom_kills=0\n",
-                        );
-                        v.extend(frame(b'Z', b""));
-                        send(v);
-                        break (0, false);
-                    }
-                    Some(Signal::Term) => continue,
-                    Some(Signal::Kill) | None => break (137, false),
-                }
-            }
-        }
-        (Some(_), Behaviour::Panic) => unreachable!("panics at attach"),
-        (Some(p), Behaviour::Syntax(message)) if p.check.is_some() || p.check_in_run => {
-            // The check fails: its phase, then no program.
-            let mut v = frame(b'P', b"check");
-            v.extend(frame(b'E', message.as_bytes()));
-            v.extend(frame(
-                b'X',
-                format!(
-                    "phase=check\nend=exited\ncode=1\nwall_ms=1\ncpu_ms=1\npeak_kb=1024\npeak_source=cgroup\noom_kills=0\nstdout_bytes=0\nstderr_bytes={}\n",
-                    message.len()
-                )
-                .as_bytes(),
-            ));
-            v.extend(frame(b'Z', b""));
-            send(v);
-            (0, false)
-        }
-        (Some(_), Behaviour::Syntax(_) | Behaviour::Result(_)) => {
-            send(frame(b'!', b"a session's behaviour in a run"));
-            (125, false)
-        }
-    };
-    let mut st = lock(&state);
-    if let Some(p) = &payload {
-        st.payloads.push((name.clone(), p.clone()));
-    }
-    if let Some(c) = st.containers.get_mut(&name) {
-        c.oom = oom;
-        c.exit.send_replace(Some(code));
-    }
-}
-
 #[async_trait]
 impl ContainerEngine for FakeEngine {
     async fn ping(&self) -> Result<EngineInfo, EngineError> {
@@ -583,7 +404,11 @@ impl ContainerEngine for FakeEngine {
         _no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
+        self.state().builds.push(format!("start {tag}"));
         progress("fake build");
+        // Long enough for builds started together to overlap.
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        self.state().builds.push(format!("end {tag}"));
         Ok(format!("sha256:fake-{tag}"))
     }
 

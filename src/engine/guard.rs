@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use super::uids::UidLease;
-use super::{ContainerEngine, EngineError};
+use super::ContainerEngine;
 
 /// How often a background removal retries a removal the engine refused.
 const CLEANUP_ATTEMPTS: u32 = 5;
@@ -33,10 +33,6 @@ pub struct Cleanup {
 }
 
 impl Cleanup {
-    pub fn new() -> Cleanup {
-        Cleanup::default()
-    }
-
     /// Background removals report their duration to `observer`.
     pub fn observed(observer: RemovalObserver) -> Cleanup {
         Cleanup {
@@ -101,28 +97,6 @@ impl ContainerGuard {
 
     pub fn name(&self) -> &str {
         self.name.as_deref().unwrap_or("")
-    }
-
-    pub fn uid(&self) -> u32 {
-        self.lease.as_ref().map_or(0, |l| l.uid)
-    }
-
-    /// Remove the container now. If the engine refuses, removal is retried in the
-    /// background and the error returned.
-    pub async fn remove(mut self) -> Result<(), EngineError> {
-        let Some(name) = self.name.take() else {
-            return Ok(());
-        };
-        match self.engine.remove_container(&name).await {
-            Ok(()) => {
-                drop(self.lease.take());
-                Ok(())
-            }
-            Err(e) => {
-                self.name = Some(name);
-                Err(e)
-            }
-        }
     }
 
     /// Remove the container in the background (after the report is on its way).

@@ -1,11 +1,12 @@
 //! The container engine: one trait in front of Docker, one method per Engine API call, so the
 //! stage logic above it (deadline, kill, drain) is engine-neutral and tested on a fake.
 //!
-//! `docker.rs` is the only file that knows bollard. `posture.rs` builds and re-checks the
+//! `docker/` is the only folder that knows bollard. `posture.rs` builds and re-checks the
 //! locked-down spec; `guard.rs` owns removal; `fake.rs` records every spec and can fail at
 //! every operation.
 
 pub mod docker;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod guard;
 pub mod posture;

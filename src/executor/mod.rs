@@ -14,6 +14,7 @@
 
 pub mod cache;
 mod cases;
+mod checks;
 mod compile;
 mod containers;
 pub mod images;
@@ -23,6 +24,7 @@ pub mod pool;
 mod probe;
 pub mod request;
 pub mod session;
+mod session_request;
 pub mod stage;
 pub mod timings;
 
@@ -41,6 +43,7 @@ use crate::engine::{ContainerEngine, EngineError};
 use crate::report::{fmt_num, CompileReport, FileReport, RunReport, Stage, Status, TestReport};
 use cache::CompileCache;
 pub use cases::parallelism;
+pub use checks::check_relative_path;
 pub use containers::labels;
 use containers::Want;
 use images::ImageIds;
@@ -48,10 +51,10 @@ use outcome::{classify, Outcome};
 use pool::{run_workspace_mb, Pool};
 pub use probe::ProbeOutput;
 pub use request::{
-    check_relative_path, Compare, CompileLimitsInput, Encoding, FileInput, LimitsInput,
-    RequestError, RunRequest, SessionRequest, SessionTarget, SessionTerms, TestInput, ValidRequest,
-    ValidSession, ValidTest,
+    Compare, CompileLimitsInput, Encoding, FileInput, LimitsInput, RequestError, RunRequest,
+    SessionTarget, SessionTerms, TestInput, ValidRequest, ValidTest,
 };
+pub use session_request::{SessionRequest, ValidSession};
 use stage::{Bound, BoundError, Interrupted};
 use timings::{Step, Timings};
 

@@ -163,7 +163,7 @@ pub fn insert(db: &mut dyn Database, r: &NewRun) -> Result<(), DbError> {
 
 pub fn started(db: &mut dyn Database, run_id: &str, at_ms: i64) -> Result<(), DbError> {
     db.execute(
-        "UPDATE runs SET status = 'running', started_at = ?2 WHERE id = ?1 AND status = 'queued'",
+        "UPDATE runs SET status = 'running', started_at = ?2, message = 'started; not finished yet' WHERE id = ?1 AND status = 'queued'",
         values![run_id, at_ms],
     )?;
     Ok(())

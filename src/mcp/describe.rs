@@ -32,7 +32,7 @@ fn hints(read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotation
 /// Every tool's description, from the running configuration.
 pub fn descriptions(manager: &RunManager) -> Vec<Described> {
     let c = manager.config();
-    let (d, m) = (c.limits.defaults(), c.limits.ceilings());
+    let (d, m) = (c.limits.defaults(), c.ceilings());
     let s = &c.sandbox;
     let ss = &c.sessions;
     let n = language_ids(manager).len();

@@ -74,8 +74,7 @@ fn describe(schema: &mut rmcp::model::JsonObject, path: &[&str], text: String) {
 
 /// The smaller of the memory ceiling and the budget: what a request can really get.
 pub fn effective_max_memory_mb(manager: &RunManager) -> u64 {
-    let c = manager.config();
-    c.limits.max_memory_mb.min(c.runs.memory_budget_mb)
+    manager.config().ceilings().memory_mb
 }
 
 /// `run_code`'s argument schema with the running config's numbers and language ids.
@@ -84,7 +83,7 @@ pub fn run_schema(
     manager: &RunManager,
 ) -> rmcp::model::JsonObject {
     let c = manager.config();
-    let (d, m) = (c.limits.defaults(), c.limits.ceilings());
+    let (d, m) = (c.limits.defaults(), c.ceilings());
     let mut schema = schema.clone();
     describe(
         &mut schema,

@@ -3,6 +3,8 @@
 //! the field.
 
 mod raw;
+mod source_name;
+mod validate;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +12,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::report::Status;
+
+pub use source_name::SourceName;
+pub use validate::is_safe_file_name;
+use validate::{is_identifier, is_safe_relative, serde_field, validate_language, IDENT_RULE};
 
 /// Compile-stage limits of a language whose entry sets no `compile_limits`.
 pub const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
@@ -79,6 +85,8 @@ pub struct Language {
     pub extensions: Vec<String>,
     pub image: Image,
     pub source_file: String,
+    /// How a program renames its source file (and `{name}` in the commands), if it can.
+    pub source_name: Option<SourceName>,
     pub compile: Option<Vec<String>>,
     /// A syntax check run in the run stage's container right before the program (no extra
     /// container); a non-zero exit is `compile_error`. For interpreters whose checker finds
@@ -319,273 +327,6 @@ impl Registry {
             .values()
             .filter(move |l| l.image.name == image)
     }
-}
-
-const IDENT_RULE: &str =
-    "must be lowercase letters, digits, `_`, `-` or `+`, starting with a letter";
-
-fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-+".contains(c))
-}
-
-/// A plain file name: letters, digits, `_`, `-`, `.`; not hidden, no directories.
-pub fn is_safe_file_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && !s.starts_with('.')
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
-}
-
-fn is_safe_relative(s: &str) -> bool {
-    let p = Path::new(s);
-    !s.is_empty()
-        && p.is_relative()
-        && p.components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)))
-}
-
-/// The field a serde error is about, when it says (e.g. "unknown field `x`" or "missing field `y`").
-fn serde_field(e: &toml::de::Error) -> String {
-    let msg = e.message();
-    for marker in ["unknown field `", "missing field `"] {
-        if let Some(rest) = msg.split(marker).nth(1) {
-            if let Some(name) = rest.split('`').next() {
-                return name.to_string();
-            }
-        }
-    }
-    "?".to_string()
-}
-
-fn validate_language(
-    id: &str,
-    raw: raw::RawLanguage,
-    images: &BTreeMap<String, Image>,
-) -> Result<Language, (String, String)> {
-    let err = |f: &str, m: String| Err((f.to_string(), m));
-    if !is_identifier(id) {
-        return err("id", IDENT_RULE.into());
-    }
-    if raw.display_name.trim().is_empty() {
-        return err("display_name", "must not be empty".into());
-    }
-    for a in &raw.aliases {
-        if !is_identifier(a) {
-            return err("aliases", format!("alias `{a}` {IDENT_RULE}"));
-        }
-    }
-    let Some(image) = images.get(&raw.image) else {
-        let known: Vec<&str> = images.keys().map(String::as_str).collect();
-        return err(
-            "image",
-            format!(
-                "`{}` is not a key of [images] (known: {})",
-                raw.image,
-                known.join(", ")
-            ),
-        );
-    };
-    if !is_safe_file_name(&raw.source_file) {
-        return err(
-            "source_file",
-            format!(
-                "`{}` must be a plain file name (letters, digits, `_`, `-`, `.`; not hidden)",
-                raw.source_file
-            ),
-        );
-    }
-    if raw.run.is_empty() || raw.run[0].is_empty() {
-        return err(
-            "run",
-            "must be a non-empty command (a list of strings)".into(),
-        );
-    }
-    for (name, cmd) in [("compile", &raw.compile), ("check", &raw.check)] {
-        if let Some(c) = cmd {
-            if c.is_empty() || c[0].is_empty() {
-                return err(name, "must be a non-empty command when present".into());
-            }
-        }
-    }
-    if let Some(c) = &raw.checked_run {
-        if c.is_empty() || c[0].is_empty() {
-            return err(
-                "checked_run",
-                "must be a non-empty command when present".into(),
-            );
-        }
-        if raw.check.is_none() {
-            return err(
-                "checked_run",
-                "needs `check`: it is the same check, done in the program's own process".into(),
-            );
-        }
-    }
-    if raw.compile.is_some() && raw.check.is_some() {
-        return err(
-            "check",
-            "a language has a compile stage or a check, not both (its compiler checks)".into(),
-        );
-    }
-    if let Some(v) = &raw.version {
-        if v.is_empty() {
-            return err("version", "must be a non-empty command when present".into());
-        }
-    }
-    let session_driver = match raw.session {
-        Some(s) if s.driver.is_empty() || s.driver[0].is_empty() => {
-            return err(
-                "session.driver",
-                "must be a non-empty command (a list of strings)".into(),
-            )
-        }
-        Some(s) => Some(s.driver),
-        None => None,
-    };
-    for (k, v) in &raw.env {
-        let ok_key = !k.is_empty()
-            && !k.starts_with(|c: char| c.is_ascii_digit())
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !ok_key || v.contains('\0') {
-            return err("env", format!("`{k}` is not a valid environment variable"));
-        }
-    }
-    let mut compile_limits = CompileLimits {
-        timeout_seconds: DEFAULT_COMPILE_TIMEOUT_SECONDS,
-        memory_mb: DEFAULT_COMPILE_MEMORY_MB,
-        cpus: DEFAULT_COMPILE_CPUS,
-        workspace_mb: DEFAULT_COMPILE_WORKSPACE_MB,
-    };
-    if let Some(l) = raw.compile_limits {
-        if let Some(t) = l.timeout_seconds {
-            if !(t.is_finite() && t > 0.0) {
-                return err("compile_limits.timeout_seconds", "must be positive".into());
-            }
-            compile_limits.timeout_seconds = t;
-        }
-        if let Some(m) = l.memory_mb {
-            if m == 0 {
-                return err("compile_limits.memory_mb", "must be positive".into());
-            }
-            compile_limits.memory_mb = m;
-        }
-        if let Some(w) = l.workspace_mb {
-            compile_limits.workspace_mb = w;
-        }
-        if let Some(c) = l.cpus {
-            if !(c.is_finite() && c > 0.0) {
-                return err("compile_limits.cpus", "must be positive".into());
-            }
-            compile_limits.cpus = c;
-        }
-    }
-    if compile_limits.workspace_mb == 0
-        || compile_limits.workspace_mb * 2 > compile_limits.memory_mb
-    {
-        return err(
-            "compile_limits.workspace_mb",
-            format!(
-                "must be between 1 and half of compile_limits.memory_mb ({} MB): the working directory is memory",
-                compile_limits.memory_mb
-            ),
-        );
-    }
-    let mut extensions = raw.extensions;
-    if extensions.is_empty() {
-        if let Some(ext) = Path::new(&raw.source_file)
-            .extension()
-            .and_then(|e| e.to_str())
-        {
-            extensions.push(ext.to_ascii_lowercase());
-        }
-    }
-    let mut judge0_ids = Vec::new();
-    for n in raw.judge0_ids {
-        let ok = (1..=MAX_JUDGE0_ID).contains(&n);
-        let Some(n) = u32::try_from(n).ok().filter(|_| ok) else {
-            return err(
-                "judge0_ids",
-                format!("{n} is not an id from 1 to {MAX_JUDGE0_ID}"),
-            );
-        };
-        if judge0_ids.contains(&n) {
-            return err("judge0_ids", format!("{n} appears twice"));
-        }
-        judge0_ids.push(n);
-    }
-    let raw_piston = raw.piston.unwrap_or(raw::RawPiston {
-        language: None,
-        aliases: Vec::new(),
-    });
-    let piston = PistonName {
-        language: raw_piston.language.unwrap_or_else(|| id.to_string()),
-        aliases: raw_piston.aliases,
-    };
-    for name in std::iter::once(&piston.language).chain(&piston.aliases) {
-        let ok = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_graphic() && !c.is_ascii_uppercase());
-        if !ok {
-            return err(
-                "piston",
-                format!(
-                    "`{name}` must be 1 to 64 printable ASCII characters, lowercase, no spaces"
-                ),
-            );
-        }
-    }
-    let mut tests = Vec::new();
-    for t in raw.tests {
-        let Some(status) = Status::parse(&t.expect.status).filter(|s| s.is_terminal()) else {
-            return err(
-                "tests.expect.status",
-                format!(
-                    "`{}` is not a terminal status (sample `{}`)",
-                    t.expect.status, t.name
-                ),
-            );
-        };
-        if tests.iter().any(|s: &Sample| s.name == t.name) {
-            return err("tests.name", format!("sample `{}` appears twice", t.name));
-        }
-        tests.push(Sample {
-            name: t.name,
-            code: t.code,
-            stdin: t.stdin,
-            args: t.args,
-            expect: Expect {
-                status,
-                stdout: t.expect.stdout,
-                stderr_contains: t.expect.stderr_contains,
-                exit_code: t.expect.exit_code,
-            },
-        });
-    }
-    Ok(Language {
-        id: id.to_string(),
-        display_name: raw.display_name,
-        aliases: raw.aliases,
-        extensions,
-        image: image.clone(),
-        source_file: raw.source_file,
-        compile: raw.compile,
-        check: raw.check,
-        run: raw.run,
-        checked_run: raw.checked_run,
-        version: raw.version,
-        env: raw.env,
-        packages: raw.packages,
-        compile_limits,
-        judge0_ids,
-        piston,
-        session_driver,
-        tests,
-    })
 }
 
 #[cfg(test)]

@@ -61,6 +61,10 @@ pub struct RawLanguage {
     pub extensions: Vec<String>,
     pub image: String,
     pub source_file: String,
+    /// A regular expression whose first group, where it matches the program, names the
+    /// source file in place of `source_file`'s stem (javac wants a public class in a file of
+    /// its name).
+    pub source_name: Option<String>,
     pub compile: Option<Vec<String>>,
     /// A syntax check run in the run stage's container before the program.
     pub check: Option<Vec<String>>,

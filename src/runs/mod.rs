@@ -24,13 +24,12 @@ pub mod metrics;
 pub mod retention;
 pub mod sessions;
 mod stats;
+mod submit;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -38,20 +37,19 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::executor::pool::{Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
-use crate::executor::{
-    new_run_id, parallelism, Executor, RequestError, RunRequest, SessionTerms, ValidRequest,
-};
-use crate::history::{now_ms, History, NewRun};
+use crate::executor::{Executor, ValidRequest};
+use crate::history::{now_ms, History};
 use crate::registry::Registry;
-use crate::report::{InterpreterState, RunLimits, RunReport, SessionExecution, Status};
-use admission::{Admission, Next, Policy, Refusal, Ticket};
+use crate::report::{InterpreterState, RunReport, SessionExecution, Status};
+use admission::{Admission, Next, Policy, Ticket};
 pub use budget::{check_budget, memory_charge, BudgetError};
 pub use lookup::LookupError;
 pub use metrics::Metrics;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
-use sessions::{SessionError, Sessions, SESSION_TICK};
+use sessions::{Sessions, SESSION_TICK};
 pub use stats::{PoolSnapshot, Stats};
+pub use submit::{Accepted, SubmitError};
 
 /// How long `stop` waits for a running run's containers to be killed and removed.
 const STOP_WAIT: Duration = Duration::from_secs(120);
@@ -59,50 +57,6 @@ const STOP_WAIT: Duration = Duration::from_secs(120);
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the pool is checked for containers to replace or add.
 const POOL_INTERVAL: Duration = Duration::from_millis(500);
-
-/// A run accepted by [`RunManager::submit`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Accepted {
-    /// Id to pass to `get_result` and `stop_run`.
-    pub run_id: String,
-    /// `queued` (waiting for a slot) or `running`.
-    pub status: Status,
-    /// The limits the run was given (defaults filled in).
-    pub limits: RunLimits,
-}
-
-/// Why a run was not accepted.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SubmitError {
-    /// The request itself is wrong; the error names the field.
-    #[error(transparent)]
-    Invalid(#[from] RequestError),
-    /// Too many runs are waiting. Retryable.
-    #[error("the server is busy: {waiting} runs are already waiting for a slot (the queue holds at most {max}); retry in a few seconds")]
-    QueueFull { waiting: usize, max: usize },
-    /// The server is shutting down.
-    #[error("the server is shutting down and accepts no new runs")]
-    ShuttingDown,
-    /// The session named cannot take executions (ended, unknown, another server's).
-    #[error(transparent)]
-    Session(SessionError),
-}
-
-impl From<SessionError> for SubmitError {
-    fn from(e: SessionError) -> SubmitError {
-        match e {
-            SessionError::Invalid(e) => SubmitError::Invalid(e),
-            other => SubmitError::Session(other),
-        }
-    }
-}
-
-impl SubmitError {
-    /// Whether the same request may succeed later.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, SubmitError::QueueFull { .. })
-    }
-}
 
 /// Where an unfinished run stands, for progress notifications.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -256,156 +210,6 @@ impl RunManager {
         // A panic while holding the lock leaves consistent data (every update is a few
         // assignments), so a poisoned lock is used as is.
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Validate a request and queue it. Returns at once; the run starts when admitted.
-    pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
-        if let Some(id) = req.session_id.clone() {
-            return self.submit_in_session(&id, req);
-        }
-        let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
-        let budget_mb = self.inner.config.runs.memory_budget_mb;
-        let slots = parallelism(&valid, &self.inner.config);
-        let charge_mb = memory_charge(&valid.language, &valid.limits, slots);
-        if charge_mb > budget_mb {
-            return Err(SubmitError::Invalid(RequestError {
-                field: "limits.memory_mb".into(),
-                message: format!(
-                    "requested {} MB of memory; this server runs at most {budget_mb} MB of runs at once, so the maximum here is {budget_mb} MB",
-                    valid.limits.memory_mb
-                ),
-            }));
-        }
-        self.enqueue(valid, slots, charge_mb)
-    }
-
-    /// An execution in session `id`: the session's language, memory and CPU; one run slot,
-    /// and the compile stage's memory for a compiled language (the session holds its own).
-    fn submit_in_session(&self, id: &str, req: RunRequest) -> Result<Accepted, SubmitError> {
-        let (language, limits) = {
-            let mut st = self.lock();
-            let s = st.sessions.usable(id)?;
-            (s.language.clone(), s.limits)
-        };
-        let registry = &self.inner.registry;
-        let Some(lang) = registry.languages.get(&language) else {
-            return Err(SessionError::Unknown { id: id.to_string() }.into());
-        };
-        let terms = SessionTerms {
-            language: lang,
-            limits,
-            max_upload_bytes: self.inner.config.sessions.max_upload_bytes,
-        };
-        let valid = ValidRequest::for_session(req, registry, terms, &self.inner.config)?;
-        let charge_mb = if lang.is_compiled() {
-            lang.compile_limits.memory_mb
-        } else {
-            0
-        };
-        self.enqueue(valid, 1, charge_mb)
-    }
-
-    fn enqueue(
-        &self,
-        valid: ValidRequest,
-        slots: usize,
-        charge_mb: u64,
-    ) -> Result<Accepted, SubmitError> {
-        self.purge_expired();
-        let run_id = new_run_id();
-        let limits = valid.limits;
-        // The history row (its code hash) is made before the lock is taken.
-        let row = self.inner.history.as_ref().map(|_| {
-            NewRun::new(
-                &run_id,
-                &valid.language.id,
-                limits,
-                &valid.code,
-                self.inner.config.history.code,
-                self.inner.executor.instance(),
-            )
-        });
-        let mut base = Executor::blank_report(&run_id, &valid);
-        let budget = Executor::budget(&valid);
-        let mut st = self.lock();
-        let mut row = row;
-        let session = match &valid.session {
-            None => None,
-            Some(target) => {
-                let s = st.sessions.usable(&target.id)?;
-                s.executions += 1;
-                row = row.map(|r| r.in_session(&target.id, s.executions));
-                s.pending += 1;
-                s.touch();
-                base.session = Some(SessionExecution {
-                    session_id: target.id.clone(),
-                    execution_count: s.executions,
-                    state: s.state,
-                    reset_reason: None,
-                });
-                Some(LiveSession {
-                    id: target.id.clone(),
-                    container: s.container.clone(),
-                    execution: s.executions,
-                })
-            }
-        };
-        let ticket = Ticket {
-            run_id: run_id.clone(),
-            slots,
-            charge_mb,
-            session: session.as_ref().map(|s| s.id.clone()),
-        };
-        if let Err(refusal) = st.admission.enqueue(ticket.clone()) {
-            if let Some(s) = session.and_then(|x| st.sessions.open.get_mut(&x.id)) {
-                s.executions -= 1;
-                s.pending -= 1;
-            }
-            return Err(match refusal {
-                Refusal::Closed => SubmitError::ShuttingDown,
-                Refusal::QueueFull { waiting, max } => {
-                    self.inner.metrics.rejected_queue_full();
-                    SubmitError::QueueFull { waiting, max }
-                }
-            });
-        }
-        if let (Some(h), Some(row)) = (&self.inner.history, row) {
-            h.insert(row);
-        }
-        // The pool follows what runs ask for (a session's execution runs in its own container).
-        let shapes = if session.is_none() {
-            Pool::shapes_of(&valid, &self.inner.config, slots)
-        } else {
-            Vec::new()
-        };
-        self.inner.executor.pool().asked(&valid.language, &shapes);
-        let (done, _) = watch::channel(None);
-        st.live.insert(
-            run_id.clone(),
-            Live {
-                base,
-                ticket,
-                shapes,
-                session,
-                budget,
-                accepted: Instant::now(),
-                state: RunState::Queued {
-                    request: Box::new(valid),
-                },
-                cancel: CancellationToken::new(),
-                done,
-            },
-        );
-        self.pump(&mut st);
-        let status = match st.live.get(&run_id).map(|r| &r.state) {
-            Some(RunState::Queued { .. }) => Status::Queued,
-            _ => Status::Running,
-        };
-        Ok(Accepted {
-            run_id,
-            status,
-            limits,
-        })
     }
 
     /// Start runs from the head of the queue while a slot and memory are free (asking the
@@ -712,8 +516,9 @@ impl RunManager {
         }
     }
 
-    /// Refuse new runs, start no queued one, stop every queued and running one, and wait (up
-    /// to `grace`) until their containers are gone.
+    /// Refuse new runs, start no queued one, stop every queued and running one, end every
+    /// session, and wait (up to `grace` for the stops, and as long again for the removals)
+    /// until their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.executor.pool().close();
         self.end_all_sessions();
@@ -722,12 +527,13 @@ impl RunManager {
             st.admission.close();
             st.live.keys().cloned().collect()
         };
-        if ids.is_empty() {
-            return;
+        if !ids.is_empty() {
+            tracing::info!(runs = ids.len(), "stopping unfinished runs");
+            let stops = ids.iter().map(|id| self.stop(id));
+            let _ = tokio::time::timeout(grace, futures_util::future::join_all(stops)).await;
         }
-        tracing::info!(runs = ids.len(), "stopping unfinished runs");
-        let stops = ids.iter().map(|id| self.stop(id));
-        let _ = tokio::time::timeout(grace, futures_util::future::join_all(stops)).await;
+        // Sessions' containers (and those of the stopped runs) are removed in the background.
+        self.inner.executor.cleanup().drain(grace).await;
     }
 }
 

@@ -1,6 +1,7 @@
 //! The two MCP transports: stdio (stdout carries only the protocol, logs go to stderr) and
 //! Streamable HTTP at `/mcp`, with `/healthz` and `/metrics` beside it.
 
+mod auth;
 pub mod http;
 pub mod jsonrpc;
 pub mod stdio;

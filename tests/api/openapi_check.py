@@ -62,15 +62,36 @@ def main():
         schema = json.loads(json.dumps(schema).replace('"#/components/', '"urn:codebox-openapi#/components/'))
         jsonschema.Draft202012Validator(schema, registry=registry).validate(body)
 
+    exercised = set()
+
+    def exercise(method, template, path, body, tok, want):
+        """One call, checked against the document; returns its answer."""
+        got = {}
+
+        def one():
+            status, answer = request(base + path, method, tok, body)
+            got["answer"] = answer
+            op = doc["paths"][template][method.lower()]
+            assert str(status) in op["responses"], f"answered {status}, documented {list(op['responses'])}"
+            assert status == want, f"answered {status}, wanted {want}: {answer}"
+            schema = op["responses"][str(status)]["content"]["application/json"]["schema"]
+            conforms(schema, answer)
+            exercised.add((method, template))
+
+        check(f"{method} {path} answers {want} as documented", one)
+        return got.get("answer")
+
     run = {"language": "python", "code": "print(6 * 7)"}
-    # Each operation with requests that reach each of its documented outcomes we can cause.
-    _, accepted = request(f"{base}/v1/runs", "POST", token, {**run, "wait": False})
+    accepted = exercise("POST", "/v1/runs", "/v1/runs", {**run, "wait": False}, token, 202) or {}
     run_id = accepted.get("run_id", "none")
+    session = exercise("POST", "/v1/sessions", "/v1/sessions", {"language": "python"}, token, 200) or {}
+    sid = session.get("session_id", "none")
+    # Each operation with requests that reach each of its documented outcomes we can cause.
     calls = [
         ("POST", "/v1/runs", "/v1/runs", run, token, 200),
-        ("POST", "/v1/runs", "/v1/runs", {**run, "wait": False}, token, 202),
         ("POST", "/v1/runs", "/v1/runs", {**run, "limits": {"memory_mb": 10**9}}, token, 400),
         ("POST", "/v1/runs", "/v1/runs", run, None, 401),
+        ("POST", "/v1/runs", "/v1/runs", {"session_id": sid, "code": "open('note.txt', 'w').write('hi')"}, token, 200),
         ("GET", "/v1/runs/{id}", f"/v1/runs/{run_id}?wait_seconds=30", None, token, 200),
         ("GET", "/v1/runs/{id}", "/v1/runs/x?wait_seconds=99", None, token, 400),
         ("GET", "/v1/runs/{id}", "/v1/runs/nope", None, token, 404),
@@ -79,20 +100,19 @@ def main():
         ("GET", "/v1/languages", "/v1/languages", None, token, 200),
         ("GET", "/v1/history", "/v1/history?limit=5&language=py", None, token, 200),
         ("GET", "/v1/history", "/v1/history?status=done", None, token, 400),
+        ("POST", "/v1/sessions", "/v1/sessions", {"language": "cobra"}, token, 400),
+        ("GET", "/v1/sessions", "/v1/sessions", None, token, 200),
+        ("GET", "/v1/sessions/{id}/files/{path}", f"/v1/sessions/{sid}/files/note.txt", None, token, 200),
+        ("GET", "/v1/sessions/{id}/files/{path}", f"/v1/sessions/{sid}/files/nope.txt", None, token, 400),
+        ("GET", "/v1/sessions/{id}/files/{path}", "/v1/sessions/nope/files/x", None, token, 404),
+        ("DELETE", "/v1/sessions/{id}", f"/v1/sessions/{sid}", None, token, 200),
+        ("DELETE", "/v1/sessions/{id}", f"/v1/sessions/{sid}", None, token, 409),
+        ("DELETE", "/v1/sessions/{id}", "/v1/sessions/nope", None, token, 404),
         ("GET", "/v1/openapi.json", "/v1/openapi.json", None, token, 200),
         ("GET", "/v1/openapi.json", "/v1/openapi.json", None, None, 401),
     ]
-    exercised = set()
-    for method, template, path, body, tok, want in calls:
-        def one(method=method, template=template, path=path, body=body, tok=tok, want=want):
-            status, answer = request(base + path, method, tok, body)
-            op = doc["paths"][template][method.lower()]
-            assert str(status) in op["responses"], f"answered {status}, documented {list(op['responses'])}"
-            assert status == want, f"answered {status}, wanted {want}: {answer}"
-            schema = op["responses"][str(status)]["content"]["application/json"]["schema"]
-            conforms(schema, answer)
-            exercised.add((method, template))
-        check(f"{method} {path} answers {want} as documented", one)
+    for call in calls:
+        exercise(*call)
     documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item}
     check("every documented operation was exercised",
           lambda: (_ for _ in ()).throw(AssertionError(sorted(documented - exercised)))

@@ -6,7 +6,9 @@ folder of the host bind-mounted at /drv: one kernel, so they are pipes on both s
 launcher in the container starts the driver as a process-group leader with those fds, fd 0
 on /dev/null, the working directory /workspace and $CODEBOX_CELL_STDIN (/drv/stdin, written
 by the harness before each cell), and records its pid and exit status. SIGINT is sent with
-`docker exec kill`, to the driver's process group (as codebox-init does) or to it alone.
+`docker exec`: as codebox-init sends it (the cell's other processes killed first, then SIGINT
+to the driver alone), to the driver's process group (as a terminal's Ctrl-C), or to the
+driver alone.
 
 Nothing here asserts timing: a reply has a generous deadline only so that a hung driver fails
 the test instead of hanging it.
@@ -197,9 +199,9 @@ class Driver:
 
     # ---- cells ------------------------------------------------------------------------------
 
-    def cell(self, code, stdin=b"", interrupt_after=None, group=True, number=None):
+    def cell(self, code, stdin=b"", interrupt_after=None, how="init", number=None):
         """Sends one cell and returns the Reply. interrupt_after: seconds after `compiled`
-        at which SIGINT is sent (to the process group, or to the driver alone)."""
+        at which the cell is interrupted (`how`: see interrupt())."""
         if isinstance(code, str):
             code = code.encode()
         if isinstance(stdin, str):
@@ -232,7 +234,7 @@ class Driver:
             at = time.monotonic() + interrupt_after
             while time.monotonic() < at and self._pump(at - time.monotonic(), reply):
                 pass
-            self.interrupt(group)
+            self.interrupt(how)
         line = self._take_line(reply, deadline)
         if line.startswith("result "):
             reply.result = self._take_bytes(int(line[7:]), reply, deadline)
@@ -243,15 +245,32 @@ class Driver:
         self._drain_output(reply)
         return reply
 
-    def interrupt(self, group=True):
-        target = f"-{self.pid()}" if group else str(self.pid())
-        subprocess.run(["docker", "exec", "-u", "10001:10001", self.name,
-                        "bash", "-c", f"kill -INT -- {target}"], check=True)
+    def interrupt(self, how="init"):
+        """SIGINT to the driver: "init" as codebox-init does it (every process of the container
+        but the launcher and the driver killed first), "group" to its process group (as a
+        terminal's Ctrl-C), "driver" to it alone."""
+        pid = self.pid()
+        script = {
+            "init": f"for p in /proc/[0-9]*; do p=${{p#/proc/}}; case $p in 1|{pid}|$$) ;; "
+                    f"*) kill -KILL $p 2>/dev/null;; esac; done; kill -INT {pid}",
+            "group": f"kill -INT -- -{pid}",
+            "driver": f"kill -INT {pid}",
+        }[how]
+        self.exec("bash", "-c", script)
 
     def exec(self, *argv):
-        """Runs a command in the container (not in the driver) and returns its stdout."""
-        return subprocess.run(["docker", "exec", "-u", "10001:10001", self.name, *argv],
-                              check=True, capture_output=True).stdout
+        """Runs a command in the container (not in the driver) and returns its stdout. Once
+        more when docker could not start it (exit 125 or 126: a loaded daemon's runc may)."""
+        for attempt in range(3):
+            done = subprocess.run(["docker", "exec", "-u", "10001:10001", self.name, *argv],
+                                  capture_output=True)
+            if done.returncode not in (125, 126) or attempt == 2:
+                break
+            time.sleep(0.5)
+        if done.returncode != 0:
+            raise RuntimeError(f"docker exec {argv}: exit {done.returncode}: "
+                               f"{done.stderr.decode(errors='replace')[-2000:]}")
+        return done.stdout
 
     def close_requests(self):
         """Closes fd 3's other end, as codebox-init ending the session; returns the exit

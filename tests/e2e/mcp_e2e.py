@@ -177,7 +177,8 @@ async def plot(session):
 async def catalog_and_history(session):
     tools = await session.list_tools()
     names = sorted(t.name for t in tools.tools)
-    expect(names == ["get_execution_history", "get_result", "list_supported_languages", "run_code",
+    expect(names == ["close_session", "create_session", "get_execution_history", "get_result",
+                     "list_sessions", "list_supported_languages", "read_session_file", "run_code",
                      "start_run", "stop_run"], f"tools {names}")
     cat = structured(await session.call_tool("list_supported_languages", {}))
     ids = [l["language"] for l in cat["languages"]]
@@ -211,6 +212,44 @@ async def history(session):
     expect(stopped["runs"] and all(r["status"] == "stopped" for r in stopped["runs"]), "status filter")
 
 
+async def sessions(session):
+    """A session, as an agent uses one: load, inspect, transform, plot, read a file."""
+    csv = "x,y\n" + "".join(f"{i},{i * i}\n" for i in range(100))
+    s = structured(await session.call_tool("create_session", {
+        "language": "python", "files": [{"path": "data.csv", "content": csv}]}))
+    sid = s["session_id"]
+    expect(sid.startswith("cbx_") and s["stateful"], f"session {s}")
+    expect(s["idle_timeout_seconds"] == 600 and s["max_lifetime_seconds"] == 3600, f"{s}")
+
+    async def cell(code, **extra):
+        return structured(await session.call_tool("run_code", {"session_id": sid, "code": code, **extra}))
+
+    r = await cell("import pandas as pd\ndf = pd.read_csv('data.csv')\nlen(df)")
+    expect(r["status"] == "succeeded" and r["result"] == "100", f"load: {r['status']} {r['result']} {r['stderr']}")
+    expect(r["session"]["execution_count"] == 1 and r["session"]["state"] == "new", f"{r['session']}")
+    r = await cell("df['z'] = df.x + df.y\nint(df.z.sum())")
+    expect(r["result"] == str(sum(i + i * i for i in range(100))), f"transform: {r['result']}")
+    expect(r["session"]["state"] == "kept", f"{r['session']}")
+    plotted = await session.call_tool("run_code", {"session_id": sid, "code":
+        "import os, matplotlib.pyplot as plt\nos.makedirs('outputs', exist_ok=True)\nplt.plot(df.x, df.y)\ndf.to_csv('outputs/z.csv')"})
+    report = structured(plotted)
+    images = [c for c in plotted.content if c.type == "image"]
+    expect(len(images) == 1, f"the open figure as an image: {[f['path'] for f in report['files']]}")
+    read = await session.call_tool("read_session_file", {"session_id": sid, "path": "outputs/z.csv"})
+    meta = structured(read)
+    expect(meta["size_bytes"] > 1000 and meta["content_base64"] is None, f"read: {meta}")
+    resources = [c for c in read.content if c.type == "resource"]
+    expect(resources and resources[0].resource.text.startswith(",x,y,z"), "the file's text")
+    listed = structured(await session.call_tool("list_sessions", {}))
+    expect(any(x["session_id"] == sid and x["executions"] == 3 for x in listed["sessions"]), f"{listed}")
+    closed = structured(await session.call_tool("close_session", {"session_id": sid}))
+    expect(closed["closed"] and closed["executions"] == 3, f"{closed}")
+    later = await session.call_tool("run_code", {"session_id": sid, "code": "1"})
+    expect(later.is_error, "a closed session must refuse")
+    text = " ".join(getattr(c, "text", "") for c in later.content)
+    expect(f"session {sid} was closed" in text, f"the error names the end: {text}")
+
+
 async def suite(session, transport, results):
     await session.initialize()
     await results.check(f"{transport}: tools and catalog", catalog_and_history(session))
@@ -221,6 +260,7 @@ async def suite(session, transport, results):
     await results.check(f"{transport}: a plot comes back as an image", plot(session))
     await results.check(f"{transport}: errors name the field", errors(session))
     await results.check(f"{transport}: execution history", history(session))
+    await results.check(f"{transport}: a session keeps state across calls", sessions(session))
 
 
 async def over_stdio(binary, env, results):

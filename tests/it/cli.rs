@@ -40,6 +40,19 @@ fn run_prints_output_and_mirrors_the_exit_status() {
 }
 
 #[test]
+fn a_java_file_runs_under_the_name_of_its_public_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let hello = write_temp(
+        &dir,
+        "Hello.java",
+        "public class Hello {\n    public static void main(String[] a) { System.out.println(\"hello from \" + Hello.class.getName()); }\n}\n",
+    );
+    let out = codebox(&["run", &hello]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hello from Hello\n");
+}
+
+#[test]
 fn run_json_prints_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let file = write_temp(
@@ -90,7 +103,7 @@ fn run_rejects_limits_over_the_ceiling() {
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out.stderr)
-            .contains("limits.memory_mb: requested 32768 MB of memory; the maximum is 16384 MB"),
+            .contains("limits.memory_mb: requested 32768 MB of memory; the maximum is 8192 MB"),
         "{}",
         text(&out.stderr)
     );
@@ -165,7 +178,10 @@ fn languages_json_lists_every_language_with_its_image() {
     assert_eq!(py["image"], "codebox/python:3.11");
     assert_eq!(py["image_present"], true);
     assert_eq!(py["compiled"], true);
-    assert_eq!(v["limits"]["ceilings"]["memory_mb"], 16384);
+    assert_eq!(
+        v["limits"]["ceilings"]["memory_mb"], 8192,
+        "the budget, below the setting"
+    );
 }
 
 const AWK_REGISTRY: &str = r#"
@@ -373,4 +389,77 @@ fn a_uid_another_codebox_process_holds_is_never_leased() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{free_uid}\n"));
     drop(held);
+}
+
+/// `codebox repl LANG` with this stdin (not a terminal: the whole input is one cell).
+fn repl(language: &str, stdin: &str) -> std::process::Child {
+    use std::io::Write as _;
+    let mut child = crate::common::codebox_command()
+        .args(["repl", language])
+        .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+        .env_remove("CODEBOX_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run codebox repl");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child
+}
+
+#[test]
+fn repl_runs_piped_code_as_one_cell_and_echoes_its_value() {
+    let out = repl("python", "x = 41\nprint('hi')\nx + 1\n")
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n42\n");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("[succeeded") && err.contains("state new"),
+        "{err}"
+    );
+    let out = repl("python", "1 / 0\n").wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("ZeroDivisionError"));
+}
+
+#[test]
+fn ctrl_c_interrupts_the_running_cell_of_a_repl() {
+    let child = repl(
+        "python",
+        "import subprocess\nprint('a', flush=True)\nsubprocess.run(['sleep', '61'])\n",
+    );
+    let pid = child.id() as i32;
+    // `sleep 61` runs in a session's container once the cell has printed.
+    let sleeping = || {
+        crate::common::labelled_objects("label=codebox.run=session")
+            .iter()
+            .any(|id| {
+                let top = std::process::Command::new("docker")
+                    .args(["top", id])
+                    .output()
+                    .unwrap();
+                text(&top.stdout).contains("sleep 61")
+            })
+    };
+    for _ in 0..600 {
+        if sleeping() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(sleeping(), "the cell never ran");
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "a\n");
+    let err = text(&out.stderr);
+    assert!(err.contains("[stopped"), "{err}");
 }

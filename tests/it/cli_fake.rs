@@ -148,3 +148,69 @@ async fn doctor_names_the_fix_when_the_configured_runtime_is_missing() {
         "{out}"
     );
 }
+
+/// A registry of a base image and three images built on it, in a temporary folder.
+fn three_images_on_a_base(dir: &std::path::Path) -> Registry {
+    let mut toml =
+        String::from("[images.base]\ntag = \"test/base:1\"\ncontext = \"images/base\"\n");
+    std::fs::create_dir_all(dir.join("images/base")).unwrap();
+    std::fs::write(
+        dir.join("images/base/Dockerfile"),
+        "FROM debian:bookworm-slim\n",
+    )
+    .unwrap();
+    for name in ["one", "two", "three"] {
+        let folder = dir.join("images").join(name);
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(
+            folder.join("Dockerfile"),
+            "FROM test/base:1\nUSER 10001:10001\n",
+        )
+        .unwrap();
+        toml.push_str(&format!(
+            "[images.{name}]\ntag = \"test/{name}:1\"\ncontext = \"images/{name}\"\n"
+        ));
+    }
+    for name in ["one", "two", "three"] {
+        toml.push_str(&format!(
+            "[languages.{name}]\ndisplay_name = \"{name}\"\nimage = \"{name}\"\nsource_file = \"main.{name}\"\nrun = [\"true\"]\n"
+        ));
+    }
+    std::fs::write(dir.join("languages.toml"), toml).unwrap();
+    Registry::load(&dir.join("languages.toml")).unwrap()
+}
+
+#[tokio::test]
+async fn images_build_in_parallel_each_after_the_image_it_builds_on() {
+    let data = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeEngine::new());
+    let registry = three_images_on_a_base(data.path());
+    let engine: Arc<dyn ContainerEngine> = fake.clone();
+    let config = Config {
+        data_dir: data.path().join("data"),
+        ..Config::default()
+    };
+    let app = App::build(config, registry, engine).unwrap();
+    let command =
+        <cli::Cli as clap::Parser>::parse_from(["codebox", "images", "build", "--jobs", "2"])
+            .command;
+    assert_eq!(cli::dispatch(&app, command).await.unwrap(), 0);
+    let events = fake.builds();
+    assert_eq!(events.len(), 8, "{events:?}");
+    // The base first, alone; then the three, never more than two at once, and two at once
+    // at some point.
+    assert_eq!(
+        events[..2],
+        ["start test/base:1", "end test/base:1"],
+        "{events:?}"
+    );
+    let (mut running, mut most) = (0, 0);
+    for e in &events[2..] {
+        running += if e.starts_with("start") { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert_eq!(most, 2, "{events:?}");
+    for name in ["one", "two", "three"] {
+        assert!(events.contains(&format!("end test/{name}:1")), "{events:?}");
+    }
+}

@@ -621,7 +621,7 @@ fn path_traversal_in_files_is_rejected() {
 fn limits_over_a_ceiling_are_rejected_not_clamped() {
     assert_eq!(
         reject(with_limits(Some(32768.0), None, None)),
-        "limits.memory_mb: requested 32768 MB of memory; the maximum is 16384 MB"
+        "limits.memory_mb: requested 32768 MB of memory; the maximum is 8192 MB"
     );
     assert_eq!(
         reject(with_limits(None, Some(7200.0), None)),
@@ -671,11 +671,38 @@ fn a_timeout_under_a_millisecond_is_rejected_as_it_could_not_be_enforced() {
 }
 
 #[test]
+fn the_memory_ceiling_is_the_smaller_of_the_setting_and_the_budget() {
+    // limits.max_memory_mb 16384, runs.memory_budget_mb 8192: 10000 MB could never run.
+    assert_eq!(
+        reject(with_limits(Some(10000.0), None, None)),
+        "limits.memory_mb: requested 10000 MB of memory; the maximum is 8192 MB"
+    );
+    let mut roomy = Config::default();
+    roomy.runs.memory_budget_mb = 32768;
+    assert_eq!(
+        roomy.ceilings().memory_mb,
+        16384,
+        "then the setting is the ceiling"
+    );
+    let v = ValidRequest::new(with_limits(Some(16384.0), None, None), &registry(), &roomy);
+    assert_eq!(v.expect("valid").limits.memory_mb, 16384);
+}
+
+#[test]
+fn a_non_finite_limit_states_no_wrong_minimum() {
+    let msg = reject(with_limits(None, Some(f64::NAN), None));
+    assert_eq!(
+        msg,
+        "limits.timeout_seconds: must be a finite number (at most 3600 s)"
+    );
+}
+
+#[test]
 fn limits_within_ceilings_are_kept_exactly() {
-    let v = valid(with_limits(Some(16384.0), Some(0.5), Some(4.0)));
+    let v = valid(with_limits(Some(8192.0), Some(0.5), Some(4.0)));
     assert_eq!(
         (v.limits.memory_mb, v.limits.timeout_seconds, v.limits.cpus),
-        (16384, 0.5, 4.0)
+        (8192, 0.5, 4.0)
     );
     let d = valid(request("python", "print(1)"));
     assert_eq!(

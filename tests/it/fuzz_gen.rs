@@ -821,7 +821,8 @@ fn limit_allowed(field: &str, v: &Value) -> bool {
         return false;
     }
     match field {
-        "memory_mb" => x.fract() == 0.0 && (6.0..=16384.0).contains(&x),
+        // The smaller of limits.max_memory_mb (16384) and runs.memory_budget_mb (8192).
+        "memory_mb" => x.fract() == 0.0 && (6.0..=8192.0).contains(&x),
         "timeout_seconds" => (0.001..=3600.0).contains(&x),
         _ => (0.01..=4.0).contains(&x),
     }

@@ -116,7 +116,7 @@ async fn mcp_over_http_requires_the_bearer_token() {
             .auth_header(TOKEN),
     );
     let client = ().serve(transport).await.expect("client with token connects");
-    assert_eq!(client.list_all_tools().await.unwrap().len(), 6);
+    assert_eq!(client.list_all_tools().await.unwrap().len(), 10);
     let res = client
         .call_tool(params(
             "run_code",

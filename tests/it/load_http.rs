@@ -406,7 +406,8 @@ async fn http_load_16_clients_500_mixed_runs_each_reported_and_recorded_once_not
         t.refused as u64
     );
 
-    // While it still runs, only the pool's containers are there; once stopped, none.
+    // While it still runs, only the pool's containers and the sessions opened ahead of time
+    // are there; once stopped, none.
     let run_containers = |instance: &str| {
         let out = std::process::Command::new("docker")
             .args(["ps", "-a", "--format", "{{.Label \"codebox.run\"}}"])
@@ -415,7 +416,10 @@ async fn http_load_16_clients_500_mixed_runs_each_reported_and_recorded_once_not
             .expect("docker CLI");
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter(|l| *l != codebox::executor::pool::POOL_RUN_LABEL)
+            .filter(|l| {
+                *l != codebox::executor::pool::POOL_RUN_LABEL
+                    && *l != codebox::executor::session::SESSION_RUN_LABEL
+            })
             .count()
     };
     eventually(60, "no run container is left while the server runs", || {

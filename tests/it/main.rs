@@ -4,6 +4,7 @@
 mod batch;
 mod cli;
 mod cli_fake;
+mod cli_first_contact;
 mod common;
 mod docker_runs;
 mod fake_engine;
@@ -24,6 +25,7 @@ mod pg_cluster;
 mod pool;
 mod postgres;
 mod private_daemon;
+mod readme;
 mod reaper;
 mod registry_file;
 mod remote_tls;

@@ -222,6 +222,40 @@ async fn run_code_returns_the_report_of_a_python_hello() {
 }
 
 #[tokio::test]
+async fn a_java_program_is_saved_under_its_public_class_over_mcp_too() {
+    let m = docker_manager(|_| {}, None);
+    let client = connect(m.clone()).await;
+    let code = "import java.nio.file.*;\n\npublic final class Solution {\n    public static void main(String[] a) throws Exception {\n        System.out.println(Files.exists(Path.of(\"Solution.java\")) + \" \" + Files.exists(Path.of(\"Main.java\")));\n    }\n}\n";
+    let r = report(
+        ok(
+            &client,
+            "run_code",
+            json!({"language": "java", "code": code}),
+        )
+        .await,
+    );
+    assert_eq!(r.status, Status::Succeeded, "{r:?}");
+    assert_eq!(r.stdout, "true false\n");
+    // Without a public class the file stays Main.java.
+    let code =
+        "class Main { public static void main(String[] a) { System.out.println(\"main\"); } }";
+    let r = report(
+        ok(
+            &client,
+            "run_code",
+            json!({"language": "java", "code": code}),
+        )
+        .await,
+    );
+    assert_eq!(
+        (r.status, r.stdout.as_str()),
+        (Status::Succeeded, "main\n"),
+        "{r:?}"
+    );
+    settle(&m).await;
+}
+
+#[tokio::test]
 async fn a_failed_program_is_a_normal_result_not_an_error() {
     let m = docker_manager(|_| {}, None);
     let client = connect(m.clone()).await;
@@ -543,7 +577,10 @@ async fn list_supported_languages_is_the_catalog() {
     assert_eq!(py["image"], "codebox/python:3.11");
     assert_eq!(py["image_present"], true);
     assert_eq!(v["limits"]["defaults"]["memory_mb"], 512);
-    assert_eq!(v["limits"]["ceilings"]["memory_mb"], 16384);
+    assert_eq!(
+        v["limits"]["ceilings"]["memory_mb"], 8192,
+        "the budget, below the setting"
+    );
     settle(&m).await;
 }
 

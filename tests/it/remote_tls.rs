@@ -213,8 +213,11 @@ async fn without_a_client_certificate_the_daemon_refuses_and_codebox_says_so_in_
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
+    // After the line naming the language registry in use.
+    let (registry, rest) = text.split_once('\n').unwrap_or_default();
+    assert!(registry.starts_with("Language registry: "), "{text}");
     assert_eq!(
-        text,
+        rest,
         format!("Docker:\n  FAIL {expected}\n0 passed, 1 failed\n")
     );
 

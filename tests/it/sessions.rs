@@ -451,3 +451,128 @@ async fn a_files_only_session_keeps_its_files_between_programs() {
     assert_eq!(state(&r).0, InterpreterState::Kept);
     m.shutdown(Duration::from_secs(30)).await;
 }
+
+async fn tool(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    name: &'static str,
+    args: serde_json::Value,
+) -> rmcp::model::CallToolResult {
+    client
+        .call_tool(crate::mcp_support::params(name, args))
+        .await
+        .expect("a tool result")
+}
+
+#[tokio::test]
+async fn a_killed_servers_sessions_are_reaped_and_later_calls_are_told_it_restarted() {
+    use crate::mcp_support::{text, TOKEN};
+    use crate::serve_child::{instance_objects, Options, ServeChild};
+    let opts = || Options {
+        http_token: Some(TOKEN),
+        sets: &["pool.sizes={}", "sessions.ready={}"],
+        ..Default::default()
+    };
+    let mut server = ServeChild::start(opts()).await;
+    let instance = server.instance().await;
+    let client = server.client(TOKEN).await;
+    let created = tool(
+        &client,
+        "create_session",
+        serde_json::json!({"language": "python"}),
+    )
+    .await;
+    let id = created.structured_content.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = tool(
+        &client,
+        "run_code",
+        serde_json::json!({"session_id": id, "code": "x = 1"}),
+    )
+    .await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    assert_eq!(
+        instance_objects(&instance).len(),
+        1,
+        "the session's container"
+    );
+    drop(client);
+    server.signal_and_wait(libc::SIGKILL).await;
+    assert_eq!(
+        instance_objects(&instance).len(),
+        1,
+        "a killed server cannot clean up"
+    );
+    let data = server.into_data();
+    let server = ServeChild::start_in(data, opts()).await;
+    eventually(60, "the dead server's session container is removed", || {
+        instance_objects(&instance).is_empty()
+    })
+    .await;
+    let client = server.client(TOKEN).await;
+    let r = tool(
+        &client,
+        "run_code",
+        serde_json::json!({"session_id": id, "code": "x"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(
+        text(&r),
+        format!("session_id: session {id} ended: the server restarted; create a new one")
+    );
+    let history = tool(
+        &client,
+        "get_execution_history",
+        serde_json::json!({"session_id": id}),
+    )
+    .await;
+    let runs = history.structured_content.unwrap()["runs"].clone();
+    assert_eq!(runs.as_array().unwrap().len(), 1, "{runs}");
+    assert_eq!(runs[0]["execution_count"], 1);
+}
+
+#[tokio::test]
+async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further() {
+    let m = docker_manager(|_| {}, None);
+    let timeout = |s: &SessionInfo, code: &str| {
+        let mut r = exec(s, code);
+        r.limits = Some(LimitsInput {
+            timeout_seconds: Some(2.0),
+            ..Default::default()
+        });
+        r
+    };
+    let py = m.create_session(open("python")).await.unwrap();
+    run(&m, exec(&py, "pass")).await;
+    let r = run(
+        &m,
+        timeout(
+            &py,
+            "import subprocess\nsubprocess.run(['sleep', '100'])\nprint('after the deadline')\nx = 2",
+        ),
+    )
+    .await;
+    assert_eq!(r.status, Status::TimedOut, "{r:?}");
+    assert!(!r.stdout.contains("after the deadline"), "{r:?}");
+    assert_eq!(state(&r), (InterpreterState::Kept, None));
+    let x = run(&m, exec(&py, "'x' in globals()")).await;
+    assert_eq!(
+        x.result.as_deref(),
+        Some("False"),
+        "the cell stopped at the deadline"
+    );
+    let sh = m.create_session(open("bash")).await.unwrap();
+    run(&m, exec(&sh, "n=5")).await;
+    let r = run(&m, timeout(&sh, "while :; do sleep 1; done")).await;
+    assert_eq!(r.status, Status::TimedOut, "{r:?}");
+    assert_eq!(
+        state(&r),
+        (InterpreterState::Kept, None),
+        "a shell loop is interrupted, not the shell"
+    );
+    let n = run(&m, exec(&sh, "echo $n")).await;
+    assert_eq!(n.stdout, "5\n");
+    m.shutdown(Duration::from_secs(30)).await;
+}

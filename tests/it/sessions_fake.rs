@@ -423,3 +423,59 @@ async fn a_session_file_is_read_without_running_anything() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_session_opened_ahead_of_time_serves_one_create_session_and_is_replaced() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    m.start_ready_sessions();
+    eventually(10, "one python session is ready", || {
+        fake.specs().len() == 1 && fake.session_requests().is_empty()
+    })
+    .await;
+    let ready = fake.specs()[0].name.clone();
+    assert_eq!(
+        m.stats().sessions_memory_mb,
+        512,
+        "its memory is held while it waits"
+    );
+    assert!(
+        m.list_sessions().sessions.is_empty(),
+        "a ready container is no session yet"
+    );
+    let s = m.create_session(open("python")).await.unwrap();
+    assert_eq!(fake.specs().len(), 1, "it took the ready container");
+    // (The replacement's attach takes a behaviour from the script: script after it.)
+    eventually(10, "a replacement is ready", || fake.specs().len() == 2).await;
+    fake.script(Behaviour::Result("1".into()));
+    let r = run(&m, cell(&s, "1")).await;
+    assert_eq!(r.result.as_deref(), Some("1"), "{}", r.message);
+    assert_eq!(state(&r).1, InterpreterState::New);
+    assert_eq!(
+        m.stats().sessions_memory_mb,
+        1024,
+        "the session and its replacement"
+    );
+    // With files (or other limits) a session gets a container of its own.
+    let with_files = SessionRequest {
+        files: Some(vec![codebox::executor::FileInput {
+            path: "a.txt".into(),
+            content: "x".into(),
+            encoding: None,
+        }]),
+        ..open("python")
+    };
+    m.create_session(with_files).await.unwrap();
+    assert_eq!(fake.specs().len(), 3);
+    m.close_session(&s.session_id).unwrap();
+    eventually(10, "the used one is removed", || {
+        !fake.live_containers().contains(&ready)
+    })
+    .await;
+    m.shutdown(Duration::from_secs(10)).await;
+    eventually(10, "shutdown removes the ready ones too", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
+    assert_eq!(m.stats().sessions_memory_mb, 0);
+}

@@ -172,8 +172,8 @@ async fn about() -> Response {
 /// Judge0's configuration, every field filled from codebox's settings.
 pub fn config(api: &Api) -> Value {
     let c = api.manager().config();
-    let (d, m) = (c.limits.defaults(), c.limits.ceilings());
-    let max_memory_kb = m.memory_mb.min(c.runs.memory_budget_mb) * 1024;
+    let (d, m) = (c.limits.defaults(), c.ceilings());
+    let max_memory_kb = m.memory_mb * 1024;
     let file_kb = c.sandbox.max_file_size_mb * 1024;
     json!({
         "maintenance_mode": false,

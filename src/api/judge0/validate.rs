@@ -159,8 +159,8 @@ pub(super) fn validate(api: &Api, value: &Value, base64: bool) -> Result<Valid, 
         return Err(errors);
     };
     let c = api.manager().config();
-    let (d, m) = (c.limits.defaults(), c.limits.ceilings());
-    let max_memory_kb = (m.memory_mb.min(c.runs.memory_budget_mb) * 1024) as f64;
+    let (d, m) = (c.limits.defaults(), c.ceilings());
+    let max_memory_kb = (m.memory_mb * 1024) as f64;
     let file_kb = (c.sandbox.max_file_size_mb * 1024) as f64;
     let pids = c.sandbox.pids_limit as f64;
     let mut f = Fields {

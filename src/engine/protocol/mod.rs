@@ -10,10 +10,12 @@
 mod frames;
 mod payload;
 pub mod session;
+#[cfg(any(test, feature = "testing"))]
 mod testing;
 
 pub use frames::*;
 pub use payload::*;
+#[cfg(any(test, feature = "testing"))]
 pub use testing::{frame, parse_payload};
 
 /// First line of every payload.

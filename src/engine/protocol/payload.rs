@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+#[cfg(any(test, feature = "testing"))]
 use super::testing::parse;
 use super::MAGIC;
 
@@ -126,6 +127,7 @@ impl Files {
     }
 
     /// The entries, decoded again (for the fake engine and tests).
+    #[cfg(any(test, feature = "testing"))]
     pub fn entries(&self) -> Vec<Entry> {
         let mut payload = MAGIC.to_vec();
         payload.extend_from_slice(&self.records);

@@ -1,14 +1,21 @@
-//! The Docker engine, over the Engine API (bollard). The only file that imports bollard.
+//! The Docker engine, over the Engine API (bollard). This folder is the only place that
+//! imports bollard: `tls.rs` reaches a remote daemon over TCP and TLS, `spec.rs` turns the
+//! locked-down spec into a create body.
+
+mod spec;
+mod tls;
+
+use spec::{create_body, managed_filter, to_hash};
+use tls::{connection_detail, is_loopback, tcp_client, tls_error, TlsFiles};
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
-use bollard::models::{ContainerCreateBody, ContainerUpdateBody, HostConfig, ResourcesUlimits};
+use bollard::models::ContainerUpdateBody;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, BuildImageOptionsBuilder, CreateContainerOptionsBuilder,
     EventsOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
@@ -21,7 +28,7 @@ use crate::config::DockerSettings;
 
 use super::{
     detail, Attached, BuildProgress, Cause, ContainerEngine, ContainerSpec, ContainerState,
-    EngineError, EngineInfo, ImageInfo, Leftover, Output, Resources, Signal, LABEL_MANAGED,
+    EngineError, EngineInfo, ImageInfo, Leftover, Output, Resources, Signal,
 };
 
 pub use crate::config::DEFAULT_DOCKER_HOST;
@@ -32,178 +39,25 @@ const REQUEST_TIMEOUT_SECONDS: u64 = 120;
 /// A Docker daemon reached through the Engine API.
 #[derive(Clone)]
 pub struct DockerEngine {
-    docker: Docker,
-    /// Image builds can take many minutes; they get a client with a long timeout.
-    builder: Docker,
+    client: Client,
     address: String,
     /// The certificates of a TLS connection.
     tls: Option<TlsFiles>,
     /// The network of image builds' `RUN` steps (`docker.build_network`).
     build_network: Option<String>,
-    /// Set when the client could not even be set up (e.g. the socket does not exist, the CA
-    /// certificate cannot be read); every operation then fails with it.
-    broken: Option<EngineError>,
 }
 
-/// The files of a TLS connection, as the docker CLI names them in its certificate folder.
-#[derive(Debug, Clone)]
-struct TlsFiles {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-impl TlsFiles {
-    fn in_dir(dir: &Path) -> TlsFiles {
-        TlsFiles {
-            ca: dir.join("ca.pem"),
-            cert: dir.join("cert.pem"),
-            key: dir.join("key.pem"),
-        }
-    }
-
-    /// The client certificate file or key file that is missing, if one is.
-    fn missing_client_file(&self) -> Option<&Path> {
-        [&self.cert, &self.key]
-            .into_iter()
-            .find(|p| !p.exists())
-            .map(PathBuf::as_path)
-    }
-
-    /// A TLS client that trusts only `ca.pem` and presents `cert.pem` and `key.pem` (none
-    /// when they are missing: the daemon then says whether it requires one).
-    fn client_config(&self) -> Result<rustls::ClientConfig, String> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let read_certs = |path: &Path, what: &str| {
-            CertificateDer::pem_file_iter(path)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in read_certs(&self.ca, "CA certificate")? {
-            roots.add(ca).map_err(|e| {
-                format!("the CA certificate {} is unusable: {e}", self.ca.display())
-            })?;
-        }
-        if roots.is_empty() {
-            return Err(format!("{} holds no certificate", self.ca.display()));
-        }
-        let no_client_certificate = self.missing_client_file().is_some();
-        // Without a client certificate, TLS 1.2: a daemon that requires one then refuses in
-        // the handshake, where codebox always sees its alert. Under TLS 1.3 the refusal comes
-        // after the handshake and sometimes reaches codebox only as a closed connection
-        // ("connection was not ready"). The daemon's certificate is verified either way.
-        let versions: &[&rustls::SupportedProtocolVersion] = if no_client_certificate {
-            &[&rustls::version::TLS12]
-        } else {
-            rustls::DEFAULT_VERSIONS
-        };
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(versions)
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots);
-        if no_client_certificate {
-            return Ok(builder.with_no_client_auth());
-        }
-        let certs = read_certs(&self.cert, "client certificate")?;
-        let key = PrivateKeyDer::from_pem_file(&self.key)
-            .map_err(|e| format!("cannot read the client key {}: {e}", self.key.display()))?;
-        builder.with_client_auth_cert(certs, key).map_err(|e| {
-            format!(
-                "the client certificate {} is unusable: {e}",
-                self.cert.display()
-            )
-        })
-    }
-}
-
-/// A client for `tcp://HOST:PORT`, over TLS when `tls` is given, through bollard's custom
-/// transport: bollard's own TLS client would also trust the system's certificate
-/// authorities, and neither of its TCP clients sets `TCP_NODELAY` or keeps connections.
-fn tcp_client(address: &str, tls: Option<&TlsFiles>) -> Result<Docker, String> {
-    let host_port = address
-        .trim_start_matches("tcp://")
-        .trim_end_matches('/')
-        .to_string();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    // Without it the end of each request waits for the daemon's delayed ACK: about 40 ms
-    // per Engine API call, measured.
-    http.set_nodelay(true);
-    match tls {
-        Some(files) => {
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(files.client_config()?)
-                .https_only()
-                .enable_http1()
-                .wrap_connector(http);
-            custom_transport(https, format!("https://{host_port}"))
-        }
-        None => custom_transport(http, format!("http://{host_port}")),
-    }
-}
-
-/// A bollard client whose requests go through a hyper client on `connector`. Idle
-/// connections are kept a while: a new TCP connection and TLS handshake per Engine API call
-/// cost a remote run several milliseconds each.
-fn custom_transport<C>(connector: C, base: String) -> Result<Docker, String>
-where
-    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
-{
-    let client = Arc::new(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            .build(connector),
-    );
-    let transport = move |request: bollard::BollardRequest| {
-        let client = client.clone();
-        async move { client.request(request).await.map_err(BollardError::from) }
-    };
-    Docker::connect_with_custom_transport(
-        transport,
-        Some(base),
-        REQUEST_TIMEOUT_SECONDS,
-        bollard::API_DEFAULT_VERSION,
-    )
-    .map_err(|e| e.to_string())
-}
-
-/// An error and each of its causes, outermost first. An I/O error's `source` skips the
-/// error it wraps (rustls's, or another I/O error): the chain goes through it instead.
-fn causes<'a>(
-    e: &'a (dyn std::error::Error + 'static),
-) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
-    std::iter::successors(Some(e), |e| match e.downcast_ref::<std::io::Error>() {
-        Some(io) => io
-            .get_ref()
-            .map(|inner| inner as &(dyn std::error::Error + 'static)),
-        None => e.source(),
-    })
-}
-
-/// The TLS error somewhere in an error's chain.
-fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    causes(e).find_map(|e| e.downcast_ref::<rustls::Error>())
-}
-
-/// A connection error in one line, down to its root ("client error (Connect): tcp connect
-/// error: Connection refused (os error 111)"), each cause said once.
-fn connection_detail(e: &BollardError) -> String {
-    let mut text = String::new();
-    for cause in causes(e) {
-        let said = cause.to_string();
-        if !text.contains(&said) {
-            if !text.is_empty() {
-                text.push_str(": ");
-            }
-            text.push_str(&said);
-        }
-    }
-    text
+/// The Engine API client, or why there is none.
+#[derive(Clone)]
+enum Client {
+    Ready {
+        docker: Docker,
+        /// Image builds can take many minutes; they get a client with a long timeout.
+        builder: Docker,
+    },
+    /// The client could not even be set up (e.g. the socket does not exist, the CA
+    /// certificate cannot be read): every operation fails with this.
+    Unusable(EngineError),
 }
 
 impl DockerEngine {
@@ -236,25 +90,18 @@ impl DockerEngine {
                 source: Arc::new(e),
             })
         };
-        let (docker, broken) = match client {
-            Ok(d) => (d, None),
-            // A placeholder client that is never used while `broken` is set.
-            Err(e) => (
-                Docker::connect_with_http("http://127.0.0.1:9", 1, bollard::API_DEFAULT_VERSION)
-                    .map_err(|e2| EngineError::Unreachable {
-                        address: address.clone(),
-                        source: Arc::new(e2),
-                    })?,
-                Some(e),
-            ),
+        let client = match client {
+            Ok(docker) => Client::Ready {
+                builder: docker.clone().with_timeout(Duration::from_secs(3 * 3600)),
+                docker,
+            },
+            Err(e) => Client::Unusable(e),
         };
         Ok(DockerEngine {
-            builder: docker.clone().with_timeout(Duration::from_secs(3 * 3600)),
-            docker,
+            client,
             address,
             tls,
             build_network: settings.build_network.clone(),
-            broken,
         })
     }
 
@@ -266,10 +113,19 @@ impl DockerEngine {
         })
     }
 
-    fn usable(&self) -> Result<(), EngineError> {
-        match &self.broken {
-            None => Ok(()),
-            Some(e) => Err(e.clone()),
+    /// The client, or the error that says why there is none.
+    fn docker(&self) -> Result<&Docker, EngineError> {
+        match &self.client {
+            Client::Ready { docker, .. } => Ok(docker),
+            Client::Unusable(e) => Err(e.clone()),
+        }
+    }
+
+    /// The client for image builds (a long timeout).
+    fn builder(&self) -> Result<&Docker, EngineError> {
+        match &self.client {
+            Client::Ready { builder, .. } => Ok(builder),
+            Client::Unusable(e) => Err(e.clone()),
         }
     }
 
@@ -334,105 +190,23 @@ impl DockerEngine {
     }
 }
 
-/// Whether a `tcp://HOST:PORT` address is on this machine.
-fn is_loopback(address: &str) -> bool {
-    let host = address
-        .trim_start_matches("tcp://")
-        .rsplit_once(':')
-        .map_or("", |(h, _)| h)
-        .trim_matches(['[', ']']);
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 fn is_status(e: &BollardError, code: u16) -> bool {
     matches!(e, BollardError::DockerResponseServerError { status_code, .. } if *status_code == code)
-}
-
-fn to_hash(labels: &BTreeMap<String, String>) -> HashMap<String, String> {
-    labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-fn managed_filter() -> HashMap<String, Vec<String>> {
-    HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])])
-}
-
-/// The create body for a spec. Every field that matters for isolation is set explicitly.
-fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
-    let host_config = HostConfig {
-        runtime: Some(spec.runtime.clone()),
-        network_mode: Some(spec.network_mode.clone()),
-        readonly_rootfs: Some(spec.readonly_rootfs),
-        cap_drop: Some(spec.cap_drop.clone()),
-        cap_add: Some(Vec::new()),
-        security_opt: Some(spec.security_opt.clone()),
-        privileged: Some(false),
-        pids_limit: Some(spec.pids_limit),
-        memory: Some(spec.memory_bytes),
-        memory_swap: Some(spec.memory_swap_bytes),
-        memory_swappiness: Some(0),
-        cpu_quota: Some(spec.cpu_quota_us),
-        cpu_period: Some(spec.cpu_period_us),
-        tmpfs: Some(to_hash(&spec.tmpfs)),
-        shm_size: Some(spec.shm_bytes),
-        mounts: Some(Vec::new()),
-        binds: Some(Vec::new()),
-        devices: Some(Vec::new()),
-        ulimits: Some(
-            spec.ulimits
-                .iter()
-                .map(|(name, v)| ResourcesUlimits {
-                    name: Some(name.clone()),
-                    soft: Some(*v),
-                    hard: Some(*v),
-                })
-                .collect(),
-        ),
-        init: Some(spec.init),
-        ipc_mode: Some("private".to_string()),
-        // Output is streamed over attach and capped there; nothing is written to the
-        // daemon's disk.
-        log_config: Some(bollard::models::HostConfigLogConfig {
-            typ: Some("none".to_string()),
-            config: None,
-        }),
-        auto_remove: Some(false),
-        ..Default::default()
-    };
-    ContainerCreateBody {
-        image: Some(spec.image.clone()),
-        // Not the container id: nothing about the host or the daemon leaks through the name.
-        hostname: Some("sandbox".to_string()),
-        cmd: Some(spec.cmd.clone()),
-        entrypoint: Some(Vec::new()),
-        env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-        user: Some(spec.user.clone()),
-        working_dir: Some(spec.working_dir.clone()),
-        labels: Some(to_hash(&spec.labels)),
-        network_disabled: Some(spec.network_mode == "none"),
-        open_stdin: Some(spec.open_stdin),
-        stdin_once: Some(spec.open_stdin),
-        attach_stdin: Some(spec.open_stdin),
-        attach_stdout: Some(true),
-        attach_stderr: Some(true),
-        tty: Some(false),
-        host_config: Some(host_config),
-        ..Default::default()
-    }
 }
 
 #[async_trait]
 impl ContainerEngine for DockerEngine {
     async fn ping(&self) -> Result<EngineInfo, EngineError> {
-        self.usable()?;
         let v = self
-            .docker
+            .docker()?
             .version()
             .await
             .map_err(|e| self.unreachable(e))?;
-        let info = self.docker.info().await.map_err(|e| self.unreachable(e))?;
+        let info = self
+            .docker()?
+            .info()
+            .await
+            .map_err(|e| self.unreachable(e))?;
         let mut runtimes: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
         runtimes.sort();
         Ok(EngineInfo {
@@ -444,8 +218,7 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn inspect_image(&self, tag: &str) -> Result<Option<ImageInfo>, EngineError> {
-        self.usable()?;
-        match self.docker.inspect_image(tag).await {
+        match self.docker()?.inspect_image(tag).await {
             Ok(img) => Ok(Some(ImageInfo {
                 id: img.id.unwrap_or_default(),
                 labels: img
@@ -469,7 +242,6 @@ impl ContainerEngine for DockerEngine {
         no_cache: bool,
         progress: BuildProgress<'_>,
     ) -> Result<String, EngineError> {
-        self.usable()?;
         let mut options = BuildImageOptionsBuilder::new()
             .t(tag)
             .rm(true)
@@ -484,9 +256,11 @@ impl ContainerEngine for DockerEngine {
             tag: tag.to_string(),
             source,
         };
-        let mut stream =
-            self.builder
-                .build_image(options, None, Some(bollard::body_full(context_tar.into())));
+        let mut stream = self.builder()?.build_image(
+            options,
+            None,
+            Some(bollard::body_full(context_tar.into())),
+        );
         let mut image_id = None;
         while let Some(item) = stream.next().await {
             let info = item.map_err(|e| self.fail(build_err, e))?;
@@ -516,12 +290,11 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
-        self.usable()?;
         let options = CreateContainerOptionsBuilder::new()
             .name(&spec.name)
             .build();
         match self
-            .docker
+            .docker()?
             .create_container(Some(options), create_body(spec))
             .await
         {
@@ -534,15 +307,13 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn start_container(&self, id: &str) -> Result<(), EngineError> {
-        self.usable()?;
-        self.docker
+        self.docker()?
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
             .map_err(|e| self.fail(EngineError::StartContainer, e))
     }
 
     async fn attach_container(&self, id: &str) -> Result<Attached, EngineError> {
-        self.usable()?;
         let options = AttachContainerOptionsBuilder::new()
             .stream(true)
             .stdin(true)
@@ -550,7 +321,7 @@ impl ContainerEngine for DockerEngine {
             .stderr(true)
             .build();
         let attached = self
-            .docker
+            .docker()?
             .attach_container(id, Some(options))
             .await
             .map_err(|e| self.fail(EngineError::Attach, e))?;
@@ -571,9 +342,8 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn wait_container(&self, id: &str) -> Result<i64, EngineError> {
-        self.usable()?;
         match self
-            .docker
+            .docker()?
             .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>)
             .next()
             .await
@@ -589,13 +359,12 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn kill_container(&self, id: &str, signal: Signal) -> Result<(), EngineError> {
-        self.usable()?;
         let name = match signal {
             Signal::Term => "SIGTERM",
             Signal::Kill => "SIGKILL",
         };
         let options = KillContainerOptionsBuilder::new().signal(name).build();
-        match self.docker.kill_container(id, Some(options)).await {
+        match self.docker()?.kill_container(id, Some(options)).await {
             // Not running (any more), or gone.
             Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(()),
             other => other.map_err(|e| self.fail(EngineError::KillContainer, e)),
@@ -603,9 +372,8 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn inspect_container(&self, id: &str) -> Result<ContainerState, EngineError> {
-        self.usable()?;
         let c = self
-            .docker
+            .docker()?
             .inspect_container(
                 id,
                 None::<bollard::query_parameters::InspectContainerOptions>,
@@ -622,7 +390,6 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn oom_event(&self, id: &str) -> Result<bool, EngineError> {
-        self.usable()?;
         // From the oldest event the daemon keeps (a timestamp of 1, so no clock of ours is
         // compared with the daemon's), then live: only this container's OOM kills.
         let filters = HashMap::from([("container", vec![id]), ("event", vec!["oom"])]);
@@ -630,7 +397,7 @@ impl ContainerEngine for DockerEngine {
             .since("1")
             .filters(&filters)
             .build();
-        match self.docker.events(Some(options)).next().await {
+        match self.docker()?.events(Some(options)).next().await {
             Some(Ok(_)) => Ok(true),
             Some(Err(e)) => Err(self.fail(EngineError::ContainerEvents, e)),
             None => Ok(false),
@@ -638,7 +405,6 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn update_container(&self, id: &str, resources: Resources) -> Result<(), EngineError> {
-        self.usable()?;
         let body = ContainerUpdateBody {
             memory: Some(resources.memory_bytes),
             memory_swap: Some(resources.memory_bytes),
@@ -646,19 +412,18 @@ impl ContainerEngine for DockerEngine {
             cpu_period: Some(resources.cpu_period_us),
             ..Default::default()
         };
-        self.docker
+        self.docker()?
             .update_container(id, body)
             .await
             .map_err(|e| self.fail(EngineError::UpdateContainer, e))
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
-        self.usable()?;
         let options = RemoveContainerOptionsBuilder::new()
             .force(true)
             .v(true)
             .build();
-        match self.docker.remove_container(id, Some(options)).await {
+        match self.docker()?.remove_container(id, Some(options)).await {
             Err(e) if is_status(&e, 404) => Ok(()),
             // "removal already in progress"
             Err(e) if is_status(&e, 409) => Ok(()),
@@ -667,13 +432,12 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn list_managed_containers(&self) -> Result<Vec<Leftover>, EngineError> {
-        self.usable()?;
         let options = ListContainersOptionsBuilder::new()
             .all(true)
             .filters(&managed_filter())
             .build();
         let list = self
-            .docker
+            .docker()?
             .list_containers(Some(options))
             .await
             .map_err(|e| self.fail(EngineError::List, e))?;
@@ -687,12 +451,11 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError> {
-        self.usable()?;
         let options = ListVolumesOptionsBuilder::new()
             .filters(&managed_filter())
             .build();
         let list = self
-            .docker
+            .docker()?
             .list_volumes(Some(options))
             .await
             .map_err(|e| self.fail(EngineError::List, e))?;
@@ -708,9 +471,8 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
-        self.usable()?;
         let options = RemoveVolumeOptionsBuilder::new().force(true).build();
-        match self.docker.remove_volume(name, Some(options)).await {
+        match self.docker()?.remove_volume(name, Some(options)).await {
             Err(e) if is_status(&e, 404) => Ok(()),
             other => other.map_err(|e| self.fail(EngineError::RemoveVolume, e)),
         }
