@@ -163,7 +163,15 @@ async fn build_all(
         running.remove(&image.name);
         // The first failure is returned (and printed by the caller); later ones are printed.
         match (result, &first_error) {
-            (Err(e), None) => first_error = Some(e.context(format!("building {}", image.tag))),
+            (Err(e), None) => {
+                // Say which image, unless the error already does.
+                let named = format!("{e:#}").contains(&image.tag);
+                first_error = Some(if named {
+                    e
+                } else {
+                    e.context(format!("building {}", image.tag))
+                });
+            }
             (Err(e), Some(_)) => bars.suspend(|| eprintln!("failed to build {}: {e:#}", image.tag)),
             (Ok(()), _) => {}
         }

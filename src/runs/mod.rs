@@ -521,12 +521,14 @@ impl RunManager {
     /// until their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.executor.pool().close();
-        self.end_all_sessions();
+        // Closed first: a session opened ahead of time that is ready from now on is dropped
+        // (and removed), not kept for runs that will never come.
         let ids: Vec<String> = {
             let mut st = self.lock();
             st.admission.close();
             st.live.keys().cloned().collect()
         };
+        self.end_all_sessions();
         if !ids.is_empty() {
             tracing::info!(runs = ids.len(), "stopping unfinished runs");
             let stops = ids.iter().map(|id| self.stop(id));

@@ -56,7 +56,7 @@ async fn the_binary_serves_mcp_on_stdio_and_run_code_round_trips() {
     let (client, mut stderr) = spawn(&[("CODEBOX_DATA_DIR", data)]).await;
     let info = client.peer_info().unwrap();
     assert_eq!(info.server_info.as_ref().unwrap().name, "codebox");
-    assert_eq!(client.list_all_tools().await.unwrap().len(), 6);
+    assert_eq!(client.list_all_tools().await.unwrap().len(), 10);
     // Warm-up, then the round trip of run_code for Python hello world, 20 times.
     let r = hello(&client).await;
     assert_eq!(r["stdout"], "hello\n");
@@ -234,7 +234,7 @@ async fn notifications_and_responses_before_initialize_do_not_end_the_stdio_sess
         .await;
     assert_eq!(
         c.next().await["result"]["tools"].as_array().unwrap().len(),
-        6
+        10
     );
 }
 

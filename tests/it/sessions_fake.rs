@@ -479,3 +479,29 @@ async fn a_session_opened_ahead_of_time_serves_one_create_session_and_is_replace
     .await;
     assert_eq!(m.stats().sessions_memory_mb, 0);
 }
+
+#[tokio::test]
+async fn shutdown_waits_for_a_session_being_opened_ahead_of_time_and_removes_it() {
+    // Found under load: `serve` got SIGTERM while a ready session's container was starting;
+    // the opening was not waited for and its container outlived the process.
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::Start,
+        Duration::from_millis(500),
+    );
+    let m = fake_manager(&fake, |_| {});
+    m.start_ready_sessions();
+    eventually(10, "a session's container is created", || {
+        fake.specs().len() == 1
+    })
+    .await;
+    m.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(
+        fake.live_containers(),
+        Vec::<String>::new(),
+        "shutdown returned with a container of a session being opened"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(fake.live_containers(), Vec::<String>::new());
+    assert_eq!(m.stats().sessions_memory_mb, 0);
+}

@@ -203,7 +203,9 @@ impl RunManager {
                 st.sessions.filling.push(lang.id.clone());
                 let manager = self.clone();
                 let lang = lang.clone();
-                tokio::spawn(async move {
+                // Tracked with removals: shutdown waits for it, so the container it opens is
+                // removed before the process exits.
+                self.inner.executor.cleanup().spawn(async move {
                     let d = manager.inner.config.limits.defaults();
                     let spec = SessionSpec {
                         name: format!("codebox-session-{}", &new_session_id()[4..16]),
