@@ -420,7 +420,8 @@ while True:
 timeout_ms = 2000
 ---
 assert res.run.stdout == b"bombing\n"
-assert res.run.end == "timed_out" and res.run.cpu_ms > 1000, res.run
+# CPU is counted (the forked processes included); how much depends on the machine's load.
+assert res.run.end == "timed_out" and res.run.cpu_ms > 100, res.run
 assert res.elapsed < 15, res.elapsed
 EOF
 }
