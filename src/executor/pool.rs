@@ -210,7 +210,16 @@ struct Inner {
 }
 
 /// What the pool tells when it changed (the run manager: admit what can start now).
-type Listener = Box<dyn Fn() + Send + Sync>;
+type Listener = Box<dyn Fn(Change) + Send + Sync>;
+
+/// What the pool tells the run manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// A run took a container: queued runs may start; refilling waits.
+    Taken,
+    /// A fill ended or containers were removed.
+    Other,
+}
 
 /// Why a container could not be started ahead of time.
 #[derive(Debug, thiserror::Error)]
@@ -261,13 +270,13 @@ impl Pool {
 
     /// Call `listener` (never under the pool's lock) whenever the pool came to hold less of
     /// the memory budget or a fill ended, succeeded or not. Set once.
-    pub fn on_change(&self, listener: impl Fn() + Send + Sync + 'static) {
+    pub fn on_change(&self, listener: impl Fn(Change) + Send + Sync + 'static) {
         let _ = self.inner.listener.set(Box::new(listener));
     }
 
-    fn changed(&self) {
+    fn changed(&self, change: Change) {
         if let Some(listener) = self.inner.listener.get() {
-            listener();
+            listener(change);
         }
     }
 
@@ -427,7 +436,7 @@ impl Pool {
                 }
             }
             // A queued run may have waited for this memory, ready or given back.
-            pool.changed();
+            pool.changed(Change::Other);
         });
     }
 
@@ -502,8 +511,9 @@ impl Pool {
                 }
             }
         };
-        // The pool holds less now: its replacement, or a queued run, may start.
-        self.changed();
+        // The pool holds less now: a queued run may start. Its replacement waits until runs
+        // end (or the pool's tick): made now, it would take CPU from the run that took it.
+        self.changed(Change::Taken);
         let sandbox = &self.inner.config.sandbox;
         let mut spec = idle.spec.clone();
         if !exact {
@@ -604,7 +614,7 @@ impl Pool {
             idle.guard.remove_later();
         }
         if freed {
-            self.changed();
+            self.changed(Change::Other);
         }
     }
 

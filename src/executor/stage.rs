@@ -153,6 +153,34 @@ async fn by<T>(when: Instant, call: impl std::future::Future<Output = T>) -> Opt
     tokio::time::timeout_at(when, call).await.ok()
 }
 
+/// Parts written whole up to this size; larger ones (shared files) are not copied.
+const COALESCE_BYTES: usize = 1 << 20;
+
+/// `parts` in as few writes as possible without copying a large part: each write is a
+/// message through the daemon's attach stream to the container's stdin, and a payload in one
+/// write reaches `codebox-init` in one read.
+fn coalesce(parts: Vec<bytes::Bytes>) -> Vec<bytes::Bytes> {
+    let mut out = Vec::with_capacity(parts.len());
+    let mut joined = bytes::BytesMut::new();
+    for part in parts {
+        if part.len() > COALESCE_BYTES {
+            if !joined.is_empty() {
+                out.push(joined.split().freeze());
+            }
+            out.push(part);
+        } else {
+            if joined.len() + part.len() > COALESCE_BYTES {
+                out.push(joined.split().freeze());
+            }
+            joined.extend_from_slice(&part);
+        }
+    }
+    if !joined.is_empty() {
+        out.push(joined.freeze());
+    }
+    out
+}
+
 /// Run one stage in the container `id`; `start` when it was only created. Attaching and
 /// starting are bounded by `bound`; once the container runs, the stage's own deadlines apply.
 pub async fn run_stage(
@@ -174,7 +202,7 @@ pub async fn run_stage(
     }
     let began = Instant::now();
     let mut input = attached.input;
-    let payload = request.payload;
+    let payload = coalesce(request.payload);
     // The payload may be larger than a pipe holds: it is written while the output is read.
     // The task holds the attach connection's write half until the stage ends, whichever way
     // it ends: dropping the handle aborts it.
@@ -353,4 +381,30 @@ pub async fn run_stage(
             collect: output_ended.elapsed(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_parts_go_in_one_write_and_large_ones_are_not_copied() {
+        let big = bytes::Bytes::from(vec![7u8; COALESCE_BYTES + 1]);
+        let parts = vec![
+            bytes::Bytes::from_static(b"head"),
+            bytes::Bytes::from_static(b"files"),
+            big.clone(),
+            bytes::Bytes::from_static(b"end"),
+            bytes::Bytes::from_static(b"stdin"),
+        ];
+        let out = coalesce(parts);
+        assert_eq!(out.len(), 3);
+        assert_eq!(&out[0][..], b"headfiles");
+        assert_eq!(
+            out[1].as_ptr(),
+            big.as_ptr(),
+            "the large part is the same buffer"
+        );
+        assert_eq!(&out[2][..], b"endstdin");
+    }
 }

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::executor::pool::{Pool, Shape};
+use crate::executor::pool::{Change, Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
 use crate::executor::{Executor, ValidRequest};
 use crate::history::{now_ms, History};
@@ -169,11 +169,14 @@ impl RunManager {
         });
         let manager = RunManager { inner };
         let weak = Arc::downgrade(&manager.inner);
-        manager.inner.executor.pool().on_change(move || {
+        manager.inner.executor.pool().on_change(move |change| {
             if let Some(inner) = weak.upgrade() {
                 let manager = RunManager { inner };
                 let mut st = manager.lock();
-                manager.pump(&mut st);
+                match change {
+                    Change::Taken => manager.admit(&mut st),
+                    Change::Other => manager.pump(&mut st),
+                }
             }
         });
         manager.sweep_history();
@@ -216,6 +219,12 @@ impl RunManager {
     /// pool for its memory back when that is what the head waits for), then let the pool
     /// grow where the budget allows.
     fn pump(&self, st: &mut State) {
+        self.admit(st);
+        self.refill(st);
+    }
+
+    /// Start runs from the head of the queue while a slot and memory are free.
+    fn admit(&self, st: &mut State) {
         let pool = self.inner.executor.pool();
         loop {
             match st.admission.next(pool.memory_mb()) {
@@ -230,7 +239,6 @@ impl RunManager {
                 Next::Wait => break,
             }
         }
-        self.refill(st);
     }
 
     /// Start an admitted run on its own task.

@@ -243,6 +243,8 @@ async fn an_out_of_memory_kill_takes_the_interpreter_and_the_files_stay() {
     if let (true, Err(e)) = (gvisor(), &later) {
         // Under gVisor an OOM kill may end the sandbox's kernel, and so the session.
         assert!(e.to_string().contains("ended: out of memory"), "{e}");
+        // Its container is being removed: wait for that before the runtime goes.
+        m.shutdown(Duration::from_secs(30)).await;
         return;
     }
     assert_eq!(
