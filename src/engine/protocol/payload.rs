@@ -153,6 +153,21 @@ pub struct Payload {
     pub stdin: Option<Bytes>,
 }
 
+/// The records of `collect outputs` and its caps (nothing for another `collect`).
+pub(super) fn outputs_records(out: &mut Vec<u8>, collect: Collect) {
+    if let Collect::Outputs {
+        max_files,
+        max_bytes,
+        max_file_bytes,
+    } = collect
+    {
+        record(out, "collect", b"outputs");
+        record(out, "max_files", max_files.to_string().as_bytes());
+        record(out, "max_bytes", max_bytes.to_string().as_bytes());
+        record(out, "max_file_bytes", max_file_bytes.to_string().as_bytes());
+    }
+}
+
 pub(super) fn record(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(format!("{name} {}\n", value.len()).as_bytes());
     out.extend_from_slice(value);
@@ -201,20 +216,7 @@ impl Payload {
         );
         match self.collect.unwrap_or(Collect::None) {
             Collect::None => record(&mut head, "collect", b"none"),
-            Collect::Outputs {
-                max_files,
-                max_bytes,
-                max_file_bytes,
-            } => {
-                record(&mut head, "collect", b"outputs");
-                record(&mut head, "max_files", max_files.to_string().as_bytes());
-                record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());
-                record(
-                    &mut head,
-                    "max_file_bytes",
-                    max_file_bytes.to_string().as_bytes(),
-                );
-            }
+            outputs @ Collect::Outputs { .. } => outputs_records(&mut head, outputs),
             Collect::WorkspaceOnSuccess { max_bytes } => {
                 record(&mut head, "collect", b"workspace-on-success");
                 record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::payload::{argv, record};
+use super::payload::{argv, outputs_records, record};
 use super::{Collect, Files, ProtocolError, MAGIC};
 use crate::report::{InterpreterState, ResetReason};
 
@@ -113,20 +113,7 @@ impl Exec {
             self.output_limit.to_string().as_bytes(),
         );
         match self.collect {
-            Collect::Outputs {
-                max_files,
-                max_bytes,
-                max_file_bytes,
-            } => {
-                record(&mut head, "collect", b"outputs");
-                record(&mut head, "max_files", max_files.to_string().as_bytes());
-                record(&mut head, "max_bytes", max_bytes.to_string().as_bytes());
-                record(
-                    &mut head,
-                    "max_file_bytes",
-                    max_file_bytes.to_string().as_bytes(),
-                );
-            }
+            outputs @ Collect::Outputs { .. } => outputs_records(&mut head, outputs),
             Collect::None | Collect::WorkspaceOnSuccess { .. } => {
                 record(&mut head, "collect", b"none")
             }
