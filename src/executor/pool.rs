@@ -11,8 +11,9 @@
 //! container).
 //!
 //! How many are kept follows demand: for each shape, the most runs that were in flight at
-//! once (queued or running) in the last [`DEMAND_WINDOW`], at least `pool.sizes` (its floor)
-//! and at most `pool.max_ready` (its ceiling). A shape that is not a floor's (a limit class:
+//! once (queued or running) in the last [`DEMAND_WINDOW`], plus as many as arrive while one
+//! container is made when runs come faster than that (one client sending back to back), at
+//! least `pool.sizes` (its floor) and at most `pool.max_ready` (its ceiling). A shape that is not a floor's (a limit class:
 //! runs that ask for other limits) is kept only once [`CLASS_MIN_RUNS`] runs asked for it in
 //! the window. Containers beyond what demand asks for are removed once it has been lower for
 //! a whole window. The pool itself is passive: the run manager, which owns the memory budget,
@@ -43,6 +44,11 @@ pub const DEMAND_WINDOW: Duration = Duration::from_secs(60);
 /// Runs of a shape within [`DEMAND_WINDOW`] before the pool keeps containers of a shape
 /// `pool.sizes` does not name.
 pub const CLASS_MIN_RUNS: usize = 2;
+/// Runs that arrive faster than containers are made need more ready than are in flight at
+/// once: the arrivals of this last stretch give the rate.
+const RATE_WINDOW: Duration = Duration::from_secs(2);
+/// How long making a container is taken to last until one has been timed.
+const FILL_GUESS: Duration = Duration::from_millis(200);
 /// The value of `codebox.run` on a container that has no run yet.
 pub const POOL_RUN_LABEL: &str = "pool";
 
@@ -101,6 +107,9 @@ struct Demand {
     before: usize,
     /// When runs asked for it within the window.
     arrivals: Vec<Instant>,
+    /// (when, how many) containers more than in flight the arrival rate asked for: as many
+    /// as arrive while one is made.
+    extras: Vec<(Instant, usize)>,
     /// The most the languages that asked may keep ready.
     ceiling: usize,
 }
@@ -115,6 +124,17 @@ impl Demand {
             self.changes.drain(..old);
         }
         self.arrivals.retain(|t| *t >= start);
+        self.extras.retain(|(t, _)| *t >= start);
+    }
+
+    /// Note the arrival rate of the last [`RATE_WINDOW`] as containers made meanwhile.
+    fn arrived(&mut self, now: Instant, fill: Duration) {
+        let since = now.checked_sub(RATE_WINDOW).unwrap_or(now);
+        let recent = self.arrivals.iter().filter(|t| **t >= since).count();
+        let extra = (recent as f64 * fill.as_secs_f64() / RATE_WINDOW.as_secs_f64()) as usize;
+        if extra > 0 {
+            self.extras.push((now, extra));
+        }
     }
 
     fn change(&mut self, now: Instant, in_flight: usize) {
@@ -131,8 +151,16 @@ impl Demand {
             .fold(self.before.max(self.in_flight), usize::max)
     }
 
+    /// The most the arrival rate asked for beyond what was in flight, within the window.
+    fn extra(&self) -> usize {
+        self.extras.iter().map(|(_, n)| *n).max().unwrap_or(0)
+    }
+
     fn is_forgotten(&self) -> bool {
-        self.in_flight == 0 && self.changes.is_empty() && self.arrivals.is_empty()
+        self.in_flight == 0
+            && self.changes.is_empty()
+            && self.arrivals.is_empty()
+            && self.extras.is_empty()
     }
 }
 
@@ -157,7 +185,7 @@ impl State {
             return floor;
         };
         let wanted = if floor > 0 || d.arrivals.len() >= CLASS_MIN_RUNS {
-            d.peak()
+            d.peak() + d.extra()
         } else {
             0
         };
@@ -207,6 +235,8 @@ struct Inner {
     no_updates: AtomicBool,
     /// Told whenever the pool came to hold less of the budget, or a fill ended either way.
     listener: OnceLock<Listener>,
+    /// How long making a container took lately, in microseconds (0: not yet timed).
+    fill_us: AtomicU64,
 }
 
 /// What the pool tells when it changed (the run manager: admit what can start now).
@@ -259,6 +289,7 @@ impl Pool {
                 counters: PoolCounters::default(),
                 no_updates: AtomicBool::new(false),
                 listener: OnceLock::new(),
+                fill_us: AtomicU64::new(0),
             }),
         }
     }
@@ -344,6 +375,10 @@ impl Pool {
             .copied()
             .unwrap_or(config.default_max_ready);
         let now = Instant::now();
+        let fill = match self.inner.fill_us.load(Ordering::Relaxed) {
+            0 => FILL_GUESS,
+            us => Duration::from_micros(us),
+        };
         let mut st = self.state();
         if !st.started || st.closed {
             return;
@@ -352,6 +387,7 @@ impl Pool {
             let d = st.demand.entry(shape.clone()).or_default();
             d.ceiling = d.ceiling.max(ceiling);
             d.arrivals.push(now);
+            d.arrived(now, fill);
             let level = d.in_flight + n;
             d.change(now, level);
         }
@@ -416,7 +452,15 @@ impl Pool {
         let pool = self.clone();
         self.state().filling.push(shape.clone());
         self.inner.cleanup.spawn(async move {
+            let began = Instant::now();
             let made = pool.make(&shape).await;
+            if made.is_ok() {
+                // A moving average: the last eight fills or so.
+                let us = began.elapsed().as_micros() as u64;
+                let t = &pool.inner.fill_us;
+                let old = t.load(Ordering::Relaxed);
+                t.store(if old == 0 { us } else { (old * 7 + us) / 8 }, Ordering::Relaxed);
+            }
             {
                 let mut st = pool.state();
                 if let Some(i) = st.filling.iter().position(|s| *s == shape) {

@@ -494,3 +494,25 @@ async fn a_taken_container_is_replaced_once_its_run_ends_not_while_it_runs() {
     assert_eq!(m.stats().pool.created, 2);
     m.shutdown(Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn runs_sent_back_to_back_faster_than_containers_are_made_find_more_kept_ready() {
+    // One client, one run in flight at a time: the peak in flight is 1, but each container
+    // takes longer to make than a run lasts, so one ready container is not enough.
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::Start,
+        Duration::from_millis(300),
+    );
+    let m = fake_manager(&fake, pooled(&[("python", 1)]));
+    m.start_pool();
+    eventually(10, "ready", || idle(&m) == 1).await;
+    for _ in 0..12 {
+        let run = m.submit(py("print(1)")).unwrap();
+        let r = m.wait(&run.run_id, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    }
+    eventually(10, "more than one kept ready", || idle(&m) >= 2).await;
+    assert!(idle(&m) <= 8, "pool.default_max_ready caps it");
+    m.shutdown(Duration::from_secs(10)).await;
+}
