@@ -49,6 +49,11 @@ pub const CLASS_MIN_RUNS: usize = 2;
 const RATE_WINDOW: Duration = Duration::from_secs(2);
 /// How long making a container is taken to last until one has been timed.
 const FILL_GUESS: Duration = Duration::from_millis(200);
+/// After a shape's fill failed, the next waits this long, doubling with each failure in a row
+/// up to [`FILL_BACKOFF_MAX`] (a daemon that cannot start containers is not asked again and
+/// again; runs still try their own).
+const FILL_BACKOFF: Duration = Duration::from_secs(1);
+const FILL_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// The value of `codebox.run` on a container that has no run yet.
 pub const POOL_RUN_LABEL: &str = "pool";
 
@@ -175,6 +180,8 @@ struct State {
     /// Set with the floors: a pool that was never started follows no demand.
     started: bool,
     closed: bool,
+    /// Shapes whose fills failed lately: (failures in a row, no fill before).
+    backoff: BTreeMap<Shape, (u32, Instant)>,
 }
 
 impl State {
@@ -439,9 +446,15 @@ impl Pool {
         {
             return None;
         }
+        let now = Instant::now();
         st.floors
             .keys()
             .chain(st.demand.keys())
+            .filter(|shape| {
+                st.backoff
+                    .get(*shape)
+                    .is_none_or(|(_, until)| *until <= now)
+            })
             .find(|shape| st.held(shape) < st.target(shape))
             .cloned()
     }
@@ -465,6 +478,15 @@ impl Pool {
                 let mut st = pool.state();
                 if let Some(i) = st.filling.iter().position(|s| *s == shape) {
                     st.filling.remove(i);
+                }
+                if made.is_ok() {
+                    st.backoff.remove(&shape);
+                } else {
+                    let failures = st.backoff.get(&shape).map_or(0, |(n, _)| *n) + 1;
+                    let wait = FILL_BACKOFF
+                        .saturating_mul(1 << failures.min(6).saturating_sub(1))
+                        .min(FILL_BACKOFF_MAX);
+                    st.backoff.insert(shape.clone(), (failures, Instant::now() + wait));
                 }
                 match made {
                     Ok(idle) if !st.closed => st.idle.push(idle),

@@ -516,3 +516,21 @@ async fn runs_sent_back_to_back_faster_than_containers_are_made_find_more_kept_r
     assert!(idle(&m) <= 8, "pool.default_max_ready caps it");
     m.shutdown(Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn a_daemon_that_cannot_start_containers_is_not_asked_again_and_again() {
+    // Seen with a runtime the daemon could not use: every failed fill started the next one
+    // at once, about 20 a second, for as long as the server ran.
+    let fake = Arc::new(FakeEngine::new());
+    fake.fail_at(codebox::engine::fake::Step::Start);
+    let m = fake_manager(&fake, pooled(&[("python", 1)]));
+    m.start_pool();
+    eventually(10, "a fill failed", || m.stats().pool.failed >= 1).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let failed = m.stats().pool.failed;
+    assert!(
+        failed <= 3,
+        "{failed} fills in 2.5 s against a daemon that fails every start"
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+}
