@@ -199,9 +199,12 @@ class Driver:
 
     # ---- cells ------------------------------------------------------------------------------
 
-    def cell(self, code, stdin=b"", interrupt_after=None, how="init", number=None):
+    def cell(self, code, stdin=b"", interrupt_after=None, how="init", number=None,
+             once_running=None):
         """Sends one cell and returns the Reply. interrupt_after: seconds after `compiled`
-        at which the cell is interrupted (`how`: see interrupt())."""
+        at which the cell is interrupted (`how`: see interrupt()); once_running: and not
+        before a process of that name runs in the container (on a loaded machine the cell may
+        not have started it yet, and a SIGINT that comes first is not what is tested)."""
         if isinstance(code, str):
             code = code.encode()
         if isinstance(stdin, str):
@@ -234,6 +237,9 @@ class Driver:
             at = time.monotonic() + interrupt_after
             while time.monotonic() < at and self._pump(at - time.monotonic(), reply):
                 pass
+            until = time.monotonic() + 60
+            while once_running and not self.running(once_running) and time.monotonic() < until:
+                self._pump(0.2, reply)
             self.interrupt(how)
         line = self._take_line(reply, deadline)
         if line.startswith("result "):
@@ -244,6 +250,12 @@ class Driver:
         reply.done = line[5:]
         self._drain_output(reply)
         return reply
+
+    def running(self, comm):
+        """Whether a process named `comm` runs in the container."""
+        script = (f'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = {comm} ] '
+                  f'&& echo yes && break; done; true')
+        return self.exec("bash", "-c", script).strip() == b"yes"
 
     def interrupt(self, how="init"):
         """SIGINT to the driver: "init" as codebox-init does it (every process of the container

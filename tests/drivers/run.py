@@ -429,7 +429,7 @@ def javascript_interrupt_sync_subprocess(d, lang):
     for how, accepted in (("group", ("interrupted",)), ("init", ("interrupted", "error"))):
         # "init": the sleep killed first, execSync may throw before SIGINT comes
         r = d.cell("require('child_process').execSync('sleep 1000')", interrupt_after=1.0,
-                   how=how)
+                   how=how, once_running="sleep")
         check(r.done in accepted, f"{how}: {r!r}")
         expect_get(d, lang)
 
