@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::engine::guard::Cleanup;
 use crate::engine::posture::PostureViolation;
-use crate::engine::protocol::{self, Collect, Entry, Files, Payload, PhaseName};
+use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
 use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, EngineError};
 use crate::report::{fmt_num, CompileReport, FileReport, RunReport, Stage, Status, TestReport};
@@ -47,7 +47,7 @@ pub use checks::check_relative_path;
 pub use containers::labels;
 use containers::Want;
 use images::ImageIds;
-use outcome::{classify, Outcome};
+use outcome::{classify, Outcome, Streams};
 use pool::{run_workspace_mb, Pool};
 pub use probe::ProbeOutput;
 pub use request::{
@@ -147,45 +147,6 @@ fn ms(d: Duration) -> u64 {
 
 fn mb(n: u64) -> u64 {
     n * 1024 * 1024
-}
-
-/// A stage's output as text, and what the report says about its size.
-struct Streams {
-    stdout: String,
-    stderr: String,
-    stdout_bytes: u64,
-    stderr_bytes: u64,
-}
-
-impl Streams {
-    fn of(phase: Option<&protocol::Phase>) -> Streams {
-        let Some(p) = phase else {
-            return Streams {
-                stdout: String::new(),
-                stderr: String::new(),
-                stdout_bytes: 0,
-                stderr_bytes: 0,
-            };
-        };
-        let (out, err) = p
-            .end
-            .as_ref()
-            .map_or((0, 0), |e| (e.stdout_bytes, e.stderr_bytes));
-        Streams {
-            stdout: String::from_utf8_lossy(&p.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&p.stderr).into_owned(),
-            stdout_bytes: out.max(p.stdout.len() as u64),
-            stderr_bytes: err.max(p.stderr.len() as u64),
-        }
-    }
-
-    fn stdout_truncated(&self) -> bool {
-        self.stdout_bytes > self.stdout.len() as u64
-    }
-
-    fn stderr_truncated(&self) -> bool {
-        self.stderr_bytes > self.stderr.len() as u64
-    }
 }
 
 /// What the stages learnt on the way, whatever ends the run.

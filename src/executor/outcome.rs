@@ -201,6 +201,45 @@ pub fn classify(phase: Option<&Phase>, stage: &StageResult) -> Outcome {
     }
 }
 
+/// A stage's output as text, and what the report says about its size.
+pub(super) struct Streams {
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+impl Streams {
+    pub fn of(phase: Option<&Phase>) -> Streams {
+        let Some(p) = phase else {
+            return Streams {
+                stdout: String::new(),
+                stderr: String::new(),
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            };
+        };
+        let (out, err) = p
+            .end
+            .as_ref()
+            .map_or((0, 0), |e| (e.stdout_bytes, e.stderr_bytes));
+        Streams {
+            stdout: String::from_utf8_lossy(&p.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&p.stderr).into_owned(),
+            stdout_bytes: out.max(p.stdout.len() as u64),
+            stderr_bytes: err.max(p.stderr.len() as u64),
+        }
+    }
+
+    pub fn stdout_truncated(&self) -> bool {
+        self.stdout_bytes > self.stdout.len() as u64
+    }
+
+    pub fn stderr_truncated(&self) -> bool {
+        self.stderr_bytes > self.stderr.len() as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

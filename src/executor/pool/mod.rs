@@ -28,25 +28,23 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+mod demand;
+mod shape;
+
+use demand::Demand;
+pub use demand::{CLASS_MIN_RUNS, DEMAND_WINDOW};
+pub use shape::{run_workspace_mb, Shape};
+
 use super::images::{ImageIds, ImageRef};
-use super::ValidRequest;
 use crate::config::{Config, MAX_POOLED};
 use crate::engine::guard::{Cleanup, ContainerGuard};
-use crate::engine::posture::{self, Limits, Plan, PostureViolation};
+use crate::engine::posture::{self, Plan, PostureViolation};
 use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, ContainerSpec, EngineError};
-use crate::registry::{Language, Registry};
+use crate::registry::Language;
 
 /// Containers started at once to fill the pool (filling competes with runs for the CPU).
 const MAX_FILLING: usize = 2;
-/// How far back demand is remembered.
-pub const DEMAND_WINDOW: Duration = Duration::from_secs(60);
-/// Runs of a shape within [`DEMAND_WINDOW`] before the pool keeps containers of a shape
-/// `pool.sizes` does not name.
-pub const CLASS_MIN_RUNS: usize = 2;
-/// Runs that arrive faster than containers are made need more ready than are in flight at
-/// once: the arrivals of this last stretch give the rate.
-const RATE_WINDOW: Duration = Duration::from_secs(2);
 /// How long making a container is taken to last until one has been timed.
 const FILL_GUESS: Duration = Duration::from_millis(200);
 /// After a shape's fill failed, the next waits this long, doubling with each failure in a row
@@ -56,34 +54,6 @@ const FILL_BACKOFF: Duration = Duration::from_secs(1);
 const FILL_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// The value of `codebox.run` on a container that has no run yet.
 pub const POOL_RUN_LABEL: &str = "pool";
-
-/// What a container is, apart from its name, labels and uid.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Shape {
-    pub image: String,
-    pub memory_mb: u64,
-    /// CPU quota in thousandths of a core.
-    pub millicpus: u64,
-    pub workspace_mb: u64,
-}
-
-impl Shape {
-    pub fn new(image: &str, limits: Limits, workspace_mb: u64) -> Shape {
-        Shape {
-            image: image.to_string(),
-            memory_mb: limits.memory_mb,
-            millicpus: (limits.cpus * 1000.0).round() as u64,
-            workspace_mb,
-        }
-    }
-
-    pub fn limits(&self) -> Limits {
-        Limits {
-            memory_mb: self.memory_mb,
-            cpus: self.millicpus as f64 / 1000.0,
-        }
-    }
-}
 
 /// A started container waiting for its run.
 struct Idle {
@@ -99,74 +69,6 @@ pub struct Taken {
     pub guard: ContainerGuard,
     /// The image it was created from.
     pub image: ImageRef,
-}
-
-/// What runs asked of one shape lately.
-#[derive(Debug, Default)]
-struct Demand {
-    /// Containers of this shape runs in flight use or will use.
-    in_flight: usize,
-    /// (when, in flight from then on) for each change within the window.
-    changes: Vec<(Instant, usize)>,
-    /// In flight when the window began.
-    before: usize,
-    /// When runs asked for it within the window.
-    arrivals: Vec<Instant>,
-    /// (when, how many) containers more than in flight the arrival rate asked for: as many
-    /// as arrive while one is made.
-    extras: Vec<(Instant, usize)>,
-    /// The most the languages that asked may keep ready.
-    ceiling: usize,
-}
-
-impl Demand {
-    /// Forget what is older than the window.
-    fn prune(&mut self, now: Instant) {
-        let start = now.checked_sub(DEMAND_WINDOW).unwrap_or(now);
-        let old = self.changes.iter().take_while(|(t, _)| *t < start).count();
-        if old > 0 {
-            self.before = self.changes[old - 1].1;
-            self.changes.drain(..old);
-        }
-        self.arrivals.retain(|t| *t >= start);
-        self.extras.retain(|(t, _)| *t >= start);
-    }
-
-    /// Note the arrival rate of the last [`RATE_WINDOW`] as containers made meanwhile.
-    fn arrived(&mut self, now: Instant, fill: Duration) {
-        let since = now.checked_sub(RATE_WINDOW).unwrap_or(now);
-        let recent = self.arrivals.iter().filter(|t| **t >= since).count();
-        let extra = (recent as f64 * fill.as_secs_f64() / RATE_WINDOW.as_secs_f64()) as usize;
-        if extra > 0 {
-            self.extras.push((now, extra));
-        }
-    }
-
-    fn change(&mut self, now: Instant, in_flight: usize) {
-        self.in_flight = in_flight;
-        self.changes.push((now, in_flight));
-        self.prune(now);
-    }
-
-    /// The most in flight at once within the window.
-    fn peak(&self) -> usize {
-        self.changes
-            .iter()
-            .map(|(_, n)| *n)
-            .fold(self.before.max(self.in_flight), usize::max)
-    }
-
-    /// The most the arrival rate asked for beyond what was in flight, within the window.
-    fn extra(&self) -> usize {
-        self.extras.iter().map(|(_, n)| *n).max().unwrap_or(0)
-    }
-
-    fn is_forgotten(&self) -> bool {
-        self.in_flight == 0
-            && self.changes.is_empty()
-            && self.arrivals.is_empty()
-            && self.extras.is_empty()
-    }
 }
 
 #[derive(Default)]
@@ -328,48 +230,6 @@ impl Pool {
         let mut st = self.state();
         st.floors = floors;
         st.started = true;
-    }
-
-    /// The shapes `pool.sizes` asks for, from the registry and the default limits.
-    pub fn floors_for(registry: &Registry, config: &Config) -> BTreeMap<Shape, usize> {
-        let mut floors = BTreeMap::new();
-        for (id, &n) in &config.pool.sizes {
-            let Some(lang) = registry.resolve(id) else {
-                tracing::warn!(
-                    language = id,
-                    "setting `pool.sizes` names a language the registry does not have; ignored"
-                );
-                continue;
-            };
-            let run = Limits {
-                memory_mb: config.limits.default_memory_mb,
-                cpus: config.limits.default_cpus,
-            };
-            let run_shape = Shape::new(
-                &lang.image.tag,
-                run,
-                run_workspace_mb(config, run.memory_mb),
-            );
-            *floors.entry(run_shape).or_default() += n;
-            if let Some(shape) = compile_shape(lang) {
-                *floors.entry(shape).or_default() += n;
-            }
-        }
-        floors
-    }
-
-    /// The containers a run uses, by shape, and how many of each at once: its run stage's
-    /// (one per test case it runs at once), and its compile stage's.
-    pub fn shapes_of(req: &ValidRequest, config: &Config, at_once: usize) -> Vec<(Shape, usize)> {
-        let lang = &req.language;
-        let limits = Limits {
-            memory_mb: req.limits.memory_mb,
-            cpus: req.limits.cpus,
-        };
-        let workspace = run_workspace_mb(config, limits.memory_mb);
-        let mut shapes = vec![(Shape::new(&lang.image.tag, limits, workspace), at_once)];
-        shapes.extend(compile_shape(lang).map(|s| (s, 1)));
-        shapes
     }
 
     /// Runs in flight ask for `shapes` (from [`Pool::shapes_of`]) until [`Pool::done`]: what
@@ -694,25 +554,4 @@ impl Pool {
             idle.guard.remove_later();
         }
     }
-}
-
-/// The shape of a language's compile stage, for a compiled language.
-fn compile_shape(lang: &Language) -> Option<Shape> {
-    let c = lang.compile_limits;
-    lang.is_compiled().then(|| {
-        Shape::new(
-            &lang.image.tag,
-            Limits {
-                memory_mb: c.memory_mb,
-                cpus: c.cpus,
-            },
-            c.workspace_mb,
-        )
-    })
-}
-
-/// The size of a run's working directory for a memory limit: the operator's
-/// `sandbox.workspace_mb`, at most half the memory.
-pub fn run_workspace_mb(config: &Config, memory_mb: u64) -> u64 {
-    config.sandbox.workspace_mb.min(memory_mb / 2).max(1)
 }
