@@ -72,14 +72,9 @@ impl Executor {
         bound: Bound<'_>,
     ) -> Result<Compiled, Halt> {
         let lang = &req.language;
-        let image_id = bound
-            .call("inspecting the image", self.images.resolve(&lang.image.tag))
-            .await
-            .map_err(Halt::bound)?
-            .ok_or_else(|| SandboxFailure::ImageMissing {
-                tag: lang.image.tag.clone(),
-                image: lang.image.name.clone(),
-            })?
+        let image_id = self
+            .image(&lang.image.tag, &lang.image.name, bound)
+            .await?
             .id;
         known.image_id = Some(image_id.clone());
         let key = cache::key(&image_id, lang, &req.code, &req.files);

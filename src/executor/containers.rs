@@ -65,7 +65,7 @@ impl Executor {
     /// Create one locked-down container (not started): lease a uid, build the spec, check
     /// it, and hand back its owner.
     pub(super) async fn create(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
-        let image = self.image(want, bound).await?;
+        let image = self.image(&want.image_tag, &want.image_name, bound).await?;
         let lease = self.uids.lease();
         let plan = Plan {
             name: want.name.clone(),
@@ -107,16 +107,22 @@ impl Executor {
         }
     }
 
-    /// The image `want` names (containers are created from its id).
-    pub(super) async fn image(&self, want: &Want, bound: Bound<'_>) -> Result<ImageRef, Halt> {
+    /// The image tagged `tag` (the `[images]` entry `name`): containers are created from
+    /// its id, and the compile cache keys on it.
+    pub(super) async fn image(
+        &self,
+        tag: &str,
+        name: &str,
+        bound: Bound<'_>,
+    ) -> Result<ImageRef, Halt> {
         bound
-            .call("inspecting the image", self.images.resolve(&want.image_tag))
+            .call("inspecting the image", self.images.resolve(tag))
             .await
             .map_err(Halt::bound)?
             .ok_or_else(|| {
                 SandboxFailure::ImageMissing {
-                    tag: want.image_tag.clone(),
-                    image: want.image_name.clone(),
+                    tag: tag.to_string(),
+                    image: name.to_string(),
                 }
                 .into()
             })

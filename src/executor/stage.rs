@@ -9,9 +9,10 @@
 //! host waits on the engine (kill, drain, exit, state) for at most [`END_GRACE`] more: a
 //! daemon that stops answering cannot hold a run beyond its limits, the backstop's grace and
 //! this. When `codebox-init` reported everything (its end frame, each phase's OOM kills), the
-//! engine is not asked for the exit code or the container's state at all. Before the container runs, attaching and starting it are bounded the same way as
-//! every other engine call of a run: by a stop and by the run's deadline ([`Bound`]). Tested
-//! on the fake engine with paused time.
+//! engine is not asked for the exit code or the container's state at all. Before the
+//! container runs, attaching and starting it are bounded the same way as every other engine
+//! call of a run: by a stop and by the run's deadline ([`Bound`]). Tested on the fake engine
+//! with paused time.
 
 use std::time::Duration;
 
@@ -306,65 +307,52 @@ pub async fn run_stage(
                     .iter()
                     .all(|p| p.end.as_ref().is_some_and(|e| e.oom_kills.is_some()))
         };
-    if whole {
-        return Ok(StageResult {
-            decoded: decoder.finish(),
-            protocol_error,
-            stream_error,
-            stderr,
-            host_ending: ending,
-            exit_code: Some(0),
-            oom_killed: false,
-            image_id: None,
-            duration: began.elapsed(),
-            times: StageTimes {
-                deliver: began - asked,
-                run: output_ended - began,
-                collect: output_ended.elapsed(),
-            },
-        });
-    }
-    // Reading the exit and the state: each within WAIT_GRACE, and never past `hard_end`.
-    let collect_by = || (Instant::now() + WAIT_GRACE).min(hard_end);
-    let mut exit_code = None;
-    if !unresponsive {
-        match by(collect_by(), engine.wait_container(id)).await {
-            Some(code) => exit_code = Some(code?),
-            // Still running after its output ended: end it, and read its exit from inspect.
-            None => match by(hard_end, engine.kill_container(id, Signal::Kill)).await {
-                Some(killed) => killed?,
-                None => unresponsive = true,
-            },
-        }
-    }
-    let state = if unresponsive {
-        None
+    let (decoded, exit_code, oom_killed, image_id) = if whole {
+        (decoder.finish(), Some(0), false, None)
     } else {
-        by(collect_by(), engine.inspect_container(id)).await
-    };
-    let mut state = match state {
-        Some(state) => state?,
-        None => {
-            stream_error = stream_error.or(Some(EngineError::Unresponsive {
-                seconds: END_GRACE.as_secs(),
-            }));
-            Default::default()
+        // Reading the exit and the state: each within WAIT_GRACE, and never past `hard_end`.
+        let collect_by = || (Instant::now() + WAIT_GRACE).min(hard_end);
+        let mut exit_code = None;
+        if !unresponsive {
+            match by(collect_by(), engine.wait_container(id)).await {
+                Some(code) => exit_code = Some(code?),
+                // Still running after its output ended: end it, and read its exit from inspect.
+                None => match by(hard_end, engine.kill_container(id, Signal::Kill)).await {
+                    Some(killed) => killed?,
+                    None => unresponsive = true,
+                },
+            }
         }
+        let state = if unresponsive {
+            None
+        } else {
+            by(collect_by(), engine.inspect_container(id)).await
+        };
+        let mut state = match state {
+            Some(state) => state?,
+            None => {
+                stream_error = stream_error.or(Some(EngineError::Unresponsive {
+                    seconds: END_GRACE.as_secs(),
+                }));
+                Default::default()
+            }
+        };
+        let decoded = decoder.finish();
+        let exit_code = exit_code.or(state.exit_code);
+        // PID 1 died of SIGKILL, codebox-init said nothing, and the host killed nobody: the OOM
+        // killer is the likely cause (under gVisor it takes codebox-init with the program), and
+        // Docker records it when its OOM event arrives, which can be after the exit event.
+        if exit_code == Some(137)
+            && !state.oom_killed
+            && !decoded.complete
+            && watch == Watch::Running
+            && stream_error.is_none()
+        {
+            let until = (Instant::now() + OOM_RECORD_GRACE).min(hard_end);
+            state.oom_killed = matches!(by(until, engine.oom_event(id)).await, Some(Ok(true)));
+        }
+        (decoded, exit_code, state.oom_killed, state.image_id)
     };
-    let decoded = decoder.finish();
-    let exit_code = exit_code.or(state.exit_code);
-    // PID 1 died of SIGKILL, codebox-init said nothing, and the host killed nobody: the OOM
-    // killer is the likely cause (under gVisor it takes codebox-init with the program), and
-    // Docker records it when its OOM event arrives, which can be after the exit event.
-    if exit_code == Some(137)
-        && !state.oom_killed
-        && !decoded.complete
-        && watch == Watch::Running
-        && stream_error.is_none()
-    {
-        let until = (Instant::now() + OOM_RECORD_GRACE).min(hard_end);
-        state.oom_killed = matches!(by(until, engine.oom_event(id)).await, Some(Ok(true)));
-    }
     Ok(StageResult {
         decoded,
         protocol_error,
@@ -372,8 +360,8 @@ pub async fn run_stage(
         stderr,
         host_ending: ending,
         exit_code,
-        oom_killed: state.oom_killed,
-        image_id: state.image_id,
+        oom_killed,
+        image_id,
         duration: began.elapsed(),
         times: StageTimes {
             deliver: began - asked,

@@ -89,7 +89,11 @@ pub(super) fn validate_language(
             "must be a non-empty command (a list of strings)".into(),
         );
     }
-    for (name, cmd) in [("compile", &raw.compile), ("check", &raw.check)] {
+    for (name, cmd) in [
+        ("compile", &raw.compile),
+        ("check", &raw.check),
+        ("checked_run", &raw.checked_run),
+    ] {
         if let Some(c) = cmd {
             if c.is_empty() || c[0].is_empty() {
                 return err(name, "must be a non-empty command when present".into());
@@ -102,13 +106,7 @@ pub(super) fn validate_language(
             "a language has a compile stage or a check, not both (its compiler checks)".into(),
         );
     }
-    if let Some(c) = &raw.checked_run {
-        if c.is_empty() || c[0].is_empty() {
-            return err(
-                "checked_run",
-                "must be a non-empty command when present".into(),
-            );
-        }
+    if raw.checked_run.is_some() {
         if raw.check.is_none() {
             return err(
                 "checked_run",

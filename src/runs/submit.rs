@@ -132,6 +132,12 @@ impl RunManager {
         });
         let mut base = Executor::blank_report(&run_id, &valid);
         let budget = Executor::budget(&valid);
+        // The pool follows what runs ask for (a session's execution runs in its own container).
+        let shapes = if valid.session.is_none() {
+            Pool::shapes_of(&valid, &self.inner.config, slots)
+        } else {
+            Vec::new()
+        };
         let mut st = self.lock();
         let mut row = row;
         let session = match &valid.session {
@@ -177,12 +183,6 @@ impl RunManager {
         if let (Some(h), Some(row)) = (&self.inner.history, row) {
             h.insert(row);
         }
-        // The pool follows what runs ask for (a session's execution runs in its own container).
-        let shapes = if session.is_none() {
-            Pool::shapes_of(&valid, &self.inner.config, slots)
-        } else {
-            Vec::new()
-        };
         self.inner.executor.pool().asked(&valid.language, &shapes);
         let (done, _) = watch::channel(None);
         st.live.insert(

@@ -3,9 +3,14 @@
 
 use super::*;
 
-/// The frames of a phase that ended (`extra`: more `key=value` lines).
+/// The frames of a run phase that ended (`extra`: more `key=value` lines).
 pub(super) fn phase_end(end: &str, stdout: &str, stderr: &str, extra: &str) -> Vec<u8> {
-    let mut v = frame(b'P', b"run");
+    phase_frames("run", end, stdout, stderr, extra)
+}
+
+/// The frames of phase `phase` that ended.
+fn phase_frames(phase: &str, end: &str, stdout: &str, stderr: &str, extra: &str) -> Vec<u8> {
+    let mut v = frame(b'P', phase.as_bytes());
     if !stdout.is_empty() {
         v.extend(frame(b'O', stdout.as_bytes()));
     }
@@ -15,7 +20,7 @@ pub(super) fn phase_end(end: &str, stdout: &str, stderr: &str, extra: &str) -> V
     v.extend(frame(
         b'X',
         format!(
-            "phase=run\nend={end}\n{extra}wall_ms=1\ncpu_ms=1\npeak_kb=1024\npeak_source=cgroup\nstdout_bytes={}\nstderr_bytes={}\n",
+            "phase={phase}\nend={end}\n{extra}wall_ms=1\ncpu_ms=1\npeak_kb=1024\npeak_source=cgroup\nstdout_bytes={}\nstderr_bytes={}\n",
             stdout.len(),
             stderr.len()
         )
@@ -162,16 +167,7 @@ pub(super) async fn program(
         (Some(_), Behaviour::Panic) => unreachable!("panics at attach"),
         (Some(p), Behaviour::Syntax(message)) if p.check.is_some() || p.check_in_run => {
             // The check fails: its phase, then no program.
-            let mut v = frame(b'P', b"check");
-            v.extend(frame(b'E', message.as_bytes()));
-            v.extend(frame(
-                b'X',
-                format!(
-                    "phase=check\nend=exited\ncode=1\nwall_ms=1\ncpu_ms=1\npeak_kb=1024\npeak_source=cgroup\noom_kills=0\nstdout_bytes=0\nstderr_bytes={}\n",
-                    message.len()
-                )
-                .as_bytes(),
-            ));
+            let mut v = phase_frames("check", "exited", "", &message, "code=1\noom_kills=0\n");
             v.extend(frame(b'Z', b""));
             send(v);
             (0, false)

@@ -292,11 +292,6 @@ impl Pool {
         self.stats().memory_mb
     }
 
-    /// How many containers of `shape` the pool means to keep ready now.
-    pub fn target(&self, shape: &Shape) -> usize {
-        self.state().target(shape)
-    }
-
     /// The next shape short of its target, if a fill may start now (the floors first).
     pub fn wanted(&self) -> Option<Shape> {
         let st = self.state();
