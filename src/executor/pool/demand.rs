@@ -41,14 +41,17 @@ impl Demand {
             self.before = self.changes[old - 1].1;
             self.changes.drain(..old);
         }
-        self.arrivals.retain(|t| *t >= start);
-        self.extras.retain(|(t, _)| *t >= start);
+        // All three are in time order (written under the pool's lock): drop a prefix.
+        let old = self.arrivals.partition_point(|t| *t < start);
+        self.arrivals.drain(..old);
+        let old = self.extras.partition_point(|(t, _)| *t < start);
+        self.extras.drain(..old);
     }
 
     /// Note the arrival rate of the last [`RATE_WINDOW`] as containers made meanwhile.
     pub(super) fn arrived(&mut self, now: Instant, fill: Duration) {
         let since = now.checked_sub(RATE_WINDOW).unwrap_or(now);
-        let recent = self.arrivals.iter().filter(|t| **t >= since).count();
+        let recent = self.arrivals.len() - self.arrivals.partition_point(|t| *t < since);
         let extra = (recent as f64 * fill.as_secs_f64() / RATE_WINDOW.as_secs_f64()) as usize;
         if extra > 0 {
             self.extras.push((now, extra));

@@ -241,7 +241,6 @@ impl Pool {
             .get(&lang.id)
             .copied()
             .unwrap_or(config.default_max_ready);
-        let now = Instant::now();
         let fill = match self.inner.fill_us.load(Ordering::Relaxed) {
             0 => FILL_GUESS,
             us => Duration::from_micros(us),
@@ -250,6 +249,8 @@ impl Pool {
         if !st.started || st.closed {
             return;
         }
+        // Read under the lock: each shape's records stay in time order.
+        let now = Instant::now();
         for (shape, n) in shapes {
             let d = st.demand.entry(shape.clone()).or_default();
             d.ceiling = d.ceiling.max(ceiling);
@@ -262,8 +263,8 @@ impl Pool {
 
     /// The runs that asked for `shapes` ended.
     pub fn done(&self, shapes: &[(Shape, usize)]) {
-        let now = Instant::now();
         let mut st = self.state();
+        let now = Instant::now();
         for (shape, n) in shapes {
             if let Some(d) = st.demand.get_mut(shape) {
                 let level = d.in_flight.saturating_sub(*n);
