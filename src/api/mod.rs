@@ -28,8 +28,6 @@ use crate::runs::{LookupError, RunManager};
 
 /// How long the toolchain versions read from the images are reused.
 const VERSIONS_TTL: Duration = Duration::from_secs(30);
-/// How long a waiting request waits at a time before it looks again.
-const WAIT_STEP: Duration = Duration::from_secs(60);
 
 /// What the three APIs share: the run manager, the body cap, the Judge0 submissions and
 /// the toolchain versions.
@@ -257,13 +255,9 @@ impl Drop for StopOnDrop {
 /// the caller goes away first.
 pub async fn run_to_end(manager: &RunManager, run_id: &str) -> Result<RunReport, LookupError> {
     let guard = StopOnDrop::new(manager, run_id);
-    loop {
-        let report = manager.wait(run_id, WAIT_STEP).await?;
-        if report.status.is_terminal() {
-            guard.disarm();
-            return Ok(report);
-        }
-    }
+    let report = manager.wait_end(run_id).await?;
+    guard.disarm();
+    Ok(report)
 }
 
 #[cfg(test)]

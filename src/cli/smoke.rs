@@ -2,7 +2,6 @@
 //! at once, within its admission limits), printed in order; ends with `N passed, M failed`.
 
 use std::io::Write;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use futures_util::StreamExt;
@@ -66,15 +65,7 @@ async fn run_sample(app: &App, lang: &Language, sample: &Sample) -> anyhow::Resu
         .runs
         .submit(req)
         .with_context(|| format!("{}/{}", lang.id, sample.name))?;
-    loop {
-        let r = app
-            .runs
-            .wait(&accepted.run_id, Duration::from_secs(60))
-            .await?;
-        if r.status.is_terminal() {
-            return Ok(r);
-        }
-    }
+    Ok(app.runs.wait_end(&accepted.run_id).await?)
 }
 
 pub async fn smoke(

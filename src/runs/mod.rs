@@ -445,6 +445,16 @@ impl RunManager {
         })
     }
 
+    /// Wait for the run's end, however long it takes (its own limits bound it).
+    pub async fn wait_end(&self, run_id: &str) -> Result<RunReport, LookupError> {
+        loop {
+            let report = self.wait(run_id, Duration::from_secs(60)).await?;
+            if report.status.is_terminal() {
+                return Ok(report);
+            }
+        }
+    }
+
     /// Wait up to `timeout` for the run to end, then return its report as it stands. A run
     /// not in memory is looked up in the history database (see [`LookupError`]).
     pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunReport, LookupError> {

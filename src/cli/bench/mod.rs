@@ -134,15 +134,7 @@ async fn codebox_run(
         }),
         ..Default::default()
     })?;
-    loop {
-        let r = app
-            .runs
-            .wait(&accepted.run_id, Duration::from_secs(60))
-            .await?;
-        if r.status.is_terminal() {
-            return Ok(r);
-        }
-    }
+    Ok(app.runs.wait_end(&accepted.run_id).await?)
 }
 
 /// Wait (up to 15 s) until nothing of earlier runs is left to do: the pool has stopped filling
