@@ -8,6 +8,9 @@
 //! without them asks for them back ([`Next::Shed`]), and the pool may grow only while nobody
 //! waits and the budget has room. Once closed (shutdown), nothing more starts.
 //!
+//! Sessions opened ahead of time hold budget too ([`Admission::hold_ahead`]) and give it
+//! back like the pool's containers: [`Next::Shed`] asks for the pool's and theirs.
+//!
 //! Open sessions hold their memory for their whole life ([`Admission::hold`]). Executions of
 //! one session run one at a time: a ticket whose session is executing waits without holding
 //! up the tickets behind it, and the first ticket of a session in the queue is its earliest.
@@ -61,6 +64,8 @@ pub struct Admission {
     active_memory_mb: u64,
     /// Memory open sessions hold.
     held_mb: u64,
+    /// Memory sessions opened ahead of time hold (given back on demand).
+    ahead_mb: u64,
     /// Sessions with an execution running.
     executing: HashSet<String>,
     peak_active: usize,
@@ -75,6 +80,7 @@ impl Admission {
             active: 0,
             active_memory_mb: 0,
             held_mb: 0,
+            ahead_mb: 0,
             executing: HashSet::new(),
             peak_active: 0,
             closed: false,
@@ -105,7 +111,8 @@ impl Admission {
     }
 
     /// What to do for the head of the queue (its first ticket whose session is not
-    /// executing) while the pool holds `pooled_mb` of the budget.
+    /// executing) while the pool holds `pooled_mb` of the budget. [`Next::Shed`] asks for
+    /// memory of the pool's containers and of sessions opened ahead of time.
     pub fn next(&mut self, pooled_mb: u64) -> Next {
         if self.closed {
             return Next::Wait;
@@ -123,9 +130,10 @@ impl Admission {
         if self.active + head.slots > self.policy.max_concurrent_runs || need > budget {
             return Next::Wait;
         }
-        if need + pooled_mb > budget {
+        let sheddable = pooled_mb + self.ahead_mb;
+        if need + sheddable > budget {
             return Next::Shed {
-                mb: need + pooled_mb - budget,
+                mb: need + sheddable - budget,
             };
         }
         let ticket = self.queue.remove(at).expect("the head exists");
@@ -151,7 +159,30 @@ impl Admission {
     /// Whether a session of `mb` may be held now: the runs, the pool (`pooled_mb`) and the
     /// open sessions leave room in the budget. `false` does not wait: the caller refuses.
     pub fn may_hold(&self, mb: u64, pooled_mb: u64) -> bool {
-        !self.closed && self.committed_mb() + pooled_mb + mb <= self.policy.memory_budget_mb
+        !self.closed && self.shortfall(mb, pooled_mb) == 0
+    }
+
+    /// How much the pool (`pooled_mb`) and sessions opened ahead of time would have to give
+    /// back for `mb` more to be held.
+    pub fn shortfall(&self, mb: u64, pooled_mb: u64) -> u64 {
+        (self.committed_mb() + pooled_mb + self.ahead_mb + mb)
+            .saturating_sub(self.policy.memory_budget_mb)
+    }
+
+    /// A session opened ahead of time (or being opened) holds `mb` from now on, until it is
+    /// claimed ([`Admission::claim`]) or given back.
+    pub fn hold_ahead(&mut self, mb: u64) {
+        self.ahead_mb += mb;
+    }
+
+    pub fn unhold_ahead(&mut self, mb: u64) {
+        self.ahead_mb = self.ahead_mb.saturating_sub(mb);
+    }
+
+    /// A session opened ahead of time became a session: its memory is held as such.
+    pub fn claim(&mut self, mb: u64) {
+        self.unhold_ahead(mb);
+        self.hold(mb);
     }
 
     /// A session opens (or is being opened): its memory is held from now on.
@@ -167,6 +198,11 @@ impl Admission {
     /// Memory open sessions hold.
     pub fn held_mb(&self) -> u64 {
         self.held_mb
+    }
+
+    /// Memory sessions opened ahead of time hold.
+    pub fn ahead_mb(&self) -> u64 {
+        self.ahead_mb
     }
 
     /// Take a queued run out of the queue (it was stopped); `false` if it was not queued.
@@ -189,7 +225,7 @@ impl Admission {
     pub fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
         !self.closed
             && self.queue.is_empty()
-            && self.committed_mb() + pooled_mb + shape_mb <= self.policy.memory_budget_mb
+            && self.shortfall(shape_mb, pooled_mb) == 0
     }
 
     /// Start nothing more (shutdown).

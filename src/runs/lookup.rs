@@ -5,20 +5,16 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use super::RunManager;
-use crate::history::{now_ms, History};
-use crate::report::{RunReport, Status};
+use crate::report::Status;
 
 /// How often `get_result` with `wait_seconds` looks again at a run another server holds.
-const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
+pub(super) const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
 /// How long `get_result` with `wait_seconds` looks again for a run id the history does not
 /// know yet: another server sharing it may have accepted the run a moment ago (its history
 /// writes trail its answers).
-const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
+pub(super) const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
 /// How often it looks during that grace.
-const UNKNOWN_POLL: Duration = Duration::from_millis(100);
+pub(super) const UNKNOWN_POLL: Duration = Duration::from_millis(100);
 
 /// Why a run's report cannot be given.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -46,103 +42,4 @@ pub enum LookupError {
         retained_reports_mb: u64,
         detail: String,
     },
-}
-
-impl RunManager {
-    /// A run not in memory: its stored report; or, while another server holds it unfinished,
-    /// look again every [`ELSEWHERE_POLL`] until it has ended or `timeout` has passed. An id
-    /// the history does not know is looked for again during [`UNKNOWN_GRACE`] (within
-    /// `timeout`).
-    pub(super) async fn wait_in_store(
-        &self,
-        run_id: &str,
-        timeout: Duration,
-    ) -> Result<RunReport, LookupError> {
-        let start = Instant::now();
-        let deadline = start + timeout;
-        let grace = start + timeout.min(UNKNOWN_GRACE);
-        loop {
-            let outcome = self.stored_report(run_id).await;
-            let now = Instant::now();
-            let pause = match &outcome {
-                Err(LookupError::Elsewhere { .. }) if now < deadline => ELSEWHERE_POLL,
-                Err(LookupError::Unknown { .. }) if now < grace && self.inner.history.is_some() => {
-                    UNKNOWN_POLL
-                }
-                _ => return outcome,
-            };
-            tokio::time::sleep(pause.min(deadline.saturating_duration_since(now))).await;
-        }
-    }
-
-    /// The final report of a run that is not in memory: evicted (within the retention), or
-    /// finished by an earlier server on the same history database. Either comes from the
-    /// history while its retention lasts; anything else is unknown.
-    pub(super) async fn stored_report(&self, run_id: &str) -> Result<RunReport, LookupError> {
-        let retention = self.retention();
-        let evicted_live = self.lock().retention.evicted_within(run_id, retention);
-        let unknown = || LookupError::Unknown {
-            run_id: run_id.to_string(),
-            retention_seconds: retention.as_secs(),
-        };
-        let evicted = |detail: String| LookupError::Evicted {
-            run_id: run_id.to_string(),
-            retained_reports_mb: self.inner.config.runs.retained_reports_mb,
-            detail,
-        };
-        let history = self.inner.history.as_ref();
-        match (evicted_live, history) {
-            (Some(false), _) | (None, None) => Err(unknown()),
-            (None, Some(h)) => {
-                let since = now_ms().saturating_sub(retention.as_millis() as i64);
-                match h.report(run_id, Some(since)).await {
-                    Ok(Some(r)) => Ok(r),
-                    Ok(None) => Err(self.held_elsewhere(h, run_id).await.unwrap_or_else(unknown)),
-                    Err(e) => {
-                        tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
-                        Err(unknown())
-                    }
-                }
-            }
-            (Some(true), None) => Err(evicted("this server keeps no history".into())),
-            (Some(true), Some(h)) => match h.report(run_id, None).await {
-                Ok(Some(r)) => Ok(r),
-                Ok(None) => Err(evicted(
-                    "the history database holds no copy of it (its write failed; see the log)"
-                        .into(),
-                )),
-                Err(e) => Err(evicted(e.to_string())),
-            },
-        }
-    }
-
-    /// [`LookupError::Elsewhere`] if the history says another instance holds the run
-    /// unfinished.
-    async fn held_elsewhere(&self, history: &History, run_id: &str) -> Option<LookupError> {
-        let w = match history.whereabouts(run_id).await {
-            Ok(w) => w?,
-            Err(e) => {
-                tracing::warn!(run_id, error = %e, "cannot look up a run in the history");
-                return None;
-            }
-        };
-        if w.status.is_terminal() || w.instance == self.inner.executor.instance() {
-            return None;
-        }
-        let mut owner = format!("instance {}", w.instance);
-        if let Some(host) = &w.host {
-            owner.push_str(&format!(" on host {host}"));
-        }
-        if let Some(ms) = w.last_seen_ms_ago {
-            owner.push_str(&format!(
-                ", last heard from {:.0} s ago",
-                ms as f64 / 1000.0
-            ));
-        }
-        Some(LookupError::Elsewhere {
-            run_id: run_id.to_string(),
-            status: w.status,
-            owner,
-        })
-    }
 }

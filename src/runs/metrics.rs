@@ -197,7 +197,13 @@ impl Metrics {
         let _ = writeln!(w, "codebox_sessions_open {}", stats.sessions_open);
         let _ = writeln!(
             w,
-            "# HELP codebox_sessions_memory_mb Memory open sessions hold of runs.memory_budget_mb."
+            "# HELP codebox_sessions_ready Sessions opened ahead of time (sessions.ready), waiting for a create_session; they give way to sessions and runs that need their memory."
+        );
+        let _ = writeln!(w, "# TYPE codebox_sessions_ready gauge");
+        let _ = writeln!(w, "codebox_sessions_ready {}", stats.sessions_ready);
+        let _ = writeln!(
+            w,
+            "# HELP codebox_sessions_memory_mb Memory sessions (open, and opened ahead of time) hold of runs.memory_budget_mb."
         );
         let _ = writeln!(w, "# TYPE codebox_sessions_memory_mb gauge");
         let _ = writeln!(w, "codebox_sessions_memory_mb {}", stats.sessions_memory_mb);

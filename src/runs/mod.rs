@@ -15,7 +15,13 @@
 //! Each run executes in its own tokio task, watched by a second task: if the first panics,
 //! the run still ends, as `sandbox_error` (the executor's guards remove its containers).
 //!
-//! Several servers may share one history database (PostgreSQL): see [`lookup`].
+//! Several servers may share one history database (PostgreSQL): a run not in memory is
+//! looked up there ([`lookup`]).
+//!
+//! Sessions are a room of their own ([`sessions`]); an execution in one is a run here, and the
+//! two meet at admission, which alone owns the budget (runs, the pool, sessions). Here:
+//! [`RunManager`] whole; beside it its vocabulary ([`submit`], [`lookup`], [`stats`]) and its
+//! parts with state of their own ([`admission`], [`retention`], [`metrics`]).
 
 pub mod admission;
 mod budget;
@@ -27,27 +33,36 @@ mod stats;
 mod submit;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
 use crate::executor::pool::{Change, Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
-use crate::executor::{Executor, ValidRequest};
-use crate::history::{now_ms, History};
+use crate::executor::{
+    new_run_id, parallelism, Executor, RequestError, RunRequest, SessionRequest, SessionTerms,
+    ValidRequest,
+};
+use crate::history::{now_ms, History, NewRun};
 use crate::registry::Registry;
 use crate::report::{InterpreterState, RunReport, SessionExecution, Status};
-use admission::{Admission, Next, Policy, Ticket};
+use admission::{Admission, Next, Policy, Refusal, Ticket};
 pub use budget::{check_budget, memory_charge, BudgetError};
+use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use lookup::LookupError;
 pub use metrics::Metrics;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
-use sessions::{Sessions, SESSION_TICK};
+use sessions::{
+    Closed, Effects, Host, SessionError, SessionFile, SessionInfo, SessionList, Sessions,
+    SESSION_TICK,
+};
 pub use stats::{PoolSnapshot, Stats};
 pub use submit::{Accepted, SubmitError};
 
@@ -104,7 +119,6 @@ struct State {
     live: HashMap<String, Live>,
     admission: Admission,
     retention: Retention,
-    sessions: Sessions,
 }
 
 /// How a run's task ended: its report, and for a session's execution what became of the
@@ -130,8 +144,12 @@ struct Inner {
     registry: Arc<Registry>,
     config: Arc<Config>,
     history: Option<History>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
+    sessions: Arc<Sessions>,
     state: Mutex<State>,
+    /// The loops that keep the pool, the sessions and the retention (ended with the manager,
+    /// and at shutdown).
+    tasks: Mutex<Vec<AbortOnDropHandle<()>>>,
 }
 
 /// The run manager. Cheap to clone; all clones share the same runs.
@@ -154,18 +172,27 @@ impl RunManager {
             max_queued_runs: config.runs.max_queued_runs,
             memory_budget_mb: config.runs.memory_budget_mb,
         };
+        let metrics = Arc::new(Metrics::default());
+        let sessions = Arc::new(Sessions::new(
+            config.clone(),
+            registry.clone(),
+            executor.clone(),
+            history.clone(),
+            metrics.clone(),
+        ));
         let inner = Arc::new(Inner {
             executor,
             registry,
             config,
             history,
-            metrics: Metrics::default(),
+            metrics,
+            sessions,
             state: Mutex::new(State {
                 live: HashMap::new(),
                 admission: Admission::new(policy),
                 retention: Retention::default(),
-                sessions: Sessions::default(),
             }),
+            tasks: Mutex::new(Vec::new()),
         });
         let manager = RunManager { inner };
         let weak = Arc::downgrade(&manager.inner);
@@ -180,9 +207,21 @@ impl RunManager {
             }
         });
         manager.sweep_history();
-        tokio::spawn(purge_loop(Arc::downgrade(&manager.inner)));
-        tokio::spawn(session_loop(Arc::downgrade(&manager.inner)));
+        manager.own(tokio::spawn(purge_loop(Arc::downgrade(&manager.inner))));
+        manager.own(tokio::spawn(session_loop(Arc::downgrade(&manager.inner))));
         manager
+    }
+
+    /// A background loop of this manager: it ends when the manager is dropped or shut down
+    /// (it holds the manager only weakly, so that it does not keep it alive).
+    fn own(&self, task: tokio::task::JoinHandle<()>) {
+        let mut tasks = self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.push(AbortOnDropHandle::new(task));
+    }
+
+    /// This manager as the run manager sessions ask for budget and stops.
+    fn host(&self) -> Arc<dyn Host> {
+        Arc::new(self.clone())
     }
 
     fn retention(&self) -> Duration {
@@ -232,7 +271,10 @@ impl RunManager {
                 // Containers still being made cannot be given back yet: when they are ready
                 // (or fail), the pool tells, and admission runs again.
                 Next::Shed { mb } => {
-                    if pool.shed(mb) < mb {
+                    let from_pool = pool.shed(mb);
+                    let ahead = self.inner.sessions.shed_ready(mb.saturating_sub(from_pool));
+                    st.admission.unhold_ahead(ahead);
+                    if from_pool + ahead < mb {
                         break;
                     }
                 }
@@ -256,6 +298,9 @@ impl RunManager {
         let queued_ms = now.duration_since(run.accepted).as_millis() as u64;
         let cancel = run.cancel.clone();
         let session = run.session.clone();
+        if let Some(s) = &session {
+            self.inner.sessions.started(&s.id);
+        }
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
         }
@@ -287,7 +332,7 @@ impl RunManager {
         }
         pool.set_floors(floors);
         self.refill(&self.lock());
-        tokio::spawn(pool_loop(Arc::downgrade(&self.inner)));
+        self.own(tokio::spawn(pool_loop(Arc::downgrade(&self.inner))));
     }
 
     /// Carry out an admitted run on a task of its own, watched by a second task that records
@@ -387,9 +432,44 @@ impl RunManager {
             self.inner.metrics.report_evicted();
         }
         if let Some(s) = &run.session {
-            self.execution_ended(st, &s.id, session_state, workspace_bytes, broken);
+            let effects = self.inner.sessions.execution_ended(
+                &s.id,
+                run_id,
+                session_state,
+                workspace_bytes,
+                broken,
+            );
+            self.apply(st, effects);
         }
         self.pump(st);
+    }
+
+    /// What a change to the sessions asks of runs and the budget, under this manager's lock.
+    fn apply(&self, st: &mut State, effects: Effects) {
+        st.admission.unhold(effects.unhold_mb);
+        st.admission.unhold_ahead(effects.unhold_ahead_mb);
+        for (ids, message) in effects.stop {
+            self.stop_executions_locked(st, &ids, &message);
+        }
+    }
+
+    /// Stop executions of an ending session: queued ones end `stopped` naming the end,
+    /// running ones are stopped.
+    fn stop_executions_locked(&self, st: &mut State, run_ids: &[String], message: &str) {
+        for run_id in run_ids {
+            if st.admission.withdraw(run_id) {
+                let Some(run) = st.live.get(run_id) else {
+                    continue;
+                };
+                let mut r = run.base.clone();
+                r.status = Status::Stopped;
+                r.queued_ms = run.accepted.elapsed().as_millis() as u64;
+                r.message = format!("stopped before it started: {message}");
+                self.finish(st, run_id, Ok(r.into()));
+            } else if let Some(run) = st.live.get(run_id) {
+                run.cancel.cancel();
+            }
+        }
     }
 
     /// The run's report from memory: final, or in progress (`queued`/`running`, with times
@@ -546,7 +626,12 @@ impl RunManager {
             st.admission.close();
             st.live.keys().cloned().collect()
         };
-        self.end_all_sessions();
+        self.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.inner.sessions.shutdown(self);
         if !ids.is_empty() {
             tracing::info!(runs = ids.len(), "stopping unfinished runs");
             let stops = ids.iter().map(|id| self.stop(id));
@@ -554,6 +639,406 @@ impl RunManager {
         }
         // Sessions' containers (and those of the stopped runs) are removed in the background.
         self.inner.executor.cleanup().drain(grace).await;
+    }
+
+    // ---- taking requests: validated, charged, given an id, recorded, queued
+
+    /// Validate a request and queue it. Returns at once; the run starts when admitted.
+    pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
+        if let Some(id) = req.session_id.clone() {
+            return self.submit_in_session(&id, req);
+        }
+        let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
+        let budget_mb = self.inner.config.runs.memory_budget_mb;
+        let slots = parallelism(&valid, &self.inner.config);
+        let charge_mb = memory_charge(&valid.language, &valid.limits, slots);
+        if charge_mb > budget_mb {
+            return Err(SubmitError::Invalid(RequestError {
+                field: "limits.memory_mb".into(),
+                message: format!(
+                    "requested {} MB of memory; this server runs at most {budget_mb} MB of runs at once, so the maximum here is {budget_mb} MB",
+                    valid.limits.memory_mb
+                ),
+            }));
+        }
+        self.enqueue(valid, slots, charge_mb, None)
+    }
+
+    /// An execution in session `id`: the session's language, memory and CPU; one run slot,
+    /// and the compile stage's memory for a compiled language (the session holds its own).
+    fn submit_in_session(&self, id: &str, req: RunRequest) -> Result<Accepted, SubmitError> {
+        let sessions = &self.inner.sessions;
+        let begun = sessions.begin_execution(id)?;
+        let registry = &self.inner.registry;
+        let checked = match registry.languages.get(&begun.language) {
+            None => Err(SessionError::Unknown { id: id.to_string() }.into()),
+            Some(lang) => {
+                let terms = SessionTerms {
+                    language: lang,
+                    limits: begun.limits,
+                    max_upload_bytes: self.inner.config.sessions.max_upload_bytes,
+                };
+                ValidRequest::for_session(req, registry, terms, &self.inner.config)
+                    .map_err(SubmitError::from)
+            }
+        };
+        let valid = match checked {
+            Ok(v) => v,
+            Err(e) => {
+                let effects = sessions.abandon(id);
+                self.apply(&mut self.lock(), effects);
+                return Err(e);
+            }
+        };
+        let charge_mb = if valid.language.is_compiled() {
+            valid.language.compile_limits.memory_mb
+        } else {
+            0
+        };
+        let session = LiveSession {
+            id: id.to_string(),
+            container: begun.container,
+            execution: begun.execution,
+        };
+        let at = SessionExecution {
+            session_id: id.to_string(),
+            execution_count: begun.execution,
+            state: begun.state,
+            reset_reason: None,
+        };
+        self.enqueue(valid, 1, charge_mb, Some((session, at)))
+    }
+
+    fn enqueue(
+        &self,
+        valid: ValidRequest,
+        slots: usize,
+        charge_mb: u64,
+        session: Option<(LiveSession, SessionExecution)>,
+    ) -> Result<Accepted, SubmitError> {
+        self.purge_expired();
+        let run_id = new_run_id();
+        let limits = valid.limits;
+        // The history row (its code hash) is made before the lock is taken.
+        let row = self.inner.history.as_ref().map(|_| {
+            NewRun::new(
+                &run_id,
+                &valid.language.id,
+                limits,
+                &valid.code,
+                self.inner.config.history.code,
+                self.inner.executor.instance(),
+            )
+        });
+        let mut base = Executor::blank_report(&run_id, &valid);
+        let budget = Executor::budget(&valid);
+        // The pool follows what runs ask for (a session's execution runs in its own container).
+        let shapes = if valid.session.is_none() {
+            Pool::shapes_of(&valid, &self.inner.config, slots)
+        } else {
+            Vec::new()
+        };
+        let mut row = row;
+        let session = session.map(|(s, at)| {
+            row = row.take().map(|r| r.in_session(&s.id, s.execution));
+            base.session = Some(at);
+            s
+        });
+        let mut st = self.lock();
+        let ticket = Ticket {
+            run_id: run_id.clone(),
+            slots,
+            charge_mb,
+            session: session.as_ref().map(|s| s.id.clone()),
+        };
+        if let Err(refusal) = st.admission.enqueue(ticket.clone()) {
+            if let Some(s) = &session {
+                let effects = self.inner.sessions.abandon(&s.id);
+                self.apply(&mut st, effects);
+            }
+            return Err(match refusal {
+                Refusal::Closed => SubmitError::ShuttingDown,
+                Refusal::QueueFull { waiting, max } => {
+                    self.inner.metrics.rejected_queue_full();
+                    SubmitError::QueueFull { waiting, max }
+                }
+            });
+        }
+        if let (Some(h), Some(row)) = (&self.inner.history, row) {
+            h.insert(row);
+        }
+        self.inner.executor.pool().asked(&valid.language, &shapes);
+        let (done, _) = watch::channel(None);
+        let ending = session
+            .as_ref()
+            .and_then(|s| self.inner.sessions.attach(&s.id, &run_id));
+        st.live.insert(
+            run_id.clone(),
+            Live {
+                base,
+                ticket,
+                shapes,
+                session,
+                budget,
+                accepted: Instant::now(),
+                state: RunState::Queued {
+                    request: Box::new(valid),
+                },
+                cancel: CancellationToken::new(),
+                done,
+            },
+        );
+        if let Some(message) = ending {
+            // The session began ending since this execution was accepted.
+            self.stop_executions_locked(&mut st, std::slice::from_ref(&run_id), &message);
+        }
+        self.pump(&mut st);
+        let status = match st.live.get(&run_id).map(|r| &r.state) {
+            Some(RunState::Queued { .. }) => Status::Queued,
+            _ => Status::Running,
+        };
+        Ok(Accepted {
+            run_id,
+            status,
+            limits,
+        })
+    }
+
+    // ---- sessions: the doors' verbs, carried out by the room
+
+    /// Open a session: at once, or refused at once (never queued).
+    pub async fn create_session(&self, req: SessionRequest) -> Result<SessionInfo, SessionError> {
+        self.inner.sessions.create(&self.host(), req).await
+    }
+
+    /// Keep `sessions.ready` containers opened ahead of time from now on (`codebox serve`).
+    pub fn start_ready_sessions(&self) {
+        self.inner.sessions.start_ready(&self.host());
+    }
+
+    /// The open sessions of this server.
+    pub fn list_sessions(&self) -> SessionList {
+        self.inner.sessions.list()
+    }
+
+    /// Close a session: its container is removed at once (an execution under way is
+    /// stopped). Closing it again answers the same.
+    pub fn close_session(&self, id: &str) -> Result<Closed, SessionError> {
+        self.inner.sessions.close(self, id)
+    }
+
+    /// A file or folder of a session's working directory, without running anything.
+    pub async fn read_session_file(
+        &self,
+        id: &str,
+        path: &str,
+        offset: u64,
+        max_bytes: Option<u64>,
+    ) -> Result<SessionFile, SessionError> {
+        self.inner
+            .sessions
+            .read(self, id, path, offset, max_bytes)
+            .await
+    }
+
+    /// An error about a session, told better where the history knows more.
+    pub async fn explain(&self, e: SessionError) -> SessionError {
+        self.inner.sessions.explain(e).await
+    }
+
+    // ---- reports not in memory
+
+    /// A run not in memory: its stored report; or, while another server holds it unfinished,
+    /// look again every [`ELSEWHERE_POLL`] until it has ended or `timeout` has passed. An id
+    /// the history does not know is looked for again during [`UNKNOWN_GRACE`] (within
+    /// `timeout`).
+    async fn wait_in_store(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+    ) -> Result<RunReport, LookupError> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let grace = start + timeout.min(UNKNOWN_GRACE);
+        loop {
+            let outcome = self.stored_report(run_id).await;
+            let now = Instant::now();
+            let pause = match &outcome {
+                Err(LookupError::Elsewhere { .. }) if now < deadline => ELSEWHERE_POLL,
+                Err(LookupError::Unknown { .. }) if now < grace && self.inner.history.is_some() => {
+                    UNKNOWN_POLL
+                }
+                _ => return outcome,
+            };
+            tokio::time::sleep(pause.min(deadline.saturating_duration_since(now))).await;
+        }
+    }
+
+    /// The final report of a run that is not in memory: evicted (within the retention), or
+    /// finished by an earlier server on the same history database. Either comes from the
+    /// history while its retention lasts; anything else is unknown.
+    async fn stored_report(&self, run_id: &str) -> Result<RunReport, LookupError> {
+        let retention = self.retention();
+        let evicted_live = self.lock().retention.evicted_within(run_id, retention);
+        let unknown = || LookupError::Unknown {
+            run_id: run_id.to_string(),
+            retention_seconds: retention.as_secs(),
+        };
+        let evicted = |detail: String| LookupError::Evicted {
+            run_id: run_id.to_string(),
+            retained_reports_mb: self.inner.config.runs.retained_reports_mb,
+            detail,
+        };
+        let history = self.inner.history.as_ref();
+        match (evicted_live, history) {
+            (Some(false), _) | (None, None) => Err(unknown()),
+            (None, Some(h)) => {
+                let since = now_ms().saturating_sub(retention.as_millis() as i64);
+                match h.report(run_id, Some(since)).await {
+                    Ok(Some(r)) => Ok(r),
+                    Ok(None) => Err(self.held_elsewhere(h, run_id).await.unwrap_or_else(unknown)),
+                    Err(e) => {
+                        tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
+                        Err(unknown())
+                    }
+                }
+            }
+            (Some(true), None) => Err(evicted("this server keeps no history".into())),
+            (Some(true), Some(h)) => match h.report(run_id, None).await {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => Err(evicted(
+                    "the history database holds no copy of it (its write failed; see the log)"
+                        .into(),
+                )),
+                Err(e) => Err(evicted(e.to_string())),
+            },
+        }
+    }
+
+    /// [`LookupError::Elsewhere`] if the history says another instance holds the run
+    /// unfinished.
+    async fn held_elsewhere(&self, history: &History, run_id: &str) -> Option<LookupError> {
+        let w = match history.whereabouts(run_id).await {
+            Ok(w) => w?,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "cannot look up a run in the history");
+                return None;
+            }
+        };
+        if w.status.is_terminal() || w.instance == self.inner.executor.instance() {
+            return None;
+        }
+        let mut owner = format!("instance {}", w.instance);
+        if let Some(host) = &w.host {
+            owner.push_str(&format!(" on host {host}"));
+        }
+        if let Some(ms) = w.last_seen_ms_ago {
+            owner.push_str(&format!(
+                ", last heard from {:.0} s ago",
+                ms as f64 / 1000.0
+            ));
+        }
+        Some(LookupError::Elsewhere {
+            run_id: run_id.to_string(),
+            status: w.status,
+            owner,
+        })
+    }
+
+    // ---- counts
+
+    pub fn stats(&self) -> Stats {
+        let executor = self.executor();
+        let pool = executor.pool();
+        let c = pool.counters();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let pool = PoolSnapshot {
+            stats: pool.stats(),
+            hits: load(&c.hits),
+            updated_hits: load(&c.updated_hits),
+            misses: load(&c.misses),
+            created: load(&c.created),
+            failed: load(&c.failed),
+            expired: load(&c.expired),
+            trimmed: load(&c.trimmed),
+        };
+        let (compile_cache_hits, compile_cache_misses) = executor.cache_counts();
+        let (sessions_open, sessions_ready, sessions_memory_mb) = self.inner.sessions.counts();
+        let st = self.lock();
+        Stats {
+            pool,
+            queued: st.admission.queued(),
+            active: st.admission.active(),
+            active_memory_mb: st.admission.active_memory_mb(),
+            peak_active: st.admission.peak_active(),
+            retained: st.retention.len(),
+            retained_report_bytes: st.retention.bytes(),
+            evicted: st.retention.evicted(),
+            compile_cache_hits,
+            compile_cache_misses,
+            sessions_open,
+            sessions_ready,
+            sessions_memory_mb,
+        }
+    }
+}
+
+impl Host for RunManager {
+    fn hold(&self, mb: u64, ahead: bool) -> Result<(), String> {
+        let mut st = self.lock();
+        if st.admission.is_closed() {
+            return Err("the server is shutting down".into());
+        }
+        let pool = self.inner.executor.pool();
+        if ahead {
+            // Only into room nobody waits for.
+            if st.admission.queued() > 0 || !st.admission.may_hold(mb, pool.memory_mb()) {
+                return Err("no room".into());
+            }
+            st.admission.hold_ahead(mb);
+            return Ok(());
+        }
+        let short = st.admission.shortfall(mb, pool.memory_mb());
+        if short > 0 {
+            let from_pool = pool.shed(short);
+            let ahead = self.inner.sessions.shed_ready(short.saturating_sub(from_pool));
+            st.admission.unhold_ahead(ahead);
+        }
+        if !st.admission.may_hold(mb, pool.memory_mb()) {
+            return Err(format!(
+                "runs are using the memory budget (runs.memory_budget_mb) now; {mb} MB are not free"
+            ));
+        }
+        st.admission.hold(mb);
+        Ok(())
+    }
+
+    fn unhold(&self, mb: u64, ahead: bool) {
+        let mut st = self.lock();
+        if ahead {
+            st.admission.unhold_ahead(mb);
+        } else {
+            st.admission.unhold(mb);
+        }
+        self.pump(&mut st);
+    }
+
+    fn claim(&self, mb: u64) {
+        self.lock().admission.claim(mb);
+    }
+
+    fn stop_executions(&self, run_ids: &[String], message: &str) {
+        let mut st = self.lock();
+        self.stop_executions_locked(&mut st, run_ids, message);
+        self.pump(&mut st);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.lock().admission.is_closed()
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
     }
 }
 
@@ -577,7 +1062,8 @@ async fn session_loop(inner: Weak<Inner>) {
     loop {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else { return };
-        RunManager { inner }.expire_sessions();
+        let manager = RunManager { inner };
+        manager.inner.sessions.expire(&manager.host());
     }
 }
 

@@ -1,8 +1,5 @@
 //! Counts for tests, `/metrics` and the logs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::RunManager;
 
 /// What the run manager, the pool and the compile cache hold and have done.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -23,8 +20,10 @@ pub struct Stats {
     /// Compile-cache lookups that found a verdict, and those that did not.
     pub compile_cache_hits: u64,
     pub compile_cache_misses: u64,
-    /// Sessions open, and the memory they hold.
+    /// Sessions open, those opened ahead of time (`sessions.ready`), and the memory all of
+    /// them hold.
     pub sessions_open: usize,
+    pub sessions_ready: usize,
     pub sessions_memory_mb: u64,
 }
 
@@ -40,39 +39,4 @@ pub struct PoolSnapshot {
     pub expired: u64,
     /// Removed because demand fell below what the pool held.
     pub trimmed: u64,
-}
-
-impl RunManager {
-    pub fn stats(&self) -> Stats {
-        let executor = self.executor();
-        let pool = executor.pool();
-        let c = pool.counters();
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let pool = PoolSnapshot {
-            stats: pool.stats(),
-            hits: load(&c.hits),
-            updated_hits: load(&c.updated_hits),
-            misses: load(&c.misses),
-            created: load(&c.created),
-            failed: load(&c.failed),
-            expired: load(&c.expired),
-            trimmed: load(&c.trimmed),
-        };
-        let (compile_cache_hits, compile_cache_misses) = executor.cache_counts();
-        let st = self.lock();
-        Stats {
-            pool,
-            queued: st.admission.queued(),
-            active: st.admission.active(),
-            active_memory_mb: st.admission.active_memory_mb(),
-            peak_active: st.admission.peak_active(),
-            retained: st.retention.len(),
-            retained_report_bytes: st.retention.bytes(),
-            evicted: st.retention.evicted(),
-            compile_cache_hits,
-            compile_cache_misses,
-            sessions_open: st.sessions.open.len(),
-            sessions_memory_mb: st.admission.held_mb(),
-        }
-    }
 }

@@ -196,8 +196,8 @@ async fn an_idle_session_expires_and_later_calls_are_told_how_long_it_waited() {
             s.session_id
         )
     );
-    let err = m.close_session(&s.session_id).unwrap_err();
-    assert!(err.is_ended(), "{err}");
+    let closed = m.close_session(&s.session_id).unwrap();
+    assert!(closed.closed, "an ended session is closed: closing it is not an error");
 }
 
 #[tokio::test(start_paused = true)]
@@ -504,4 +504,183 @@ async fn shutdown_waits_for_a_session_being_opened_ahead_of_time_and_removes_it(
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(fake.live_containers(), Vec::<String>::new());
     assert_eq!(m.stats().sessions_memory_mb, 0);
+}
+
+/// A run for `language` asking for `memory_mb`.
+fn asking(language: &str, memory_mb: u64) -> RunRequest {
+    RunRequest {
+        language: language.into(),
+        code: "print(1)".into(),
+        limits: Some(LimitsInput {
+            memory_mb: Some(memory_mb as f64),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_run_needing_the_memory_of_a_session_opened_ahead_of_time_gets_it_back() {
+    // Found with `serve`: a run asking for the whole budget right after start waited until
+    // the ready python session expired, and every run behind it waited too.
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        c.pool.idle_seconds = 3600;
+        c.limits.max_memory_mb = c.runs.memory_budget_mb;
+    });
+    m.start_ready_sessions();
+    eventually(10, "one python session is ready", || {
+        fake.specs().len() == 1 && m.stats().sessions_memory_mb == 512
+    })
+    .await;
+    let budget = m.config().runs.memory_budget_mb;
+    let id = m.submit(asking("python", budget)).unwrap().run_id;
+    let r = m.wait(&id, Duration::from_secs(20)).await.unwrap();
+    assert_eq!(
+        r.status,
+        Status::Succeeded,
+        "the run still waits behind the ready session: {}",
+        r.message
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+    assert!(fake.live_containers().is_empty());
+}
+
+#[tokio::test]
+async fn sessions_opened_ahead_of_time_give_way_to_a_create_session() {
+    // Found with `serve`: 7 javascript sessions plus the ready python one refused the 8th.
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |c| {
+        c.pool.idle_seconds = 3600;
+        c.sessions.max_sessions = 2;
+        c.sessions.memory_budget_mb = Some(1024);
+    });
+    m.start_ready_sessions();
+    eventually(10, "one python session is ready", || {
+        fake.specs().len() == 1 && m.stats().sessions_memory_mb == 512
+    })
+    .await;
+    let ready = fake.specs()[0].name.clone();
+    m.create_session(open("javascript")).await.unwrap();
+    let second = m.create_session(open("javascript")).await;
+    assert!(
+        second.is_ok(),
+        "the ready python session did not give way: {:?}",
+        second.err().map(|e| e.to_string())
+    );
+    eventually(10, "the ready container is removed", || {
+        !fake.live_containers().contains(&ready)
+    })
+    .await;
+    let err = m.create_session(open("javascript")).await.unwrap_err();
+    assert!(
+        err.is_retryable() && err.to_string().contains("sessions.max_sessions"),
+        "{err}"
+    );
+    assert_eq!(m.stats().sessions_memory_mb, 1024);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_create_session_whose_caller_goes_away_gives_back_its_place_and_memory() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(codebox::engine::fake::Step::Start, Duration::from_secs(3600));
+    let m = fake_manager(&fake, |c| {
+        c.sessions.max_sessions = 2;
+        c.sessions.ready.clear();
+    });
+    for attempt in 1..=3 {
+        let answer =
+            tokio::time::timeout(Duration::from_millis(300), m.create_session(open("python")))
+                .await;
+        assert!(
+            answer.is_err(),
+            "attempt {attempt}: answered while its container was still starting: {:?}",
+            answer.map(|r| r.map_err(|e| e.to_string()))
+        );
+    }
+    assert_eq!(
+        m.stats().sessions_memory_mb,
+        0,
+        "the memory of callers that went away is still held"
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+    eventually(10, "their containers are removed", || {
+        fake.live_containers().is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reading_a_file_while_an_execution_runs_is_answered_at_once() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::Hang {
+        stdout: String::new(),
+    });
+    let id = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
+    eventually(10, "it runs", || {
+        m.report(&id).unwrap().status == Status::Running
+    })
+    .await;
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        m.read_session_file(&s.session_id, "data.txt", 0, None),
+    )
+    .await
+    .expect("the read waited behind the running execution");
+    let err = read.unwrap_err().to_string();
+    assert!(err.contains("is busy: an execution is running"), "{err}");
+    let r = m.stop(&id).await.unwrap();
+    assert_eq!(r.status, Status::Stopped);
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_a_session_with_a_stuck_cell_removes_its_container_at_once() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    // A cell that ignores its interrupt: before, closing went through the interrupt grace and
+    // a driver restart before the container was removed.
+    fake.script(Behaviour::HangHard);
+    let id = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
+    eventually(10, "it runs", || {
+        m.report(&id).unwrap().status == Status::Running
+    })
+    .await;
+    let closed = m.close_session(&s.session_id).unwrap();
+    assert!(closed.closed);
+    // The clock stands still while this task only yields: no grace can pass.
+    for _ in 0..1000 {
+        if fake.live_containers().is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        fake.live_containers(),
+        Vec::<String>::new(),
+        "the container waits for the stuck cell's interrupt grace"
+    );
+    let r = m.wait(&id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(r.status, Status::Stopped, "{}", r.message);
+}
+
+#[tokio::test]
+async fn closing_a_session_twice_answers_the_same() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    run(&m, cell(&s, "1")).await;
+    let first = m.close_session(&s.session_id).unwrap();
+    let second = m.close_session(&s.session_id);
+    assert_eq!(
+        second.as_ref().map_err(|e| e.to_string()),
+        Ok(&first),
+        "close_session is idempotent"
+    );
+    assert_eq!((first.executions, first.closed), (1, true));
+    m.shutdown(Duration::from_secs(10)).await;
 }

@@ -1,208 +1,256 @@
-//! How sessions end: closed, expired, at their lifetime, when their container breaks, at
-//! shutdown; what a later call naming one is told; and what an execution's end changes.
+//! What sessions are called and how they end, as every caller sees it: ids, end reasons,
+//! the errors later calls are told, and a session as the tools describe it.
 
-use super::{log_id, Closed, EndReason, SessionError, SessionInfo, SessionList};
-use crate::executor::session::Broken;
-use crate::report::{InterpreterState, Status};
-use crate::runs::{RunManager, State};
+use std::time::{Duration, SystemTime};
 
-impl RunManager {
-    /// The open sessions of this server.
-    pub fn list_sessions(&self) -> SessionList {
-        let st = self.lock();
-        let mut sessions: Vec<SessionInfo> = st
-            .sessions
-            .open
-            .iter()
-            .filter(|(_, s)| s.ending.is_none())
-            .map(|(id, s)| s.info(id))
-            .collect();
-        sessions.sort_by(|a, b| a.created_at.cmp(&b.created_at));
-        SessionList { sessions }
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::executor::RequestError;
+use crate::report::{InterpreterState, RunLimits};
+
+/// How often sessions are checked for their idle timeout and lifetime.
+pub const SESSION_TICK: Duration = Duration::from_secs(1);
+/// Ended sessions remembered in memory (beyond: "unknown", or the history's word).
+pub(super) const ENDED_KEPT: usize = 10_000;
+/// Prefix of every session id.
+pub const SESSION_PREFIX: &str = "cbx_";
+
+/// A new session id: 160 random bits, hex. Unguessable, and unrelated to any run id.
+pub fn new_session_id() -> String {
+    let mut bytes = [0u8; 20];
+    // The operating system's generator; without it there is no safe id to hand out.
+    getrandom::fill(&mut bytes).expect("the operating system's random number generator");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{SESSION_PREFIX}{hex}")
+}
+
+/// A session id as logs show it: never whole (holders of the id can use the session).
+pub fn log_id(id: &str) -> String {
+    let keep = (SESSION_PREFIX.len() + 6).min(id.len());
+    format!("{}…", &id[..keep])
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EndReason {
+    Closed,
+    Idle { seconds: u64 },
+    Lifetime { seconds: u64 },
+    OutOfMemory,
+    Failed(String),
+    ShuttingDown,
+}
+
+/// Why a call naming a session cannot be served, or a session not created.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SessionError {
+    #[error("session_id: unknown session {id}")]
+    Unknown { id: String },
+    #[error("session_id: session {id} was closed")]
+    Closed { id: String },
+    #[error("session_id: session {id} expired after {seconds} s idle; create a new one")]
+    Expired { id: String, seconds: u64 },
+    #[error(
+        "session_id: session {id} reached its maximum lifetime of {seconds} s; create a new one"
+    )]
+    Lifetime { id: String, seconds: u64 },
+    #[error("session_id: session {id} ended: out of memory; create a new one")]
+    OutOfMemory { id: String },
+    #[error("session_id: session {id} ended: the server restarted; create a new one")]
+    Restarted { id: String },
+    #[error("session_id: session {id} ended: {why}; create a new one")]
+    Failed { id: String, why: String },
+    #[error("session_id: session {id} is held by another codebox server ({owner}); only that server can use it")]
+    Elsewhere { id: String, owner: String },
+    #[error(transparent)]
+    Invalid(#[from] RequestError),
+    /// Over `sessions.max_sessions` or a memory budget. Retryable.
+    #[error("{0}; retry later or close a session")]
+    Full(String),
+    /// The session's container could not be opened.
+    #[error("the session could not be opened: {0}")]
+    Unavailable(String),
+    #[error("the server is shutting down and opens no new sessions")]
+    ShuttingDown,
+    /// An execution is running in it: its driver's stream is in use until it ends.
+    #[error("session_id: session {id} is busy: an execution is running in it; read its files once that ends (get_result waits for it), or stop it with stop_run")]
+    Busy { id: String },
+}
+
+impl EndReason {
+    /// How the history records it.
+    pub fn as_record(&self) -> String {
+        match self {
+            EndReason::Closed => "closed".into(),
+            EndReason::Idle { seconds } => format!("idle {seconds}"),
+            EndReason::Lifetime { seconds } => format!("lifetime {seconds}"),
+            EndReason::OutOfMemory => "out_of_memory".into(),
+            EndReason::Failed(why) => format!("failed {why}"),
+            // What later calls are told of a session the server ended as it stopped.
+            EndReason::ShuttingDown => crate::history::SESSION_RESTARTED.into(),
+        }
     }
 
-    /// Close a session: its container is removed at once (an execution under way is
-    /// stopped first).
-    pub fn close_session(&self, id: &str) -> Result<Closed, SessionError> {
-        let mut st = self.lock();
-        let executions = st.sessions.usable(id)?.executions;
-        self.end_session(&mut st, id, EndReason::Closed);
-        Ok(Closed {
-            session_id: id.to_string(),
-            executions,
-            closed: true,
+    /// A reason as the history recorded it; `None` for `restarted` (and anything unknown).
+    pub fn from_record(text: &str) -> Option<EndReason> {
+        let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
+        Some(match kind {
+            "closed" => EndReason::Closed,
+            "idle" => EndReason::Idle {
+                seconds: rest.parse().ok()?,
+            },
+            "lifetime" => EndReason::Lifetime {
+                seconds: rest.parse().ok()?,
+            },
+            "out_of_memory" => EndReason::OutOfMemory,
+            "failed" => EndReason::Failed(rest.to_string()),
+            _ => return None,
         })
     }
+}
 
-    /// An error about a session, told better where the history knows more: a session this
-    /// process does not know may have ended on it before a restart, or be another server's.
-    pub async fn explain(&self, e: SessionError) -> SessionError {
-        let SessionError::Unknown { id } = &e else {
-            return e;
-        };
-        let Some(history) = &self.inner.history else {
-            return e;
-        };
-        let record = match history.session(id).await {
-            Ok(Some(r)) => r,
-            _ => return e,
-        };
-        let id = id.clone();
-        if let Some(reason) = &record.ended {
-            return match EndReason::from_record(reason) {
-                Some(r) => SessionError::ended(&id, &r),
-                None => SessionError::Restarted { id },
-            };
-        }
-        let alive = record.instance != self.inner.executor.instance()
-            && record
-                .last_seen_ms_ago
-                .is_some_and(|ms| ms < crate::history::INSTANCE_EXPIRY.as_millis() as i64);
-        if !alive {
-            return SessionError::Restarted { id };
-        }
-        let mut owner = format!("instance {}", record.instance);
-        if let Some(host) = &record.host {
-            owner.push_str(&format!(" on host {host}"));
-        }
-        SessionError::Elsewhere { id, owner }
-    }
-
-    /// End a session for `reason`: queued executions end `stopped` naming the end; a
-    /// running one is stopped, and the container goes when it has ended.
-    pub(in crate::runs) fn end_session(&self, st: &mut State, id: &str, reason: EndReason) {
-        let Some(s) = st.sessions.open.get_mut(id) else {
-            return;
-        };
-        if s.ending.is_none() {
-            s.ending = Some(reason.clone());
-            tracing::info!(session = log_id(id), reason = ?reason, "session ending");
-        }
-        let message = SessionError::ended(id, &reason).to_string();
-        let message = message.trim_start_matches("session_id: ").to_string();
-        let mut running = false;
-        let ids: Vec<String> = st
-            .live
-            .iter()
-            .filter(|(_, r)| r.session.as_ref().is_some_and(|x| x.id == id))
-            .map(|(run_id, _)| run_id.clone())
-            .collect();
-        for run_id in ids {
-            let queued = st.admission.withdraw(&run_id);
-            if queued {
-                let run = &st.live[&run_id];
-                let mut r = run.base.clone();
-                r.status = Status::Stopped;
-                r.message = format!("stopped before it started: {message}");
-                self.finish(st, &run_id, Ok(r.into()));
-            } else if let Some(run) = st.live.get(&run_id) {
-                run.cancel.cancel();
-                running = true;
-            }
-        }
-        if !running {
-            self.complete_end(st, id);
+impl SessionError {
+    pub fn ended(id: &str, reason: &EndReason) -> SessionError {
+        let id = id.to_string();
+        match reason {
+            EndReason::Closed => SessionError::Closed { id },
+            EndReason::Idle { seconds } => SessionError::Expired {
+                id,
+                seconds: *seconds,
+            },
+            EndReason::Lifetime { seconds } => SessionError::Lifetime {
+                id,
+                seconds: *seconds,
+            },
+            EndReason::OutOfMemory => SessionError::OutOfMemory { id },
+            EndReason::Failed(why) => SessionError::Failed {
+                id,
+                why: why.clone(),
+            },
+            EndReason::ShuttingDown => SessionError::Failed {
+                id,
+                why: "the server shut down".into(),
+            },
         }
     }
 
-    /// A session that is ending and has nothing running any more: remove its container,
-    /// give its memory back, remember why it ended.
-    pub(in crate::runs) fn complete_end(&self, st: &mut State, id: &str) {
-        let ready = st
-            .sessions
-            .open
-            .get(id)
-            .is_some_and(|s| s.ending.is_some() && s.pending == 0);
-        if !ready {
-            return;
-        }
-        let Some(s) = st.sessions.open.remove(id) else {
-            return;
-        };
-        s.container.close();
-        st.admission.unhold(s.limits.memory_mb);
-        let reason = s.ending.unwrap_or(EndReason::Closed);
-        if let Some(h) = &self.inner.history {
-            h.session_ended(id, &reason.as_record());
-        }
-        self.inner.metrics.session_ended();
-        st.sessions.remember_end(id, reason);
-        self.pump(st);
+    /// Whether the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, SessionError::Full(_))
     }
 
-    /// An execution of session `id` ended: the idle clock starts again, the interpreter's
-    /// state is noted, and a broken container ends the session.
-    pub(in crate::runs) fn execution_ended(
-        &self,
-        st: &mut State,
-        id: &str,
-        state: Option<InterpreterState>,
-        workspace_bytes: Option<u64>,
-        broken: Option<Broken>,
-    ) {
-        if let Some(s) = st.sessions.open.get_mut(id) {
-            s.pending = s.pending.saturating_sub(1);
-            s.touch();
-            if let Some(state) = state {
-                s.state = state;
-            }
-            if let Some(b) = workspace_bytes {
-                s.workspace_bytes = b;
-            }
-        }
-        if let Some(b) = broken {
-            let reason = match b {
-                Broken::OutOfMemory => EndReason::OutOfMemory,
-                Broken::Failed(why) => EndReason::Failed(format!("its sandbox failed: {why}")),
-            };
-            self.end_session(st, id, reason);
-        }
-        self.complete_end(st, id);
+    /// The session existed and has ended (HTTP 409), as opposed to never known (404).
+    pub fn is_ended(&self) -> bool {
+        matches!(
+            self,
+            SessionError::Closed { .. }
+                | SessionError::Expired { .. }
+                | SessionError::Lifetime { .. }
+                | SessionError::OutOfMemory { .. }
+                | SessionError::Restarted { .. }
+                | SessionError::Failed { .. }
+        )
+    }
+}
+
+/// A session as `create_session` and `list_sessions` describe it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionInfo {
+    /// Pass it to `run_code`, `start_run`, `read_session_file` and `close_session`.
+    pub session_id: String,
+    pub language: String,
+    /// Memory and CPU for the session's life; `timeout_seconds`: each execution's default.
+    pub limits: RunLimits,
+    /// Whether the interpreter's state (variables, imports, definitions) is kept between
+    /// executions; otherwise only files are.
+    pub stateful: bool,
+    pub idle_timeout_seconds: u64,
+    pub max_lifetime_seconds: u64,
+    /// When the session was created (RFC 3339).
+    pub created_at: String,
+    /// When it was last named by a call (RFC 3339).
+    pub last_used_at: String,
+    /// When it ends unless a call names it first (idle timeout), or at its maximum lifetime,
+    /// whichever is sooner (RFC 3339).
+    pub expires_at: String,
+    /// Executions accepted so far.
+    pub executions: u64,
+    /// Bytes used in its working directory, as of its last execution.
+    pub workspace_bytes: u64,
+    /// The interpreter after the last execution (`new` before any).
+    pub state: InterpreterState,
+    /// An execution is queued or running.
+    pub busy: bool,
+}
+
+/// `list_sessions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// `close_session`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Closed {
+    pub session_id: String,
+    pub executions: u64,
+    pub closed: bool,
+}
+
+pub(super) fn rfc3339(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids_are_long_random_and_logged_only_in_part() {
+        let (a, b) = (new_session_id(), new_session_id());
+        assert_ne!(a, b);
+        assert!(a.starts_with(SESSION_PREFIX));
+        assert_eq!(a.len(), SESSION_PREFIX.len() + 40, "160 bits in hex");
+        let logged = log_id(&a);
+        assert!(a.starts_with(logged.trim_end_matches('…')));
+        assert!(logged.len() < a.len() / 2);
     }
 
-    /// End sessions past their idle timeout or their lifetime.
-    pub(in crate::runs) fn expire_sessions(&self) {
-        let mut st = self.lock();
-        let due: Vec<(String, EndReason)> = st
-            .sessions
-            .open
-            .iter()
-            .filter(|(_, s)| s.ending.is_none())
-            .filter_map(|(id, s)| {
-                if s.created.elapsed() >= s.lifetime {
-                    Some((
-                        id.clone(),
-                        EndReason::Lifetime {
-                            seconds: s.lifetime.as_secs(),
-                        },
-                    ))
-                } else if s.pending == 0 && s.last_used.elapsed() >= s.idle_timeout {
-                    Some((
-                        id.clone(),
-                        EndReason::Idle {
-                            seconds: s.idle_timeout.as_secs(),
-                        },
-                    ))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        for (id, reason) in due {
-            self.end_session(&mut st, &id, reason);
-        }
-        drop(st);
-        self.expire_ready(false);
-        self.refill_ready();
+    #[test]
+    fn every_end_is_named_to_a_later_call() {
+        let id = "cbx_1";
+        let text = |r: EndReason| SessionError::ended(id, &r).to_string();
+        assert_eq!(
+            text(EndReason::Closed),
+            "session_id: session cbx_1 was closed"
+        );
+        assert_eq!(
+            text(EndReason::Idle { seconds: 600 }),
+            "session_id: session cbx_1 expired after 600 s idle; create a new one"
+        );
+        assert!(text(EndReason::Lifetime { seconds: 3600 })
+            .contains("reached its maximum lifetime of 3600 s"));
+        assert!(text(EndReason::OutOfMemory).contains("ended: out of memory"));
+        assert!(SessionError::ended(id, &EndReason::Closed).is_ended());
+        assert!(!SessionError::Unknown { id: id.into() }.is_ended());
+        assert!(SessionError::Full("x".into()).is_retryable());
     }
 
-    /// End every session (shutdown), and remove the containers opened ahead of time.
-    pub(in crate::runs) fn end_all_sessions(&self) {
-        self.expire_ready(true);
-        let mut st = self.lock();
-        let ids: Vec<String> = st.sessions.open.keys().cloned().collect();
-        for id in ids {
-            self.end_session(&mut st, &id, EndReason::ShuttingDown);
+    #[test]
+    fn end_reasons_read_back_from_the_history() {
+        for r in [
+            EndReason::Closed,
+            EndReason::Idle { seconds: 30 },
+            EndReason::Lifetime { seconds: 3600 },
+            EndReason::OutOfMemory,
+            EndReason::Failed("its sandbox failed: gone".into()),
+        ] {
+            assert_eq!(EndReason::from_record(&r.as_record()), Some(r));
         }
+        assert_eq!(
+            EndReason::from_record(&EndReason::ShuttingDown.as_record()),
+            None
+        );
     }
 }

@@ -4,11 +4,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{EndReason, SessionError};
+use super::ends::SessionError;
 use crate::engine::protocol::{EntryKind, FileEntry};
-use crate::executor::session::{Broken, ReadError};
-use crate::executor::{check_relative_path, RequestError};
-use crate::runs::RunManager;
+use crate::executor::RequestError;
 
 /// What `read_session_file` found.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,7 +37,7 @@ pub struct FolderEntry {
 }
 
 impl SessionFile {
-    fn from_entries(
+    pub(super) fn from_entries(
         path: &str,
         offset: u64,
         mut entries: Vec<FileEntry>,
@@ -89,76 +87,5 @@ impl SessionFile {
                     .collect(),
             }),
         }
-    }
-}
-
-impl RunManager {
-    /// A file of a session's working directory (`offset`, at most `max_bytes`, within the
-    /// output cap), or a folder's listing, without running anything. Symbolic links are not
-    /// followed. The idle clock starts again.
-    pub async fn read_session_file(
-        &self,
-        id: &str,
-        path: &str,
-        offset: u64,
-        max_bytes: Option<u64>,
-    ) -> Result<SessionFile, SessionError> {
-        let path = check_relative_path("path", path)?;
-        let cap = self.inner.config.sandbox.output_limit_bytes;
-        let max_bytes = match max_bytes {
-            Some(0) => {
-                return Err(RequestError {
-                    field: "max_bytes".into(),
-                    message: format!("must be between 1 and {cap}"),
-                }
-                .into())
-            }
-            Some(m) if m > cap => {
-                return Err(RequestError {
-                    field: "max_bytes".into(),
-                    message: format!("requested {m} bytes; at most {cap} are returned per call (sandbox.output_limit_bytes); use offset for the rest"),
-                }
-                .into())
-            }
-            Some(m) => m,
-            None => cap,
-        };
-        let container = {
-            let mut st = self.lock();
-            let s = st.sessions.usable(id)?;
-            s.touch();
-            s.container.clone()
-        };
-        let read = self
-            .inner
-            .executor
-            .read_in_session(&container, &path, offset, max_bytes)
-            .await;
-        {
-            let mut st = self.lock();
-            if let Some(s) = st.sessions.open.get_mut(id) {
-                s.touch();
-            }
-        }
-        let read = match read {
-            Ok(r) => r,
-            Err(ReadError::Refused(why)) => {
-                return Err(RequestError {
-                    field: "path".into(),
-                    message: format!("`{path}`: {why}"),
-                }
-                .into())
-            }
-            Err(ReadError::Broken(b)) => {
-                let reason = match b {
-                    Broken::OutOfMemory => EndReason::OutOfMemory,
-                    Broken::Failed(why) => EndReason::Failed(format!("its sandbox failed: {why}")),
-                };
-                let mut st = self.lock();
-                self.end_session(&mut st, id, reason.clone());
-                return Err(SessionError::ended(id, &reason));
-            }
-        };
-        SessionFile::from_entries(&path, offset, read.decoded.files)
     }
 }
