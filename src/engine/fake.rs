@@ -148,6 +148,49 @@ pub struct FakeEngine {
     state: Arc<Mutex<State>>,
 }
 
+/// A create the caller stopped waiting for: the "daemon" still makes the container, when the
+/// call would have answered.
+struct PendingCreate {
+    state: Arc<Mutex<State>>,
+    spec: Option<ContainerSpec>,
+    at: Option<tokio::time::Instant>,
+}
+
+impl Drop for PendingCreate {
+    fn drop(&mut self) {
+        let (Some(spec), Some(at)) = (self.spec.take(), self.at) else {
+            return;
+        };
+        if lock(&self.state).fail.contains(&Step::CreateContainer) {
+            return;
+        }
+        let state = self.state.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                tokio::time::sleep_until(at).await;
+                insert_created(&state, spec);
+            });
+        }
+    }
+}
+
+fn insert_created(state: &Mutex<State>, spec: ContainerSpec) {
+    let mut st = lock(state);
+    st.specs.push(spec.clone());
+    let (exit, _) = watch::channel(None);
+    st.containers.insert(
+        spec.name.clone(),
+        Container {
+            spec,
+            started: false,
+            signal_tx: None,
+            exit,
+            oom: false,
+            oom_event: false,
+        },
+    );
+}
+
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -413,21 +456,18 @@ impl ContainerEngine for FakeEngine {
     }
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        // As a daemon does: a create it received is carried out even if nobody waits for the
+        // answer any more (the container appears when the call would have answered).
+        let began = tokio::time::Instant::now();
+        let delay = self.state().delays.get(&Step::CreateContainer).copied();
+        let mut pending = PendingCreate {
+            state: self.state.clone(),
+            spec: Some(spec.clone()),
+            at: delay.map(|d| began + d),
+        };
         self.answer(Step::CreateContainer).await?;
-        let mut st = self.state();
-        st.specs.push(spec.clone());
-        let (exit, _) = watch::channel(None);
-        st.containers.insert(
-            spec.name.clone(),
-            Container {
-                spec: spec.clone(),
-                started: false,
-                signal_tx: None,
-                exit,
-                oom: false,
-                oom_event: false,
-            },
-        );
+        pending.spec = None;
+        insert_created(&self.state, spec.clone());
         Ok(spec.name.clone())
     }
 

@@ -14,12 +14,17 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
+use tokio::sync::watch;
+
 use super::uids::UidLease;
-use super::ContainerEngine;
+use super::{detail, ContainerEngine, ContainerSpec, EngineError};
 
 /// How often a background removal retries a removal the engine refused.
 const CLEANUP_ATTEMPTS: u32 = 5;
 const CLEANUP_BACKOFF: Duration = Duration::from_millis(500);
+/// How long a removal waits for the answer to a create nobody waits for any more (a stop or
+/// a deadline came first): the daemon that received it may still make the container.
+const CREATE_SETTLE: Duration = Duration::from_secs(30);
 
 /// Told how long each background removal took.
 pub type RemovalObserver = Arc<dyn Fn(Duration) + Send + Sync>;
@@ -77,6 +82,8 @@ pub struct ContainerGuard {
     cleanup: Cleanup,
     name: Option<String>,
     lease: Option<UidLease>,
+    /// Set once a create was asked for; `true` when it has answered.
+    created: Option<watch::Receiver<bool>>,
 }
 
 impl ContainerGuard {
@@ -92,6 +99,29 @@ impl ContainerGuard {
             cleanup,
             name: Some(name),
             lease: Some(lease),
+            created: None,
+        }
+    }
+
+    /// Ask the engine to create the container. The request runs to its answer even when the
+    /// caller stops waiting (a stop, a deadline, shutdown), and the removal waits for that
+    /// answer: whatever path creates a container is the one that removes it, and nothing is
+    /// left `Created`.
+    pub async fn create(&mut self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        let (answered, rx) = watch::channel(false);
+        self.created = Some(rx);
+        let engine = self.engine.clone();
+        let spec = spec.clone();
+        let call = self.cleanup.tracker.spawn(async move {
+            let r = engine.create_container(&spec).await;
+            let _ = answered.send(true);
+            r
+        });
+        match call.await {
+            Ok(r) => r,
+            Err(e) => Err(EngineError::CreateContainer(detail(format!(
+                "the create call's task ended: {e}"
+            )))),
         }
     }
 
@@ -118,8 +148,12 @@ impl ContainerGuard {
         let engine = self.engine.clone();
         let failed = self.cleanup.failed.clone();
         let observer = self.cleanup.observer.clone();
+        let created = self.created.take();
         let task = async move {
             let began = tokio::time::Instant::now();
+            if let Some(mut answered) = created {
+                let _ = tokio::time::timeout(CREATE_SETTLE, answered.wait_for(|a| *a)).await;
+            }
             for attempt in 1..=CLEANUP_ATTEMPTS {
                 match engine.remove_container(&name).await {
                     Ok(()) => {

@@ -77,17 +77,14 @@ impl Executor {
         };
         let spec = posture::locked_down(&plan, &self.config.sandbox);
         posture::check(&spec, &self.config.sandbox)?;
-        let guard = ContainerGuard::new(
+        let mut guard = ContainerGuard::new(
             self.engine.clone(),
             self.cleanup.clone(),
             want.name.clone(),
             lease,
         );
         match bound
-            .call(
-                "creating the container",
-                self.engine.create_container(&spec),
-            )
+            .call("creating the container", guard.create(&spec))
             .await
         {
             Ok(_) => Ok(Acquired {

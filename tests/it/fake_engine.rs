@@ -861,3 +861,23 @@ async fn the_run_deadline_ends_a_run_whose_engine_call_never_answers() {
     a_stuck_step_yields_to_the_deadline(Step::Start, "python").await;
     a_stuck_step_yields_to_the_deadline(Step::InspectImage, "cpp").await;
 }
+
+/// Found at shutdown: a server stopped right after it admitted a run ended the run `stopped`
+/// but left its container `Created`: the daemon finished the create nobody waited for, after
+/// the removal had found nothing to remove.
+#[tokio::test(start_paused = true)]
+async fn a_container_whose_create_was_abandoned_is_removed_once_the_daemon_made_it() {
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(Step::CreateContainer, Duration::from_secs(5));
+    let (task, cancel) = spawn_run(&fake, request("python", "print(1)"));
+    eventually(10, "the create was asked for", || {
+        fake.calls(Step::CreateContainer) == 1
+    })
+    .await;
+    cancel.cancel();
+    let r = task.await.unwrap();
+    assert_eq!(r.status, Status::Stopped, "{}", r.message);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(fake.specs().len(), 1, "the daemon made the container");
+    wait_until_clean(&fake).await;
+}

@@ -389,8 +389,8 @@ impl Pool {
         };
         let spec = posture::locked_down(&plan, &c.sandbox);
         posture::check(&spec, &c.sandbox)?;
-        let guard = ContainerGuard::new(i.engine.clone(), i.cleanup.clone(), name, lease);
-        if let Err(e) = i.engine.create_container(&spec).await {
+        let mut guard = ContainerGuard::new(i.engine.clone(), i.cleanup.clone(), name, lease);
+        if let Err(e) = guard.create(&spec).await {
             if matches!(e, EngineError::ImageMissing { .. }) {
                 i.images.forget(&shape.image);
             }
