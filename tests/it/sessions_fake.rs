@@ -684,3 +684,54 @@ async fn closing_a_session_twice_answers_the_same() {
     assert_eq!((first.executions, first.closed), (1, true));
     m.shutdown(Duration::from_secs(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opened_as_the_server_shuts_down_is_removed_not_kept() {
+    // Between create_session's last look at the shutdown flag and its entry in the table, a
+    // shutdown could pass and leave its container to the next start's reaper. The look and
+    // the entry are now one step under the table's lock; this runs the race many times.
+    for round in 0..40 {
+        let fake = Arc::new(FakeEngine::new());
+        let m = fake_manager(&fake, |c| c.sessions.ready.clear());
+        let opening = {
+            let m = m.clone();
+            tokio::spawn(async move { m.create_session(open("python")).await })
+        };
+        // Let the create reach its container now and then, not always.
+        for _ in 0..(round % 7) {
+            tokio::task::yield_now().await;
+        }
+        m.shutdown(Duration::from_secs(10)).await;
+        let created = opening.await.unwrap();
+        eventually(10, "no session container outlives shutdown", || {
+            fake.live_containers().is_empty()
+        })
+        .await;
+        if let Ok(s) = created {
+            assert!(
+                m.list_sessions().sessions.is_empty(),
+                "round {round}: {} is still listed after shutdown",
+                s.session_id
+            );
+        }
+        assert_eq!(m.stats().sessions_memory_mb, 0, "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn metrics_show_sessions_opened_ahead_of_time_and_what_they_hold() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    m.start_ready_sessions();
+    eventually(10, "one python session is ready", || {
+        m.stats().sessions_ready == 1
+    })
+    .await;
+    let text = m
+        .metrics()
+        .render(&m.stats(), &codebox::executor::timings::Timings::default());
+    assert!(text.contains("\ncodebox_sessions_ready 1\n"), "{text}");
+    assert!(text.contains("\ncodebox_sessions_memory_mb 512\n"), "{text}");
+    assert!(text.contains("\ncodebox_sessions_open 0\n"), "{text}");
+    m.shutdown(Duration::from_secs(10)).await;
+}
