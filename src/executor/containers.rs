@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::images::ImageRef;
 use super::pool::Shape;
-use super::stage::{run_stage, Bound, StageRequest, StageResult};
+use super::stage::{run_stage, Answer, Bound, StageRequest};
 use super::timings::Step;
 use super::{Executor, Halt, SandboxFailure, BACKSTOP_GRACE};
 use crate::engine::guard::ContainerGuard;
@@ -156,7 +156,7 @@ impl Executor {
         limits_total: Duration,
         content_bytes: u64,
         bound: Bound<'_>,
-    ) -> Result<StageResult, Halt> {
+    ) -> Result<Answer, Halt> {
         let entries = match payload.collect {
             Some(Collect::WorkspaceOnSuccess { .. }) => MAX_ARTIFACT_ENTRIES,
             _ => MAX_OUTPUT_ENTRIES,

@@ -17,6 +17,7 @@ mod cases;
 mod checks;
 mod compile;
 mod containers;
+pub mod exchange;
 pub mod images;
 pub mod outcome;
 pub mod outputs;
