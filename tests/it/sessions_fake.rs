@@ -590,3 +590,31 @@ async fn a_read_whose_caller_went_away_leaves_the_next_execution_its_own_answer(
     );
     m.shutdown(Duration::from_secs(10)).await;
 }
+
+/// Closing a session whose cell does not answer removes its container at once: no
+/// interrupt's grace, no driver started again; the execution under way ends `stopped`.
+#[tokio::test(start_paused = true)]
+async fn closing_a_session_with_a_stuck_cell_removes_its_container_at_once() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.script(Behaviour::Slow {
+        after: Duration::from_secs(33),
+        then: Box::new(Behaviour::HangHard),
+    });
+    let running = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
+    eventually(10, "the cell was sent", || {
+        fake.session_requests().len() == 1
+    })
+    .await;
+    m.close_session(&s.session_id).unwrap();
+    eventually(
+        5,
+        "the container is removed at once, not after the interrupt and a driver restart",
+        || fake.live_containers().is_empty(),
+    )
+    .await;
+    let r = m.wait(&running, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(r.status, Status::Stopped, "{}", r.message);
+    m.shutdown(Duration::from_secs(10)).await;
+}

@@ -27,6 +27,9 @@ impl RunManager {
         let mut st = self.lock();
         let executions = st.sessions.usable(id)?.executions;
         self.end_session(&mut st, id, EndReason::Closed);
+        if let Some(s) = st.sessions.open.get(id) {
+            s.container.end_now(); // removed at once: no interrupt's grace, no driver restart
+        }
         Ok(Closed {
             session_id: id.to_string(),
             executions,
