@@ -20,8 +20,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::containers::{labels, Want};
+use super::containers::Want;
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
+use super::labels::labels;
 use super::outcome::classify;
 use super::stage::{Answer, Bound, StageTimes};
 use super::{Ended, Executor, Halt, Known, SandboxFailure, Streams, BACKSTOP_GRACE};
