@@ -299,7 +299,8 @@ static void exec_stateful(struct request *rq)
     if (why && driver_start() < 0) {
         char text[sizeof err_text];
         snprintf(text, sizeof text, "%s", err_text);
-        done_frame("error=cannot start the driver: %s\n", text);
+        /* the interpreter is gone: the next execution starts one afresh, or says why not */
+        done_frame("state=reset\nreason=driver_exited\nerror=cannot start the driver: %s\n", text);
         return;
     }
     const char *state = driver_fresh() ? "new" : "kept";
@@ -443,17 +444,19 @@ static int read_folder(int fd, const char *path, const struct stat *st)
 
 /* A regular file's F entry (its whole size and SHA-256, and `range <n>`: n bytes follow), then
  * its bytes from offset, at most max_bytes, in B frames. */
-static int read_regular(int fd, const char *path, uint64_t offset, uint64_t max_bytes)
+static int read_regular(int fd, const char *path, const struct stat *st, uint64_t offset,
+                        uint64_t max_bytes)
 {
-    struct stat st;
     struct sha256 h;
     char hex[65];
-    uint64_t size = 0;
-    ssize_t n;
-    if (fstat(fd, &st) < 0)
-        return fail("cannot read %s: %s", path, strerror(errno));
+    uint64_t size = 0, whole = (uint64_t)st->st_size;
+    ssize_t n = 0;
+    /* Hashed up to the size it had when opened: a file that keeps growing is not followed. */
     sha_init(&h);
-    while ((n = read(fd, iobuf, CHUNK)) > 0) {
+    while (size < whole) {
+        size_t want = whole - size < CHUNK ? (size_t)(whole - size) : CHUNK;
+        if ((n = read(fd, iobuf, want)) <= 0)
+            break;
         sha_update(&h, iobuf, (size_t)n);
         size += (uint64_t)n;
     }
@@ -463,7 +466,7 @@ static int read_regular(int fd, const char *path, uint64_t offset, uint64_t max_
     uint64_t end = offset >= size ? offset : size - offset < max_bytes ? size : offset + max_bytes;
     char range[40];
     snprintf(range, sizeof range, "range %llu", (unsigned long long)(end - offset));
-    entry("f", path, st.st_mode & 07777, size, hex, range, "");
+    entry("f", path, st->st_mode & 07777, size, hex, range, "");
     for (uint64_t off = offset; off < end; off += (uint64_t)n) {
         size_t want = end - off < CHUNK ? (size_t)(end - off) : CHUNK;
         n = pread(fd, iobuf, want, (off_t)off);
@@ -515,9 +518,20 @@ static void read_request_answer(struct request *rq)
     } else if (!S_ISREG(st.st_mode)) {
         entry("f", path, st.st_mode & 07777, 0, "", "not a regular file", "");
     } else {
+        /* What was checked by name may have been swapped since (a FIFO would hold this
+         * process): the opened descriptor is checked again, opened without blocking. */
+        struct stat fst;
         fd = openat(dfd, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        rc = fd < 0 ? fail("cannot read %s: %s", path, strerror(errno))
-                    : read_regular(fd, path, offset, max_bytes);
+        if (fd < 0 && errno == ELOOP)
+            entry("l", path, st.st_mode & 07777, 0, "", "a symbolic link, not followed", "");
+        else if (fd < 0 || fstat(fd, &fst) < 0)
+            rc = fail("cannot read %s: %s", path, strerror(errno));
+        else if (!S_ISREG(fst.st_mode))
+            entry("f", path, fst.st_mode & 07777, 0, "", "not a regular file", "");
+        else if (fcntl(fd, F_SETFL, 0) < 0)
+            rc = fail("cannot read %s: %s", path, strerror(errno));
+        else
+            rc = read_regular(fd, path, &fst, offset, max_bytes);
     }
     if (fd >= 0)
         close(fd);

@@ -74,6 +74,12 @@ pub enum Behaviour {
     Syntax(String),
     /// A session's cell whose final expression has this value.
     Result(String),
+    /// A session's execution acted out as `then`, whose answer comes `after` this long (for a
+    /// hang: this long after the stop), as when `codebox-init` starts the driver again.
+    Slow {
+        after: std::time::Duration,
+        then: Box<Behaviour>,
+    },
 }
 
 impl Default for Behaviour {
@@ -138,6 +144,8 @@ struct State {
     calls: BTreeMap<Step, usize>,
     /// Images say nothing of what their `codebox-init` takes (built before it took more).
     old_init: bool,
+    /// How long a session's `read` takes to be answered.
+    read_delay: std::time::Duration,
     /// Image builds as they start and end: "start TAG", "end TAG".
     builds: Vec<String>,
 }
@@ -222,6 +230,11 @@ impl FakeEngine {
     /// default, exit 0).
     pub fn script(&self, behaviour: Behaviour) {
         self.state().script.push_back(behaviour);
+    }
+
+    /// Sessions' containers take this long to answer a `read`.
+    pub fn slow_reads(&self, delay: std::time::Duration) {
+        self.state().read_delay = delay;
     }
 
     /// What every program does once the script is used up.

@@ -6,7 +6,7 @@ use futures_util::StreamExt;
 
 use super::containers::Acquired;
 use super::outcome::classify;
-use super::stage::{Bound, StageResult};
+use super::stage::{Answer, Bound};
 use super::{ms, Ended, Executor, Halt, Known, Program, Streams};
 use crate::config::Config;
 use crate::engine::protocol::{Collect, PhaseName};
@@ -53,7 +53,7 @@ fn not_started(t: &ValidTest) -> TestReport {
     }
 }
 
-fn case_report(t: &ValidTest, req: &ValidRequest, result: Result<StageResult, Halt>) -> TestReport {
+fn case_report(t: &ValidTest, req: &ValidRequest, result: Result<Answer, Halt>) -> TestReport {
     let result = match result {
         Ok(result) => result,
         Err(Halt::Stopped) => return not_started(t),
@@ -155,7 +155,7 @@ impl Executor {
             return Ok(Ended::AtCompile(end));
         }
         let parallel = parallelism(req, &self.config);
-        let rest: Vec<Result<StageResult, Halt>> = futures_util::stream::iter(1..req.tests.len())
+        let rest: Vec<Result<Answer, Halt>> = futures_util::stream::iter(1..req.tests.len())
             .map(|i| case(i, None, false))
             .buffered(parallel)
             .collect()

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::cache::{self, Verdict};
 use super::containers::Want;
 use super::outcome::{classify, Outcome};
-use super::stage::{Bound, StageResult};
+use super::stage::{Answer, Bound};
 use super::{mb, ms, CompileEnd, Executor, Halt, Known, SandboxFailure, Streams};
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{self, Collect, End, Entry, EntryKind, Files, Payload, PhaseName};
@@ -43,7 +43,7 @@ pub(super) fn reported_exit_code(end: &End) -> Option<i64> {
 pub(super) fn compile_report(
     status: Status,
     phase: &protocol::Phase,
-    result: &StageResult,
+    result: &Answer,
     usage: Usage,
 ) -> CompileReport {
     let st = Streams::of(Some(phase));
@@ -211,7 +211,7 @@ impl Executor {
     /// that passed goes into the report's `compile`.
     pub(super) fn check_failed(
         &self,
-        result: &StageResult,
+        result: &Answer,
         lang: &Language,
         known: &mut Known,
         run_memory_mb: u64,
@@ -232,7 +232,7 @@ impl Executor {
         known: &mut Known,
         o: Outcome,
         phase: &protocol::Phase,
-        result: &StageResult,
+        result: &Answer,
         lang: &Language,
         check_memory_mb: Option<u64>,
     ) -> CompileEnd {

@@ -5,14 +5,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::images::ImageRef;
+use super::labels::labels;
 use super::pool::Shape;
-use super::stage::{run_stage, Bound, StageRequest, StageResult};
-use super::timings::Step;
+use super::stage::{run_stage, Answer, Bound, StageRequest};
+use super::timings::Leg;
 use super::{Executor, Halt, SandboxFailure, BACKSTOP_GRACE};
 use crate::engine::guard::ContainerGuard;
 use crate::engine::posture::{self, Limits, Plan};
 use crate::engine::protocol::{Collect, DecodeLimits, Payload};
-use crate::engine::{EngineError, LABEL_EXPIRES, LABEL_INSTANCE, LABEL_MANAGED, LABEL_RUN};
+use crate::engine::EngineError;
 
 /// Extra time before a container counts as abandoned, beyond its limits.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
@@ -20,21 +21,6 @@ const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
 const MAX_ARTIFACT_ENTRIES: usize = 10_000;
 /// Most entries listed from `outputs/` (`codebox-init` lists at most 1000).
 pub(super) const MAX_OUTPUT_ENTRIES: usize = 1024;
-
-/// The labels of every container codebox creates: managed, its run (or `pool`), this
-/// process, and the time after which it is certainly abandoned (`lifetime` from now).
-pub fn labels(run: &str, instance: &str, lifetime: Duration) -> BTreeMap<String, String> {
-    let expires = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        + lifetime;
-    BTreeMap::from([
-        (LABEL_MANAGED.to_string(), "true".to_string()),
-        (LABEL_RUN.to_string(), run.to_string()),
-        (LABEL_INSTANCE.to_string(), instance.to_string()),
-        (LABEL_EXPIRES.to_string(), expires.as_secs().to_string()),
-    ])
-}
 
 /// The container a stage needs.
 pub(super) struct Want {
@@ -137,7 +123,7 @@ impl Executor {
             }),
             None => self.create(want, bound).await,
         };
-        self.timings.record(Step::Acquire, began.elapsed());
+        self.timings.record(Leg::Acquire, began.elapsed());
         acquired
     }
 
@@ -153,7 +139,7 @@ impl Executor {
         limits_total: Duration,
         content_bytes: u64,
         bound: Bound<'_>,
-    ) -> Result<StageResult, Halt> {
+    ) -> Result<Answer, Halt> {
         let entries = match payload.collect {
             Some(Collect::WorkspaceOnSuccess { .. }) => MAX_ARTIFACT_ENTRIES,
             _ => MAX_OUTPUT_ENTRIES,
@@ -199,9 +185,9 @@ impl Executor {
             container.guard.remove_later();
             if let Ok(r) = &result {
                 let t = &r.times;
-                self.timings.record(Step::Deliver, t.deliver);
-                self.timings.record(Step::Run, t.run);
-                self.timings.record(Step::Collect, t.collect);
+                self.timings.record(Leg::Deliver, t.deliver);
+                self.timings.record(Leg::Run, t.run);
+                self.timings.record(Leg::Collect, t.collect);
             }
             if !dead_on_arrival {
                 return result.map_err(Halt::bound);

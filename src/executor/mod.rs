@@ -17,7 +17,9 @@ mod cases;
 mod checks;
 mod compile;
 mod containers;
+pub mod exchange;
 pub mod images;
+mod labels;
 pub mod outcome;
 pub mod outputs;
 pub mod pool;
@@ -44,9 +46,9 @@ use crate::report::{fmt_num, CompileReport, FileReport, RunReport, Stage, Status
 use cache::CompileCache;
 pub use cases::parallelism;
 pub use checks::check_relative_path;
-pub use containers::labels;
 use containers::Want;
 use images::ImageIds;
+pub use labels::labels;
 use outcome::{classify, Outcome, Streams};
 use pool::{run_workspace_mb, Pool};
 pub use probe::ProbeOutput;
@@ -56,7 +58,7 @@ pub use request::{
 };
 pub use session_request::{SessionRequest, ValidSession};
 use stage::{Bound, BoundError, Interrupted};
-use timings::{Step, Timings};
+use timings::{Leg, Timings};
 
 /// How long the host waits beyond a stage's own limits before it kills the container
 /// (`codebox-init` enforces the limits; this is the backstop).
@@ -191,7 +193,7 @@ impl Executor {
         let timings = Arc::new(Timings::default());
         let cleanup = {
             let timings = timings.clone();
-            Cleanup::observed(Arc::new(move |d| timings.record(Step::Remove, d)))
+            Cleanup::observed(Arc::new(move |d| timings.record(Leg::Remove, d)))
         };
         let images = Arc::new(ImageIds::new(engine.clone()));
         let pool = Pool::new(
@@ -402,7 +404,7 @@ impl Executor {
             let compile = async {
                 let began = Instant::now();
                 let compiled = self.compile_cached(run_id, req, known, bound).await;
-                self.timings.record(Step::Compile, began.elapsed());
+                self.timings.record(Leg::Compile, began.elapsed());
                 compiled
             };
             let (compiled, first) = tokio::join!(compile, prepare_run);

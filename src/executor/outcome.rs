@@ -1,6 +1,6 @@
 //! From what a stage reported to a status: one function, no guessing from one signal alone.
 
-use super::stage::{HostEnding, StageResult};
+use super::stage::{Answer, HostEnding};
 use crate::engine::protocol::{End, Phase, PhaseEnd};
 use crate::engine::EngineError;
 use crate::report::{Status, Usage};
@@ -73,7 +73,7 @@ fn usage(end: &PhaseEnd) -> Usage {
 ///   that survived a child's OOM kill and exited 0 succeeded;
 /// - without a report, the host's view decides: its stop, its deadline, the engine's OOM
 ///   flag; anything else is a broken sandbox, described.
-pub fn classify(phase: Option<&Phase>, stage: &StageResult) -> Outcome {
+pub fn classify(phase: Option<&Phase>, stage: &Answer) -> Outcome {
     let oom_seen = |end: &PhaseEnd| end.oom_kills.unwrap_or(0) > 0 || stage.oom_killed;
     let killed = |status: Status, usage: Usage| Outcome {
         status,
@@ -246,8 +246,8 @@ mod tests {
     use crate::engine::protocol::{Decoded, PhaseName};
     use std::time::Duration;
 
-    fn stage() -> StageResult {
-        StageResult {
+    fn stage() -> Answer {
+        Answer {
             decoded: Decoded::default(),
             protocol_error: None,
             stream_error: None,

@@ -1,38 +1,42 @@
 //! A session's container: created with the posture of every run, opened once, then serving
 //! one request after another on the same attach connection (docs/sandbox-init.md, "Session
-//! mode"). Requests are strictly one at a time. A container that stops answering, breaks the
-//! protocol or dies is broken: it serves nothing more and the session ends.
+//! mode"). One task, owned by the [`SessionBox`], holds that connection and carries out the
+//! requests strictly one at a time in arrival order, each through the one exchange with
+//! `codebox-init` ([`super::exchange`]): a request is always written whole and its answer read
+//! to its end, whether or not its caller still waits, so the stream never gets out of step. A
+//! container that stops answering, breaks the protocol or dies is broken: it serves nothing
+//! more and the session ends.
 //!
 //! The host trusts `codebox-init` (PID 1, out of the program's reach) for the frames it
-//! sends, and no driver: every deadline here is the host's own backstop.
+//! sends, and no driver: every deadline here is the host's own backstop, derived from the
+//! durations it sends `codebox-init` ([`InitTimes`]).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
+use futures_util::FutureExt;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
-use super::containers::{labels, Want};
+use super::containers::Want;
+use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
+use super::labels::labels;
 use super::outcome::classify;
-use super::stage::{Bound, HostEnding, StageResult, StageTimes};
+use super::stage::{Answer, Bound, StageTimes};
 use super::{Ended, Executor, Halt, Known, SandboxFailure, Streams, BACKSTOP_GRACE};
 use crate::engine::guard::ContainerGuard;
 use crate::engine::posture::Limits;
-use crate::engine::protocol::session::{Done, Exec, Open, Read, Work};
-use crate::engine::protocol::{Collect, DecodeLimits, Decoded, Decoder, Entry, Files, PhaseName};
-use crate::engine::{InputSink, OutputStream, Signal};
+use crate::engine::protocol::session::{Done, Exec, InitTimes, Open, Read, Work};
+use crate::engine::protocol::{Collect, DecodeLimits, Decoded, Entry, Files, PhaseName};
+use crate::engine::{Attached, ContainerEngine, InputSink, OutputStream};
 use crate::executor::ValidRequest;
 use crate::registry::Language;
 use crate::report::{InterpreterState, ResetReason, RunReport, SessionExecution, Stage, Status};
 
-/// How long a driver may take to start (it imports nothing heavy).
-pub const DRIVER_START: Duration = Duration::from_secs(30);
-/// How long an interrupted driver has to answer before it is started again.
-pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
-/// Beyond an execution's limits and the interrupt's grace: time to start the driver again.
-const RESTART_GRACE: Duration = Duration::from_secs(10);
+/// What `codebox-init` is told, and the host's deadlines follow from.
+pub const SESSION_TIMES: InitTimes = InitTimes::DEFAULT;
 /// How often a stop is signalled again until the execution answers: a SIGTERM that arrives
 /// before the request itself reached `codebox-init` is dropped there.
 const STOP_REPEAT: Duration = Duration::from_millis(500);
@@ -63,10 +67,23 @@ pub struct SessionSpec<'a> {
     pub lifetime: Duration,
 }
 
-struct Io {
-    input: InputSink,
-    output: OutputStream,
-    broken: Option<Broken>,
+/// One request for the session's conversation task.
+struct Ask {
+    request: Vec<Bytes>,
+    limits: DecodeLimits,
+    /// The answer is due within this, from when the request's turn comes.
+    backstop: Duration,
+    cancel: CancellationToken,
+    reply: oneshot::Sender<Result<Heard, Broken>>,
+}
+
+/// What one request brought back.
+struct Heard {
+    decoded: Decoded,
+    stopped: bool,
+    /// The session's container was ended while the answer was awaited.
+    closed: bool,
+    duration: Duration,
 }
 
 /// An open session's container.
@@ -74,14 +91,10 @@ pub struct SessionBox {
     name: String,
     stateful: bool,
     guard: Mutex<Option<ContainerGuard>>,
-    io: tokio::sync::Mutex<Io>,
-}
-
-/// What one request brought back.
-struct Exchange {
-    decoded: Decoded,
-    stopped: bool,
-    duration: Duration,
+    asks: mpsc::UnboundedSender<Ask>,
+    /// Cancelled when the container is ended: the request being answered ends at once.
+    ended: CancellationToken,
+    _conversation: AbortOnDropHandle<()>,
 }
 
 /// One execution in a session: its report, and whether the session's container broke.
@@ -109,6 +122,35 @@ pub enum ReadError {
 }
 
 impl SessionBox {
+    /// The session's container, whose attach connection is `attached`: the conversation task
+    /// starts now and ends with the box.
+    fn new(
+        engine: Arc<dyn ContainerEngine>,
+        guard: ContainerGuard,
+        stateful: bool,
+        attached: Attached,
+    ) -> SessionBox {
+        let name = guard.name().to_string();
+        let (asks, queue) = mpsc::unbounded_channel();
+        let ended = CancellationToken::new();
+        let conversation = Conversation {
+            engine,
+            name: name.clone(),
+            input: attached.input,
+            output: attached.output,
+            ended: ended.clone(),
+            broken: None,
+        };
+        SessionBox {
+            name,
+            stateful,
+            guard: Mutex::new(Some(guard)),
+            asks,
+            ended,
+            _conversation: AbortOnDropHandle::new(tokio::spawn(conversation.run(queue))),
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -117,12 +159,43 @@ impl SessionBox {
         self.stateful
     }
 
-    /// Remove the container (in the background). Idempotent.
-    pub fn close(&self) {
+    /// End the container now: what runs in it is killed with it, not interrupted (the
+    /// execution being answered ends at once as `stopped`), no driver is started again, and
+    /// the container is removed in the background. Idempotent.
+    pub fn end_now(&self) {
+        self.ended.cancel();
         let guard = self.guard.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(g) = guard {
             g.remove_later();
         }
+    }
+
+    /// Remove the container: [`SessionBox::end_now`].
+    pub fn close(&self) {
+        self.end_now();
+    }
+
+    /// Have the conversation task carry out one request: its answer, or why the container is
+    /// broken. Dropping this future leaves the request to be carried out (or, not yet begun,
+    /// passed over), never cut.
+    async fn ask(
+        &self,
+        request: Vec<Bytes>,
+        limits: DecodeLimits,
+        backstop: Duration,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Heard, Broken> {
+        let (reply, answer) = oneshot::channel();
+        let ask = Ask {
+            request,
+            limits,
+            backstop,
+            cancel: cancel.cloned().unwrap_or_default(),
+            reply,
+        };
+        let gone = || Broken::Failed("its container is gone".into());
+        self.asks.send(ask).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
 }
 
@@ -132,27 +205,186 @@ impl Drop for SessionBox {
     }
 }
 
+/// The task that holds a session's attach connection and answers its requests in turn.
+struct Conversation {
+    engine: Arc<dyn ContainerEngine>,
+    name: String,
+    input: InputSink,
+    output: OutputStream,
+    ended: CancellationToken,
+    broken: Option<Broken>,
+}
+
+impl Conversation {
+    async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Ask>) {
+        while let Some(ask) = queue.recv().await {
+            if ask.reply.is_closed() {
+                continue; // its caller went away before its turn: nothing was sent
+            }
+            if self.broken.is_none() && self.ended.is_cancelled() {
+                self.broken = Some(Broken::Failed("the session was closed".into()));
+            }
+            if let Some(b) = &self.broken {
+                let _ = ask.reply.send(Err(b.clone()));
+                continue;
+            }
+            if ask.cancel.is_cancelled() {
+                // A stop before the request is written leaves the container as it was.
+                let heard = Heard {
+                    decoded: Decoded::default(),
+                    stopped: true,
+                    closed: false,
+                    duration: Duration::ZERO,
+                };
+                let _ = ask.reply.send(Ok(heard));
+                continue;
+            }
+            let (answer, reply) = self.answer(ask).await;
+            if let Err(b) = &answer {
+                self.broken = Some(b.clone());
+            }
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// Write one request whole and read its answer to its `D`. A stop (or the caller going
+    /// away) is signalled while the request is written, never by cutting it: `codebox-init`
+    /// reads it whole and answers `stopped`.
+    async fn answer(
+        &mut self,
+        mut ask: Ask,
+    ) -> (
+        Result<Heard, Broken>,
+        oneshot::Sender<Result<Heard, Broken>>,
+    ) {
+        let began = Instant::now();
+        let rule = StopRule {
+            grace: SESSION_TIMES.after_stop() + BACKSTOP_GRACE,
+            repeat: Some(STOP_REPEAT),
+        };
+        let engine = self.engine.clone();
+        let mut ex = Exchange::new(
+            engine.as_ref(),
+            &self.name,
+            ask.limits,
+            ask.backstop,
+            rule,
+            Until::Answered,
+        );
+        let stop = CancellationToken::new();
+        let mut written = None;
+        let listened = {
+            let mut write = std::pin::pin!(write_request(
+                &mut self.input,
+                std::mem::take(&mut ask.request)
+            ));
+            let mut listen = std::pin::pin!(ex.listen(&mut self.output, &stop, &self.ended));
+            let cancel = ask.cancel.clone();
+            let reply = &mut ask.reply;
+            let mut watch_stop = std::pin::pin!(async {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = reply.closed() => {}
+                }
+                stop.cancel();
+                std::future::pending::<()>().await
+            });
+            let listened = loop {
+                tokio::select! {
+                    w = &mut write, if written.is_none() => written = Some(w),
+                    l = &mut listen => break l,
+                    _ = &mut watch_stop => {}
+                }
+            };
+            if written.is_none() {
+                written = (&mut write).now_or_never();
+            }
+            listened
+        };
+        let duration = began.elapsed();
+        let answer = match listened {
+            Err(e) => Err(Broken::Failed(format!("signalling it failed: {e}"))),
+            Ok(()) if ex.closed => Ok(Heard {
+                decoded: ex.into_decoded(),
+                stopped: true,
+                closed: true,
+                duration,
+            }),
+            Ok(()) => Conversation::heard(ex, written, duration).await,
+        };
+        (answer, ask.reply)
+    }
+
+    /// What an exchange that ended by itself came to.
+    async fn heard(
+        ex: Exchange<'_>,
+        written: Option<std::io::Result<()>>,
+        duration: Duration,
+    ) -> Result<Heard, Broken> {
+        if let Some(e) = &ex.protocol_error {
+            return Err(Broken::Failed(e.clone()));
+        }
+        if let Some(fatal) = &ex.decoded().fatal {
+            return Err(Broken::Failed(format!("codebox-init: {fatal}")));
+        }
+        if ex.answered() {
+            return match written {
+                Some(Ok(())) => Ok(Heard {
+                    stopped: ex.ending == HostEnding::Stopped,
+                    decoded: ex.into_decoded(),
+                    closed: false,
+                    duration,
+                }),
+                _ => Err(Broken::Failed(
+                    "codebox-init answered before it read the whole request".into(),
+                )),
+            };
+        }
+        if ex.watch == Watch::Killed || ex.unresponsive {
+            let within = match ex.ending {
+                HostEnding::Stopped => "its stop's grace",
+                _ => "the execution's limits and their grace",
+            };
+            return Err(Broken::Failed(format!(
+                "codebox-init did not answer within {within}; its container was killed"
+            )));
+        }
+        let what = match (&ex.stream_error, &written) {
+            (Some(e), _) => e.to_string(),
+            (None, Some(Err(e))) => format!("writing to it failed: {e}"),
+            _ => "its output ended".to_string(),
+        };
+        match ex.inspect().await {
+            Some(Ok(state)) if ex.out_of_memory(&state, state.exit_code).await => {
+                Err(Broken::OutOfMemory)
+            }
+            Some(Ok(state)) => Err(Broken::Failed(match state.exit_code {
+                Some(code) => format!("{what} (the container exited with code {code})"),
+                None => what,
+            })),
+            _ => Err(Broken::Failed(what)),
+        }
+    }
+}
+
 impl Executor {
     /// Create, start and open a session's container; the driver (if any) is ready when this
     /// returns.
     pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, SandboxFailure> {
         let lang = spec.language;
+        let start = SESSION_TIMES.driver_start;
         let want = Want {
             name: spec.name.clone(),
             image_tag: lang.image.tag.clone(),
             image_name: lang.image.name.clone(),
             limits: spec.limits,
             workspace_mb: spec.workspace_mb,
-            labels: labels(
-                SESSION_RUN_LABEL,
-                &self.instance,
-                spec.lifetime + DRIVER_START,
-            ),
+            labels: labels(SESSION_RUN_LABEL, &self.instance, spec.lifetime + start),
         };
         let never = CancellationToken::new();
         let bound = Bound {
             cancel: &never,
-            deadline: tokio::time::Instant::now() + DRIVER_START + BACKSTOP_GRACE,
+            deadline: tokio::time::Instant::now() + start + BACKSTOP_GRACE,
         };
         let halted = |h: Halt| match h {
             Halt::Failed(f) => f,
@@ -174,35 +406,20 @@ impl Executor {
             )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
-        let sbox = SessionBox {
-            name: want.name,
-            stateful: lang.is_stateful(),
-            guard: Mutex::new(Some(guard)),
-            io: tokio::sync::Mutex::new(Io {
-                input: attached.input,
-                output: attached.output,
-                broken: None,
-            }),
-        };
+        let sbox = SessionBox::new(self.engine.clone(), guard, lang.is_stateful(), attached);
         let open = Open {
             driver: lang.session_driver.clone(),
             env: lang.env.clone(),
             files: spec.files,
-            start_timeout: DRIVER_START,
+            start_timeout: start,
         };
         let limits = DecodeLimits {
             output: self.config.sandbox.output_limit_bytes,
             content: 0,
             entries: 0,
         };
-        match self
-            .exchange(
-                &sbox,
-                open.encode(),
-                limits,
-                DRIVER_START + BACKSTOP_GRACE,
-                None,
-            )
+        match sbox
+            .ask(open.encode(), limits, start + BACKSTOP_GRACE, None)
             .await
         {
             Ok(x) => match (x.decoded.fatal, x.decoded.done) {
@@ -216,138 +433,6 @@ impl Executor {
             Err(broken) => Err(SandboxFailure::Reported(format!(
                 "the session's container did not open: {broken}"
             ))),
-        }
-    }
-
-    /// Send one request and read its frames until its `D` (or the container's `Z` or a fatal
-    /// error). `cancel` interrupts an execution (SIGTERM to `codebox-init`, which interrupts
-    /// the driver and answers). Past `backstop` the container counts as broken.
-    async fn exchange(
-        &self,
-        sbox: &SessionBox,
-        request: Vec<Bytes>,
-        limits: DecodeLimits,
-        backstop: Duration,
-        cancel: Option<&CancellationToken>,
-    ) -> Result<Exchange, Broken> {
-        let began = Instant::now();
-        let mut io = sbox.io.lock().await;
-        if let Some(b) = &io.broken {
-            return Err(b.clone());
-        }
-        let outcome = self
-            .exchange_locked(sbox, &mut io, request, limits, backstop, cancel)
-            .await;
-        if let Err(b) = &outcome {
-            io.broken = Some(b.clone());
-        }
-        outcome.map(|(decoded, stopped)| Exchange {
-            decoded,
-            stopped,
-            duration: began.elapsed(),
-        })
-    }
-
-    async fn exchange_locked(
-        &self,
-        sbox: &SessionBox,
-        io: &mut Io,
-        request: Vec<Bytes>,
-        limits: DecodeLimits,
-        backstop: Duration,
-        cancel: Option<&CancellationToken>,
-    ) -> Result<(Decoded, bool), Broken> {
-        let mut deadline = tokio::time::Instant::now() + backstop;
-        let never = CancellationToken::new();
-        let cancel = cancel.unwrap_or(&never);
-        let late = || Broken::Failed("codebox-init stopped answering".into());
-        let write = async {
-            for part in &request {
-                io.input.write_all(part).await?;
-            }
-            io.input.flush().await
-        };
-        // A stop before the request is written leaves the container as it was.
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return Ok((Decoded::default(), true)),
-            written = tokio::time::timeout_at(deadline, write) => match written {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(self.why_broken(sbox, format!("writing to it failed: {e}")).await),
-                Err(_) => return Err(late()),
-            },
-        }
-        let mut decoder = Decoder::new(limits);
-        let mut stopped = false;
-        let mut again = tokio::time::interval(STOP_REPEAT);
-        loop {
-            tokio::select! {
-                item = io.output.next() => match item {
-                    Some(Ok(crate::engine::Output::Stdout(bytes))) => {
-                        if let Err(e) = decoder.push(&bytes) {
-                            return Err(Broken::Failed(e.to_string()));
-                        }
-                        let d = decoder.decoded();
-                        if d.fatal.is_some() {
-                            let fatal = d.fatal.clone().unwrap_or_default();
-                            return Err(Broken::Failed(format!("codebox-init: {fatal}")));
-                        }
-                        if d.complete {
-                            return Ok((decoder.finish(), stopped));
-                        }
-                    }
-                    // Only codebox-init writes the container's stderr, and only when it
-                    // cannot start; a session's container has started.
-                    Some(Ok(crate::engine::Output::Stderr(_))) => {}
-                    Some(Err(e)) => return Err(self.why_broken(sbox, e.to_string()).await),
-                    None => return Err(self.why_broken(sbox, "its output ended".into()).await),
-                },
-                _ = cancel.cancelled(), if !stopped => {
-                    stopped = true;
-                    again.reset();
-                    if let Err(e) = self.engine.kill_container(&sbox.name, Signal::Term).await {
-                        return Err(Broken::Failed(e.to_string()));
-                    }
-                    deadline = deadline.min(
-                        tokio::time::Instant::now() + INTERRUPT_GRACE + RESTART_GRACE + BACKSTOP_GRACE,
-                    );
-                }
-                _ = again.tick(), if stopped => {
-                    if let Err(e) = self.engine.kill_container(&sbox.name, Signal::Term).await {
-                        return Err(Broken::Failed(e.to_string()));
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline) => return Err(late()),
-            }
-        }
-    }
-
-    /// Why a session's container went away: an out-of-memory kill, or what the engine says.
-    async fn why_broken(&self, sbox: &SessionBox, what: String) -> Broken {
-        let state = tokio::time::timeout(
-            super::stage::WAIT_GRACE,
-            self.engine.inspect_container(&sbox.name),
-        )
-        .await;
-        match state {
-            Ok(Ok(s)) if s.oom_killed => Broken::OutOfMemory,
-            Ok(Ok(s)) if s.exit_code == Some(137) => {
-                let recorded = tokio::time::timeout(
-                    super::stage::OOM_RECORD_GRACE,
-                    self.engine.oom_event(&sbox.name),
-                )
-                .await;
-                if matches!(recorded, Ok(Ok(true))) {
-                    Broken::OutOfMemory
-                } else {
-                    Broken::Failed(format!("{what} (the container exited with code 137)"))
-                }
-            }
-            Ok(Ok(s)) => Broken::Failed(match s.exit_code {
-                Some(code) => format!("{what} (the container exited with code {code})"),
-                None => what,
-            }),
-            _ => Broken::Failed(what),
         }
     }
 
@@ -380,21 +465,22 @@ impl Executor {
             Ok(Err(end)) => Ended::AtCompile(end),
             Ok(Ok(exec)) => {
                 known.stage = Some(Stage::Run);
-                let backstop = exec.check_timeout
-                    + exec.timeout
-                    + exec.interrupt
-                    + RESTART_GRACE
-                    + BACKSTOP_GRACE;
+                let backstop =
+                    SESSION_TIMES.exec_answer(exec.check_timeout, exec.timeout) + BACKSTOP_GRACE;
                 let s = &self.config.sandbox;
                 let limits = DecodeLimits {
                     output: s.output_limit_bytes,
                     content: s.max_output_bytes,
                     entries: super::containers::MAX_OUTPUT_ENTRIES,
                 };
-                match self
-                    .exchange(sbox, exec.encode(), limits, backstop, Some(&cancel))
+                match sbox
+                    .ask(exec.encode(), limits, backstop, Some(&cancel))
                     .await
                 {
+                    Ok(x) if x.closed => {
+                        state = (InterpreterState::Reset, Some(ResetReason::Stopped));
+                        self.session_ended(req, &mut known, x, Done::default())
+                    }
                     Ok(x) => {
                         let done = x.decoded.done.clone().unwrap_or_default();
                         workspace_bytes = done.workspace_bytes;
@@ -512,23 +598,17 @@ impl Executor {
                 max_file_bytes: s.max_output_file_bytes,
             },
             reset: req.session.as_ref().is_some_and(|t| t.reset),
-            interrupt: INTERRUPT_GRACE,
+            interrupt: SESSION_TIMES.interrupt,
             execution_count,
         }))
     }
 
     /// How an execution's frames end the run.
-    fn session_ended(
-        &self,
-        req: &ValidRequest,
-        known: &mut Known,
-        x: Exchange,
-        done: Done,
-    ) -> Ended {
+    fn session_ended(&self, req: &ValidRequest, known: &mut Known, x: Heard, done: Done) -> Ended {
         if let Some(error) = done.error {
             return Ended::Failed(SandboxFailure::Reported(error));
         }
-        let result = StageResult {
+        let result = Answer {
             decoded: x.decoded,
             protocol_error: None,
             stream_error: None,
@@ -578,8 +658,8 @@ impl Executor {
             offset,
             max_bytes,
         };
-        let x = self
-            .exchange(sbox, read.encode(), limits, READ_TIMEOUT, None)
+        let x = sbox
+            .ask(read.encode(), limits, READ_TIMEOUT, None)
             .await
             .map_err(ReadError::Broken)?;
         match x.decoded.done.as_ref().and_then(|d| d.error.clone()) {

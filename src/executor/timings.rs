@@ -3,9 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// A step of a run.
+/// One leg of a run, timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum Leg {
     /// Getting a container: one ready in the pool, or a new one created.
     Acquire,
     /// Attaching to it, and starting it when it was not started ahead of time.
@@ -21,24 +21,24 @@ pub enum Step {
     Remove,
 }
 
-impl Step {
-    pub const ALL: [Step; 6] = [
-        Step::Acquire,
-        Step::Deliver,
-        Step::Compile,
-        Step::Run,
-        Step::Collect,
-        Step::Remove,
+impl Leg {
+    pub const ALL: [Leg; 6] = [
+        Leg::Acquire,
+        Leg::Deliver,
+        Leg::Compile,
+        Leg::Run,
+        Leg::Collect,
+        Leg::Remove,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Step::Acquire => "acquire",
-            Step::Deliver => "deliver",
-            Step::Compile => "compile",
-            Step::Run => "run",
-            Step::Collect => "collect",
-            Step::Remove => "remove",
+            Leg::Acquire => "acquire",
+            Leg::Deliver => "deliver",
+            Leg::Compile => "compile",
+            Leg::Run => "run",
+            Leg::Collect => "collect",
+            Leg::Remove => "remove",
         }
     }
 }
@@ -89,15 +89,15 @@ impl Histogram {
 /// The histograms of every step.
 #[derive(Default)]
 pub struct Timings {
-    steps: [Histogram; Step::ALL.len()],
+    steps: [Histogram; Leg::ALL.len()],
 }
 
 impl Timings {
-    pub fn record(&self, step: Step, d: Duration) {
+    pub fn record(&self, step: Leg, d: Duration) {
         self.steps[step as usize].record(d);
     }
 
-    pub fn get(&self, step: Step) -> &Histogram {
+    pub fn get(&self, step: Leg) -> &Histogram {
         &self.steps[step as usize]
     }
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::executor::timings::{Step, Timings, BUCKETS};
+use crate::executor::timings::{Leg, Timings, BUCKETS};
 use crate::report::RunReport;
 
 use super::Stats;
@@ -300,7 +300,7 @@ impl Metrics {
             "# HELP codebox_phase_seconds Time of each step of a run: acquire (a pooled or new container), deliver (attach, start), compile (the whole compile stage), run (program and output), collect (exit and state), remove (after the report)."
         );
         let _ = writeln!(w, "# TYPE codebox_phase_seconds histogram");
-        for phase in Step::ALL {
+        for phase in Leg::ALL {
             let (buckets, count, sum) = timings.get(phase).snapshot();
             let p = phase.as_str();
             for (i, bound) in BUCKETS.iter().enumerate() {

@@ -1148,6 +1148,58 @@ assert a.fatal == "the session's driver cannot start: the driver did not say rea
 assert a.elapsed < 10, a.elapsed
 EOF
 
+# A driver that cannot be started again: the execution says the interpreter was reset (its
+# state is gone), with driver_exited and the reason, and the next one starts it afresh.
+session_case session-driver-restart-fails <<'EOF'
+s.open(driver=["sh", "-c", "test -e nostart && exit 2; exec python3 /usr/local/lib/codebox-test/driver.py"])
+s.exec(cell="x = 1")
+a = s.exec(cell="open('nostart', 'w').close()\nimport os\nos._exit(3)")
+assert a.state == "reset" and a.reason == "driver_exited", a
+a = s.exec(cell="1")
+assert a.state == "reset" and a.reason == "driver_exited", a
+assert a.error.startswith("cannot start the driver: the driver exited with code 2"), a
+assert s.docker_exec("rm", "/workspace/nostart").returncode == 0
+a = s.exec(cell="'x' in globals()")
+assert a.state == "new" and a.result == b"False", a
+EOF
+
+# A file checked by name and swapped for a FIFO (kept full by a writer) before it is opened:
+# the opened descriptor is checked again, so a read never reads a FIFO, and answers. strace
+# holds each of codebox-init's openat calls for 300 ms, so that the swap lands between the
+# check and the open for about half of the reads.
+HELPER="strace -qq -o /dev/null -e trace=openat -e inject=openat:delay_enter=300000 /usr/local/bin/codebox-init" \
+session_case session-read-swapped-fifo --init <<'EOF'
+s.open(driver=DRIVER)
+a = s.exec(cell="""
+import os, threading, time
+open('f', 'w').write('regular')
+os.mkfifo('p')
+w = os.open('p', os.O_RDWR)
+def fill():
+    while True:
+        os.write(w, b'x' * 65536)
+def swap():
+    while True:
+        open('r.new', 'w').write('regular')
+        os.rename('r.new', 'f')
+        time.sleep(0.2)
+        os.link('p', 'p.new')
+        os.rename('p.new', 'f')
+        time.sleep(0.2)
+threading.Thread(target=fill, daemon=True).start()
+threading.Thread(target=swap, daemon=True).start()
+""")
+assert a.error is None and a.run.code == 0, a
+seen = set()
+for _ in range(20):
+    a = s.read("f", timeout=10)
+    assert a.error is None and len(a.entries) == 1, a
+    (e,) = a.entries
+    seen.add(e.reason)
+    assert (e.reason, a.content) in (("range 7", b"regular"), ("not a regular file", b"")), a
+assert seen == {"range 7", "not a regular file"}, seen
+EOF
+
 # The cell forges a reply on fd 4: the driver broke the protocol and is replaced.
 session_case session-driver-breaks-protocol <<'EOF'
 s.open(driver=DRIVER)

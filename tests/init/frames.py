@@ -431,13 +431,13 @@ class Session:
         out += [record(n, v) for n, v in records]
         return b"".join(out) + b"end 0\n"
 
-    def read(self, path, offset=None, max_bytes=None):
+    def read(self, path, offset=None, max_bytes=None, timeout=ANSWER_TIMEOUT):
         out = [b"read 0\n", record("path", path)]
         if offset is not None:
             out.append(record("offset", str(offset)))
         if max_bytes is not None:
             out.append(record("max_bytes", str(max_bytes)))
-        return self.request(b"".join(out) + b"end 0\n", read=True)
+        return self.request(b"".join(out) + b"end 0\n", read=True, timeout=timeout)
 
     def signal(self, name):
         subprocess.run(["docker", "kill", "--signal", name, self.container], check=True,

@@ -578,3 +578,60 @@ async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further
     assert_eq!(n.stdout, "5\n");
     m.shutdown(Duration::from_secs(30)).await;
 }
+
+/// A stop that comes while a request is being written (a large upload) never cuts it:
+/// `codebox-init` reads it whole and answers, the file is whole or absent, and the session's
+/// next execution answers.
+#[tokio::test]
+async fn a_stop_during_an_upload_leaves_the_session_usable() {
+    let m = docker_manager(|c| c.sandbox.max_files_bytes = 16 << 20, None);
+    let s = m.create_session(open("python")).await.unwrap();
+    let size = 12usize << 20;
+    let big = "x".repeat(size);
+    let upload = |name: &str| {
+        let mut req = exec(&s, "None");
+        req.files = Some(vec![FileInput {
+            path: name.to_string(),
+            content: big.clone(),
+            encoding: None,
+        }]);
+        req
+    };
+    // How long an upload takes here: the stops below are spread over it.
+    let whole = run(&m, upload("first.txt")).await;
+    assert_eq!(whole.status, Status::Succeeded, "{whole:?}");
+    let took = Duration::from_millis(whole.duration_ms.max(8));
+    for attempt in 0..8u32 {
+        let name = format!("big{attempt}.txt");
+        let id = m.submit(upload(&name)).expect("accepted").run_id;
+        for _ in 0..60_000 {
+            if m.report(&id).unwrap().status != Status::Queued {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(took * attempt / 6).await;
+        let stopped = m.stop(&id).await.unwrap();
+        assert!(
+            matches!(stopped.status, Status::Stopped | Status::Succeeded),
+            "{stopped:?}"
+        );
+        let probe =
+            format!("import os\nos.path.getsize({name:?}) if os.path.exists({name:?}) else -1");
+        let after = tokio::time::timeout(Duration::from_secs(60), run(&m, exec(&s, &probe)))
+            .await
+            .unwrap_or_else(|_| panic!("stop {attempt}: the next execution answers within 60 s"));
+        assert_eq!(after.status, Status::Succeeded, "{after:?}");
+        let got = after.result.unwrap_or_default();
+        assert!(
+            got == size.to_string() || got == "-1",
+            "the file is whole or absent, not {got} bytes"
+        );
+    }
+    m.close_session(&s.session_id).unwrap();
+    settle(&m).await;
+    assert!(
+        containers_of(&s).is_empty(),
+        "closed: its container is gone"
+    );
+}

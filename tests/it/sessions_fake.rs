@@ -637,35 +637,117 @@ async fn reading_a_file_while_an_execution_runs_is_answered_at_once() {
     m.shutdown(Duration::from_secs(10)).await;
 }
 
+/// After a stop or a timeout `codebox-init` answers once the interrupt's grace passed, what
+/// the cell left is killed and the driver started again, which may take the driver's whole
+/// start limit: the host waits that long (its deadlines follow from what it told
+/// `codebox-init`), so the execution is `stopped` or `timed_out` and the session goes on.
+#[tokio::test(start_paused = true)]
+async fn a_driver_restart_within_its_start_limit_keeps_the_session_after_a_stop_or_timeout() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    let times = codebox::executor::session::SESSION_TIMES;
+    let restart = times.driver_start - Duration::from_secs(1);
+    fake.script(Behaviour::Slow {
+        after: times.interrupt + Duration::from_secs(2) + restart,
+        then: Box::new(Behaviour::HangHard),
+    });
+    let id = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
+    eventually(10, "the cell was sent", || {
+        fake.session_requests().len() == 1
+    })
+    .await;
+    let r = m.stop(&id).await.unwrap();
+    assert_eq!(r.status, Status::Stopped, "{}", r.message);
+    assert_eq!(
+        state(&r),
+        (1, InterpreterState::Reset, Some(ResetReason::Stopped))
+    );
+    let mut req = cell(&s, "while True: pass");
+    req.limits = Some(LimitsInput {
+        timeout_seconds: Some(1.0),
+        ..Default::default()
+    });
+    let check = Duration::from_secs(30); // at most the language's check limit
+    fake.script(Behaviour::Slow {
+        after: check + Duration::from_secs(1) + times.interrupt + Duration::from_secs(2) + restart,
+        then: Box::new(Behaviour::TimedOut {
+            stdout: String::new(),
+        }),
+    });
+    let id = m.submit(req).unwrap().run_id;
+    let r = m.wait(&id, Duration::from_secs(300)).await.unwrap();
+    assert_eq!(r.status, Status::TimedOut, "{}", r.message);
+    let after = run(&m, cell(&s, "1")).await;
+    assert_eq!(
+        after.status,
+        Status::Succeeded,
+        "the session lives: {}",
+        after.message
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+/// A read whose caller went away before its answer is still read to its end: the next
+/// execution gets its own answer, not the read's frames.
+#[tokio::test(start_paused = true)]
+async fn a_read_whose_caller_went_away_leaves_the_next_execution_its_own_answer() {
+    let fake = Arc::new(FakeEngine::new());
+    let m = fake_manager(&fake, |_| {});
+    let s = m.create_session(open("python")).await.unwrap();
+    fake.slow_reads(Duration::from_secs(5));
+    let gone = tokio::time::timeout(
+        Duration::from_secs(1),
+        m.read_session_file(&s.session_id, "data.txt", 0, None),
+    )
+    .await;
+    assert!(gone.is_err(), "the caller went away before the answer");
+    fake.slow_reads(Duration::ZERO);
+    fake.script(Behaviour::Result("42".into()));
+    let r = run(&m, cell(&s, "6 * 7")).await;
+    assert_eq!(
+        (r.status, r.result.as_deref()),
+        (Status::Succeeded, Some("42")),
+        "{}",
+        r.message
+    );
+    let f = m
+        .read_session_file(&s.session_id, "data.txt", 0, None)
+        .await
+        .expect("the session still reads");
+    assert!(
+        matches!(f, codebox::runs::sessions::SessionFile::File { .. }),
+        "{f:?}"
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+}
+
+/// Closing a session whose cell does not answer removes its container at once: no
+/// interrupt's grace, no driver started again; the execution under way ends `stopped`.
 #[tokio::test(start_paused = true)]
 async fn closing_a_session_with_a_stuck_cell_removes_its_container_at_once() {
     let fake = Arc::new(FakeEngine::new());
     let m = fake_manager(&fake, |_| {});
     let s = m.create_session(open("python")).await.unwrap();
-    // A cell that ignores its interrupt: before, closing went through the interrupt grace and
-    // a driver restart before the container was removed.
-    fake.script(Behaviour::HangHard);
-    let id = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
-    eventually(10, "it runs", || {
-        m.report(&id).unwrap().status == Status::Running
+    fake.script(Behaviour::Slow {
+        after: Duration::from_secs(33),
+        then: Box::new(Behaviour::HangHard),
+    });
+    let running = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
+    eventually(10, "the cell was sent", || {
+        fake.session_requests().len() == 1
     })
     .await;
-    let closed = m.close_session(&s.session_id).unwrap();
-    assert!(closed.closed);
-    // The clock stands still while this task only yields: no grace can pass.
-    for _ in 0..1000 {
-        if fake.live_containers().is_empty() {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(
-        fake.live_containers(),
-        Vec::<String>::new(),
-        "the container waits for the stuck cell's interrupt grace"
-    );
-    let r = m.wait(&id, Duration::from_secs(30)).await.unwrap();
+    m.close_session(&s.session_id).unwrap();
+    eventually(
+        5,
+        "the container is removed at once, not after the interrupt and a driver restart",
+        || fake.live_containers().is_empty(),
+    )
+    .await;
+    let r = m.wait(&running, Duration::from_secs(5)).await.unwrap();
     assert_eq!(r.status, Status::Stopped, "{}", r.message);
+    m.shutdown(Duration::from_secs(10)).await;
 }
 
 #[tokio::test]

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use crate::app::App;
-use crate::executor::timings::Step;
+use crate::executor::timings::Leg;
 use crate::executor::RunRequest;
 use crate::registry::Language;
 use docker::Docker;
@@ -157,12 +157,12 @@ async fn settle(app: &App, lang: &Language, pool: bool) {
     }
 }
 
-/// Step means (ms) between two snapshots of the executor's timings.
+/// Leg means (ms) between two snapshots of the executor's timings.
 fn phases(
     before: &BTreeMap<&'static str, (u64, f64)>,
     after: &BTreeMap<&'static str, (u64, f64)>,
 ) -> String {
-    Step::ALL
+    Leg::ALL
         .iter()
         .filter_map(|p| {
             let (c0, s0) = before.get(p.as_str()).copied().unwrap_or_default();
@@ -180,7 +180,7 @@ fn phases(
 }
 
 fn timings(app: &App) -> BTreeMap<&'static str, (u64, f64)> {
-    Step::ALL
+    Leg::ALL
         .iter()
         .map(|p| {
             let (_, count, sum) = app.executor.timings().get(*p).snapshot();

@@ -172,7 +172,7 @@ pub(super) async fn program(
             send(v);
             (0, false)
         }
-        (Some(_), Behaviour::Syntax(_) | Behaviour::Result(_)) => {
+        (Some(_), Behaviour::Syntax(_) | Behaviour::Result(_) | Behaviour::Slow { .. }) => {
             send(frame(b'!', b"a session's behaviour in a run"));
             (125, false)
         }

@@ -117,6 +117,8 @@ pub(super) async fn serve(
             .push((name.clone(), records.clone()));
         let has = |k: &str| records.iter().any(|(n, _)| n == k);
         if has("read") {
+            let delay = lock(&state).read_delay;
+            tokio::time::sleep(delay).await;
             let mut v = frame(
                 b'F',
                 &["f", "data.txt", "644", "4", "hash", "range 4", ""]
@@ -136,6 +138,14 @@ pub(super) async fn serve(
             let default = st.default.clone();
             st.script.pop_front().unwrap_or(default)
         };
+        let (slow, behaviour) = match behaviour {
+            Behaviour::Slow { after, then } => (after, *then),
+            other => (std::time::Duration::ZERO, other),
+        };
+        let hangs = matches!(behaviour, Behaviour::Hang { .. } | Behaviour::HangHard);
+        if !hangs {
+            tokio::time::sleep(slow).await;
+        }
         let now = if fresh { "new" } else { "kept" };
         let check = |ok: bool, err: &str| {
             let mut v = frame(b'P', b"check");
@@ -209,6 +219,12 @@ pub(super) async fn serve(
                 if !matches!(signals.recv().await, Some(Signal::Term)) {
                     return (137, false);
                 }
+                tokio::time::sleep(slow).await;
+                while let Ok(signal) = signals.try_recv() {
+                    if signal != Signal::Term {
+                        return (137, false);
+                    }
+                }
                 let mut v = frame(
                     b'X',
                     b"phase=run\nend=stopped\nwall_ms=1\ncpu_ms=1\npeak_kb=1024\noom_kills=0\n",
@@ -228,6 +244,7 @@ pub(super) async fn serve(
                 return (137, oom_event);
             }
             Behaviour::Raw(bytes) => send(bytes),
+            Behaviour::Slow { .. } => send(done(now, "")),
             Behaviour::Panic => send(frame(b'!', b"the fake was told to panic")),
         }
         fresh = false;

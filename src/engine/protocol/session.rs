@@ -10,6 +10,42 @@ use super::payload::{argv, outputs_records, record};
 use super::{Collect, Files, ProtocolError, MAGIC};
 use crate::report::{InterpreterState, ResetReason};
 
+/// How long `codebox-init` may take in a session, beyond an execution's own limits: the host
+/// sends these durations (the opening's `timeout_ms`, each cell's `interrupt_ms`) and derives
+/// its own deadlines from the same values, so the two cannot drift apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InitTimes {
+    /// How long a driver may take to say it is ready.
+    pub driver_start: Duration,
+    /// How long an interrupted cell has to answer before its driver is killed.
+    pub interrupt: Duration,
+}
+
+/// How long `codebox-init` goes on killing what a cell left (`KILL_ROUNDS_MS` in
+/// images/base/codebox-init-driver.c).
+pub const KILL_ROUNDS: Duration = Duration::from_secs(2);
+
+impl InitTimes {
+    pub const DEFAULT: InitTimes = InitTimes {
+        driver_start: Duration::from_secs(30),
+        interrupt: Duration::from_secs(2),
+    };
+
+    /// Once a stop reached an execution: the interrupt's grace, the driver and what the cell
+    /// left killed, the driver started again. (A stop during the driver's start before the
+    /// cell is answered once it started: less than this.)
+    pub fn after_stop(&self) -> Duration {
+        self.interrupt + KILL_ROUNDS + self.driver_start
+    }
+
+    /// The longest an execution's answer may take: the driver stopped and started before the
+    /// cell (a reset, or a driver found dead or busy), the check's and the program's limits,
+    /// then [`InitTimes::after_stop`] for a cell that timed out.
+    pub fn exec_answer(&self, check_timeout: Duration, timeout: Duration) -> Duration {
+        KILL_ROUNDS + self.driver_start + check_timeout + timeout + self.after_stop()
+    }
+}
+
 /// The first payload of a session's container.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Open {
@@ -237,6 +273,16 @@ mod tests {
         ] {
             assert!(parse_done(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_kill_rounds_are_those_of_codebox_init() {
+        let c = include_str!("../../../images/base/codebox-init-driver.c");
+        let define = format!("#define KILL_ROUNDS_MS {}", KILL_ROUNDS.as_millis());
+        assert!(
+            c.contains(&define),
+            "codebox-init-driver.c has no `{define}`"
+        );
     }
 
     #[test]

@@ -371,7 +371,7 @@ impl Pool {
         let lifetime = Duration::from_secs(c.pool.idle_seconds)
             + Duration::from_secs_f64(c.limits.max_timeout_seconds)
             + Duration::from_secs(3600);
-        let labels = super::containers::labels(POOL_RUN_LABEL, &i.instance, lifetime);
+        let labels = super::labels::labels(POOL_RUN_LABEL, &i.instance, lifetime);
         let image =
             i.images
                 .resolve(&shape.image)

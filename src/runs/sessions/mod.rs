@@ -238,7 +238,8 @@ impl Table {
             s.ending = Some(reason.clone());
         }
         if matches!(reason, EndReason::Closed | EndReason::ShuttingDown) {
-            s.container.close();
+            // Removed at once: no interrupt's grace, no driver restart.
+            s.container.end_now();
         }
         let message = SessionError::ended(id, &reason).to_string();
         let message = message.trim_start_matches("session_id: ").to_string();
