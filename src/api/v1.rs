@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use super::{from_value, query_pairs, read_body, run_to_end, Api, BodyError};
 use crate::catalog::catalog;
+use crate::contract::ids;
 use crate::executor::RunRequest;
 use crate::mcp::{query_history, HistoryParams, HistoryQueryError, MAX_WAIT_SECONDS};
 use crate::runs::sessions::SessionError;
@@ -292,9 +293,10 @@ pub(super) fn query(raw: Option<&str>, known: &[&str]) -> Result<Vec<(String, St
     Ok(pairs)
 }
 
-/// The run id of the path, or a clear refusal (an id that is not UTF-8 once decoded).
+/// The run id of the path, in either of its forms (a Judge0 token is one), or a clear refusal
+/// (an id that is not UTF-8 once decoded).
 fn run_id(path: Result<Path<String>, PathRejection>) -> Result<String, V1Error> {
-    path.map(|Path(id)| id)
+    path.map(|Path(id)| ids::run_id(&id))
         .map_err(|e| V1Error::invalid("id", format!("not a run id: {e}")))
 }
 

@@ -122,6 +122,32 @@ async fn v1_runs_wait_or_answer_202_and_reports_are_read_and_stopped_by_id() {
     assert_eq!(status, 503, "the fake manager keeps no history: {e}");
 }
 
+/// A run id as a hyphenated UUID, the form a Judge0 token has.
+fn hyphenated(run_id: &str) -> String {
+    uuid::Uuid::parse_str(run_id).unwrap().hyphenated().to_string()
+}
+
+#[tokio::test]
+async fn a_run_is_named_by_its_judge0_token_over_v1() {
+    let s = start(fake_manager(&fake_with_output(), |_| {}), Some(TOKEN)).await;
+    let body = r#"{"language": "javascript", "code": "x", "wait": false}"#;
+    let (status, accepted) = s.send("POST", "/v1/runs", Some(body)).await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    let token = hyphenated(&id);
+    assert_ne!(token, id);
+    for token in [token.clone(), token.to_uppercase()] {
+        let (status, polled) = s
+            .send("GET", &format!("/v1/runs/{token}?wait_seconds=10"), None)
+            .await;
+        assert_eq!(status, 200, "GET /v1/runs/{token}: {polled}");
+        assert_eq!(polled["run_id"], id.as_str());
+    }
+    let (status, stopped) = s.send("DELETE", &format!("/v1/runs/{token}"), None).await;
+    assert_eq!(status, 200, "DELETE /v1/runs/{token}: {stopped}");
+    assert_eq!(stopped["run_id"], id.as_str());
+}
+
 #[tokio::test]
 async fn v1_refusals_name_the_field_and_have_their_status() {
     let s = start(fake_manager(&fake_with_output(), |_| {}), Some(TOKEN)).await;

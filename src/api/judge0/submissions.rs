@@ -10,10 +10,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::render::{render, run_id_of, token_of};
+use super::render::{render, token_of};
 use super::validate::{add, validate, Errors, Valid};
 use super::{refusal, segment, ALL_FIELDS, CODEBOX_STATUS, DEFAULT_FIELDS, MAX_BATCH};
 use crate::api::{query_pairs, read_body, run_to_end, Api, BodyError};
+use crate::contract::ids::run_id_of;
 use crate::report::RunReport;
 use crate::runs::{LookupError, SubmitError};
 
