@@ -132,6 +132,10 @@ impl From<SessionError> for V1Error {
         match e {
             SessionError::Invalid(e) => V1Error::invalid(e.field, e.message),
             SessionError::Unknown { .. } => V1Error::not_found(text),
+            SessionError::NoSuchFile { .. } => V1Error {
+                field: Some("path".into()),
+                ..V1Error::not_found(text)
+            },
             SessionError::Full(_) => {
                 V1Error::new(StatusCode::TOO_MANY_REQUESTS, "sessions_full", text)
             }
@@ -211,6 +215,8 @@ pub fn router(api: Api) -> Router {
             "/sessions/{id}/files/{*path}",
             get(super::sessions::read_file),
         )
+        .route("/sessions/{id}/files", get(super::sessions::list_files))
+        .route("/sessions/{id}/files/", get(super::sessions::list_files))
         .route(
             "/openapi.json",
             get(move || {

@@ -13,15 +13,15 @@ use serde_json::{json, Value};
 use crate::http::BODY_CAP;
 use crate::mcp_support::fake_manager;
 
-const TOKEN: &str = "api-token-0123456789abcdef";
+pub const TOKEN: &str = "api-token-0123456789abcdef";
 
 /// The whole HTTP application (`crate::http::start`) with a client.
-struct Server {
+pub struct Server {
     app: crate::http::Server,
     http: reqwest::Client,
 }
 
-async fn start(manager: RunManager, token: Option<&str>) -> Server {
+pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
     Server {
         app: crate::http::start(manager, token).await,
         http: reqwest::Client::new(),
@@ -33,7 +33,7 @@ impl Server {
         format!("http://{}{path}", self.app.addr)
     }
 
-    async fn send(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
         let mut r = self
             .http
             .request(method.parse().unwrap(), self.url(path))
@@ -60,7 +60,7 @@ fn fake_with_output() -> Arc<FakeEngine> {
 }
 
 /// `{error: {code, field}}` of a `/v1` refusal.
-fn code_and_field(v: &Value) -> (String, Option<String>) {
+pub fn code_and_field(v: &Value) -> (String, Option<String>) {
     (
         v["error"]["code"].as_str().unwrap_or("").to_string(),
         v["error"]["field"].as_str().map(str::to_string),
@@ -367,6 +367,7 @@ async fn every_route_of_the_openapi_document_answers_and_none_is_missing() {
             "GET /v1/openapi.json",
             "GET /v1/runs/{id}",
             "GET /v1/sessions",
+            "GET /v1/sessions/{id}/files",
             "GET /v1/sessions/{id}/files/{path}",
             "POST /v1/runs",
             "POST /v1/sessions",

@@ -13,6 +13,7 @@ mod fuzz_gen;
 mod hardening;
 mod http;
 mod http_api;
+mod http_session_files;
 mod layers;
 mod load_http;
 mod mcp_cli;
