@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::{from_value, query_pairs, read_body, run_to_end, Api, BodyError};
+use super::{from_value, query_pairs, read_body, run_to_end, Api, BodyError, Client};
 use crate::catalog::catalog;
 use crate::contract::ids;
 use crate::executor::RunRequest;
@@ -262,7 +262,11 @@ pub fn parse_run_body(bytes: &[u8]) -> Result<(RunRequest, bool), V1Error> {
     Ok((request, wait))
 }
 
-async fn post_run(State(api): State<Api>, body: Body) -> Result<Response, V1Error> {
+async fn post_run(
+    State(api): State<Api>,
+    client: Client,
+    body: Body,
+) -> Result<Response, V1Error> {
     let bytes = read_body(body, api.max_body).await?;
     let (request, wait) = parse_run_body(&bytes)?;
     let m = api.manager();
@@ -274,7 +278,7 @@ async fn post_run(State(api): State<Api>, body: Body) -> Result<Response, V1Erro
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let report = run_to_end(m, &accepted.run_id).await?;
+    let report = run_to_end(m, &accepted.run_id, &client).await?;
     Ok(Json(report).into_response())
 }
 

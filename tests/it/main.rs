@@ -12,6 +12,7 @@ mod faults;
 mod fuzz_gen;
 mod hardening;
 mod http;
+mod http_abandoned;
 mod http_api;
 mod http_session_files;
 mod layers;
