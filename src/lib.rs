@@ -32,6 +32,8 @@
 //!   crate's own tests turn on, never in the shipped binary), `guard.rs` (removal),
 //!   `posture.rs` (the locked-down spec).
 //! - [`instance`]: this process's identity and liveness lock.
+//! - [`contract`]: what clients may ask (run and session requests, tool parameters, ids) and
+//!   its validation, one for every door; uses none of the machinery.
 //! - [`registry`]: `languages.toml`, raw serde types then validated languages and images.
 //! - [`config`]: operator settings, resolved once and validated: the `Config` struct
 //!   (`mod.rs`), its sections (`sections.rs`, `history.rs` with the PostgreSQL URL and its
@@ -44,6 +46,7 @@ pub mod app;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod contract;
 pub mod engine;
 pub mod executor;
 pub mod history;

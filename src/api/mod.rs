@@ -8,6 +8,7 @@
 //! The transport puts its bearer-token, Host and Origin checks in front of all three; each
 //! module shapes its own refusals the way its clients expect.
 
+pub mod client;
 pub mod judge0;
 pub mod openapi;
 pub mod piston;
@@ -20,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use serde::de::DeserializeOwned;
+
+pub use client::{Client, Peer, PeerHandle};
 
 use crate::catalog::catalog;
 use crate::registry::Language;
@@ -252,12 +255,25 @@ impl Drop for StopOnDrop {
 }
 
 /// Wait for a run's end, however long it takes (its own limits bound it), and stop it if
-/// the caller goes away first.
-pub async fn run_to_end(manager: &RunManager, run_id: &str) -> Result<RunReport, LookupError> {
+/// the client goes away first: seen on its connection ([`Client::gone`]), or when hyper
+/// drops the handler.
+pub async fn run_to_end(
+    manager: &RunManager,
+    run_id: &str,
+    client: &Client,
+) -> Result<RunReport, LookupError> {
     let guard = StopOnDrop::new(manager, run_id);
-    let report = manager.wait_end(run_id).await?;
-    guard.disarm();
-    Ok(report)
+    tokio::select! {
+        report = manager.wait_end(run_id) => {
+            guard.disarm();
+            report
+        }
+        () = client.gone() => {
+            guard.disarm();
+            tracing::info!(run_id, "the HTTP client went away before its run ended; stopping the run");
+            manager.stop(run_id).await
+        }
+    }
 }
 
 #[cfg(test)]

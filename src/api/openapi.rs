@@ -139,6 +139,11 @@ pub fn document(manager: &RunManager) -> Value {
         "description": "The session id that POST /v1/sessions returned.",
         "schema": { "type": "string" },
     });
+    let mut listing_parameters = vec![session_parameter.clone()];
+    listing_parameters.extend(query_parameters::<ReadSessionFileParams>(&[
+        "offset",
+        "max_bytes",
+    ]));
     let mut file_parameters = vec![
         session_parameter.clone(),
         json!({
@@ -290,6 +295,20 @@ pub fn document(manager: &RunManager) -> Value {
                     },
                 },
             },
+            "/v1/sessions/{id}/files": {
+                "get": {
+                    "operationId": "listSessionFiles",
+                    "summary": "The entries of the session's working directory (read_session_file of `.`); also at /v1/sessions/{id}/files/ and /v1/sessions/{id}/files/.",
+                    "parameters": listing_parameters,
+                    "responses": {
+                        "200": response("The working directory (entries).", schema_ref(&file)),
+                        "400": refusal("A number is wrong."),
+                        "401": unauthorized.clone(),
+                        "404": refusal("No such session was ever opened here."),
+                        "409": refusal("The session has ended, or another server holds it."),
+                    },
+                },
+            },
             "/v1/sessions/{id}/files/{path}": {
                 "get": {
                     "operationId": "readSessionFile",
@@ -297,9 +316,9 @@ pub fn document(manager: &RunManager) -> Value {
                     "parameters": file_parameters,
                     "responses": {
                         "200": response("The file (content_base64) or the folder (entries).", schema_ref(&file)),
-                        "400": refusal("The path or a number is wrong, or there is no such file."),
+                        "400": refusal("The path or a number is wrong."),
                         "401": unauthorized.clone(),
-                        "404": refusal("No such session was ever opened here."),
+                        "404": refusal("No such session was ever opened here (not_found), or the session has no such file or folder (not_found, `field`: path)."),
                         "409": refusal("The session has ended, or another server holds it."),
                     },
                 },

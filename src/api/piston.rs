@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::{parse_json, read_body, run_to_end, Api, BodyError};
+use super::{parse_json, read_body, run_to_end, Api, BodyError, Client};
 use crate::executor::{CompileLimitsInput, Encoding, FileInput, LimitsInput, RunRequest};
 use crate::registry::Language;
 use crate::report::{CompileReport, RunReport, Stage, Status};
@@ -339,7 +339,7 @@ fn piston_field(field: &str) -> String {
     }
 }
 
-async fn execute(State(api): State<Api>, body: Body) -> Response {
+async fn execute(State(api): State<Api>, client: Client, body: Body) -> Response {
     let bytes = match read_body(body, api.max_body).await {
         Ok(b) => b,
         Err(e @ BodyError::TooLarge(_)) => {
@@ -383,7 +383,7 @@ async fn execute(State(api): State<Api>, body: Body) -> Response {
         // Piston's requests name no session.
         Err(e @ SubmitError::Session(_)) => return bad(e.to_string()),
     };
-    match run_to_end(m, &accepted.run_id).await {
+    match run_to_end(m, &accepted.run_id, &client).await {
         Ok(report) => Json(response(lang, version_of(&versions, lang), &report)).into_response(),
         Err(e) => refusal(StatusCode::NOT_FOUND, &e.to_string()),
     }

@@ -2,7 +2,8 @@
 //! - `POST /v1/sessions`: `create_session`'s arguments; `200` with the session;
 //! - `GET /v1/sessions`: `list_sessions`; `DELETE /v1/sessions/{id}`: `close_session`;
 //! - `GET /v1/sessions/{id}/files/{path}[?offset=N&max_bytes=N]`: `read_session_file`, the
-//!   bytes in `content_base64`.
+//!   bytes in `content_base64`; `GET /v1/sessions/{id}/files` (or `.../files/`) lists the
+//!   working directory.
 //!
 //! Executions go through `POST /v1/runs` with `session_id`. An ended session is `409
 //! session_ended`, an unknown one `404`, a full server `429 sessions_full` with `Retry-After`.
@@ -65,8 +66,23 @@ pub async fn read_file(
 ) -> Result<Response, V1Error> {
     let Path((id, file)) =
         path.map_err(|e| V1Error::invalid("path", format!("not a session file path: {e}")))?;
+    read(&api, id, &file, raw.as_deref()).await
+}
+
+/// `GET /v1/sessions/{id}/files` and `.../files/`: the working directory's listing (clients
+/// drop the `.` of `.../files/.`).
+pub async fn list_files(
+    State(api): State<Api>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, V1Error> {
+    let id = session_id(path)?;
+    read(&api, id, ".", raw.as_deref()).await
+}
+
+async fn read(api: &Api, id: String, file: &str, raw: Option<&str>) -> Result<Response, V1Error> {
     let (mut offset, mut max_bytes) = (0u64, None);
-    for (k, v) in query(raw.as_deref(), &["offset", "max_bytes"])? {
+    for (k, v) in query(raw, &["offset", "max_bytes"])? {
         let n: u64 = v.trim().parse().map_err(|_| {
             V1Error::invalid(k.clone(), format!("must be a whole number; got `{v}`"))
         })?;
@@ -78,10 +94,10 @@ pub async fn read_file(
     }
     match api
         .manager()
-        .read_session_file(&id, &file, offset, max_bytes)
+        .read_session_file(&id, file, offset, max_bytes)
         .await
     {
         Ok(f) => Ok(Json(SessionFileResult::from_file(f, &id, true).0).into_response()),
-        Err(e) => Err(refused(&api, e).await),
+        Err(e) => Err(refused(api, e).await),
     }
 }

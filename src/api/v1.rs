@@ -21,8 +21,9 @@ use axum::{Json, Router};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::{from_value, query_pairs, read_body, run_to_end, Api, BodyError};
+use super::{from_value, query_pairs, read_body, run_to_end, Api, BodyError, Client};
 use crate::catalog::catalog;
+use crate::contract::ids;
 use crate::executor::RunRequest;
 use crate::mcp::{query_history, HistoryParams, HistoryQueryError, MAX_WAIT_SECONDS};
 use crate::runs::sessions::SessionError;
@@ -131,13 +132,19 @@ impl From<SessionError> for V1Error {
         match e {
             SessionError::Invalid(e) => V1Error::invalid(e.field, e.message),
             SessionError::Unknown { .. } => V1Error::not_found(text),
+            SessionError::NoSuchFile { .. } => V1Error {
+                field: Some("path".into()),
+                ..V1Error::not_found(text)
+            },
             SessionError::Full(_) => {
                 V1Error::new(StatusCode::TOO_MANY_REQUESTS, "sessions_full", text)
             }
             SessionError::Unavailable(_) | SessionError::ShuttingDown => {
                 V1Error::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", text)
             }
-            SessionError::Elsewhere { .. } => V1Error::new(StatusCode::CONFLICT, "conflict", text),
+            SessionError::Elsewhere { .. } | SessionError::Busy { .. } => {
+                V1Error::new(StatusCode::CONFLICT, "conflict", text)
+            }
             _ => V1Error::new(StatusCode::CONFLICT, "session_ended", text),
         }
     }
@@ -210,6 +217,8 @@ pub fn router(api: Api) -> Router {
             "/sessions/{id}/files/{*path}",
             get(super::sessions::read_file),
         )
+        .route("/sessions/{id}/files", get(super::sessions::list_files))
+        .route("/sessions/{id}/files/", get(super::sessions::list_files))
         .route(
             "/openapi.json",
             get(move || {
@@ -255,7 +264,11 @@ pub fn parse_run_body(bytes: &[u8]) -> Result<(RunRequest, bool), V1Error> {
     Ok((request, wait))
 }
 
-async fn post_run(State(api): State<Api>, body: Body) -> Result<Response, V1Error> {
+async fn post_run(
+    State(api): State<Api>,
+    client: Client,
+    body: Body,
+) -> Result<Response, V1Error> {
     let bytes = read_body(body, api.max_body).await?;
     let (request, wait) = parse_run_body(&bytes)?;
     let m = api.manager();
@@ -267,7 +280,7 @@ async fn post_run(State(api): State<Api>, body: Body) -> Result<Response, V1Erro
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let report = run_to_end(m, &accepted.run_id).await?;
+    let report = run_to_end(m, &accepted.run_id, &client).await?;
     Ok(Json(report).into_response())
 }
 
@@ -292,9 +305,10 @@ pub(super) fn query(raw: Option<&str>, known: &[&str]) -> Result<Vec<(String, St
     Ok(pairs)
 }
 
-/// The run id of the path, or a clear refusal (an id that is not UTF-8 once decoded).
+/// The run id of the path, in either of its forms (a Judge0 token is one), or a clear refusal
+/// (an id that is not UTF-8 once decoded).
 fn run_id(path: Result<Path<String>, PathRejection>) -> Result<String, V1Error> {
-    path.map(|Path(id)| id)
+    path.map(|Path(id)| ids::run_id(&id))
         .map_err(|e| V1Error::invalid("id", format!("not a run id: {e}")))
 }
 

@@ -23,6 +23,7 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 
 use crate::catalog::{catalog, Catalog};
+use crate::contract::ids;
 use crate::executor::{RunRequest, SessionRequest};
 use crate::history::{HistoryResult, Query, MAX_QUERY_LIMIT};
 use crate::report::{RunReport, Status};
@@ -193,9 +194,10 @@ impl CodeboxServer {
             ));
         }
         let wait = Duration::from_secs_f64(wait);
+        let run_id = ids::run_id(&p.run_id);
         tokio::select! {
             _ = ct.cancelled() => Err("the call was cancelled".to_string()),
-            r = self.manager.wait(&p.run_id, wait) => r.map(report_result).map_err(|e| e.to_string()),
+            r = self.manager.wait(&run_id, wait) => r.map(report_result).map_err(|e| e.to_string()),
         }
     }
 
@@ -205,7 +207,7 @@ impl CodeboxServer {
         Parameters(p): Parameters<StopRunParams>,
     ) -> Result<CallToolResult, String> {
         self.manager
-            .stop(&p.run_id)
+            .stop(&ids::run_id(&p.run_id))
             .await
             .map(report_result)
             .map_err(|e| e.to_string())

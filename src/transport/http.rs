@@ -440,12 +440,27 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause after a failed accept (e.g. out of file descriptors) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// The stream for hyper, and a [`api::Peer`] on a second descriptor of the same socket
+/// (none when the descriptor cannot be duplicated, e.g. out of descriptors).
+fn watched(
+    stream: tokio::net::TcpStream,
+) -> std::io::Result<(tokio::net::TcpStream, Option<api::Peer>)> {
+    let std = stream.into_std()?;
+    let peer = std
+        .try_clone()
+        .and_then(tokio::net::TcpStream::from_std)
+        .map_err(|e| tracing::debug!(error = %e, "a connection is served without a watch"))
+        .ok()
+        .map(api::Peer::new);
+    Ok((tokio::net::TcpStream::from_std(std)?, peer))
+}
+
 /// Serve HTTP/1.1 connections until `shutdown` resolves, then let the open ones finish.
 ///
 /// Not `axum::serve`, for two settings it does not expose: a client that closes its sending
 /// half after the request (`shutdown(SHUT_WR)`) still gets the answer (hyper's
 /// `half_close`), and headers must arrive within [`HEADER_READ_TIMEOUT`].
-async fn serve_connections(
+pub async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()>,
@@ -465,12 +480,29 @@ async fn serve_connections(
                 }
             },
         };
-        let service = hyper_util::service::TowerToHyperService::new(
-            app.clone()
-                .map_request(|r: hyper::Request<hyper::body::Incoming>| r.map(Body::new)),
-        );
+        // A second descriptor of the socket lets a waiting handler notice its client going
+        // away (`api::client`); without one the request is served all the same.
+        let (stream, peer) = match watched(stream) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot set up a connection");
+                continue;
+            }
+        };
+        let handle = peer.as_ref().map(api::Peer::handle);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone().map_request(
+            move |r: hyper::Request<hyper::body::Incoming>| {
+                let mut r = r.map(Body::new);
+                if let Some(handle) = &handle {
+                    r.extensions_mut().insert(handle.clone());
+                }
+                r
+            },
+        ));
         let mut closing = closing_rx.clone();
         connections.spawn(async move {
+            // The watch lives exactly as long as the connection.
+            let _peer = peer;
             let connection = hyper::server::conn::http1::Builder::new()
                 .half_close(true)
                 .timer(hyper_util::rt::TokioTimer::new())

@@ -10,7 +10,7 @@ use codebox::config::HttpSettings;
 use codebox::engine::fake::FakeEngine;
 use codebox::mcp::CodeboxServer;
 use codebox::runs::RunManager;
-use codebox::transport::http::{resolve_auth, router, Token};
+use codebox::transport::http::{resolve_auth, router, serve_connections, Token};
 use codebox::transport::ServeError;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -23,7 +23,8 @@ use crate::mcp_support::{fake_manager, params};
 const TOKEN: &str = "test-token-0123456789abcdef";
 pub const BODY_CAP: usize = 64 * 1024;
 
-/// The HTTP application on 127.0.0.1, port 0; stopped when dropped.
+/// The HTTP application on 127.0.0.1, port 0, served as `codebox serve` serves it; stopped
+/// when dropped.
 pub struct Server {
     pub addr: SocketAddr,
     stop: CancellationToken,
@@ -50,11 +51,9 @@ pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ct = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { ct.cancelled().await })
-            .await
-    });
+    tokio::spawn(serve_connections(listener, app, async move {
+        ct.cancelled().await
+    }));
     Server { addr, stop }
 }
 

@@ -13,15 +13,15 @@ use serde_json::{json, Value};
 use crate::http::BODY_CAP;
 use crate::mcp_support::fake_manager;
 
-const TOKEN: &str = "api-token-0123456789abcdef";
+pub const TOKEN: &str = "api-token-0123456789abcdef";
 
 /// The whole HTTP application (`crate::http::start`) with a client.
-struct Server {
+pub struct Server {
     app: crate::http::Server,
     http: reqwest::Client,
 }
 
-async fn start(manager: RunManager, token: Option<&str>) -> Server {
+pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
     Server {
         app: crate::http::start(manager, token).await,
         http: reqwest::Client::new(),
@@ -33,7 +33,7 @@ impl Server {
         format!("http://{}{path}", self.app.addr)
     }
 
-    async fn send(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
         let mut r = self
             .http
             .request(method.parse().unwrap(), self.url(path))
@@ -60,7 +60,7 @@ fn fake_with_output() -> Arc<FakeEngine> {
 }
 
 /// `{error: {code, field}}` of a `/v1` refusal.
-fn code_and_field(v: &Value) -> (String, Option<String>) {
+pub fn code_and_field(v: &Value) -> (String, Option<String>) {
     (
         v["error"]["code"].as_str().unwrap_or("").to_string(),
         v["error"]["field"].as_str().map(str::to_string),
@@ -120,6 +120,32 @@ async fn v1_runs_wait_or_answer_202_and_reports_are_read_and_stopped_by_id() {
         .any(|l| l["language"] == "python"));
     let (status, e) = s.send("GET", "/v1/history?limit=5", None).await;
     assert_eq!(status, 503, "the fake manager keeps no history: {e}");
+}
+
+/// A run id as a hyphenated UUID, the form a Judge0 token has.
+fn hyphenated(run_id: &str) -> String {
+    uuid::Uuid::parse_str(run_id).unwrap().hyphenated().to_string()
+}
+
+#[tokio::test]
+async fn a_run_is_named_by_its_judge0_token_over_v1() {
+    let s = start(fake_manager(&fake_with_output(), |_| {}), Some(TOKEN)).await;
+    let body = r#"{"language": "javascript", "code": "x", "wait": false}"#;
+    let (status, accepted) = s.send("POST", "/v1/runs", Some(body)).await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    let token = hyphenated(&id);
+    assert_ne!(token, id);
+    for token in [token.clone(), token.to_uppercase()] {
+        let (status, polled) = s
+            .send("GET", &format!("/v1/runs/{token}?wait_seconds=10"), None)
+            .await;
+        assert_eq!(status, 200, "GET /v1/runs/{token}: {polled}");
+        assert_eq!(polled["run_id"], id.as_str());
+    }
+    let (status, stopped) = s.send("DELETE", &format!("/v1/runs/{token}"), None).await;
+    assert_eq!(status, 200, "DELETE /v1/runs/{token}: {stopped}");
+    assert_eq!(stopped["run_id"], id.as_str());
 }
 
 #[tokio::test]
@@ -341,6 +367,7 @@ async fn every_route_of_the_openapi_document_answers_and_none_is_missing() {
             "GET /v1/openapi.json",
             "GET /v1/runs/{id}",
             "GET /v1/sessions",
+            "GET /v1/sessions/{id}/files",
             "GET /v1/sessions/{id}/files/{path}",
             "POST /v1/runs",
             "POST /v1/sessions",

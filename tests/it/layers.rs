@@ -22,6 +22,7 @@ const LAYERS: &[&str] = &[
     "executor",
     "engine",
     "instance",
+    "contract",
     "registry",
     "config",
     "report",

@@ -378,6 +378,29 @@ async fn an_unknown_run_id_is_a_clear_tool_error() {
 }
 
 #[tokio::test]
+async fn a_run_is_named_by_its_judge0_token_in_get_result_and_stop_run() {
+    let fake = Arc::new(FakeEngine::new());
+    let client = connect(fake_manager(&fake, |_| {})).await;
+    let started = ok(
+        &client,
+        "start_run",
+        json!({"language": "python", "code": "1"}),
+    )
+    .await;
+    let id = started["run_id"].as_str().unwrap().to_string();
+    let token = uuid::Uuid::parse_str(&id).unwrap().hyphenated().to_string();
+    let polled = ok(
+        &client,
+        "get_result",
+        json!({"run_id": token, "wait_seconds": 10}),
+    )
+    .await;
+    assert_eq!(polled["run_id"], id.as_str(), "{polled}");
+    let stopped = ok(&client, "stop_run", json!({"run_id": token.to_uppercase()})).await;
+    assert_eq!(stopped["run_id"], id.as_str(), "{stopped}");
+}
+
+#[tokio::test]
 async fn a_full_queue_is_a_retryable_tool_error() {
     let fake = Arc::new(FakeEngine::new());
     fake.hang_on_start();

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 
 use super::Api;
 use crate::registry::Language;
-pub use render::{judge0_strip, run_id_of, status_of, token_of};
+pub use render::{judge0_strip, status_of, token_of};
 pub use store::{Store, Submission, MAX_STORED_BYTES};
 use submissions::{create, create_batch, show, show_batch};
 

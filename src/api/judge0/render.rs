@@ -54,15 +54,6 @@ pub fn token_of(run_id: &str) -> String {
         .unwrap_or_else(|_| run_id.to_string())
 }
 
-/// The run id a token names: both forms of a UUID are accepted.
-pub fn run_id_of(token: &str) -> Option<String> {
-    let t = token.trim();
-    (t.len() == 32 || t.len() == 36)
-        .then(|| uuid::Uuid::parse_str(t).ok())
-        .flatten()
-        .map(|u| u.simple().to_string())
-}
-
 fn seconds(ms: Option<u64>) -> Value {
     ms.map_or(Value::Null, |ms| {
         json!(format!("{:.3}", ms as f64 / 1000.0))
@@ -268,6 +259,7 @@ mod tests {
 
     #[test]
     fn tokens_are_hyphenated_and_both_forms_name_the_run() {
+        use crate::contract::ids::run_id_of;
         let run = "0123456789abcdef0123456789abcdef";
         let token = token_of(run);
         assert_eq!(token, "01234567-89ab-cdef-0123-456789abcdef");

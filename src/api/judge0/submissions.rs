@@ -10,10 +10,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::render::{render, run_id_of, token_of};
+use super::render::{render, token_of};
 use super::validate::{add, validate, Errors, Valid};
 use super::{refusal, segment, ALL_FIELDS, CODEBOX_STATUS, DEFAULT_FIELDS, MAX_BATCH};
-use crate::api::{query_pairs, read_body, run_to_end, Api, BodyError};
+use crate::api::{query_pairs, read_body, run_to_end, Api, BodyError, Client};
+use crate::contract::ids::run_id_of;
 use crate::report::RunReport;
 use crate::runs::{LookupError, SubmitError};
 
@@ -154,6 +155,7 @@ async fn report_now(api: &Api, run_id: &str) -> Option<RunReport> {
 pub(super) async fn create(
     State(api): State<Api>,
     RawQuery(raw): RawQuery,
+    client: Client,
     body: Body,
 ) -> Response {
     let o = match options(raw.as_deref()) {
@@ -182,7 +184,7 @@ pub(super) async fn create(
         )
             .into_response();
     }
-    let report = match run_to_end(api.manager(), &run_id).await {
+    let report = match run_to_end(api.manager(), &run_id, &client).await {
         Ok(r) => r,
         Err(e) => return refusal(StatusCode::NOT_FOUND, &e.to_string()),
     };

@@ -65,6 +65,9 @@ pub enum SessionError {
     Elsewhere { id: String, owner: String },
     #[error(transparent)]
     Invalid(#[from] RequestError),
+    /// `read_session_file` of a path the working directory does not have.
+    #[error("path: the session's working directory has no file or folder `{path}`")]
+    NoSuchFile { path: String },
     /// Over `sessions.max_sessions` or a memory budget. Retryable.
     #[error("{0}; retry later or close a session")]
     Full(String),

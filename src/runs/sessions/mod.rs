@@ -722,6 +722,11 @@ impl Sessions {
         let read = match read {
             Ok(r) => r,
             Err(ReadError::Refused(why)) => {
+                // codebox-init names the path itself: "a/b.txt: No such file or directory".
+                let why = why.strip_prefix(&format!("{path}: ")).unwrap_or(&why);
+                if why == "No such file or directory" {
+                    return Err(SessionError::NoSuchFile { path });
+                }
                 return Err(RequestError {
                     field: "path".into(),
                     message: format!("`{path}`: {why}"),
