@@ -52,6 +52,7 @@ impl Config {
                     .unwrap_or_default();
                 out.push_str(&format!("\n[{head}]\n"));
                 comment(&mut out, &doc);
+                out.push('\n');
             }
             comment(&mut out, &s.doc);
             let value = head
