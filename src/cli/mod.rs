@@ -58,7 +58,8 @@ pub enum Command {
     /// Run a program file and print its output; the exit status mirrors the program's.
     Run(run::RunArgs),
     /// An interactive session: cells run in one container that keeps files and (for stateful
-    /// languages) variables. Ctrl-C interrupts a cell, Ctrl-D ends the session.
+    /// languages) variables. Prints the session's id first; a cell's stdin is empty (`input()`
+    /// gets end of file). Ctrl-C interrupts a cell, Ctrl-D ends the session.
     Repl(repl::ReplArgs),
     /// List the supported languages.
     Languages {

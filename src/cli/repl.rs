@@ -193,7 +193,11 @@ pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
         "codebox repl: session {} ({}, {}, {} MB)",
         session.session_id,
         session.language,
-        if session.stateful { "state kept" } else { "files kept" },
+        if session.stateful {
+            "state kept"
+        } else {
+            "files kept"
+        },
         session.limits.memory_mb,
     );
     let code = if terminal {

@@ -39,7 +39,8 @@ impl Config {
         let mut out = String::new();
         let mut section = String::new();
         // Top-level settings first: TOML puts every key after a header into that section.
-        let mut ordered: Vec<&Setting> = settings.iter().filter(|s| !s.path.contains('.')).collect();
+        let mut ordered: Vec<&Setting> =
+            settings.iter().filter(|s| !s.path.contains('.')).collect();
         ordered.extend(settings.iter().filter(|s| s.path.contains('.')));
         for s in ordered {
             let (head, key) = s.path.rsplit_once('.').unwrap_or(("", &s.path));
@@ -48,7 +49,11 @@ impl Config {
                 let doc = root["properties"]
                     .get(head)
                     .map(|p| sources::resolve_ref(p, &defs))
-                    .and_then(|p| p.get("description").and_then(|d| d.as_str()).map(str::to_string))
+                    .and_then(|p| {
+                        p.get("description")
+                            .and_then(|d| d.as_str())
+                            .map(str::to_string)
+                    })
                     .unwrap_or_default();
                 out.push_str(&format!("\n[{head}]\n"));
                 comment(&mut out, &doc);

@@ -310,8 +310,12 @@ fn lowering_the_default_memory_alone_is_a_valid_configuration() {
     // Each run's working directory is `sandbox.workspace_mb` at most half the run's memory,
     // so a low default memory needs no second setting.
     for memory in ["64", "6"] {
-        let c = Config::resolve(None, no_env, &[format!("limits.default_memory_mb={memory}")])
-            .unwrap_or_else(|e| panic!("--set limits.default_memory_mb={memory}: {e}"));
+        let c = Config::resolve(
+            None,
+            no_env,
+            &[format!("limits.default_memory_mb={memory}")],
+        )
+        .unwrap_or_else(|e| panic!("--set limits.default_memory_mb={memory}: {e}"));
         assert_eq!(c.limits.default_memory_mb.to_string(), memory);
     }
     let err = Config::resolve(None, no_env, &["sandbox.workspace_mb=0".into()])
@@ -356,6 +360,9 @@ fn the_defaults_file_reads_back_as_the_defaults_and_names_every_setting() {
     let c = Config::from_toml(&examples).unwrap_or_else(|e| panic!("{e}\n{examples}"));
     assert_ne!(c, Config::default());
     for l in text.lines().filter_map(|l| l.strip_prefix("# ")) {
-        assert!(is_setting(l) || l.len() <= 94, "a documentation line is too long: {l}");
+        assert!(
+            is_setting(l) || l.len() <= 94,
+            "a documentation line is too long: {l}"
+        );
     }
 }

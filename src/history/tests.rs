@@ -305,7 +305,15 @@ fn a_session_is_found_by_a_prefix_of_its_id_and_wildcards_are_plain_characters()
     assert_eq!(ids(&mut db, "cbx_c"), ["cbx_cd56"]);
     assert_eq!(ids(&mut db, "cbx_ef"), ["cbx_ef78"]);
     assert_eq!(ids(&mut db, "cbx_ab12"), ["cbx_ab12"]);
-    assert!(ids(&mut db, "CBX_AB").is_empty(), "ids are compared exactly");
+    assert!(
+        ids(&mut db, "CBX_AB").is_empty(),
+        "ids are compared exactly"
+    );
     assert!(ids(&mut db, "cbx%").is_empty() && ids(&mut db, "cbx__b").is_empty());
-    assert_eq!(sessions::ids_starting_with(&mut db, "cbx_", 2).unwrap().len(), 2);
+    assert_eq!(
+        sessions::ids_starting_with(&mut db, "cbx_", 2)
+            .unwrap()
+            .len(),
+        2
+    );
 }

@@ -54,7 +54,10 @@ pub fn locate(
         {
             candidates.push((
                 checkout.join(DEFAULT_REGISTRY_FILE),
-                format!("of the checkout the executable is in ({})", checkout.display()),
+                format!(
+                    "of the checkout the executable is in ({})",
+                    checkout.display()
+                ),
             ));
         }
         if let Some(prefix) = dir.parent() {
@@ -93,8 +96,14 @@ mod tests {
         std::fs::create_dir_all(&cwd).unwrap();
         // Nothing anywhere: the error names every place looked at.
         let err = locate(None, &cwd, Some(&exe)).unwrap_err().to_string();
-        assert!(err.contains(&cwd.join("languages.toml").display().to_string()), "{err}");
-        assert!(err.contains(&checkout.join("languages.toml").display().to_string()), "{err}");
+        assert!(
+            err.contains(&cwd.join("languages.toml").display().to_string()),
+            "{err}"
+        );
+        assert!(
+            err.contains(&checkout.join("languages.toml").display().to_string()),
+            "{err}"
+        );
         assert!(err.contains("CODEBOX_LANGUAGES"), "{err}");
         // The checkout whose target/ holds the executable.
         touch(&checkout.join("languages.toml"));
@@ -120,7 +129,10 @@ mod tests {
         std::fs::create_dir_all(&cwd).unwrap();
         touch(&t.path().join("usr/local/share/codebox/languages.toml"));
         let l = locate(None, &cwd, Some(&exe)).unwrap();
-        assert_eq!(l.path, t.path().join("usr/local/share/codebox/languages.toml"));
+        assert_eq!(
+            l.path,
+            t.path().join("usr/local/share/codebox/languages.toml")
+        );
         // A file beside the executable comes first.
         touch(&t.path().join("usr/local/bin/languages.toml"));
         let l = locate(None, &cwd, Some(&exe)).unwrap();

@@ -476,7 +476,12 @@ fn repl_in(data: &std::path::Path, stdin: &str) -> Output {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run codebox repl");
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
     child.wait_with_output().unwrap()
 }
 
@@ -515,15 +520,24 @@ fn repl_prints_its_session_id_and_history_takes_a_unique_prefix_of_it() {
         let table = text(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         assert_eq!(table.lines().count(), 2, "--session {session}: {table}");
-        assert!(table.contains(&ids[0][..10]), "--session {session}: {table}");
+        assert!(
+            table.contains(&ids[0][..10]),
+            "--session {session}: {table}"
+        );
     }
     // A prefix of both is refused, naming both; an unknown id is an error, not "no runs".
     let out = history("cbx_");
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("2 session ids") && err.contains(&ids[1]), "{err}");
+    assert!(
+        err.contains("2 session ids") && err.contains(&ids[1]),
+        "{err}"
+    );
     let out = history("cbx_nope");
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("no session id starts with `cbx_nope`"), "{err}");
+    assert!(
+        err.contains("no session id starts with `cbx_nope`"),
+        "{err}"
+    );
 }

@@ -357,7 +357,11 @@ fn config_names_the_language_registry_in_use_and_why() {
 #[test]
 fn without_the_setting_the_registry_is_the_current_folders_else_the_executables_own() {
     let first_line = |c: &mut std::process::Command| {
-        let o = c.arg("config").env_remove("CODEBOX_LANGUAGES").output().unwrap();
+        let o = c
+            .arg("config")
+            .env_remove("CODEBOX_LANGUAGES")
+            .output()
+            .unwrap();
         stdout(&o).lines().next().unwrap_or_default().to_string()
     };
     // The binary in this checkout's target/ reads this checkout's file, from any folder.
@@ -378,7 +382,10 @@ fn without_the_setting_the_registry_is_the_current_folders_else_the_executables_
     let line = first_line(codebox_command().current_dir(elsewhere.path()));
     assert_eq!(
         line,
-        format!("# language registry in use: {} (in the current folder)", mine.display())
+        format!(
+            "# language registry in use: {} (in the current folder)",
+            mine.display()
+        )
     );
     // A copy of the binary with no registry of its own does not fall back to the sources it
     // was built from: it says where it looked and what to set.
@@ -396,6 +403,9 @@ fn without_the_setting_the_registry_is_the_current_folders_else_the_executables_
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}{}", stdout(&o));
     assert!(err.contains("no language registry found"), "{err}");
-    assert!(err.contains(&copy.path().join("languages.toml").display().to_string()), "{err}");
+    assert!(
+        err.contains(&copy.path().join("languages.toml").display().to_string()),
+        "{err}"
+    );
     assert!(err.contains("CODEBOX_LANGUAGES"), "{err}");
 }

@@ -121,7 +121,10 @@ async fn the_annotation_table_of_mcp_md_lists_every_tool_as_the_server_announces
             .map(|c| c.trim().split(' ').next().unwrap_or("").to_string())
             .collect();
         let yes = |i: usize| cells[i] == "yes";
-        rows.insert(cells[1].trim_matches('`').to_string(), (yes(2), yes(3), yes(4), yes(5)));
+        rows.insert(
+            cells[1].trim_matches('`').to_string(),
+            (yes(2), yes(3), yes(4), yes(5)),
+        );
     }
     let fake = std::sync::Arc::new(codebox::engine::fake::FakeEngine::new());
     let client = crate::mcp_support::connect(crate::mcp_support::fake_manager(&fake, |_| {})).await;
@@ -153,7 +156,8 @@ fn the_readme_command_list_names_every_command_and_history_session() {
     for c in cli.get_subcommands().filter(|c| c.get_name() != "help") {
         let name = c.get_name();
         assert!(
-            list.lines().any(|l| l.starts_with(&format!("codebox {name}"))),
+            list.lines()
+                .any(|l| l.starts_with(&format!("codebox {name}"))),
             "README.md's command list leaves out `codebox {name}`"
         );
     }
