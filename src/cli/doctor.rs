@@ -90,9 +90,14 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
         }
         writeln!(out, "  {} {what}", if pass { "ok  " } else { "FAIL" })
     };
+    let why = super::registry_file(&app.config)
+        .ok()
+        .filter(|r| r.path == app.registry.path)
+        .map(|r| format!("; {}", r.why))
+        .unwrap_or_default();
     writeln!(
         out,
-        "Language registry: {} ({} languages)",
+        "Language registry: {} ({} languages{why})",
         app.registry.path.display(),
         app.registry.languages.len()
     )?;

@@ -20,7 +20,8 @@ pub struct HistoryArgs {
     /// Only runs of this language (id or alias).
     #[arg(long)]
     pub language: Option<String>,
-    /// Only the executions of this session (its id, `cbx_...`).
+    /// Only the executions of this session: its id (`cbx_...`, as `codebox repl` prints it)
+    /// or a prefix of it that names one session only.
     #[arg(long)]
     pub session: Option<String>,
     /// Print `{"runs": [...]}`, the same object as the `get_execution_history` tool.
@@ -50,13 +51,17 @@ pub async fn history(
     let language = args
         .language
         .map(|l| app.registry.resolve(&l).map_or(l, |lang| lang.id.clone()));
+    let session_id = match args.session {
+        Some(prefix) => Some(session(app, &prefix).await?),
+        None => None,
+    };
     let runs = app
         .history
         .query(Query {
             limit: Some(args.limit),
             status,
             language,
-            session_id: args.session,
+            session_id,
         })
         .await?;
     if args.json {
@@ -114,6 +119,27 @@ pub async fn history(
     }
     super::flush(out)?;
     Ok(0)
+}
+
+/// The one session whose id starts with `prefix`; an error when none or several do.
+async fn session(app: &App, prefix: &str) -> anyhow::Result<String> {
+    let store = app.history.store();
+    if prefix.trim().is_empty() {
+        bail!("--session: give a session id (`cbx_...`) or the start of one");
+    }
+    let ids = app.history.session_ids(prefix, 6).await?;
+    match ids.as_slice() {
+        [] => bail!(
+            "--session: no session id starts with `{prefix}` in {store}; the ids are in `codebox history` (MESSAGE column) and `codebox repl` prints its own"
+        ),
+        [one] => Ok(one.clone()),
+        many => bail!(
+            "--session: `{prefix}` is the start of {} session ids ({}{}); give more of the id",
+            if many.len() > 5 { "more than 5".to_string() } else { many.len().to_string() },
+            many.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
+            if many.len() > 5 { ", ..." } else { "" }
+        ),
+    }
 }
 
 /// Which process holds a run still in flight, as far as this process can tell: its instance

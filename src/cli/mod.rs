@@ -14,7 +14,7 @@ mod serve;
 mod smoke;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
@@ -23,7 +23,7 @@ use crate::app::{App, SHUTDOWN_GRACE};
 use crate::config::Config;
 use crate::engine::docker::DockerEngine;
 use crate::engine::ContainerEngine;
-use crate::registry::{Registry, DEFAULT_REGISTRY_FILE};
+use crate::registry::{locate, Located, Registry};
 
 pub use doctor::doctor;
 pub use history::history;
@@ -58,7 +58,8 @@ pub enum Command {
     /// Run a program file and print its output; the exit status mirrors the program's.
     Run(run::RunArgs),
     /// An interactive session: cells run in one container that keeps files and (for stateful
-    /// languages) variables. Ctrl-C interrupts a cell, Ctrl-D ends the session.
+    /// languages) variables. Prints the session's id first; a cell's stdin is empty (`input()`
+    /// gets end of file). Ctrl-C interrupts a cell, Ctrl-D ends the session.
     Repl(repl::ReplArgs),
     /// List the supported languages.
     Languages {
@@ -89,11 +90,7 @@ pub enum Command {
     /// Measure codebox next to `docker run --rm` (same image, equivalent flags), as ratios.
     Bench(bench::BenchArgs),
     /// Print the effective configuration as a config file, or list every setting.
-    Config {
-        /// List every setting with its file key, `--set` path and variables.
-        #[arg(long)]
-        list: bool,
-    },
+    Config(config::ConfigArgs),
 }
 
 /// The command line, with the run limits' help showing this configuration's defaults and
@@ -111,17 +108,12 @@ pub fn command() -> clap::Command {
     })
 }
 
-/// `languages.toml`: the `languages` setting, else the current folder's, else the one next
-/// to the sources this binary was built from.
-pub(crate) fn registry_path(config: &Config) -> PathBuf {
-    if let Some(p) = &config.languages {
-        return p.clone();
-    }
-    let here = PathBuf::from(DEFAULT_REGISTRY_FILE);
-    if here.exists() {
-        return here;
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_REGISTRY_FILE)
+/// The language registry of this process and why that one: the `languages` setting, else
+/// `languages.toml` in the current folder, else the executable's own (see [`locate`]).
+pub(crate) fn registry_file(config: &Config) -> anyhow::Result<Located> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    let exe = std::env::current_exe().ok();
+    Ok(locate(config.languages.as_deref(), &cwd, exe.as_deref())?)
 }
 
 /// The configuration of this process: the file, then the environment, then the flags (the
@@ -181,7 +173,7 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
 
 /// Build the application on Docker: the one place a concrete engine is chosen.
 pub fn docker_app(config: Config) -> anyhow::Result<App> {
-    let registry = Registry::load(&registry_path(&config))?;
+    let registry = Registry::load(&registry_file(&config)?.path)?;
     let engine: Arc<dyn ContainerEngine> = Arc::new(DockerEngine::connect(&config.docker)?);
     Ok(App::build(config, registry, engine)?)
 }
@@ -189,8 +181,8 @@ pub fn docker_app(config: Config) -> anyhow::Result<App> {
 /// Run the CLI; returns the process exit status.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let config = resolve_config(&cli)?;
-    if let Command::Config { list } = cli.command {
-        return config::print(&config, list, &mut std::io::stdout());
+    if let Command::Config(args) = &cli.command {
+        return config::print(&config, args, &mut std::io::stdout());
     }
     let app = docker_app(config)?;
     let code = dispatch(&app, cli.command).await;
@@ -211,7 +203,7 @@ pub async fn dispatch(app: &App, command: Command) -> anyhow::Result<i32> {
         Command::Serve(args) => serve::serve(app, args).await,
         Command::History(args) => history(app, args, &mut out).await,
         Command::Bench(args) => bench::bench(app, args, &mut out).await,
-        Command::Config { list } => config::print(&app.config, list, &mut out),
+        Command::Config(args) => config::print(&app.config, &args, &mut out),
     }
 }
 

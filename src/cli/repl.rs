@@ -3,6 +3,8 @@
 //! complete one-line statement); with stdin not a terminal the whole input is one cell. Each
 //! cell prints its output, its value, and a one-line status. Ctrl-C interrupts the running
 //! cell (or drops the cell being typed); Ctrl-D closes the session and removes its container.
+//! The session's id is printed first (for `codebox history --session`). A cell's stdin is
+//! empty: the terminal is where cells are typed, so `input()` gets end of file.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
@@ -186,12 +188,21 @@ pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
     let python = session.language == "python";
     let terminal = std::io::stdin().is_terminal();
     let mut lines = stdin_lines();
+    // The id, so that the session's executions can be found: `codebox history --session`.
+    eprintln!(
+        "codebox repl: session {} ({}, {}, {} MB)",
+        session.session_id,
+        session.language,
+        if session.stateful {
+            "state kept"
+        } else {
+            "files kept"
+        },
+        session.limits.memory_mb,
+    );
     let code = if terminal {
         eprintln!(
-            "codebox repl: {} session ({}), {} MB; a cell ends at an empty line{}. Ctrl-C interrupts, Ctrl-D ends.",
-            session.language,
-            if session.stateful { "state kept" } else { "files kept" },
-            session.limits.memory_mb,
+            "A cell ends at an empty line{}. A cell's stdin is empty (input() gets end of file). Ctrl-C interrupts, Ctrl-D ends.",
             if python { " or a complete one-line statement" } else { "" }
         );
         interactive(app, &session, &mut lines, python, args.timeout_seconds).await
@@ -207,6 +218,13 @@ pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
         report.map(|r| super::exit_status(&r))
     };
     let _ = app.runs.close_session(&session.session_id);
+    if terminal {
+        eprintln!(
+            "codebox repl: session {} closed; its executions: codebox history --session {}",
+            session.session_id,
+            session.session_id.get(..12).unwrap_or(&session.session_id)
+        );
+    }
     code
 }
 

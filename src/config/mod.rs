@@ -41,6 +41,7 @@ macro_rules! section {
     };
 }
 
+mod defaults;
 mod docker;
 mod history;
 mod postgres_tls;
@@ -70,11 +71,13 @@ use sources::{collect_settings, env_name, last_key};
 section! {
     /// Everything codebox needs to know from its operator.
     pub struct Config {
-        /// The language registry file; when unset, `languages.toml` in the current folder,
-        /// else the one beside the sources codebox was built from.
+        /// The language registry file. When unset: `languages.toml` in the current folder,
+        /// else the executable's own (beside it, in the checkout whose `target/` holds it, or
+        /// in `../share/codebox/`); `codebox config` and `codebox doctor` say which is used.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub languages: Option<PathBuf> = None,
-        /// Where codebox keeps its state: the history database and instance locks.
+        /// Where codebox keeps its state: the history database and instance locks (default:
+        /// the user's data folder, `~/.local/share/codebox` on Linux).
         pub data_dir: PathBuf = default_data_dir(),
         pub limits: LimitSettings = LimitSettings::default(),
         pub sandbox: SandboxSettings = SandboxSettings::default(),

@@ -83,7 +83,7 @@ section! {
         /// Size of a run's working directory, in MB: a tmpfs holding the source, the
         /// request's files and the compile stage's artifacts, where the program may create
         /// files (filling it gives `ENOSPC`). It is memory: it counts against the run's
-        /// memory limit, and is at most half of it.
+        /// memory limit, and a run gets at most half its memory (32 MB at 64 MB).
         pub workspace_mb: u64 = 64,
         /// Most files under `outputs/` returned with their content.
         pub max_output_files: usize = 32,

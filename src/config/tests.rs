@@ -304,3 +304,65 @@ fn printed_config_reads_back_as_the_same_config() {
         Config::default()
     );
 }
+
+#[test]
+fn lowering_the_default_memory_alone_is_a_valid_configuration() {
+    // Each run's working directory is `sandbox.workspace_mb` at most half the run's memory,
+    // so a low default memory needs no second setting.
+    for memory in ["64", "6"] {
+        let c = Config::resolve(
+            None,
+            no_env,
+            &[format!("limits.default_memory_mb={memory}")],
+        )
+        .unwrap_or_else(|e| panic!("--set limits.default_memory_mb={memory}: {e}"));
+        assert_eq!(c.limits.default_memory_mb.to_string(), memory);
+    }
+    let err = Config::resolve(None, no_env, &["sandbox.workspace_mb=0".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sandbox.workspace_mb"), "{err}");
+}
+
+#[test]
+fn the_defaults_file_reads_back_as_the_defaults_and_names_every_setting() {
+    let text = Config::defaults_toml();
+    assert_eq!(Config::from_toml(&text).unwrap(), Config::default());
+    for s in Config::settings() {
+        let key = s.path.rsplit('.').next().unwrap();
+        assert!(
+            text.lines().any(|l| {
+                let l = l.trim_start_matches("# ");
+                l.starts_with(&format!("{key} = "))
+            }),
+            "defaults_toml leaves out {}",
+            s.path
+        );
+    }
+    // The commented examples are valid values (the history file and URL exclude each other;
+    // the URL's CA file does not exist here).
+    let is_setting = |set: &str| {
+        set.split_once(" = ").is_some_and(|(k, _)| {
+            !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+    };
+    let tls = "?sslmode=verify-full&sslrootcert=/etc/codebox/pg-ca.pem";
+    assert!(text.contains(tls), "{text}");
+    let examples: String = text
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(set) if is_setting(set) && !set.starts_with("path = ") => set,
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace(tls, "");
+    let c = Config::from_toml(&examples).unwrap_or_else(|e| panic!("{e}\n{examples}"));
+    assert_ne!(c, Config::default());
+    for l in text.lines().filter_map(|l| l.strip_prefix("# ")) {
+        assert!(
+            is_setting(l) || l.len() <= 94,
+            "a documentation line is too long: {l}"
+        );
+    }
+}

@@ -76,13 +76,15 @@ impl Config {
                 "must name an OCI runtime registered with the daemon, e.g. runc or runsc",
             ));
         }
-        if s.workspace_mb < 1 || s.workspace_mb * 2 > l.default_memory_mb {
+        // No check against the memory: each run's working directory is this, at most half
+        // the run's memory, so lowering `limits.default_memory_mb` needs no second setting.
+        if s.workspace_mb < 1 || s.workspace_mb > l.max_memory_mb {
             return Err(invalid(
                 "sandbox.workspace_mb",
                 s.workspace_mb,
                 &format!(
-                    "must be between 1 and half of limits.default_memory_mb ({} MB)",
-                    l.default_memory_mb / 2
+                    "must be between 1 and limits.max_memory_mb ({} MB); each run gets at most half its memory",
+                    l.max_memory_mb
                 ),
             ));
         }

@@ -446,6 +446,18 @@ impl History {
         });
     }
 
+    /// The ids of the sessions that start with `prefix`, in order, at most `limit`.
+    pub async fn session_ids(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, HistoryError> {
+        let prefix = prefix.to_string();
+        let limit = limit.min(MAX_QUERY_LIMIT) as i64;
+        self.ask(move |db| sessions::ids_starting_with(db, &prefix, limit))
+            .await
+    }
+
     /// What the store knows of a session this process does not hold.
     pub async fn session(&self, session_id: &str) -> Result<Option<SessionRecord>, HistoryError> {
         let id = session_id.to_string();

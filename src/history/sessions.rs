@@ -71,3 +71,32 @@ pub fn mark_restarted(db: &mut dyn Database, instance: &str, at_ms: i64) -> Resu
         values![instance, at_ms, RESTARTED],
     )
 }
+
+/// The ids of the sessions that start with `prefix` (opened here, or named by a run), in
+/// order, at most `limit`: `codebox history --session` takes a unique prefix.
+pub fn ids_starting_with(
+    db: &mut dyn Database,
+    prefix: &str,
+    limit: i64,
+) -> Result<Vec<String>, DbError> {
+    let mut pattern = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    let rows = db.query(
+        "SELECT id FROM sessions WHERE id LIKE ?1 ESCAPE '\\'
+         UNION SELECT session_id FROM runs WHERE session_id LIKE ?1 ESCAPE '\\'
+         ORDER BY 1 LIMIT ?2",
+        values![pattern, limit],
+    )?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.text(0))
+        // SQLite's LIKE ignores ASCII case; ids are compared exactly.
+        .filter(|id| id.starts_with(prefix))
+        .collect())
+}

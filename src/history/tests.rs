@@ -281,3 +281,39 @@ async fn an_unopenable_database_answers_unavailable_and_drops_writes() {
         "a flush answers even without a database"
     );
 }
+
+#[test]
+fn a_session_is_found_by_a_prefix_of_its_id_and_wildcards_are_plain_characters() {
+    let mut db = sqlite::Sqlite::in_memory().unwrap();
+    schema::migrate(&mut db).unwrap();
+    for id in ["cbx_ab12", "cbx_ab34", "cbx_cd56"] {
+        sessions::opened(
+            &mut db,
+            &SessionOpened {
+                session_id: id.into(),
+                language: "python".into(),
+                instance: "me".into(),
+                created_at_ms: 1,
+            },
+        )
+        .unwrap();
+    }
+    // A run may name a session the sessions table does not hold (another server's).
+    store::insert(&mut db, &new_run("r", "x").in_session("cbx_ef78", 1)).unwrap();
+    let ids = |db: &mut sqlite::Sqlite, p: &str| sessions::ids_starting_with(db, p, 10).unwrap();
+    assert_eq!(ids(&mut db, "cbx_ab"), ["cbx_ab12", "cbx_ab34"]);
+    assert_eq!(ids(&mut db, "cbx_c"), ["cbx_cd56"]);
+    assert_eq!(ids(&mut db, "cbx_ef"), ["cbx_ef78"]);
+    assert_eq!(ids(&mut db, "cbx_ab12"), ["cbx_ab12"]);
+    assert!(
+        ids(&mut db, "CBX_AB").is_empty(),
+        "ids are compared exactly"
+    );
+    assert!(ids(&mut db, "cbx%").is_empty() && ids(&mut db, "cbx__b").is_empty());
+    assert_eq!(
+        sessions::ids_starting_with(&mut db, "cbx_", 2)
+            .unwrap()
+            .len(),
+        2
+    );
+}

@@ -2,6 +2,7 @@
 //! reject unknown fields, then validated types whose errors name the file, the language and
 //! the field.
 
+mod locate;
 mod raw;
 mod source_name;
 mod validate;
@@ -13,6 +14,7 @@ use serde::Deserialize;
 
 use crate::report::Status;
 
+pub use locate::{locate, Located, NotFound};
 pub use source_name::SourceName;
 pub use validate::is_safe_file_name;
 use validate::{is_identifier, is_safe_relative, serde_field, validate_language, IDENT_RULE};
@@ -160,7 +162,7 @@ pub enum RegistryError {
     },
 }
 
-/// File the shipped registry lives in, relative to the project root.
+/// File name of a registry: the shipped one is at the project root.
 pub const DEFAULT_REGISTRY_FILE: &str = "languages.toml";
 
 impl Registry {

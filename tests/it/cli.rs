@@ -463,3 +463,81 @@ fn ctrl_c_interrupts_the_running_cell_of_a_repl() {
     let err = text(&out.stderr);
     assert!(err.contains("[stopped"), "{err}");
 }
+
+/// `codebox repl python` on this data directory with this stdin; its output.
+fn repl_in(data: &std::path::Path, stdin: &str) -> Output {
+    use std::io::Write as _;
+    let mut child = crate::common::codebox_command()
+        .args(["repl", "python"])
+        .env("CODEBOX_DATA_DIR", data)
+        .env_remove("CODEBOX_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run codebox repl");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn repl_prints_its_session_id_and_history_takes_a_unique_prefix_of_it() {
+    let data = tempfile::tempdir().unwrap();
+    let mut ids = Vec::new();
+    for n in [1, 2] {
+        let out = repl_in(data.path(), &format!("print({n})\n"));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        let id = err
+            .split_whitespace()
+            .find(|w| w.starts_with("cbx_"))
+            .unwrap_or_else(|| panic!("codebox repl printed no session id: {err}"))
+            .to_string();
+        ids.push(id);
+    }
+    let history = |session: &str| {
+        crate::common::codebox_command()
+            .args(["history", "--session", session])
+            .env("CODEBOX_DATA_DIR", data.path())
+            .env_remove("CODEBOX_CONFIG")
+            .output()
+            .unwrap()
+    };
+    // The whole id and a unique prefix give that session's execution.
+    let short = &ids[0][..ids[0]
+        .char_indices()
+        .zip(ids[1].chars())
+        .find(|((_, a), b)| a != b)
+        .map(|((i, _), _)| i + 1)
+        .unwrap()];
+    for session in [ids[0].as_str(), short] {
+        let out = history(session);
+        let table = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(table.lines().count(), 2, "--session {session}: {table}");
+        assert!(
+            table.contains(&ids[0][..10]),
+            "--session {session}: {table}"
+        );
+    }
+    // A prefix of both is refused, naming both; an unknown id is an error, not "no runs".
+    let out = history("cbx_");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("2 session ids") && err.contains(&ids[1]),
+        "{err}"
+    );
+    let out = history("cbx_nope");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no session id starts with `cbx_nope`"),
+        "{err}"
+    );
+}

@@ -336,7 +336,7 @@ fn a_run_in_flight_names_its_process_and_a_sigterm_leaves_its_row_final() {
 }
 
 #[test]
-fn config_names_the_language_registry_in_use() {
+fn config_names_the_language_registry_in_use_and_why() {
     let dir = tempfile::tempdir().unwrap();
     let o = codebox_command()
         .arg("config")
@@ -347,6 +347,65 @@ fn config_names_the_language_registry_in_use() {
     let first = stdout(&o).lines().next().unwrap_or_default().to_string();
     assert_eq!(
         first,
-        format!("# language registry in use: {}", registry.display())
+        format!(
+            "# language registry in use: {} (set by `languages`: --languages, CODEBOX_LANGUAGES or the config file)",
+            registry.display()
+        )
     );
+}
+
+#[test]
+fn without_the_setting_the_registry_is_the_current_folders_else_the_executables_own() {
+    let first_line = |c: &mut std::process::Command| {
+        let o = c
+            .arg("config")
+            .env_remove("CODEBOX_LANGUAGES")
+            .output()
+            .unwrap();
+        stdout(&o).lines().next().unwrap_or_default().to_string()
+    };
+    // The binary in this checkout's target/ reads this checkout's file, from any folder.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let root = crate::common::root();
+    let line = first_line(codebox_command().current_dir(elsewhere.path()));
+    assert_eq!(
+        line,
+        format!(
+            "# language registry in use: {} (of the checkout the executable is in ({}))",
+            root.join("languages.toml").display(),
+            root.display()
+        )
+    );
+    // A languages.toml in the current folder comes first.
+    let mine = elsewhere.path().join("languages.toml");
+    std::fs::copy(root.join("languages.toml"), &mine).unwrap();
+    let line = first_line(codebox_command().current_dir(elsewhere.path()));
+    assert_eq!(
+        line,
+        format!(
+            "# language registry in use: {} (in the current folder)",
+            mine.display()
+        )
+    );
+    // A copy of the binary with no registry of its own does not fall back to the sources it
+    // was built from: it says where it looked and what to set.
+    let copy = tempfile::tempdir().unwrap();
+    let exe = copy.path().join("codebox");
+    std::fs::copy(crate::common::codebox_bin(), &exe).unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(&exe)
+        .arg("languages")
+        .env_remove("CODEBOX_LANGUAGES")
+        .env_remove("CODEBOX_CONFIG")
+        .current_dir(empty.path())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}{}", stdout(&o));
+    assert!(err.contains("no language registry found"), "{err}");
+    assert!(
+        err.contains(&copy.path().join("languages.toml").display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("CODEBOX_LANGUAGES"), "{err}");
 }

@@ -81,3 +81,89 @@ fn every_metric_the_docs_name_is_exported() {
     assert!(metrics.contains("codebox_compile_cache_lookups_total"));
     assert!(readme().contains("and the cache's hits and misses"));
 }
+
+/// The text of the first fenced block after `heading` in `doc`.
+fn block_after(doc: &str, heading: &str) -> String {
+    let text = std::fs::read_to_string(root().join(doc)).unwrap();
+    let at = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("{doc} has no `{heading}`"));
+    let rest = &text[at..];
+    let open = rest.find("```").expect("a fenced block");
+    let body = &rest[open..];
+    let body = &body[body.find('\n').unwrap() + 1..];
+    body[..body.find("```").expect("the block ends")].to_string()
+}
+
+#[test]
+fn the_defaults_block_of_mcp_md_is_what_codebox_config_defaults_prints() {
+    let shown = block_after("docs/mcp.md", "Every setting, at its shipped default");
+    let rendered = Config::defaults_toml();
+    assert!(
+        shown == rendered,
+        "docs/mcp.md's defaults block differs from `codebox config --defaults`; replace it with:\n{rendered}"
+    );
+}
+
+#[tokio::test]
+async fn the_annotation_table_of_mcp_md_lists_every_tool_as_the_server_announces_it() {
+    let text = std::fs::read_to_string(root().join("docs/mcp.md")).unwrap();
+    let start = text
+        .find("| tool | read-only | destructive | idempotent | open world |")
+        .expect("docs/mcp.md has the annotation table");
+    let mut rows = std::collections::BTreeMap::new();
+    for line in text[start..].lines().skip(2) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let cells: Vec<String> = line
+            .split('|')
+            .map(|c| c.trim().split(' ').next().unwrap_or("").to_string())
+            .collect();
+        let yes = |i: usize| cells[i] == "yes";
+        rows.insert(
+            cells[1].trim_matches('`').to_string(),
+            (yes(2), yes(3), yes(4), yes(5)),
+        );
+    }
+    let fake = std::sync::Arc::new(codebox::engine::fake::FakeEngine::new());
+    let client = crate::mcp_support::connect(crate::mcp_support::fake_manager(&fake, |_| {})).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let mut announced = std::collections::BTreeMap::new();
+    for t in &tools {
+        let a = t.annotations.clone().expect("annotations");
+        let hint = |h: Option<bool>| h.expect("every hint is given");
+        announced.insert(
+            t.name.to_string(),
+            (
+                hint(a.read_only_hint),
+                hint(a.destructive_hint),
+                hint(a.idempotent_hint),
+                hint(a.open_world_hint),
+            ),
+        );
+    }
+    assert_eq!(
+        rows, announced,
+        "docs/mcp.md's table (read-only, destructive, idempotent, open world) against tools/list"
+    );
+}
+
+#[test]
+fn the_readme_command_list_names_every_command_and_history_session() {
+    let list = block_after("README.md", "After the first run the binary is at");
+    let cli = codebox::cli::command();
+    for c in cli.get_subcommands().filter(|c| c.get_name() != "help") {
+        let name = c.get_name();
+        assert!(
+            list.lines()
+                .any(|l| l.starts_with(&format!("codebox {name}"))),
+            "README.md's command list leaves out `codebox {name}`"
+        );
+    }
+    let history = list
+        .lines()
+        .find(|l| l.starts_with("codebox history"))
+        .unwrap();
+    assert!(history.contains("--session"), "{history}");
+}
