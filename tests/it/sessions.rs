@@ -38,6 +38,30 @@ fn state(r: &RunReport) -> (InterpreterState, Option<ResetReason>) {
     (s.state, s.reset_reason)
 }
 
+/// Removes the containers of the sessions it holds when the test fails before it closed them:
+/// a panicking test's runtime ends before the manager's background removals run.
+#[derive(Default)]
+struct RemovedIfFailed(Vec<String>);
+
+impl RemovedIfFailed {
+    fn hold(&mut self, s: &SessionInfo) {
+        self.0
+            .push(format!("codebox-session-{}", &s.session_id[4..16]));
+    }
+}
+
+impl Drop for RemovedIfFailed {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for name in &self.0 {
+                let _ = std::process::Command::new("docker")
+                    .args(["rm", "-f", name])
+                    .output();
+            }
+        }
+    }
+}
+
 /// The containers of session `s` that still exist (its container is named after a part of
 /// its id).
 fn containers_of(s: &SessionInfo) -> Vec<String> {
@@ -546,7 +570,9 @@ async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further
         });
         r
     };
+    let mut leftovers = RemovedIfFailed::default();
     let py = m.create_session(open("python")).await.unwrap();
+    leftovers.hold(&py);
     run(&m, exec(&py, "pass")).await;
     let r = run(
         &m,
@@ -566,6 +592,7 @@ async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further
         "the cell stopped at the deadline"
     );
     let sh = m.create_session(open("bash")).await.unwrap();
+    leftovers.hold(&sh);
     run(&m, exec(&sh, "n=5")).await;
     let r = run(&m, timeout(&sh, "while :; do sleep 1; done")).await;
     assert_eq!(r.status, Status::TimedOut, "{r:?}");
@@ -585,7 +612,9 @@ async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further
 #[tokio::test]
 async fn a_stop_during_an_upload_leaves_the_session_usable() {
     let m = docker_manager(|c| c.sandbox.max_files_bytes = 16 << 20, None);
+    let mut leftovers = RemovedIfFailed::default();
     let s = m.create_session(open("python")).await.unwrap();
+    leftovers.hold(&s);
     let size = 12usize << 20;
     let big = "x".repeat(size);
     let upload = |name: &str| {
@@ -634,4 +663,54 @@ async fn a_stop_during_an_upload_leaves_the_session_usable() {
         containers_of(&s).is_empty(),
         "closed: its container is gone"
     );
+}
+
+/// Eight shells whose loops time out at once, on a machine this busy: each loop is
+/// interrupted and its shell kept. Defect 14, not fixed yet: about one interrupt in five of a
+/// `while :; do sleep 0.01; done` loop is not acted on by bash within the 2 s grace (alone,
+/// too), so the shell is reset; a repeated SIGINT to the cell's processes did not help.
+#[tokio::test]
+#[ignore = "defect 14 (issue 23): bash does not act on every interrupt of a tight sleep loop"]
+async fn eight_shell_loops_timing_out_at_once_are_interrupted_not_their_shells() {
+    let m = docker_manager(|c| c.runs.max_concurrent_runs = 8, None);
+    let mut shells = Vec::new();
+    let mut leftovers = RemovedIfFailed::default();
+    for _ in 0..8 {
+        let sh = m.create_session(open("bash")).await.unwrap();
+        leftovers.hold(&sh);
+        run(&m, exec(&sh, "n=5")).await;
+        shells.push(sh);
+    }
+    let ids: Vec<String> = shells
+        .iter()
+        .map(|sh| {
+            let mut r = exec(sh, "while :; do sleep 0.01; done");
+            r.limits = Some(LimitsInput {
+                timeout_seconds: Some(2.0),
+                ..Default::default()
+            });
+            m.submit(r).expect("accepted").run_id
+        })
+        .collect();
+    for (id, sh) in ids.iter().zip(&shells) {
+        let r = m.wait(id, Duration::from_secs(120)).await.unwrap();
+        assert_eq!(r.status, Status::TimedOut, "{r:?}");
+        assert_eq!(
+            state(&r),
+            (InterpreterState::Kept, None),
+            "a shell loop is interrupted, not the shell: {r:?}"
+        );
+        let n = run(&m, exec(sh, "echo $n")).await;
+        assert_eq!(n.stdout, "5\n");
+    }
+    for sh in &shells {
+        m.close_session(&sh.session_id).unwrap();
+    }
+    settle(&m).await;
+    for sh in &shells {
+        assert!(
+            containers_of(sh).is_empty(),
+            "closed: its container is gone"
+        );
+    }
 }
