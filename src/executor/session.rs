@@ -23,7 +23,7 @@ use crate::engine::posture::Limits;
 use crate::engine::protocol::session::{Done, Exec, Open, Read, Work};
 use crate::engine::protocol::{Collect, DecodeLimits, Decoded, Decoder, Entry, Files, PhaseName};
 use crate::engine::{InputSink, OutputStream, Signal};
-use crate::executor::ValidRequest;
+use crate::contract::ValidRequest;
 use crate::registry::Language;
 use crate::report::{InterpreterState, ResetReason, RunReport, SessionExecution, Stage, Status};
 

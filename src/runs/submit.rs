@@ -12,9 +12,8 @@ use super::admission::{Refusal, Ticket};
 use super::sessions::SessionError;
 use super::{memory_charge, Live, LiveSession, RunManager, RunState};
 use crate::executor::pool::Pool;
-use crate::executor::{
-    new_run_id, parallelism, Executor, RequestError, RunRequest, SessionTerms, ValidRequest,
-};
+use crate::executor::{new_run_id, parallelism, Executor};
+use crate::contract::{RequestError, RunRequest, SessionTerms, ValidRequest};
 use crate::history::NewRun;
 use crate::report::{RunLimits, SessionExecution, Status};
 

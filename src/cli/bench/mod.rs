@@ -35,7 +35,7 @@ use anyhow::{bail, Context as _};
 
 use crate::app::App;
 use crate::executor::timings::Step;
-use crate::executor::RunRequest;
+use crate::contract::RunRequest;
 use crate::registry::Language;
 use docker::Docker;
 use workloads::Shape;
@@ -126,7 +126,7 @@ async fn codebox_run(
         language: language.to_string(),
         code: code.to_string(),
         files: nonce.map(|n| {
-            vec![crate::executor::FileInput {
+            vec![crate::contract::FileInput {
                 path: "bench-nonce.txt".into(),
                 content: n,
                 encoding: None,

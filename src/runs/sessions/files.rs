@@ -1,13 +1,11 @@
 //! `read_session_file`: a file or a folder of a session's working directory, without running
 //! anything.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use super::{EndReason, SessionError};
+pub use crate::contract::answers::FolderEntry;
 use crate::engine::protocol::{EntryKind, FileEntry};
 use crate::executor::session::{Broken, ReadError};
-use crate::executor::{check_relative_path, RequestError};
+use crate::contract::{check_relative_path, RequestError};
 use crate::runs::RunManager;
 
 /// What `read_session_file` found.
@@ -29,14 +27,6 @@ pub enum SessionFile {
     },
 }
 
-/// One entry of a folder's listing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FolderEntry {
-    pub path: String,
-    /// `file`, `folder` or `link` (a link is never followed).
-    pub kind: String,
-    pub size_bytes: u64,
-}
 
 impl SessionFile {
     fn from_entries(

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::executor::session::SessionBox;
-use crate::executor::RequestError;
+use crate::contract::RequestError;
 use crate::report::{InterpreterState, RunLimits};
 pub use files::{FolderEntry, SessionFile};
 use open::Ready;

@@ -10,7 +10,8 @@ use super::{log_id, new_session_id, OpenSession, SessionError, SessionInfo, SESS
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{Entry, Files};
 use crate::executor::session::{SessionBox, SessionSpec};
-use crate::executor::{SandboxFailure, SessionRequest, ValidSession};
+use crate::executor::SandboxFailure;
+use crate::contract::{SessionRequest, ValidSession};
 use crate::report::InterpreterState;
 use crate::runs::RunManager;
 
