@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
+use crate::contract::session_ceilings;
 use crate::engine::{ContainerEngine, EngineError};
 use crate::images::VERSION_LABEL_PREFIX;
 use crate::registry::Registry;
@@ -56,6 +57,10 @@ pub enum SessionKind {
 pub struct LimitsInfo {
     pub defaults: RunLimits,
     pub ceilings: RunLimits,
+    /// The most a session may ask for (`create_session`): a session holds its memory for its
+    /// whole life, so its memory is also at most what sessions may hold in all
+    /// (`sessions.memory_budget_mb`).
+    pub session_ceilings: RunLimits,
 }
 
 /// Supported languages and limits.
@@ -111,6 +116,7 @@ pub async fn catalog(
         limits: LimitsInfo {
             defaults: config.limits.defaults(),
             ceilings: config.ceilings(),
+            session_ceilings: session_ceilings(config),
         },
     })
 }

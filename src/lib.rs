@@ -9,8 +9,9 @@
 //! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth),
 //!   which read client messages the same way (`jsonrpc`: invalid requests answered with
 //!   their ids).
-//! - [`api`]: the HTTP APIs for programs beside `/mcp`: `/v1` with its OpenAPI document,
-//!   and the Piston v2 and Judge0 CE compatible routes, on the same run manager.
+//! - [`api`]: the HTTP APIs for programs beside `/mcp`: `/v1` (`v1/`: runs, sessions, its
+//!   OpenAPI document, its refusals), and the Piston v2 and Judge0 CE compatible routes, on
+//!   the same run manager; `client.rs` stops a run whose waiting client went away.
 //! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
 //!   run manager for every command.
 //! - [`mcp`]: the ten MCP tools, typed parameters and results, their descriptions written
@@ -24,7 +25,7 @@
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.
-//! - [`executor`]: request validation, the workspace, the two stages, outcomes, and a
+//! - [`executor`]: the workspace, the two stages, outcomes, and a
 //!   session's container (`session.rs`).
 //! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user:
 //!   a local socket, or TCP with TLS trusting only the operator's CA),

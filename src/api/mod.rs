@@ -1,7 +1,7 @@
 //! HTTP APIs for programs that are not MCP clients, served by the HTTP transport beside
 //! `/mcp` on the same run manager (admission, queue, history and metrics are shared: a run is
 //! a run whichever door it came in by):
-//! - [`v1`]: codebox's own JSON API, described by the OpenAPI document of [`openapi`];
+//! - [`v1`]: codebox's own JSON API, with its sessions and its OpenAPI document;
 //! - [`piston`]: Piston v2's `/api/v2/runtimes` and `/api/v2/execute`;
 //! - [`judge0`]: the Judge0 CE 1.13.1 routes its clients use.
 //!
@@ -10,9 +10,7 @@
 
 pub mod client;
 pub mod judge0;
-pub mod openapi;
 pub mod piston;
-pub mod sessions;
 pub mod v1;
 
 use std::collections::BTreeMap;
@@ -298,12 +296,12 @@ mod tests {
     #[test]
     fn serde_messages_name_their_field() {
         let e =
-            parse_json::<crate::executor::RunRequest>(br#"{"language": "python"}"#).unwrap_err();
+            parse_json::<crate::contract::RunRequest>(br#"{"language": "python"}"#).unwrap_err();
         assert!(
             matches!(&e, BodyError::Invalid { field: Some(f), .. } if f == "code"),
             "{e:?}"
         );
-        let e = parse_json::<crate::executor::RunRequest>(
+        let e = parse_json::<crate::contract::RunRequest>(
             br#"{"language": "python", "code": "x", "limits": {"memory_mb": "a lot"}}"#,
         )
         .unwrap_err();
@@ -311,7 +309,7 @@ mod tests {
             matches!(&e, BodyError::Invalid { field: Some(f), .. } if f == "limits.memory_mb"),
             "{e:?}"
         );
-        let e = parse_json::<crate::executor::RunRequest>(b"{").unwrap_err();
+        let e = parse_json::<crate::contract::RunRequest>(b"{").unwrap_err();
         assert!(
             matches!(&e, BodyError::Invalid { field: None, .. }),
             "{e:?}"

@@ -22,7 +22,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::{parse_json, read_body, run_to_end, Api, BodyError, Client};
-use crate::executor::{CompileLimitsInput, Encoding, FileInput, LimitsInput, RunRequest};
+use crate::contract::{CompileLimitsInput, Encoding, FileInput, LimitsInput, RunRequest};
 use crate::registry::Language;
 use crate::report::{CompileReport, RunReport, Stage, Status};
 use crate::runs::SubmitError;

@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail};
 use tokio::sync::mpsc;
 
 use crate::app::App;
-use crate::executor::{LimitsInput, RunRequest, SessionRequest};
+use crate::contract::{LimitsInput, RunRequest, SessionRequest};
 use crate::report::{fmt_num, RunReport, Status};
 use crate::runs::sessions::SessionInfo;
 use crate::runs::SubmitError;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 
 use crate::app::App;
-use crate::executor::{LimitsInput, RunRequest};
+use crate::contract::{LimitsInput, RunRequest};
 use crate::report::{RunReport, Status};
 use crate::runs::SubmitError;
 

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use futures_util::StreamExt;
 
 use crate::app::App;
-use crate::executor::RunRequest;
+use crate::contract::RunRequest;
 use crate::registry::{Expect, Language, Sample};
 use crate::report::{RunReport, Status};
 

@@ -10,7 +10,7 @@ use super::stage::{Answer, Bound};
 use super::{ms, Ended, Executor, Halt, Known, Program, Streams};
 use crate::config::Config;
 use crate::engine::protocol::{Collect, PhaseName};
-use crate::executor::{ValidRequest, ValidTest};
+use crate::contract::{ValidRequest, ValidTest};
 use crate::report::{RunReport, Status, TestReport, TestsSummary, Usage};
 
 /// Case statuses from the most severe: the run's status is the first any case has.

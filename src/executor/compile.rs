@@ -13,7 +13,7 @@ use super::stage::{Answer, Bound};
 use super::{mb, ms, CompileEnd, Executor, Halt, Known, SandboxFailure, Streams};
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{self, Collect, End, Entry, EntryKind, Files, Payload, PhaseName};
-use crate::executor::ValidRequest;
+use crate::contract::ValidRequest;
 use crate::registry::Language;
 use crate::report::{fmt_num, CompileReport, Stage, Status, Usage};
 

@@ -14,7 +14,6 @@
 
 pub mod cache;
 mod cases;
-mod checks;
 mod compile;
 mod containers;
 pub mod exchange;
@@ -24,9 +23,7 @@ pub mod outcome;
 pub mod outputs;
 pub mod pool;
 mod probe;
-pub mod request;
 pub mod session;
-mod session_request;
 pub mod stage;
 pub mod timings;
 
@@ -37,6 +34,7 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::contract::ValidRequest;
 use crate::engine::guard::Cleanup;
 use crate::engine::posture::PostureViolation;
 use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
@@ -45,18 +43,12 @@ use crate::engine::{ContainerEngine, EngineError};
 use crate::report::{fmt_num, CompileReport, FileReport, RunReport, Stage, Status, TestReport};
 use cache::CompileCache;
 pub use cases::parallelism;
-pub use checks::check_relative_path;
 use containers::Want;
 use images::ImageIds;
 pub use labels::labels;
 use outcome::{classify, Outcome, Streams};
 use pool::{run_workspace_mb, Pool};
 pub use probe::ProbeOutput;
-pub use request::{
-    Compare, CompileLimitsInput, Encoding, FileInput, LimitsInput, RequestError, RunRequest,
-    SessionTarget, SessionTerms, TestInput, ValidRequest, ValidTest,
-};
-pub use session_request::{SessionRequest, ValidSession};
 use stage::{Bound, BoundError, Interrupted};
 use timings::{Leg, Timings};
 

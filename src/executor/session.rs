@@ -28,10 +28,10 @@ use super::stage::{Answer, Bound, StageTimes};
 use super::{Ended, Executor, Halt, Known, SandboxFailure, Streams, BACKSTOP_GRACE};
 use crate::engine::guard::ContainerGuard;
 use crate::engine::posture::Limits;
+use crate::contract::ValidRequest;
 use crate::engine::protocol::session::{Done, Exec, InitTimes, Open, Read, Work};
 use crate::engine::protocol::{Collect, DecodeLimits, Decoded, Entry, Files, PhaseName};
 use crate::engine::{Attached, ContainerEngine, InputSink, OutputStream};
-use crate::executor::ValidRequest;
 use crate::registry::Language;
 use crate::report::{InterpreterState, ResetReason, RunReport, SessionExecution, Stage, Status};
 

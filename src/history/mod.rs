@@ -56,7 +56,7 @@ pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
 /// Rows returned when a query sets no limit.
 pub const DEFAULT_QUERY_LIMIT: usize = 20;
 /// Most rows one query returns.
-pub const MAX_QUERY_LIMIT: usize = 1000;
+pub const MAX_QUERY_LIMIT: usize = crate::contract::params::MAX_HISTORY_LIMIT;
 /// How often each instance records that it is alive (and marks the runs of dead ones).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// An instance whose last heartbeat is older than this (by the database's clock), and whose

@@ -6,8 +6,8 @@
 use rmcp::model::ToolAnnotations;
 
 use super::schema::{effective_max_memory_mb, language_ids};
-use super::MAX_WAIT_SECONDS;
-use crate::history::MAX_QUERY_LIMIT;
+use crate::contract::params::{MAX_HISTORY_LIMIT, MAX_WAIT_SECONDS};
+use crate::contract::session_ceilings;
 use crate::report::fmt_num;
 use crate::runs::RunManager;
 
@@ -57,16 +57,19 @@ pub fn descriptions(manager: &RunManager) -> Vec<Described> {
         out = s.output_limit_bytes,
         of = s.max_output_files,
         ob = s.max_output_bytes,
-        cases = crate::executor::request::MAX_TESTS,
+        cases = crate::contract::MAX_TESTS,
         conc = c.runs.max_concurrent_runs,
         queue = c.runs.max_queued_runs,
     );
+    let sc = session_ceilings(c);
     let create_session = format!(
         "Open a session: one container that keeps the files of its working directory between \
          executions and, for stateful languages (list_supported_languages: session), the \
          interpreter's variables, imports and definitions. Run code in it with run_code or \
          start_run and session_id; read its files with read_session_file; end it with \
-         close_session. Memory and CPU are fixed here. It ends after idle_timeout_seconds without \
+         close_session. Memory and CPU are fixed here: limits.memory_mb at most {ceiling} MB \
+         (a session holds it for its whole life), cpus at most {cpus}. It ends after \
+         idle_timeout_seconds without \
          a call (default {idle}, max {max_idle}) or {life} s after creation; then, on an \
          out-of-memory kill (the interpreter restarts, files stay) and on a server restart, \
          state is lost. At most {max} sessions holding {share} MB in all; beyond, it fails at \
@@ -77,6 +80,8 @@ pub fn descriptions(manager: &RunManager) -> Vec<Described> {
         max = ss.max_sessions,
         share = ss.memory_budget_mb(c),
         upload = ss.max_upload_bytes,
+        ceiling = sc.memory_mb,
+        cpus = fmt_num(sc.cpus),
     );
     vec![
         Described {
@@ -123,7 +128,7 @@ pub fn descriptions(manager: &RunManager) -> Vec<Described> {
             name: "get_execution_history",
             description: format!(
                 "Past runs, newest first (status, language, limits, durations, output sizes, code \
-                 sha256 and preview). Filters: limit (1 to {MAX_QUERY_LIMIT}, default 20), status, \
+                 sha256 and preview). Filters: limit (1 to {MAX_HISTORY_LIMIT}, default 20), status, \
                  language, session_id."
             ),
             annotations: hints(true, false, true),

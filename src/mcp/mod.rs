@@ -23,21 +23,20 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 
 use crate::catalog::{catalog, Catalog};
-use crate::contract::ids;
-use crate::executor::{RunRequest, SessionRequest};
-use crate::history::{HistoryResult, Query, MAX_QUERY_LIMIT};
+use crate::contract::answers::SessionFileResult;
+use crate::contract::params::{
+    check_wait, GetResultParams, HistoryParams, ReadSessionFileParams, SessionIdParams,
+    StopRunParams,
+};
+use crate::contract::schema::standard_schema;
+use crate::contract::{ids, RunRequest, SessionRequest};
+use crate::history::{HistoryResult, Query};
 use crate::report::{RunReport, Status};
 use crate::runs::sessions::{Closed, SessionError, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager, SubmitError};
-pub use params::{
-    GetResultParams, HistoryParams, Parameters, ReadSessionFileParams, SessionIdParams,
-    StopRunParams,
-};
-pub use results::{report_result, session_file_result, SessionFileResult, SENT_AS_BLOCK};
-pub use schema::standard_schema;
+pub use params::Parameters;
+pub use results::{report_result, session_file_result};
 
-/// Longest `get_result` long-poll.
-pub const MAX_WAIT_SECONDS: f64 = 60.0;
 /// How often `run_code` reports progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -187,13 +186,7 @@ impl CodeboxServer {
         Parameters(p): Parameters<GetResultParams>,
         ct: tokio_util::sync::CancellationToken,
     ) -> Result<CallToolResult, String> {
-        let wait = p.wait_seconds.unwrap_or(0.0);
-        if !(wait.is_finite() && (0.0..=MAX_WAIT_SECONDS).contains(&wait)) {
-            return Err(format!(
-                "invalid argument wait_seconds: must be between 0 and {MAX_WAIT_SECONDS:.0}; got {wait}"
-            ));
-        }
-        let wait = Duration::from_secs_f64(wait);
+        let wait = check_wait(p.wait_seconds).map_err(|e| format!("invalid argument {e}"))?;
         let run_id = ids::run_id(&p.run_id);
         tokio::select! {
             _ = ct.cancelled() => Err("the call was cancelled".to_string()),
@@ -287,72 +280,23 @@ impl CodeboxServer {
         &self,
         Parameters(p): Parameters<HistoryParams>,
     ) -> Result<Json<HistoryResult>, String> {
-        query_history(&self.manager, p)
+        let f = p
+            .check(self.manager.registry())
+            .map_err(|e| format!("invalid argument {e}"))?;
+        let Some(history) = self.manager.history() else {
+            return Err("history: this server keeps no history".to_string());
+        };
+        history
+            .query(Query {
+                limit: f.limit,
+                status: f.status,
+                language: f.language,
+                session_id: f.session_id,
+            })
             .await
-            .map(Json)
-            .map_err(|e| e.to_string())
+            .map(|runs| Json(HistoryResult { runs }))
+            .map_err(|e| format!("history: {e}"))
     }
-}
-
-/// Why `get_execution_history` (and `GET /v1/history`) cannot answer.
-#[derive(Debug, thiserror::Error)]
-pub enum HistoryQueryError {
-    /// A filter is wrong; `field` names it.
-    #[error("invalid argument {field}: {message}")]
-    Invalid {
-        field: &'static str,
-        message: String,
-    },
-    /// The server keeps no history, or the history database failed.
-    #[error("history: {0}")]
-    Unavailable(String),
-}
-
-/// Past runs, newest first, filtered as `p` says.
-pub async fn query_history(
-    manager: &RunManager,
-    p: HistoryParams,
-) -> Result<HistoryResult, HistoryQueryError> {
-    let invalid = |field, message| HistoryQueryError::Invalid { field, message };
-    let limit = match p.limit {
-        None => None,
-        Some(n) if (1..=MAX_QUERY_LIMIT as i64).contains(&n) => Some(n as usize),
-        Some(n) => {
-            return Err(invalid(
-                "limit",
-                format!("must be between 1 and {MAX_QUERY_LIMIT}; got {n}"),
-            ))
-        }
-    };
-    let status = match p.status.as_deref() {
-        None => None,
-        Some(s) => Some(Status::parse(s).ok_or_else(|| {
-            let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
-            invalid(
-                "status",
-                format!("`{s}` is not a status; use one of {}", all.join(", ")),
-            )
-        })?),
-    };
-    let language = p.language.map(|l| match manager.registry().resolve(&l) {
-        Some(lang) => lang.id.clone(),
-        None => l,
-    });
-    let Some(history) = manager.history() else {
-        return Err(HistoryQueryError::Unavailable(
-            "this server keeps no history".to_string(),
-        ));
-    };
-    history
-        .query(Query {
-            limit,
-            status,
-            language,
-            session_id: p.session_id,
-        })
-        .await
-        .map(|runs| HistoryResult { runs })
-        .map_err(|e| HistoryQueryError::Unavailable(e.to_string()))
 }
 
 #[tool_handler(router = self.tool_router)]

@@ -3,15 +3,11 @@
 
 use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
-use schemars::JsonSchema;
-use serde::Serialize;
 
+use crate::contract::answers::{FileRead, SessionFileResult, SENT_AS_BLOCK};
 use crate::executor::outputs;
 use crate::report::RunReport;
-use crate::runs::sessions::{FolderEntry, SessionFile};
-
-/// `omitted_reason` of a file whose bytes travel as a content block of the same result.
-pub const SENT_AS_BLOCK: &str = "sent as a content block";
+use crate::runs::sessions::SessionFile;
 
 /// A run report as a tool result. Each file's bytes travel once: a returned image is an image
 /// block, any other returned file an embedded resource whose URI ends with its path, in the
@@ -64,90 +60,37 @@ fn resource(uri: String, mime_type: &str, base64_data: String) -> ContentBlock {
     })
 }
 
-/// What `read_session_file` answers (beside the content block).
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-pub struct SessionFileResult {
-    /// Relative to the working directory.
-    pub path: String,
-    /// A file's whole size; null for a folder.
-    pub size_bytes: Option<u64>,
-    pub mime_type: Option<String>,
-    /// SHA-256 of the whole file, lowercase hex.
-    pub sha256: Option<String>,
-    /// The bytes read, base64; null when they travel as a content block (`omitted_reason`).
-    pub content_base64: Option<String>,
-    pub omitted_reason: Option<String>,
-    /// Where the bytes read start, and how many there are.
-    pub offset: Option<u64>,
-    pub returned_bytes: Option<u64>,
-    /// A folder's entries (one level, by name); null for a file.
-    pub entries: Option<Vec<FolderEntry>>,
-}
-
-impl SessionFileResult {
-    /// The structured answer, and the content block the bytes travel in (`with_bytes`: keep
-    /// them in `content_base64` instead, as `/v1` does).
-    pub fn from_file(
-        f: SessionFile,
-        session_id: &str,
-        with_bytes: bool,
-    ) -> (Self, Option<ContentBlock>) {
-        match f {
-            SessionFile::Folder { path, entries } => (
-                SessionFileResult {
-                    path,
-                    size_bytes: None,
-                    mime_type: None,
-                    sha256: None,
-                    content_base64: None,
-                    omitted_reason: None,
-                    offset: None,
-                    returned_bytes: None,
-                    entries: Some(entries),
-                },
-                None,
-            ),
-            SessionFile::File {
-                path,
-                size_bytes,
-                sha256,
-                offset,
-                content,
-            } => {
-                let mime = outputs::mime_type(&path, &content).to_string();
-                let data = base64::engine::general_purpose::STANDARD.encode(&content);
-                let whole_image = offset == 0 && content.len() as u64 == size_bytes;
-                let block = if with_bytes {
-                    None
-                } else if outputs::is_image(&mime) && whole_image {
-                    Some(ContentBlock::image(data.clone(), mime.clone()))
-                } else {
-                    let uri = format!("codebox://sessions/{session_id}/{path}");
-                    Some(resource(uri, &mime, data.clone()))
-                };
-                let sent = block.is_some();
-                (
-                    SessionFileResult {
-                        path,
-                        size_bytes: Some(size_bytes),
-                        mime_type: Some(mime),
-                        sha256: Some(sha256),
-                        content_base64: (!sent).then_some(data),
-                        omitted_reason: sent.then(|| SENT_AS_BLOCK.to_string()),
-                        offset: Some(offset),
-                        returned_bytes: Some(content.len() as u64),
-                        entries: None,
-                    },
-                    block,
-                )
-            }
-        }
-    }
-}
-
-/// `read_session_file`'s tool result.
+/// `read_session_file`'s tool result: the answer, and the bytes read as a content block (an
+/// image block for a whole image, else an embedded resource).
 pub fn session_file_result(f: SessionFile, session_id: &str) -> CallToolResult {
-    let (structured, block) = SessionFileResult::from_file(f, session_id, false);
+    let (structured, block) = match f {
+        SessionFile::Folder { path, entries } => (SessionFileResult::folder(path, entries), None),
+        SessionFile::File {
+            path,
+            size_bytes,
+            sha256,
+            offset,
+            content,
+        } => {
+            let mime = outputs::mime_type(&path, &content);
+            let data = base64::engine::general_purpose::STANDARD.encode(&content);
+            let whole_image = offset == 0 && content.len() as u64 == size_bytes;
+            let block = if outputs::is_image(mime) && whole_image {
+                ContentBlock::image(data, mime)
+            } else {
+                let uri = format!("codebox://sessions/{session_id}/{path}");
+                resource(uri, mime, data)
+            };
+            let read = FileRead {
+                path: &path,
+                size_bytes,
+                sha256: &sha256,
+                offset,
+                content: &content,
+            };
+            (SessionFileResult::file(read, mime, true), Some(block))
+        }
+    };
     let text = serde_json::to_string(&structured).unwrap_or_default();
     let mut content = vec![ContentBlock::text(text)];
     content.extend(block);

@@ -4,53 +4,6 @@
 use crate::report::fmt_num;
 use crate::runs::RunManager;
 
-/// Formats JSON Schema defines; schemars also writes its own (`uint64`, `double`...), which
-/// strict validators (the official TypeScript SDK's) warn about on every call.
-const STANDARD_FORMATS: &[&str] = &[
-    "date-time",
-    "date",
-    "time",
-    "duration",
-    "email",
-    "idn-email",
-    "hostname",
-    "idn-hostname",
-    "ipv4",
-    "ipv6",
-    "uri",
-    "uri-reference",
-    "iri",
-    "iri-reference",
-    "uuid",
-    "uri-template",
-    "json-pointer",
-    "relative-json-pointer",
-    "regex",
-];
-
-/// A schema with only standard keywords' values: non-standard `format`s removed.
-pub fn standard_schema(schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObject {
-    fn clean(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(o) => {
-                let odd = matches!(o.get("format"), Some(serde_json::Value::String(f)) if !STANDARD_FORMATS.contains(&f.as_str()));
-                if odd {
-                    o.remove("format");
-                }
-                o.values_mut().for_each(clean);
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(clean),
-            _ => {}
-        }
-    }
-    let mut v = serde_json::Value::Object(schema.clone());
-    clean(&mut v);
-    match v {
-        serde_json::Value::Object(o) => o,
-        _ => schema.clone(),
-    }
-}
-
 /// The ids of the languages the server runs, sorted.
 pub fn language_ids(manager: &RunManager) -> Vec<&str> {
     manager
@@ -109,7 +62,7 @@ pub fn run_schema(
         format!(
             "Wall clock; default {}, at least {}, at most {}.",
             fmt_num(d.timeout_seconds),
-            fmt_num(crate::executor::request::MIN_TIMEOUT_SECONDS),
+            fmt_num(crate::contract::MIN_TIMEOUT_SECONDS),
             fmt_num(m.timeout_seconds)
         ),
     );

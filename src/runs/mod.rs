@@ -45,10 +45,10 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::config::Config;
 use crate::executor::pool::{Change, Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
-use crate::executor::{
-    new_run_id, parallelism, Executor, RequestError, RunRequest, SessionRequest, SessionTerms,
-    ValidRequest,
+use crate::contract::{
+    RequestError, RunRequest, SessionRequest, SessionTerms, ValidRequest,
 };
+use crate::executor::{new_run_id, parallelism, Executor};
 use crate::history::{now_ms, History, NewRun};
 use crate::registry::Registry;
 use crate::report::{InterpreterState, RunReport, SessionExecution, Status};

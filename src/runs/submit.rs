@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::sessions::ends::SessionError;
-use crate::executor::RequestError;
+use crate::contract::RequestError;
 use crate::report::{RunLimits, Status};
 
 /// A run accepted by [`RunManager::submit`].

@@ -3,7 +3,8 @@
 
 use codebox::config::Config;
 use codebox::engine::docker::DockerEngine;
-use codebox::executor::{Encoding, Executor, FileInput, ValidRequest};
+use codebox::executor::Executor;
+use codebox::contract::{Encoding, FileInput, ValidRequest};
 use codebox::report::{Stage, Status};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;

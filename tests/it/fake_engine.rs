@@ -9,7 +9,8 @@ use codebox::config::Config;
 use codebox::engine::fake::{exited, Behaviour, FakeEngine, Step};
 use codebox::engine::protocol::{frame, EntryKind};
 use codebox::engine::{ContainerEngine, Signal};
-use codebox::executor::{new_run_id, Executor, FileInput, LimitsInput, RunRequest, ValidRequest};
+use codebox::executor::{new_run_id, Executor};
+use codebox::contract::{FileInput, LimitsInput, RunRequest, ValidRequest};
 use codebox::report::{Stage, Status};
 use tokio_util::sync::CancellationToken;
 
@@ -717,7 +718,7 @@ fn bad_base64_file_content_is_rejected() {
         files: Some(vec![FileInput {
             path: "x.bin".into(),
             content: "not base64!".into(),
-            encoding: Some(codebox::executor::Encoding::Base64),
+            encoding: Some(codebox::contract::Encoding::Base64),
         }]),
         ..request("python", "print(1)")
     };
@@ -787,7 +788,7 @@ async fn a_stopped_run_with_tests_creates_no_container_for_cases_not_started() {
     let fake = Arc::new(FakeEngine::new());
     fake.hang_on_start();
     let tests: Vec<_> = (0..10)
-        .map(|i| codebox::executor::TestInput {
+        .map(|i| codebox::contract::TestInput {
             name: Some(format!("case {i}")),
             ..Default::default()
         })

@@ -2,7 +2,7 @@
 //! not already covered by `docker_runs.rs`. Only loopback is ever addressed.
 
 use codebox::config::Config;
-use codebox::executor::{FileInput, RunRequest, ValidRequest};
+use codebox::contract::{FileInput, RunRequest, ValidRequest};
 use codebox::report::{Stage, Status};
 use std::process::Command;
 

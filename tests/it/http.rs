@@ -174,7 +174,7 @@ async fn an_oversized_body_is_refused_with_413() {
 async fn healthz_needs_no_token_and_metrics_do() {
     let fake = Arc::new(FakeEngine::new());
     let m = fake_manager(&fake, |_| {});
-    let id = m.submit(codebox::executor::RunRequest {
+    let id = m.submit(codebox::contract::RunRequest {
         language: "python".into(),
         code: "print(1)".into(),
         ..Default::default()

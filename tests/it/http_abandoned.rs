@@ -13,7 +13,7 @@ use codebox::history::Query;
 use codebox::mcp::CodeboxServer;
 use codebox::report::Status;
 use codebox::runs::RunManager;
-use codebox::executor::RunRequest;
+use codebox::contract::RunRequest;
 use codebox::transport::http::{router, serve_connections};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -844,3 +844,35 @@ fn base64_encode(text: &str) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
+
+#[tokio::test]
+async fn a_session_over_the_sessions_memory_share_is_invalid_argument_naming_the_ceiling() {
+    let fake = Arc::new(FakeEngine::new());
+    let s = start(fake_manager(&fake, |_| {}), Some(TOKEN)).await;
+    let body = r#"{"language": "python", "limits": {"memory_mb": 5000}}"#;
+    let (status, e) = s.send("POST", "/v1/sessions", Some(body)).await;
+    assert_eq!(
+        (status, code_and_field(&e)),
+        (
+            400,
+            (
+                "invalid_argument".to_string(),
+                Some("limits.memory_mb".to_string())
+            )
+        ),
+        "over sessions.memory_budget_mb (4096 MB) a session can never open: {e}"
+    );
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("4096 MB"),
+        "{e}"
+    );
+    let (_, doc) = s.send("GET", "/v1/openapi.json", None).await;
+    let limits = doc["components"]["schemas"]["SessionRequest"]["properties"]["limits"]
+        ["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(limits.contains("4096"), "the OpenAPI document states the ceiling: {limits}");
+    let (_, catalog) = s.send("GET", "/v1/languages", None).await;
+    assert_eq!(catalog["limits"]["session_ceilings"]["memory_mb"], 4096, "{catalog}");
+}

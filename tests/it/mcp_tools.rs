@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use codebox::engine::fake::FakeEngine;
-use codebox::mcp::MAX_WAIT_SECONDS;
+use codebox::contract::params::MAX_WAIT_SECONDS;
 use codebox::report::{RunReport, Status};
 use rmcp::model::{CallToolRequestParams, ClientRequest, Request};
 use rmcp::service::PeerRequestOptions;
@@ -678,7 +678,7 @@ async fn each_returned_file_travels_once_as_a_block_in_the_order_of_files() {
         assert_eq!(f.content_base64, None, "{} is sent twice", f.path);
         assert_eq!(
             f.omitted_reason.as_deref(),
-            Some(codebox::mcp::SENT_AS_BLOCK)
+            Some(codebox::contract::answers::SENT_AS_BLOCK)
         );
     }
     // The text is the structured report, and the blocks follow it in the order of `files`.
@@ -761,4 +761,28 @@ async fn outputs_not_listed_are_named_over_mcp_too() {
     let summary = crate::mcp_support::text(&res);
     assert!(summary.contains(MANY_REASON), "{summary}");
     settle(&m).await;
+}
+
+#[tokio::test]
+async fn a_session_over_the_sessions_memory_share_is_an_invalid_argument_naming_the_ceiling() {
+    let fake = Arc::new(FakeEngine::new());
+    let client = connect(fake_manager(&fake, |_| {})).await;
+    let msg = tool_error(
+        &client,
+        "create_session",
+        json!({"language": "python", "limits": {"memory_mb": 5000}}),
+    )
+    .await;
+    assert!(
+        msg.contains("invalid argument limits.memory_mb") && msg.contains("4096 MB"),
+        "{msg}"
+    );
+    assert!(!msg.contains("retry"), "it is not worth retrying: {msg}");
+    let tools = client.list_all_tools().await.unwrap();
+    let d = tools
+        .iter()
+        .find(|t| t.name == "create_session")
+        .and_then(|t| t.description.as_deref())
+        .unwrap_or_default();
+    assert!(d.contains("memory_mb at most 4096 MB"), "{d}");
 }

@@ -67,7 +67,7 @@ async fn other_limits_update_a_ready_container_of_the_same_image() {
     eventually(10, "ready", || idle(&m) == 1).await;
     let name = fake.specs()[0].name.clone();
     let mut req = py("print(1)");
-    req.limits = Some(codebox::executor::LimitsInput {
+    req.limits = Some(codebox::contract::LimitsInput {
         memory_mb: Some(1024.0),
         cpus: Some(0.5),
         ..Default::default()

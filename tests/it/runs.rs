@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use codebox::engine::fake::{Behaviour, FakeEngine};
-use codebox::executor::{LimitsInput, RunRequest};
+use codebox::contract::{LimitsInput, RunRequest};
 use codebox::history::Query;
 use codebox::report::RunReport;
 use codebox::report::Status;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use codebox::executor::{FileInput, LimitsInput, RunRequest, SessionRequest};
+use codebox::contract::{FileInput, LimitsInput, RunRequest, SessionRequest};
 use codebox::report::{InterpreterState, ResetReason, RunReport, Status};
 use codebox::runs::sessions::{SessionFile, SessionInfo};
 use codebox::runs::RunManager;

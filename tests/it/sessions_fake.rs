@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use codebox::engine::fake::{exited, Behaviour, FakeEngine};
-use codebox::executor::{LimitsInput, RunRequest, SessionRequest};
+use codebox::contract::{LimitsInput, RunRequest, SessionRequest};
 use codebox::report::{InterpreterState, ResetReason, Status};
 use codebox::runs::sessions::{SessionError, SessionInfo};
 use codebox::runs::{RunManager, SubmitError};
@@ -458,7 +458,7 @@ async fn a_session_opened_ahead_of_time_serves_one_create_session_and_is_replace
     );
     // With files (or other limits) a session gets a container of its own.
     let with_files = SessionRequest {
-        files: Some(vec![codebox::executor::FileInput {
+        files: Some(vec![codebox::contract::FileInput {
             path: "a.txt".into(),
             content: "x".into(),
             encoding: None,

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::store::Submission;
 use crate::api::Api;
-use crate::executor::{LimitsInput, RunRequest};
+use crate::contract::{LimitsInput, RunRequest};
 
 /// Judge0's longest `compiler_options` and `command_line_arguments`.
 const MAX_OPTION_CHARS: usize = 512;

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use crate::app::App;
+use crate::contract::RunRequest;
 use crate::executor::timings::Leg;
-use crate::executor::RunRequest;
 use crate::registry::Language;
 use docker::Docker;
 use workloads::Shape;
@@ -126,7 +126,7 @@ async fn codebox_run(
         language: language.to_string(),
         code: code.to_string(),
         files: nonce.map(|n| {
-            vec![crate::executor::FileInput {
+            vec![crate::contract::FileInput {
                 path: "bench-nonce.txt".into(),
                 content: n,
                 encoding: None,

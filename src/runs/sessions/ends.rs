@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::executor::RequestError;
+use crate::contract::RequestError;
 use crate::report::{InterpreterState, RunLimits};
 
 /// How often sessions are checked for their idle timeout and lifetime.

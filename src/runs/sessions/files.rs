@@ -1,12 +1,10 @@
 //! `read_session_file`: a file or a folder of a session's working directory, without running
 //! anything.
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use super::ends::SessionError;
 use crate::engine::protocol::{EntryKind, FileEntry};
-use crate::executor::RequestError;
+use crate::contract::RequestError;
+pub use crate::contract::answers::FolderEntry;
 
 /// What `read_session_file` found.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,14 +25,6 @@ pub enum SessionFile {
     },
 }
 
-/// One entry of a folder's listing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FolderEntry {
-    pub path: String,
-    /// `file`, `folder` or `link` (a link is never followed).
-    pub kind: String,
-    pub size_bytes: u64,
-}
 
 impl SessionFile {
     pub(super) fn from_entries(

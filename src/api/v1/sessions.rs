@@ -14,10 +14,12 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::v1::{query, V1Error};
-use super::{from_value, read_body, Api};
-use crate::executor::SessionRequest;
-use crate::mcp::SessionFileResult;
+use super::error::{query, V1Error};
+use crate::api::{from_value, read_body, Api};
+use crate::contract::SessionRequest;
+use crate::contract::answers::{FileRead, SessionFileResult};
+use crate::executor::outputs;
+use crate::runs::sessions::SessionFile;
 use crate::runs::sessions::SessionError;
 
 /// A session error, told better where the history knows more.
@@ -97,7 +99,30 @@ async fn read(api: &Api, id: String, file: &str, raw: Option<&str>) -> Result<Re
         .read_session_file(&id, file, offset, max_bytes)
         .await
     {
-        Ok(f) => Ok(Json(SessionFileResult::from_file(f, &id, true).0).into_response()),
+        Ok(f) => Ok(Json(answer(f)).into_response()),
         Err(e) => Err(refused(api, e).await),
+    }
+}
+
+/// The answer of `/v1`: the bytes read travel in `content_base64`.
+fn answer(f: SessionFile) -> SessionFileResult {
+    match f {
+        SessionFile::Folder { path, entries } => SessionFileResult::folder(path, entries),
+        SessionFile::File {
+            path,
+            size_bytes,
+            sha256,
+            offset,
+            content,
+        } => {
+            let read = FileRead {
+                path: &path,
+                size_bytes,
+                sha256: &sha256,
+                offset,
+                content: &content,
+            };
+            SessionFileResult::file(read, outputs::mime_type(&path, &content), false)
+        }
     }
 }

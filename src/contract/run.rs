@@ -1,51 +1,18 @@
 //! A run request as a client sends it, and its validation. Everything is checked here, before
 //! Docker is touched; every error names the field and the allowed range.
 
-use base64::Engine as _;
 use bytes::Bytes;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::checks::{
-    check_args, check_path, check_stdin, limit, lower_compile_limits, reject, resolve_language,
+    check_args, check_stdin, reject, resolve_language, RequestError, MIN_TIMEOUT_SECONDS,
 };
+use super::files::{check_files, FileInput};
+use super::limits::{check_limits, LimitsInput};
 use crate::config::Config;
 use crate::registry::{Language, Registry};
-use crate::report::RunLimits;
-
-/// Encoding of a file's `content`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Encoding {
-    #[default]
-    Utf8,
-    Base64,
-}
-
-/// An extra file placed in the workspace next to the source file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FileInput {
-    /// Relative path inside the workspace (e.g. `data/input.csv`); no `..`, not absolute.
-    pub path: String,
-    /// File content, as text or base64.
-    pub content: String,
-    /// `utf8` (default) or `base64`.
-    #[serde(default)]
-    pub encoding: Option<Encoding>,
-}
-
-/// Limits a client may ask for; anything left out takes the operator's default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsInput {
-    /// Memory limit in MB (whole number).
-    pub memory_mb: Option<f64>,
-    /// Wall-clock limit of the run stage in seconds.
-    pub timeout_seconds: Option<f64>,
-    /// CPU quota in cores (may be fractional, e.g. 0.5).
-    pub cpus: Option<f64>,
-}
+use crate::report::{fmt_num, RunLimits};
 
 /// One test case of a run: its own stdin and arguments, and what it should print.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -108,10 +75,6 @@ pub struct CompileLimitsInput {
 /// Most test cases in one request.
 pub const MAX_TESTS: usize = 64;
 
-/// The shortest wall-clock limit a request may ask for. `codebox-init` counts whole
-/// milliseconds and reads 0 as "no deadline", so a shorter limit would not be enforced (the
-/// protocol fuzzer found that a 0.0004 s limit let a 3 s program finish).
-pub const MIN_TIMEOUT_SECONDS: f64 = 0.001;
 
 /// What a client asks to run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -197,13 +160,6 @@ pub struct ValidRequest {
     pub session: Option<SessionTarget>,
 }
 
-/// A rejected request: which field, and why.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct RequestError {
-    pub field: String,
-    pub message: String,
-}
 
 impl ValidRequest {
     /// Validate a request against the registry and the operator's limits.
@@ -283,7 +239,7 @@ impl ValidRequest {
         Ok(valid)
     }
 
-    pub(super) fn checked(
+    fn checked(
         req: RunRequest,
         language: &Language,
         config: &Config,
@@ -351,107 +307,22 @@ impl ValidRequest {
                 expected_stdout: t.expected_stdout,
             });
         }
-        let raw_files = req.files.unwrap_or_default();
-        if raw_files.len() > s.max_files {
-            return reject(
-                "files",
-                format!(
-                    "has {} files; the maximum is {}",
-                    raw_files.len(),
-                    s.max_files
-                ),
-            );
-        }
-        let mut files: Vec<(String, Bytes)> = Vec::new();
-        let mut total = 0usize;
-        for (i, f) in raw_files.into_iter().enumerate() {
-            let field = format!("files[{i}].path");
-            // A stateful session has no source file to clash with.
-            let source = match session {
-                Some(_) if language.is_stateful() => "",
-                _ => language.source_file.as_str(),
-            };
-            let path = check_path(&field, &f.path, source)?;
-            if files.iter().any(|(p, _)| *p == path) {
-                return reject(field, format!("`{path}` appears twice"));
-            }
-            // A file may not be both a file and a directory of another file.
-            if files.iter().any(|(p, _)| {
-                p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/"))
-            }) {
-                return reject(
-                    field,
-                    format!("`{path}` clashes with another file's directory"),
-                );
-            }
-            let content = match f.encoding.unwrap_or_default() {
-                Encoding::Utf8 => f.content.into_bytes(),
-                Encoding::Base64 => base64::engine::general_purpose::STANDARD
-                    .decode(f.content.trim())
-                    .map_err(|e| RequestError {
-                        field: format!("files[{i}].content"),
-                        message: format!("is not valid base64: {e}"),
-                    })?,
-            };
-            total += content.len();
-            let max_total = session.map_or(s.max_files_bytes, |t| t.max_upload_bytes);
-            if total > max_total {
-                return reject(
-                    "files",
-                    format!("total {total}+ bytes; the maximum is {max_total} bytes"),
-                );
-            }
-            files.push((path, Bytes::from(content)));
-        }
-        let l = req.limits.unwrap_or_default();
-        let (mut d, c) = (config.limits.defaults(), config.ceilings());
-        if let Some(t) = session {
-            d = t.limits;
-        }
-        let memory = limit(
-            "limits.memory_mb",
-            l.memory_mb,
-            d.memory_mb as f64,
-            c.memory_mb as f64,
-            "memory",
-            "MB",
-        )?;
-        if memory.fract() != 0.0 {
-            return reject(
-                "limits.memory_mb",
-                format!("must be a whole number of MB; requested {memory}"),
-            );
-        }
-        if memory < 6.0 {
-            return reject(
-                "limits.memory_mb",
-                format!("requested {memory} MB; the minimum is 6 MB"),
-            );
-        }
-        let timeout = limit(
-            "limits.timeout_seconds",
-            l.timeout_seconds,
-            d.timeout_seconds,
-            c.timeout_seconds,
-            "wall-clock time",
-            "s",
-        )?;
-        if timeout < MIN_TIMEOUT_SECONDS {
-            return reject(
-                "limits.timeout_seconds",
-                format!("requested {timeout} s; the minimum is {MIN_TIMEOUT_SECONDS} s"),
-            );
-        }
-        let cpus = limit("limits.cpus", l.cpus, d.cpus, c.cpus, "CPU", "cpus")?;
-        if cpus < 0.01 {
-            return reject(
-                "limits.cpus",
-                format!("requested {cpus} cpus; the minimum is 0.01"),
-            );
-        }
+        // A stateful session has no source file to clash with.
+        let source = match session {
+            Some(_) if language.is_stateful() => "",
+            _ => language.source_file.as_str(),
+        };
+        let max_total = session.map_or(s.max_files_bytes, |t| t.max_upload_bytes);
+        let files = check_files(req.files, source, max_total, config)?;
+        let (d, c) = match session {
+            Some(t) => (t.limits, config.ceilings()),
+            None => (config.limits.defaults(), config.ceilings()),
+        };
+        let limits = check_limits(req.limits, d, c)?;
+        let memory = limits.memory_mb;
         // The source and files must fit the working directory (a tmpfs within the memory).
         // A session's own working directory is checked by its container (ENOSPC).
-        let workspace_mb = config.sandbox.workspace_mb.min(memory as u64 / 2).max(1);
+        let workspace_mb = config.sandbox.workspace_mb.min(memory / 2).max(1);
         let needed = req.code.len() + files.iter().map(|(_, c)| c.len()).sum::<usize>();
         if session.is_none() && needed as u64 > workspace_mb * 1024 * 1024 {
             return reject(
@@ -467,16 +338,54 @@ impl ValidRequest {
             stdin,
             args,
             files,
-            limits: RunLimits {
-                memory_mb: memory as u64,
-                timeout_seconds: timeout,
-                cpus,
-            },
+            limits,
             tests: valid_tests,
             compare: req.compare.unwrap_or_default(),
             session: None,
         })
     }
+}
+
+/// Apply a caller's lower compile-stage limits: each at most the operator's, never above.
+fn lower_compile_limits(
+    language: &mut Language,
+    lower: CompileLimitsInput,
+) -> Result<(), RequestError> {
+    let l = &mut language.compile_limits;
+    if let Some(t) = lower.timeout_seconds {
+        if !(t.is_finite() && t >= MIN_TIMEOUT_SECONDS) {
+            return reject(
+                "compile_limits.timeout_seconds",
+                format!("must be at least {MIN_TIMEOUT_SECONDS} s; requested {t}"),
+            );
+        }
+        if t > l.timeout_seconds {
+            return reject(
+                "compile_limits.timeout_seconds",
+                format!(
+                    "requested {} s; the compile stage of {} may take at most {} s",
+                    fmt_num(t),
+                    language.id,
+                    fmt_num(l.timeout_seconds)
+                ),
+            );
+        }
+        l.timeout_seconds = t;
+    }
+    if let Some(m) = lower.memory_mb {
+        if m < 6 || m > l.memory_mb {
+            return reject(
+                "compile_limits.memory_mb",
+                format!(
+                    "requested {m} MB; the compile stage of {} may use 6 to {} MB",
+                    language.id, l.memory_mb
+                ),
+            );
+        }
+        l.memory_mb = m;
+        l.workspace_mb = l.workspace_mb.min(m / 2).max(1);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,15 +6,17 @@ use schemars::generate::SchemaSettings;
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
-use super::v1::{ErrorBody, RETRY_AFTER_SECONDS};
+use super::error::{ErrorBody, RETRY_AFTER_SECONDS};
 use crate::catalog::Catalog;
-use crate::executor::{RunRequest, SessionRequest};
+use crate::contract::{RunRequest, SessionRequest};
 use crate::history::HistoryResult;
-use crate::mcp::{
-    standard_schema, GetResultParams, HistoryParams, ReadSessionFileParams, SessionFileResult,
-    MAX_WAIT_SECONDS,
+use crate::contract::answers::SessionFileResult;
+use crate::contract::params::{
+    GetResultParams, HistoryParams, ReadSessionFileParams, MAX_WAIT_SECONDS,
 };
-use crate::report::RunReport;
+use crate::contract::schema::standard_schema;
+use crate::contract::session_ceilings;
+use crate::report::{fmt_num, RunReport};
 use crate::runs::sessions::{Closed, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager};
 
@@ -121,6 +123,20 @@ pub fn document(manager: &RunManager) -> Value {
         );
     }
     body["description"] = json!("run_code's arguments, and `wait`.");
+    // A session's limits hold for its whole life: its ceilings, with this server's numbers.
+    let sc = session_ceilings(manager.config());
+    if let Some(limits) = schemas
+        .get_mut(&session_request)
+        .and_then(|s| s.pointer_mut("/properties/limits"))
+    {
+        let said = limits["description"].as_str().unwrap_or_default().to_string();
+        limits["description"] = json!(format!(
+            "{said} On this server: memory_mb at most {} MB (sessions.memory_budget_mb bounds it too), timeout_seconds at most {}, cpus at most {}.",
+            sc.memory_mb,
+            fmt_num(sc.timeout_seconds),
+            fmt_num(sc.cpus)
+        ));
+    }
     schemas.insert("RunBody".into(), body);
     for schema in schemas.values_mut() {
         if let Value::Object(o) = schema {

@@ -1,0 +1,105 @@
+//! A request to open a session, and its validation as itself: its language, its files (with
+//! the session's upload cap) and its limits, which hold for the session's whole life and so
+//! must fit what sessions may hold.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::checks::{limit, reject, resolve_language, RequestError};
+use super::files::{check_files, FileInput};
+use super::limits::{check_limits, LimitsInput};
+use crate::config::Config;
+use crate::registry::{Language, Registry};
+use crate::report::RunLimits;
+
+/// What a client asks for to open a session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// Language id or alias (see `list_supported_languages`).
+    pub language: String,
+    /// Memory and CPU for the session's whole life (memory at most the sessions' ceiling:
+    /// `list_supported_languages`' `limits.session_ceilings`); `timeout_seconds` is each
+    /// execution's default timeout.
+    #[serde(default)]
+    pub limits: Option<LimitsInput>,
+    /// Files placed in the session's working directory; they stay.
+    #[serde(default)]
+    pub files: Option<Vec<FileInput>>,
+    /// End the session after this many seconds without a call naming it.
+    #[serde(default)]
+    pub idle_timeout_seconds: Option<f64>,
+}
+
+/// A session request that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidSession {
+    pub language: Language,
+    pub limits: RunLimits,
+    pub files: Vec<(String, Bytes)>,
+    pub idle_timeout: Duration,
+}
+
+/// The most one session may ask for: a run's ceilings, with memory also within what all
+/// sessions together may hold (`sessions.memory_budget_mb`), since a session holds its memory
+/// for its whole life.
+pub fn session_ceilings(config: &Config) -> RunLimits {
+    let mut c = config.ceilings();
+    c.memory_mb = c.memory_mb.min(config.sessions.memory_budget_mb(config));
+    c
+}
+
+impl ValidSession {
+    pub fn new(
+        req: SessionRequest,
+        registry: &Registry,
+        config: &Config,
+    ) -> Result<ValidSession, RequestError> {
+        let ss = &config.sessions;
+        let idle = limit(
+            "idle_timeout_seconds",
+            req.idle_timeout_seconds,
+            ss.idle_timeout_seconds as f64,
+            ss.max_idle_timeout_seconds as f64,
+            "idle time",
+            "s",
+        )?;
+        if idle < 1.0 {
+            return reject(
+                "idle_timeout_seconds",
+                format!("requested {idle} s; the minimum is 1 s"),
+            );
+        }
+        let language = resolve_language(registry, &req.language)?;
+        // A stateful session has no source file for a file to clash with.
+        let source = if language.is_stateful() {
+            ""
+        } else {
+            language.source_file.as_str()
+        };
+        let files = check_files(req.files, source, ss.max_upload_bytes, config)?;
+        let ceilings = session_ceilings(config);
+        let limits = check_limits(req.limits, config.limits.defaults(), ceilings).map_err(|e| {
+            if e.field == "limits.memory_mb" && e.message.contains("the maximum is") {
+                RequestError {
+                    message: format!(
+                        "{}: a session holds its memory for its whole life, and sessions may hold {} MB in all (sessions.memory_budget_mb)",
+                        e.message, ceilings.memory_mb
+                    ),
+                    ..e
+                }
+            } else {
+                e
+            }
+        })?;
+        Ok(ValidSession {
+            language: language.clone(),
+            limits,
+            files,
+            idle_timeout: Duration::from_secs_f64(idle),
+        })
+    }
+}
