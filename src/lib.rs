@@ -2,44 +2,37 @@
 //! locked-down Docker containers and reports precisely what happened.
 //!
 //! # Layout
-//! Top to bottom; a module uses only modules below it (a test in `tests/it/layers.rs` keeps
-//! it so).
-//! - [`cli`]: the `codebox` commands, one file each; with `main.rs` the only place that uses
-//!   clap and anyhow, and the only place that picks Docker as the engine.
-//! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth),
-//!   which read client messages the same way (`jsonrpc`: invalid requests answered with
-//!   their ids).
-//! - [`api`]: the HTTP APIs for programs beside `/mcp`: `/v1` (`v1/`: runs, sessions, its
-//!   OpenAPI document, its refusals), and the Piston v2 and Judge0 CE compatible routes, on
-//!   the same run manager; `client.rs` stops a run whose waiting client went away.
+//! One line per folder, top to bottom: a module uses only modules below it (a test in
+//! `tests/it/layers.rs` keeps it so), and no file imports a file that imports it back.
+//! - [`cli`]: the `codebox` commands, one file each (`bench/`: codebox beside `docker run`);
+//!   with `main.rs` the only place that uses clap and anyhow, and that picks Docker.
+//! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth).
+//! - [`api`]: the HTTP APIs for programs: `v1/` (runs, sessions, OpenAPI, refusals), Piston
+//!   v2, `judge0/` (Judge0 CE); `client.rs` stops a run whose waiting client went away.
 //! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
 //!   run manager for every command.
-//! - [`mcp`]: the ten MCP tools, typed parameters and results, their descriptions written
-//!   from the running configuration.
-//! - [`runs`]: the run manager (admission queue, concurrency cap, memory budget, stop,
-//!   retention), sessions (`sessions/`: their lifetimes, ends and budget), and metrics.
-//! - [`history`]: the run history on its own thread (`actor.rs`: the commands, bounded by
-//!   count and bytes, and the thread), in SQLite or a shared PostgreSQL (over TLS as libpq's
-//!   `sslmode` says, `pg_tls.rs`) behind one seam, with one list of migrations and the
-//!   instances' heartbeats.
+//! - [`mcp`]: the ten MCP tools, their results and descriptions from the running config.
+//! - [`runs`]: the run manager, whole in `mod.rs` (ids, queue, stop, retention, lookup),
+//!   with `admission.rs`, which alone owns the budget (runs, the pool, sessions).
+//! - `runs/sessions/`: sessions, a room of their own: `Sessions` owns the table, its lock and
+//!   every verb (create, execute, read, list, close, expire, keep ready); `ends.rs` their
+//!   names, ends and errors; it reaches the run manager only through the `Host` trait.
+//! - [`history`]: the run history on its own thread, in SQLite or a shared PostgreSQL.
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.
-//! - [`executor`]: the workspace, the two stages, outcomes, and a
-//!   session's container (`session.rs`).
-//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user:
-//!   a local socket, or TCP with TLS trusting only the operator's CA),
-//!   `fake.rs` (records specs, fails on demand; only with the `testing` feature, which the
-//!   crate's own tests turn on, never in the shipped binary), `guard.rs` (removal),
-//!   `posture.rs` (the locked-down spec).
+//! - [`executor`]: the workspace, the two stages, outcomes, a session's container
+//!   (`session.rs`), and `exchange.rs`, the one client of codebox-init's protocol that
+//!   one-shot stages and session executions share; `pool/` keeps containers ready.
+//! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user),
+//!   `fake.rs` and `fake/` (only with the `testing` feature), `guard.rs` (each container's
+//!   one owner, which removes it on every path), `posture.rs` (the locked-down spec),
+//!   `protocol/` (codebox-init's records and frames).
 //! - [`instance`]: this process's identity and liveness lock.
 //! - [`contract`]: what clients may ask (run and session requests, tool parameters, ids) and
 //!   its validation, one for every door; uses none of the machinery.
 //! - [`registry`]: `languages.toml`, raw serde types then validated languages and images.
-//! - [`config`]: operator settings, resolved once and validated: the `Config` struct
-//!   (`mod.rs`), its sections (`sections.rs`, `history.rs` with the PostgreSQL URL and its
-//!   TLS parameters in `postgres_tls.rs`, `docker.rs`), where values come from
-//!   (`sources.rs`: file, environment, `--set`) and `validate.rs`.
+//! - [`config`]: operator settings, resolved once and validated, one struct per section.
 //! - [`report`]: the run report, one shape everywhere.
 
 pub mod api;
