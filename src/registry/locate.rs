@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::DEFAULT_REGISTRY_FILE;
+/// File name of a registry: the shipped one is at the project root.
+pub const DEFAULT_REGISTRY_FILE: &str = "languages.toml";
 
 /// The registry file chosen, and why that one, as a phrase (`in the current folder`) (for `codebox config` and `codebox doctor`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use crate::report::Status;
 
-pub use locate::{locate, Located, NotFound};
+pub use locate::{locate, Located, NotFound, DEFAULT_REGISTRY_FILE};
 pub use source_name::SourceName;
 pub use validate::is_safe_file_name;
 use validate::{is_identifier, is_safe_relative, serde_field, validate_language, IDENT_RULE};
@@ -161,9 +161,6 @@ pub enum RegistryError {
         message: String,
     },
 }
-
-/// File name of a registry: the shipped one is at the project root.
-pub const DEFAULT_REGISTRY_FILE: &str = "languages.toml";
 
 impl Registry {
     /// Read and validate a registry file.
