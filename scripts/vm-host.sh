@@ -24,7 +24,7 @@ cache=${CODEBOX_VM_CACHE:-/var/cache/codebox-vm}
 suite=focused
 command=
 print_key=
-timeout_s=${CODEBOX_VM_TIMEOUT:-1500}
+timeout_s=${CODEBOX_VM_TIMEOUT:-3600}
 while [ $# -gt 0 ]; do
   case "$1" in
     --clean) rm -rf "$cache"; echo "vm-host: removed $cache"; exit 0 ;;
@@ -180,7 +180,7 @@ set -e
 for i in $(seq 120); do docker info >/dev/null 2>&1 && break; sleep 1; done
 echo "docker up at uptime $(cut -d' ' -f1 /proc/uptime)"
 start=$(date +%s)
-docker load -i /payload/images.tar
+docker load -q -i /payload/images.tar
 echo "docker load took $(( $(date +%s) - start )) s"
 docker info --format 'cgroup {{.CgroupVersion}} driver {{.CgroupDriver}} security {{.SecurityOptions}}'
 EOF
@@ -210,6 +210,12 @@ if [ -n "$command" ]; then
 else
   [ -f "$here/tests/hosts/$suite.sh" ] || { echo "vm-host: no suite tests/hosts/$suite.sh" >&2; exit 2; }
   echo "exec bash /payload/hosts/$suite.sh" > "$run/payload/run.sh"
+  # A suite that loads images into another daemon lists them in NAME.images.
+  if [ -f "$here/tests/hosts/$suite.images" ]; then
+    # shellcheck disable=SC2046
+    docker save $(cat "$here/tests/hosts/$suite.images") -o "$run/payload/images.tar" ||
+      die "docker save of $(cat "$here/tests/hosts/$suite.images") failed"
+  fi
 fi
 make_payload "$run/payload" "$run/payload.img"
 qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$run/overlay.qcow2" || die "qemu-img failed"
