@@ -62,10 +62,15 @@ for i in "${images[@]}"; do
   image_ids+=("$id")
 done
 
-# The guest recipe: everything below up to `recipe_end` goes into the cache key.
+# Two cached layers: the guest's disk, keyed by the packages and the guest recipe (everything
+# from `recipe_begin` to `recipe_end`), and over it a copy-on-write layer with the images
+# loaded into its Docker, keyed by the images' ids: rebuilt images cost one boot, not a
+# debootstrap.
 recipe=$(sed -n '/^# recipe_begin/,/^# recipe_end/p' "$0")
-key=$(printf '%s\n' "$packages" "${image_ids[@]}" "$recipe" | sha256sum | cut -c1-16)
+key=$(printf '%s\n' "$packages" "$recipe" | sha256sum | cut -c1-16)
+ikey=$(printf '%s\n' "${image_ids[@]}" | sha256sum | cut -c1-16)
 dir=$cache/$key
+layer=$dir/images-$ikey.qcow2
 if [ -n "$print_key" ]; then echo "$dir"; exit 0; fi
 mkdir -p "$cache"
 exec 9>"$cache/lock"
@@ -150,6 +155,7 @@ make_payload() { # $1: dir with run.sh etc., $2: image file
 
 if [ ! -e "$dir/ready" ]; then
   root=$dir/root
+  rm -f "$dir"/images-*
   if [ ! -e "$dir/debootstrap.done" ]; then
     rm -rf "$dir"; mkdir -p "$dir"
     say "making the guest $key in $dir (debootstrap from Debian's mirror)"
@@ -171,8 +177,13 @@ if [ ! -e "$dir/ready" ]; then
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
   mkfs.ext4 -q -F -L root -d "$root" "$dir/disk.img" 8G || die "mkfs.ext4 of the guest's disk failed"
   rm -rf "$root"
+  touch "$dir/ready"
   say "disk made"
-  # First boot: load the images into the guest's Docker, kept in the cached disk.
+fi
+if [ ! -e "$layer.ready" ]; then
+  # A boot that loads the images into the guest's Docker, kept in the images layer.
+  rm -f "$dir"/images-*
+  qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$layer" || die "qemu-img failed"
   p=$dir/prepare; mkdir -p "$p"
   docker save "${images[@]}" -o "$p/images.tar" || die "docker save of ${images[*]} failed"
   cat > "$p/run.sh" <<'EOF'
@@ -185,15 +196,15 @@ echo "docker load took $(( $(date +%s) - start )) s"
 docker info --format 'cgroup {{.CgroupVersion}} driver {{.CgroupDriver}} security {{.SecurityOptions}}'
 EOF
   make_payload "$p" "$dir/prepare.img"; rm -rf "$p"
-  say "first boot: loading ${images[*]} into the guest's Docker"
-  qemu_boot "$dir/disk.img" "$dir/prepare.img" "$dir/prepare.log" ||
+  say "a boot to load ${images[*]} into the guest's Docker"
+  qemu_boot "$layer" "$dir/prepare.img" "$dir/prepare.log" ||
     die "QEMU failed or timed out on the first boot (status $?); its console: $(tail -n 20 "$dir/prepare.log")"
   rm -f "$dir/prepare.img"
   grep -q '^CODEBOX-GUEST-RC=0' "$dir/prepare.log" ||
     die "the first boot did not load the images; its console: $(tail -n 30 "$dir/prepare.log")"
   grep -E 'CODEBOX-GUEST-UP|docker up|docker load took|^cgroup' "$dir/prepare.log" | sed 's/^/vm-host: guest: /'
-  touch "$dir/ready"
-  say "guest $key ready"
+  touch "$layer.ready"
+  say "guest $key with images $ikey ready"
 fi
 
 # This run: codebox, the registry and the suite on a payload disk; an overlay of the disk.
@@ -218,7 +229,7 @@ else
   fi
 fi
 make_payload "$run/payload" "$run/payload.img"
-qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$run/overlay.qcow2" || die "qemu-img failed"
+qemu-img create -q -f qcow2 -b "$layer" -F qcow2 "$run/overlay.qcow2" || die "qemu-img failed"
 say "booting the guest"
 log=$run/console.log
 : > "$log"
