@@ -49,7 +49,9 @@ pub fn host_facts(info: &EngineInfo, local: Option<LocalAppArmor>) -> Vec<(bool,
     facts.push(match (info.cgroup_version, rootless) {
         (Some(2), _) => (
             true,
-            "cgroup v2 (unified hierarchy): CPU time and peak memory are measured in the              container's own cgroup (memory.peak where the kernel has it, else the largest              process's resident set)"
+            "cgroup v2 (unified hierarchy): CPU time and peak memory are measured in the \
+             container's own cgroup (memory.peak where the kernel has it, else the largest \
+             process's resident set)"
                 .to_string(),
         ),
         (Some(1), false) => (true, "cgroup v1".to_string()),
@@ -328,6 +330,10 @@ mod tests {
             v1.iter().any(|(_, s)| s.starts_with("AppArmor is off")),
             "{v1:?}"
         );
+        // Each fact is one line of prose: no run of spaces left by a wrapped literal.
+        for (_, s) in facts.iter().chain(&v1) {
+            assert!(!s.contains("  "), "{s:?}");
+        }
     }
 
     #[test]
