@@ -5,7 +5,100 @@ use std::io::Write;
 use std::time::Duration;
 
 use crate::app::App;
+use crate::engine::EngineInfo;
 use crate::images;
+
+/// AppArmor on the daemon's host, when that host is this one (a local socket).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalAppArmor {
+    /// The kernel has AppArmor on (`/sys/module/apparmor/parameters/enabled` is `Y`).
+    pub enabled: bool,
+    /// `apparmor_parser`, which the daemon needs to load its default profile, is installed.
+    pub parser: bool,
+}
+
+impl LocalAppArmor {
+    /// Read this host's AppArmor state.
+    pub fn read() -> LocalAppArmor {
+        let enabled = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+            .is_ok_and(|v| v.trim_start().starts_with('Y'));
+        let in_path = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join("apparmor_parser").exists()))
+            .unwrap_or(false);
+        let parser = in_path
+            || ["/sbin/apparmor_parser", "/usr/sbin/apparmor_parser"]
+                .iter()
+                .any(|p| std::path::Path::new(p).exists());
+        LocalAppArmor { enabled, parser }
+    }
+}
+
+/// What the doctor says about the daemon's host: cgroup version, rootful or rootless Docker
+/// or Podman, AppArmor's state (`local`: read on this host when the daemon is on it).
+/// (passed, what it says).
+pub fn host_facts(info: &EngineInfo, local: Option<LocalAppArmor>) -> Vec<(bool, String)> {
+    let has = |name: &str| {
+        info.security_options
+            .iter()
+            .any(|o| o.split(',').any(|kv| kv == format!("name={name}")))
+    };
+    let rootless = has("rootless");
+    let daemon = if info.podman { "Podman" } else { "Docker" };
+    let mode = if rootless { "rootless" } else { "rootful" };
+    let mut facts = vec![(true, format!("{daemon}, {mode}"))];
+    facts.push(match (info.cgroup_version, rootless) {
+        (Some(2), _) => (
+            true,
+            "cgroup v2 (unified hierarchy): CPU time and peak memory are measured in the \
+             container's own cgroup (memory.peak where the kernel has it, else the largest \
+             process's resident set)"
+                .to_string(),
+        ),
+        (Some(1), false) => (true, "cgroup v1".to_string()),
+        (Some(1), true) => (
+            false,
+            format!(
+                "cgroup v1 under a rootless {daemon}: the memory, CPU and process limits \
+                 cannot be applied; boot the host with the unified cgroup v2 hierarchy \
+                 (systemd.unified_cgroup_hierarchy=1) and delegate controllers to the user"
+            ),
+        ),
+        _ => (true, "cgroup version: not reported by the daemon".to_string()),
+    });
+    facts.push(match local {
+        Some(LocalAppArmor {
+            enabled: true,
+            parser: false,
+        }) => (
+            false,
+            format!(
+                "AppArmor is on in the kernel but apparmor_parser is not installed, so {daemon} \
+                 cannot load its default profile and every run fails (\"AppArmor enabled on \
+                 system but the docker-default profile could not be loaded\"): install it \
+                 (Debian, Ubuntu: apt-get install apparmor) and restart {daemon}"
+            ),
+        ),
+        Some(LocalAppArmor { enabled: true, .. }) => (
+            true,
+            format!("AppArmor is on: {daemon} confines each container with its default profile"),
+        ),
+        Some(LocalAppArmor { enabled: false, .. }) if !has("apparmor") => (
+            true,
+            "AppArmor is off in this kernel (containers are confined by seccomp, capabilities \
+             and namespaces)"
+                .to_string(),
+        ),
+        _ if has("apparmor") => (
+            true,
+            format!("AppArmor is on: {daemon} confines each container with its default profile"),
+        ),
+        _ => (
+            true,
+            format!("AppArmor: {daemon} does not list it (off, or not reported)"),
+        ),
+    });
+    facts
+}
 
 /// The posture probe: printed facts, checked one by one. Each works under runc and gVisor
 /// alike (gVisor's sysfs has no `/sys/class/net`, so interfaces come from `/proc/net/dev`;
@@ -118,6 +211,11 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
             info.address, info.version, info.api_version
         ),
     )?;
+    writeln!(out, "Host:")?;
+    let local = info.address.starts_with("unix://") || info.address.starts_with('/');
+    for (pass, what) in host_facts(&info, local.then(LocalAppArmor::read)) {
+        check(out, pass, what)?;
+    }
     let runtime = &app.config.sandbox.runtime;
     check(
         out,
@@ -186,7 +284,93 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
 
 #[cfg(test)]
 mod tests {
-    use super::judge_probe;
+    use super::{host_facts, judge_probe, LocalAppArmor};
+    use crate::engine::EngineInfo;
+
+    fn info(cgroup: Option<u8>, options: &[&str]) -> EngineInfo {
+        EngineInfo {
+            address: "unix:///var/run/docker.sock".into(),
+            version: "20.10".into(),
+            api_version: "1.41".into(),
+            runtimes: vec!["runc".into()],
+            cgroup_version: cgroup,
+            security_options: options.iter().map(|o| o.to_string()).collect(),
+            podman: false,
+        }
+    }
+
+    #[test]
+    fn the_doctor_names_the_cgroup_version_and_apparmors_state() {
+        let v2 = info(
+            Some(2),
+            &[
+                "name=apparmor",
+                "name=seccomp,profile=default",
+                "name=cgroupns",
+            ],
+        );
+        let on = LocalAppArmor {
+            enabled: true,
+            parser: true,
+        };
+        let facts = host_facts(&v2, Some(on));
+        assert!(facts.iter().all(|(pass, _)| *pass), "{facts:?}");
+        let text: Vec<&str> = facts.iter().map(|(_, s)| s.as_str()).collect();
+        assert!(text.iter().any(|s| s.starts_with("cgroup v2")), "{text:?}");
+        assert!(
+            text.iter().any(|s| s.starts_with("AppArmor is on")),
+            "{text:?}"
+        );
+        assert!(text.contains(&"Docker, rootful"), "{text:?}");
+        let v1 = host_facts(
+            &info(Some(1), &[]),
+            Some(LocalAppArmor {
+                enabled: false,
+                parser: false,
+            }),
+        );
+        assert!(v1.iter().all(|(pass, _)| *pass), "{v1:?}");
+        assert!(v1.iter().any(|(_, s)| s == "cgroup v1"), "{v1:?}");
+        assert!(
+            v1.iter().any(|(_, s)| s.starts_with("AppArmor is off")),
+            "{v1:?}"
+        );
+        // Each fact is one line of prose: no run of spaces left by a wrapped literal.
+        for (_, s) in facts.iter().chain(&v1) {
+            assert!(!s.contains("  "), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn the_doctor_says_what_to_install_when_apparmor_is_on_but_its_parser_is_missing() {
+        let facts = host_facts(
+            &info(Some(2), &["name=apparmor"]),
+            Some(LocalAppArmor {
+                enabled: true,
+                parser: false,
+            }),
+        );
+        let failed: Vec<&String> = facts.iter().filter(|(p, _)| !p).map(|(_, s)| s).collect();
+        assert_eq!(failed.len(), 1, "{facts:?}");
+        assert!(failed[0].contains("apt-get install apparmor"), "{failed:?}");
+    }
+
+    #[test]
+    fn a_rootless_daemon_on_cgroup_v1_fails_the_doctor_because_limits_cannot_apply() {
+        let facts = host_facts(&info(Some(1), &["name=rootless"]), None);
+        assert!(
+            facts
+                .iter()
+                .any(|(p, s)| !p && s.contains("cannot be applied")),
+            "{facts:?}"
+        );
+        let facts = host_facts(&info(Some(2), &["name=rootless"]), None);
+        assert!(facts.iter().all(|(p, _)| *p), "{facts:?}");
+        assert!(
+            facts.iter().any(|(_, s)| s == "Docker, rootless"),
+            "{facts:?}"
+        );
+    }
 
     #[test]
     fn probe_facts_pass_only_for_the_locked_down_answers() {

@@ -432,6 +432,9 @@ impl ContainerEngine for FakeEngine {
             version: "fake".into(),
             api_version: "1.41".into(),
             runtimes: vec!["runc".into()],
+            cgroup_version: None,
+            security_options: Vec::new(),
+            podman: false,
         })
     }
 

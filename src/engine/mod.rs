@@ -148,6 +148,13 @@ pub struct EngineInfo {
     pub api_version: String,
     /// OCI runtimes the daemon offers (`runc`, `runsc`, ...).
     pub runtimes: Vec<String>,
+    /// The cgroup version of the daemon's host (1 or 2), when the daemon says.
+    pub cgroup_version: Option<u8>,
+    /// The daemon's security options as it lists them (`name=apparmor`, `name=rootless`,
+    /// `name=seccomp,profile=default`, ...).
+    pub security_options: Vec<String>,
+    /// Whether the daemon is Podman's Docker-compatible service rather than Docker.
+    pub podman: bool,
 }
 
 /// What an engine call failed with, kept as the error's source.

@@ -12,7 +12,11 @@
 //!   shims are watched instead: a thread reads them every 20 ms and keeps the last figure of
 //!   each one gone (what a shim spent after its last reading is missed);
 //! - containers: `cpuacct.usage` of Docker's parent cgroup (`runc init`, `codebox-init`, the
-//!   program), which keeps the CPU of the containers already removed;
+//!   program), which keeps the CPU of the containers already removed. On cgroup v2 it is
+//!   `usage_usec` of `cpu.stat`: of the parent `/sys/fs/cgroup/docker` with the `cgroupfs`
+//!   driver; with the `systemd` driver each container is a `system.slice/docker-<id>.scope`
+//!   of its own, removed with it, so the scopes are watched like the shims (the last reading
+//!   of each one gone is kept);
 //! - kernel threads: the children of `kthreadd` (kworkers: cgroup and mount teardown, I/O);
 //! - host: busy time of all CPUs (`/proc/stat`), whoever spent it.
 //!
@@ -26,6 +30,10 @@ use std::time::{Duration, Instant};
 
 /// Docker's parent cgroup of its containers (cgroup v1, `cgroupfs` driver).
 const DOCKER_CPUACCT: &str = "/sys/fs/cgroup/cpuacct/docker/cpuacct.usage";
+/// The same on cgroup v2 with the `cgroupfs` driver.
+const DOCKER_CPU_STAT_V2: &str = "/sys/fs/cgroup/docker/cpu.stat";
+/// Where the `systemd` driver puts each container's scope on cgroup v2.
+const SYSTEM_SLICE_V2: &str = "/sys/fs/cgroup/system.slice";
 
 /// CPU spent by each part of the host, cumulative, at one moment.
 #[derive(Debug, Clone, Copy)]
@@ -138,13 +146,52 @@ fn proc_stat(pid: &str) -> Option<(String, u64, u64, u64)> {
     Some((name, n(1), n(11) + n(12), n(13) + n(14)))
 }
 
-fn containers_cpu() -> Option<Duration> {
-    let ns: u64 = std::fs::read_to_string(DOCKER_CPUACCT)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_nanos(ns))
+/// `usage_usec` of a cgroup v2 `cpu.stat`.
+fn cpu_stat_usage(text: &str) -> Option<Duration> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse().ok())
+        .map(Duration::from_micros)
+}
+
+/// Whether this host has the unified cgroup v2 hierarchy.
+fn cgroup_v2() -> bool {
+    std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// The containers' CPU: v1's parent cgroup, v2's parent cgroup, else (v2, `systemd` driver)
+/// the watched scopes.
+fn containers_cpu(shims: &Shims) -> Option<Duration> {
+    if let Some(ns) = std::fs::read_to_string(DOCKER_CPUACCT)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    {
+        return Some(Duration::from_nanos(ns));
+    }
+    if let Some(d) = std::fs::read_to_string(DOCKER_CPU_STAT_V2)
+        .ok()
+        .and_then(|t| cpu_stat_usage(&t))
+    {
+        return Some(d);
+    }
+    cgroup_v2().then(|| shims.scopes_total())
+}
+
+/// CPU of each live `docker-<id>.scope` under `dir`, keyed by its name.
+fn read_scopes(dir: &str) -> HashMap<String, Duration> {
+    let mut scopes = HashMap::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("docker-") && name.ends_with(".scope") {
+            if let Some(d) = std::fs::read_to_string(e.path().join("cpu.stat"))
+                .ok()
+                .and_then(|t| cpu_stat_usage(&t))
+            {
+                scopes.insert(name, d);
+            }
+        }
+    }
+    scopes
 }
 
 impl Snapshot {
@@ -182,7 +229,7 @@ impl Snapshot {
             dockerd: ticks(dockerd),
             containerd: ticks(containerd),
             shims: ticks(shim_ticks),
-            containers: containers_cpu(),
+            containers: containers_cpu(shims),
             kernel: ticks(kernel),
             overhead: Duration::ZERO,
         };
@@ -230,6 +277,10 @@ struct ShimState {
     names: HashMap<u32, String>,
     /// This process's CPU spent watching.
     cpu: Duration,
+    /// cgroup v2 with the `systemd` driver: each container scope's CPU at its last reading.
+    scopes: HashMap<String, Duration>,
+    /// The scopes gone, at their last reading.
+    scopes_gone: Duration,
 }
 
 #[derive(Default)]
@@ -289,7 +340,25 @@ impl Shims {
         st.names
             .retain(|pid, _| seen.contains_key(pid) || pid_alive(*pid));
         st.live = seen;
+        if cgroup_v2() {
+            let scopes = read_scopes(SYSTEM_SLICE_V2);
+            let gone: Duration = st
+                .scopes
+                .iter()
+                .filter(|(name, _)| !scopes.contains_key(*name))
+                .map(|(_, d)| *d)
+                .sum();
+            st.scopes_gone += gone;
+            st.scopes = scopes;
+        }
         st.cpu += thread_cpu().saturating_sub(began);
+    }
+
+    /// The containers' CPU from their scopes (cgroup v2, `systemd` driver), the gone ones'
+    /// included.
+    fn scopes_total(&self) -> Duration {
+        let st = self.lock();
+        st.scopes_gone + st.scopes.values().sum::<Duration>()
     }
 
     fn total(&self) -> u64 {
@@ -364,6 +433,38 @@ pub async fn background(meter: &mut Meter, window: Duration) -> Cost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_cpu_is_read_from_cgroup_v2s_cpu_stat() {
+        let stat = "usage_usec 1234567\nuser_usec 1000000\nsystem_usec 234567\nnr_periods 0\n";
+        assert_eq!(cpu_stat_usage(stat), Some(Duration::from_micros(1_234_567)));
+        assert_eq!(cpu_stat_usage("user_usec 1\n"), None);
+        let dir = tempfile::tempdir().unwrap();
+        for (name, usec) in [
+            ("docker-abc.scope", 5),
+            ("docker-def.scope", 7),
+            ("cron.service", 100),
+        ] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+            std::fs::write(
+                dir.path().join(name).join("cpu.stat"),
+                format!("usage_usec {usec}\n"),
+            )
+            .unwrap();
+        }
+        let scopes = read_scopes(dir.path().to_str().unwrap());
+        assert_eq!(scopes.len(), 2, "{scopes:?}");
+        assert_eq!(scopes.values().sum::<Duration>(), Duration::from_micros(12));
+    }
+
+    #[test]
+    fn on_any_cgroup_version_the_containers_cpu_is_measured() {
+        // This host's own layout: v1's cpuacct, v2's parent cgroup or v2's scopes.
+        let v1 = std::path::Path::new(DOCKER_CPUACCT).exists();
+        if v1 || cgroup_v2() {
+            assert!(containers_cpu(&Shims::default()).is_some());
+        }
+    }
 
     #[test]
     fn cpu_this_process_spends_shows_in_it_and_in_the_host() {

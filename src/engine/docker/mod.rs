@@ -2,8 +2,11 @@
 //! imports bollard: `tls.rs` reaches a remote daemon over TCP and TLS, `spec.rs` turns the
 //! locked-down spec into a create body.
 
+mod podman;
 mod spec;
 mod tls;
+
+use podman::{is_podman, seccomp_form, with_profile_file, SeccompForm};
 
 use spec::{create_body, managed_filter, to_hash};
 use tls::{connection_detail, is_loopback, tcp_client, tls_error, TlsFiles};
@@ -45,6 +48,9 @@ pub struct DockerEngine {
     tls: Option<TlsFiles>,
     /// The network of image builds' `RUN` steps (`docker.build_network`).
     build_network: Option<String>,
+    /// How this daemon takes the seccomp profile (Docker inline, Podman as a file), learnt
+    /// from its version answer at the first create.
+    seccomp: Arc<tokio::sync::OnceCell<SeccompForm>>,
 }
 
 /// The Engine API client, or why there is none.
@@ -102,6 +108,7 @@ impl DockerEngine {
             address,
             tls,
             build_network: settings.build_network.clone(),
+            seccomp: Arc::default(),
         })
     }
 
@@ -131,6 +138,29 @@ impl DockerEngine {
 
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// How this daemon takes the seccomp profile; asks the daemon once.
+    async fn seccomp_form(&self) -> Result<&SeccompForm, EngineError> {
+        self.seccomp
+            .get_or_try_init(|| async {
+                let v = self
+                    .docker()?
+                    .version()
+                    .await
+                    .map_err(|e| self.unreachable(e))?;
+                let podman = version_is_podman(&v);
+                let profile = crate::engine::seccomp::security_opt()
+                    .strip_prefix("seccomp=")
+                    .unwrap_or_default();
+                Ok(seccomp_form(
+                    podman,
+                    &self.address,
+                    profile,
+                    &std::env::temp_dir(),
+                ))
+            })
+            .await
     }
 
     /// Turn a bollard error into the step's error, or a connection error when the daemon
@@ -190,6 +220,17 @@ impl DockerEngine {
     }
 }
 
+/// Whether the daemon that gave this version answer is Podman.
+fn version_is_podman(v: &bollard::models::SystemVersion) -> bool {
+    is_podman(
+        v.components
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .chain(v.platform.as_ref().map(|p| p.name.as_str())),
+    )
+}
+
 fn is_status(e: &BollardError, code: u16) -> bool {
     matches!(e, BollardError::DockerResponseServerError { status_code, .. } if *status_code == code)
 }
@@ -209,11 +250,15 @@ impl ContainerEngine for DockerEngine {
             .map_err(|e| self.unreachable(e))?;
         let mut runtimes: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
         runtimes.sort();
+        let podman = version_is_podman(&v);
         Ok(EngineInfo {
             address: self.address.clone(),
             version: v.version.unwrap_or_default(),
             api_version: v.api_version.unwrap_or_default(),
             runtimes,
+            cgroup_version: info.cgroup_version.and_then(|c| c.to_string().parse().ok()),
+            security_options: info.security_options.unwrap_or_default(),
+            podman,
         })
     }
 
@@ -293,11 +338,19 @@ impl ContainerEngine for DockerEngine {
         let options = CreateContainerOptionsBuilder::new()
             .name(&spec.name)
             .build();
-        match self
-            .docker()?
-            .create_container(Some(options), create_body(spec))
-            .await
-        {
+        let mut body = create_body(spec);
+        match self.seccomp_form().await? {
+            SeccompForm::Inline => {}
+            SeccompForm::File(path) => {
+                if let Some(host) = body.host_config.as_mut() {
+                    host.security_opt = Some(with_profile_file(&spec.security_opt, path));
+                }
+            }
+            SeccompForm::Refused(why) => {
+                return Err(EngineError::CreateContainer(detail(why.clone())))
+            }
+        }
+        match self.docker()?.create_container(Some(options), body).await {
             Ok(r) => Ok(r.id),
             Err(e) if is_status(&e, 404) => Err(EngineError::ImageMissing {
                 tag: spec.image.clone(),
