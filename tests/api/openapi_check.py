@@ -108,7 +108,8 @@ def main():
         ("GET", "/v1/sessions/{id}/files", f"/v1/sessions/{sid}/files/", None, token, 200),
         ("GET", "/v1/sessions/{id}/files/{path}", "/v1/sessions/nope/files/x", None, token, 404),
         ("DELETE", "/v1/sessions/{id}", f"/v1/sessions/{sid}", None, token, 200),
-        ("DELETE", "/v1/sessions/{id}", f"/v1/sessions/{sid}", None, token, 409),
+        # Closing is idempotent: a second DELETE answers as the first did.
+        ("DELETE", "/v1/sessions/{id}", f"/v1/sessions/{sid}", None, token, 200),
         ("DELETE", "/v1/sessions/{id}", "/v1/sessions/nope", None, token, 404),
         ("GET", "/v1/openapi.json", "/v1/openapi.json", None, token, 200),
         ("GET", "/v1/openapi.json", "/v1/openapi.json", None, None, 401),
