@@ -63,7 +63,10 @@ pub fn host_facts(info: &EngineInfo, local: Option<LocalAppArmor>) -> Vec<(bool,
                  (systemd.unified_cgroup_hierarchy=1) and delegate controllers to the user"
             ),
         ),
-        _ => (true, "cgroup version: not reported by the daemon".to_string()),
+        _ => (
+            true,
+            "cgroup version: not reported by the daemon".to_string(),
+        ),
     });
     facts.push(match local {
         Some(LocalAppArmor {

@@ -19,10 +19,7 @@ pub struct RequestError {
 /// protocol fuzzer found that a 0.0004 s limit let a 3 s program finish).
 pub const MIN_TIMEOUT_SECONDS: f64 = 0.001;
 
-pub fn reject<T>(
-    field: impl Into<String>,
-    message: impl Into<String>,
-) -> Result<T, RequestError> {
+pub fn reject<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, RequestError> {
     Err(RequestError {
         field: field.into(),
         message: message.into(),
@@ -139,4 +136,3 @@ pub fn check_args(
     }
     Ok(args)
 }
-

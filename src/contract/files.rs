@@ -43,11 +43,7 @@ pub fn check_relative_path(field: &str, path: &str) -> Result<String, RequestErr
 }
 
 /// Check a workspace-relative file path.
-pub fn check_path(
-    field: &str,
-    path: &str,
-    source_file: &str,
-) -> Result<String, RequestError> {
+pub fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, RequestError> {
     if path.is_empty() || path.len() > 255 {
         return reject(field, "must be a relative path of 1 to 255 bytes");
     }
@@ -120,9 +116,10 @@ pub fn check_files(
             return reject(field, format!("`{path}` appears twice"));
         }
         // A file may not be both a file and a directory of another file.
-        if files.iter().any(|(p, _)| {
-            p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/"))
-        }) {
+        if files
+            .iter()
+            .any(|(p, _)| p.starts_with(&format!("{path}/")) || path.starts_with(&format!("{p}/")))
+        {
             return reject(
                 field,
                 format!("`{path}` clashes with another file's directory"),

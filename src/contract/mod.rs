@@ -29,7 +29,7 @@ pub use checks::{RequestError, MIN_TIMEOUT_SECONDS};
 pub use files::{check_relative_path, Encoding, FileInput};
 pub use limits::LimitsInput;
 pub use run::{
-    Compare, CompileLimitsInput, RunRequest, SessionTarget, SessionTerms, TestInput,
-    ValidRequest, ValidTest, MAX_TESTS,
+    Compare, CompileLimitsInput, RunRequest, SessionTarget, SessionTerms, TestInput, ValidRequest,
+    ValidTest, MAX_TESTS,
 };
 pub use session::{session_ceilings, SessionRequest, ValidSession};

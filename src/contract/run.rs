@@ -75,7 +75,6 @@ pub struct CompileLimitsInput {
 /// Most test cases in one request.
 pub const MAX_TESTS: usize = 64;
 
-
 /// What a client asks to run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -159,7 +158,6 @@ pub struct ValidRequest {
     /// The session it executes in, if any.
     pub session: Option<SessionTarget>,
 }
-
 
 impl ValidRequest {
     /// Validate a request against the registry and the operator's limits.

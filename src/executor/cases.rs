@@ -9,8 +9,8 @@ use super::outcome::classify;
 use super::stage::{Answer, Bound};
 use super::{ms, Ended, Executor, Halt, Known, Program, Streams};
 use crate::config::Config;
-use crate::engine::protocol::{Collect, PhaseName};
 use crate::contract::{ValidRequest, ValidTest};
+use crate::engine::protocol::{Collect, PhaseName};
 use crate::report::{RunReport, Status, TestReport, TestsSummary, Usage};
 
 /// Case statuses from the most severe: the run's status is the first any case has.

@@ -11,9 +11,9 @@ use super::containers::Want;
 use super::outcome::{classify, Outcome};
 use super::stage::{Answer, Bound};
 use super::{mb, ms, CompileEnd, Executor, Halt, Known, SandboxFailure, Streams};
+use crate::contract::ValidRequest;
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{self, Collect, End, Entry, EntryKind, Files, Payload, PhaseName};
-use crate::contract::ValidRequest;
 use crate::registry::Language;
 use crate::report::{fmt_num, CompileReport, Stage, Status, Usage};
 

@@ -223,9 +223,7 @@ impl Admission {
     /// Whether the pool may start one more container of `shape_mb` while holding
     /// `pooled_mb`: nobody waits, admission is open and the budget has room.
     pub fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
-        !self.closed
-            && self.queue.is_empty()
-            && self.shortfall(shape_mb, pooled_mb) == 0
+        !self.closed && self.queue.is_empty() && self.shortfall(shape_mb, pooled_mb) == 0
     }
 
     /// Start nothing more (shutdown).

@@ -43,19 +43,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
+use crate::contract::{RequestError, RunRequest, SessionRequest, SessionTerms, ValidRequest};
 use crate::executor::pool::{Change, Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
-use crate::contract::{
-    RequestError, RunRequest, SessionRequest, SessionTerms, ValidRequest,
-};
 use crate::executor::{new_run_id, parallelism, Executor};
 use crate::history::{now_ms, History, NewRun};
 use crate::registry::Registry;
 use crate::report::{InterpreterState, RunReport, SessionExecution, Status};
 use admission::{Admission, Next, Policy, Refusal, Ticket};
 pub use budget::{check_budget, memory_charge, BudgetError};
-use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use lookup::LookupError;
+use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use metrics::Metrics;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
@@ -1001,7 +999,10 @@ impl Host for RunManager {
         let short = st.admission.shortfall(mb, pool.memory_mb());
         if short > 0 {
             let from_pool = pool.shed(short);
-            let ahead = self.inner.sessions.shed_ready(short.saturating_sub(from_pool));
+            let ahead = self
+                .inner
+                .sessions
+                .shed_ready(short.saturating_sub(from_pool));
             st.admission.unhold_ahead(ahead);
         }
         if !st.admission.may_hold(mb, pool.memory_mb()) {

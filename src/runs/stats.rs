@@ -1,6 +1,5 @@
 //! Counts for tests, `/metrics` and the logs.
 
-
 /// What the run manager, the pool and the compile cache hold and have done.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {

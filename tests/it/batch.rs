@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use codebox::config::Config;
+use codebox::contract::{Compare, RunRequest, TestInput, ValidRequest};
 use codebox::engine::fake::{exited, Behaviour, FakeEngine};
 use codebox::engine::ContainerEngine;
 use codebox::executor::{new_run_id, Executor};
-use codebox::contract::{Compare, RunRequest, TestInput, ValidRequest};
 use codebox::report::{RunReport, Stage, Status};
 use tokio_util::sync::CancellationToken;
 

@@ -7,9 +7,9 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use codebox::config::Config;
+use codebox::contract::{LimitsInput, RunRequest, ValidRequest};
 use codebox::engine::docker::DockerEngine;
 use codebox::executor::{new_run_id, Executor};
-use codebox::contract::{LimitsInput, RunRequest, ValidRequest};
 use codebox::registry::Registry;
 use codebox::report::RunReport;
 use tokio_util::sync::CancellationToken;

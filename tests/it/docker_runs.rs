@@ -2,9 +2,9 @@
 //! files, stdin, args, output caps, and cleanup.
 
 use codebox::config::Config;
+use codebox::contract::{Encoding, FileInput, ValidRequest};
 use codebox::engine::docker::DockerEngine;
 use codebox::executor::Executor;
-use codebox::contract::{Encoding, FileInput, ValidRequest};
 use codebox::report::{Stage, Status};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;

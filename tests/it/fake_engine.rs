@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use codebox::config::Config;
+use codebox::contract::{FileInput, LimitsInput, RunRequest, ValidRequest};
 use codebox::engine::fake::{exited, Behaviour, FakeEngine, Step};
 use codebox::engine::protocol::{frame, EntryKind};
 use codebox::engine::{ContainerEngine, Signal};
 use codebox::executor::{new_run_id, Executor};
-use codebox::contract::{FileInput, LimitsInput, RunRequest, ValidRequest};
 use codebox::report::{Stage, Status};
 use tokio_util::sync::CancellationToken;
 

@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use codebox::config::HttpSettings;
+use codebox::contract::RunRequest;
 use codebox::history::Query;
 use codebox::mcp::CodeboxServer;
 use codebox::report::Status;
 use codebox::runs::RunManager;
-use codebox::contract::RunRequest;
 use codebox::transport::http::{router, serve_connections};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

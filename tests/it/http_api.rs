@@ -124,7 +124,10 @@ async fn v1_runs_wait_or_answer_202_and_reports_are_read_and_stopped_by_id() {
 
 /// A run id as a hyphenated UUID, the form a Judge0 token has.
 fn hyphenated(run_id: &str) -> String {
-    uuid::Uuid::parse_str(run_id).unwrap().hyphenated().to_string()
+    uuid::Uuid::parse_str(run_id)
+        .unwrap()
+        .hyphenated()
+        .to_string()
 }
 
 #[tokio::test]
@@ -872,7 +875,13 @@ async fn a_session_over_the_sessions_memory_share_is_invalid_argument_naming_the
         .as_str()
         .unwrap_or_default()
         .to_string();
-    assert!(limits.contains("4096"), "the OpenAPI document states the ceiling: {limits}");
+    assert!(
+        limits.contains("4096"),
+        "the OpenAPI document states the ceiling: {limits}"
+    );
     let (_, catalog) = s.send("GET", "/v1/languages", None).await;
-    assert_eq!(catalog["limits"]["session_ceilings"]["memory_mb"], 4096, "{catalog}");
+    assert_eq!(
+        catalog["limits"]["session_ceilings"]["memory_mb"], 4096,
+        "{catalog}"
+    );
 }

@@ -11,7 +11,9 @@ async fn the_working_directory_is_listed_at_files_files_slash_and_files_dot() {
     let m = docker_manager(|_| {}, None);
     let s = start(m.clone(), Some(TOKEN)).await;
     let open = json!({"language": "bash", "files": [{"path": "a.txt", "content": "hello"}]});
-    let (status, session) = s.send("POST", "/v1/sessions", Some(&open.to_string())).await;
+    let (status, session) = s
+        .send("POST", "/v1/sessions", Some(&open.to_string()))
+        .await;
     assert_eq!(status, 200, "{session}");
     let id = session["session_id"].as_str().unwrap().to_string();
     for path in ["files", "files/", "files/."] {

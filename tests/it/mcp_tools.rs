@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use codebox::engine::fake::FakeEngine;
 use codebox::contract::params::MAX_WAIT_SECONDS;
+use codebox::engine::fake::FakeEngine;
 use codebox::report::{RunReport, Status};
 use rmcp::model::{CallToolRequestParams, ClientRequest, Request};
 use rmcp::service::PeerRequestOptions;

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use codebox::engine::fake::{Behaviour, FakeEngine};
 use codebox::contract::{LimitsInput, RunRequest};
+use codebox::engine::fake::{Behaviour, FakeEngine};
 use codebox::history::Query;
 use codebox::report::RunReport;
 use codebox::report::Status;

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use codebox::engine::fake::{exited, Behaviour, FakeEngine};
 use codebox::contract::{LimitsInput, RunRequest, SessionRequest};
+use codebox::engine::fake::{exited, Behaviour, FakeEngine};
 use codebox::report::{InterpreterState, ResetReason, Status};
 use codebox::runs::sessions::{SessionError, SessionInfo};
 use codebox::runs::{RunManager, SubmitError};
@@ -197,7 +197,10 @@ async fn an_idle_session_expires_and_later_calls_are_told_how_long_it_waited() {
         )
     );
     let closed = m.close_session(&s.session_id).unwrap();
-    assert!(closed.closed, "an ended session is closed: closing it is not an error");
+    assert!(
+        closed.closed,
+        "an ended session is closed: closing it is not an error"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -584,7 +587,10 @@ async fn sessions_opened_ahead_of_time_give_way_to_a_create_session() {
 #[tokio::test]
 async fn a_create_session_whose_caller_goes_away_gives_back_its_place_and_memory() {
     let fake = Arc::new(FakeEngine::new());
-    fake.delay(codebox::engine::fake::Step::Start, Duration::from_secs(3600));
+    fake.delay(
+        codebox::engine::fake::Step::Start,
+        Duration::from_secs(3600),
+    );
     let m = fake_manager(&fake, |c| {
         c.sessions.max_sessions = 2;
         c.sessions.ready.clear();
@@ -813,7 +819,10 @@ async fn metrics_show_sessions_opened_ahead_of_time_and_what_they_hold() {
         .metrics()
         .render(&m.stats(), &codebox::executor::timings::Timings::default());
     assert!(text.contains("\ncodebox_sessions_ready 1\n"), "{text}");
-    assert!(text.contains("\ncodebox_sessions_memory_mb 512\n"), "{text}");
+    assert!(
+        text.contains("\ncodebox_sessions_memory_mb 512\n"),
+        "{text}"
+    );
     assert!(text.contains("\ncodebox_sessions_open 0\n"), "{text}");
     m.shutdown(Duration::from_secs(10)).await;
 }

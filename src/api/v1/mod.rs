@@ -28,8 +28,8 @@ pub use error::{query, ErrorBody, ErrorDetail, V1Error, RETRY_AFTER_SECONDS};
 use crate::api::{from_value, read_body, run_to_end, Api, Client};
 use crate::catalog::catalog;
 use crate::contract::ids;
-use crate::contract::RunRequest;
 use crate::contract::params::{HistoryParams, MAX_WAIT_SECONDS};
+use crate::contract::RunRequest;
 use crate::history::{HistoryResult, Query};
 use crate::runs::SubmitError;
 
@@ -41,18 +41,9 @@ pub fn router(api: Api) -> Router {
         .route("/runs/{id}", get(get_run).delete(delete_run))
         .route("/languages", get(languages))
         .route("/history", get(history))
-        .route(
-            "/sessions",
-            get(sessions::list).post(sessions::create),
-        )
-        .route(
-            "/sessions/{id}",
-            axum::routing::delete(sessions::close),
-        )
-        .route(
-            "/sessions/{id}/files/{*path}",
-            get(sessions::read_file),
-        )
+        .route("/sessions", get(sessions::list).post(sessions::create))
+        .route("/sessions/{id}", axum::routing::delete(sessions::close))
+        .route("/sessions/{id}/files/{*path}", get(sessions::read_file))
         .route("/sessions/{id}/files", get(sessions::list_files))
         .route("/sessions/{id}/files/", get(sessions::list_files))
         .route(
@@ -100,11 +91,7 @@ pub fn parse_run_body(bytes: &[u8]) -> Result<(RunRequest, bool), V1Error> {
     Ok((request, wait))
 }
 
-async fn post_run(
-    State(api): State<Api>,
-    client: Client,
-    body: Body,
-) -> Result<Response, V1Error> {
+async fn post_run(State(api): State<Api>, client: Client, body: Body) -> Result<Response, V1Error> {
     let bytes = read_body(body, api.max_body).await?;
     let (request, wait) = parse_run_body(&bytes)?;
     let m = api.manager();

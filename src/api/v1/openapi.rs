@@ -8,14 +8,14 @@ use serde_json::{json, Map, Value};
 
 use super::error::{ErrorBody, RETRY_AFTER_SECONDS};
 use crate::catalog::Catalog;
-use crate::contract::{RunRequest, SessionRequest};
-use crate::history::HistoryResult;
 use crate::contract::answers::SessionFileResult;
 use crate::contract::params::{
     GetResultParams, HistoryParams, ReadSessionFileParams, MAX_WAIT_SECONDS,
 };
 use crate::contract::schema::standard_schema;
 use crate::contract::session_ceilings;
+use crate::contract::{RunRequest, SessionRequest};
+use crate::history::HistoryResult;
 use crate::report::{fmt_num, RunReport};
 use crate::runs::sessions::{Closed, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager};
@@ -129,7 +129,10 @@ pub fn document(manager: &RunManager) -> Value {
         .get_mut(&session_request)
         .and_then(|s| s.pointer_mut("/properties/limits"))
     {
-        let said = limits["description"].as_str().unwrap_or_default().to_string();
+        let said = limits["description"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         limits["description"] = json!(format!(
             "{said} On this server: memory_mb at most {} MB (sessions.memory_budget_mb bounds it too), timeout_seconds at most {}, cpus at most {}.",
             sc.memory_mb,

@@ -16,11 +16,11 @@ use axum::Json;
 
 use super::error::{query, V1Error};
 use crate::api::{from_value, read_body, Api};
-use crate::contract::SessionRequest;
 use crate::contract::answers::{FileRead, SessionFileResult};
+use crate::contract::SessionRequest;
 use crate::executor::outputs;
-use crate::runs::sessions::SessionFile;
 use crate::runs::sessions::SessionError;
+use crate::runs::sessions::SessionFile;
 
 /// A session error, told better where the history knows more.
 async fn refused(api: &Api, e: SessionError) -> V1Error {

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use super::Pool;
 use crate::config::Config;
-use crate::engine::posture::Limits;
 use crate::contract::ValidRequest;
+use crate::engine::posture::Limits;
 use crate::registry::{Language, Registry};
 
 /// What a container is, apart from its name, labels and uid.

@@ -2,9 +2,9 @@
 //! anything.
 
 use super::ends::SessionError;
-use crate::engine::protocol::{EntryKind, FileEntry};
-use crate::contract::RequestError;
 pub use crate::contract::answers::FolderEntry;
+use crate::contract::RequestError;
+use crate::engine::protocol::{EntryKind, FileEntry};
 
 /// What `read_session_file` found.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,7 +24,6 @@ pub enum SessionFile {
         entries: Vec<FolderEntry>,
     },
 }
-
 
 impl SessionFile {
     pub(super) fn from_entries(

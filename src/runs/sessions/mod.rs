@@ -30,10 +30,10 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::contract::{check_relative_path, RequestError, SessionRequest, ValidSession};
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{Entry, Files};
 use crate::executor::session::{Broken, ReadError, SessionBox, SessionSpec};
-use crate::contract::{check_relative_path, RequestError, SessionRequest, ValidSession};
 use crate::executor::Executor;
 use crate::history::History;
 use crate::registry::Registry;
@@ -391,10 +391,7 @@ impl Sessions {
             if t.closed || host.is_closed() {
                 return Err(SessionError::ShuttingDown);
             }
-            let at = t
-                .ready
-                .iter()
-                .position(|r| r.language == valid.language.id);
+            let at = t.ready.iter().position(|r| r.language == valid.language.id);
             match at {
                 Some(i) if valid.files.is_empty() && default_limits => Some(t.ready.remove(i)),
                 _ => None,
@@ -732,7 +729,7 @@ impl Sessions {
                     field: "path".into(),
                     message: format!("`{path}`: {why}"),
                 }
-                .into())
+                .into());
             }
             Err(ReadError::Broken(b)) => {
                 let reason = broken_reason(b);
