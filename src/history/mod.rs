@@ -144,6 +144,17 @@ pub struct Query {
     pub session_id: Option<String>,
 }
 
+impl From<crate::contract::params::HistoryFilter> for Query {
+    fn from(f: crate::contract::params::HistoryFilter) -> Query {
+        Query {
+            limit: f.limit,
+            status: f.status,
+            language: f.language,
+            session_id: f.session_id,
+        }
+    }
+}
+
 /// Where a run stands in the store and which instance has it: what a server that does not
 /// hold a run can tell about it.
 #[derive(Debug, Clone, PartialEq)]

@@ -287,12 +287,7 @@ impl CodeboxServer {
             return Err("history: this server keeps no history".to_string());
         };
         history
-            .query(Query {
-                limit: f.limit,
-                status: f.status,
-                language: f.language,
-                session_id: f.session_id,
-            })
+            .query(Query::from(f))
             .await
             .map(|runs| Json(HistoryResult { runs }))
             .map_err(|e| format!("history: {e}"))

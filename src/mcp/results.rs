@@ -4,7 +4,7 @@
 use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 
-use crate::contract::answers::{FileRead, SessionFileResult, SENT_AS_BLOCK};
+use crate::contract::answers::SENT_AS_BLOCK;
 use crate::executor::outputs;
 use crate::report::RunReport;
 use crate::runs::sessions::SessionFile;
@@ -63,32 +63,25 @@ fn resource(uri: String, mime_type: &str, base64_data: String) -> ContentBlock {
 /// `read_session_file`'s tool result: the answer, and the bytes read as a content block (an
 /// image block for a whole image, else an embedded resource).
 pub fn session_file_result(f: SessionFile, session_id: &str) -> CallToolResult {
-    let (structured, block) = match f {
-        SessionFile::Folder { path, entries } => (SessionFileResult::folder(path, entries), None),
+    let structured = f.answer(true);
+    let block = match &f {
+        SessionFile::Folder { .. } => None,
         SessionFile::File {
             path,
             size_bytes,
-            sha256,
             offset,
             content,
+            ..
         } => {
-            let mime = outputs::mime_type(&path, &content);
-            let data = base64::engine::general_purpose::STANDARD.encode(&content);
-            let whole_image = offset == 0 && content.len() as u64 == size_bytes;
-            let block = if outputs::is_image(mime) && whole_image {
+            let mime = outputs::mime_type(path, content);
+            let data = base64::engine::general_purpose::STANDARD.encode(content);
+            let whole_image = *offset == 0 && content.len() as u64 == *size_bytes;
+            Some(if outputs::is_image(mime) && whole_image {
                 ContentBlock::image(data, mime)
             } else {
                 let uri = format!("codebox://sessions/{session_id}/{path}");
                 resource(uri, mime, data)
-            };
-            let read = FileRead {
-                path: &path,
-                size_bytes,
-                sha256: &sha256,
-                offset,
-                content: &content,
-            };
-            (SessionFileResult::file(read, mime, true), Some(block))
+            })
         }
     };
     let text = serde_json::to_string(&structured).unwrap_or_default();

@@ -269,16 +269,22 @@ impl RunManager {
                 // Containers still being made cannot be given back yet: when they are ready
                 // (or fail), the pool tells, and admission runs again.
                 Next::Shed { mb } => {
-                    let from_pool = pool.shed(mb);
-                    let ahead = self.inner.sessions.shed_ready(mb.saturating_sub(from_pool));
-                    st.admission.unhold_ahead(ahead);
-                    if from_pool + ahead < mb {
+                    if self.shed(st, mb) < mb {
                         break;
                     }
                 }
                 Next::Wait => break,
             }
         }
+    }
+
+    /// Ask for `mb` back from what was opened ahead of time: the pool's ready containers
+    /// first, then sessions opened ahead of time. Returns what was freed at once.
+    fn shed(&self, st: &mut State, mb: u64) -> u64 {
+        let from_pool = self.inner.executor.pool().shed(mb);
+        let ahead = self.inner.sessions.shed_ready(mb.saturating_sub(from_pool));
+        st.admission.unhold_ahead(ahead);
+        from_pool + ahead
     }
 
     /// Start an admitted run on its own task.
@@ -297,7 +303,7 @@ impl RunManager {
         let cancel = run.cancel.clone();
         let session = run.session.clone();
         if let Some(s) = &session {
-            self.inner.sessions.started(&s.id);
+            self.inner.sessions.started(&s.id, &run_id);
         }
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
@@ -454,20 +460,28 @@ impl RunManager {
     /// Stop executions of an ending session: queued ones end `stopped` naming the end,
     /// running ones are stopped.
     fn stop_executions_locked(&self, st: &mut State, run_ids: &[String], message: &str) {
+        let message = format!("stopped before it started: {message}");
         for run_id in run_ids {
-            if st.admission.withdraw(run_id) {
-                let Some(run) = st.live.get(run_id) else {
-                    continue;
-                };
-                let mut r = run.base.clone();
-                r.status = Status::Stopped;
-                r.queued_ms = run.accepted.elapsed().as_millis() as u64;
-                r.message = format!("stopped before it started: {message}");
-                self.finish(st, run_id, Ok(r.into()));
-            } else if let Some(run) = st.live.get(run_id) {
-                run.cancel.cancel();
+            if self.stop_queued(st, run_id, &message).is_none() {
+                if let Some(run) = st.live.get(run_id) {
+                    run.cancel.cancel();
+                }
             }
         }
+    }
+
+    /// End a queued run `stopped` with `message`, at once; `None` if it is not queued.
+    fn stop_queued(&self, st: &mut State, run_id: &str, message: &str) -> Option<RunReport> {
+        let run = st.live.get(run_id)?;
+        if !st.admission.withdraw(run_id) {
+            return None;
+        }
+        let mut r = run.base.clone();
+        r.status = Status::Stopped;
+        r.queued_ms = run.accepted.elapsed().as_millis() as u64;
+        r.message = message.to_string();
+        self.finish(st, run_id, Ok(r.clone().into()));
+        Some(r)
     }
 
     /// The run's report from memory: final, or in progress (`queued`/`running`, with times
@@ -575,14 +589,11 @@ impl RunManager {
                     true
                 }
                 Some(RunState::Queued { .. }) => {
-                    let run = &st.live[run_id];
-                    let mut r = run.base.clone();
-                    r.status = Status::Stopped;
-                    r.queued_ms = run.accepted.elapsed().as_millis() as u64;
-                    r.message = "stopped while waiting in the queue; it never started".into();
-                    st.admission.withdraw(run_id);
-                    self.finish(&mut st, run_id, Ok(r.clone().into()));
-                    return Ok(r);
+                    let message = "stopped while waiting in the queue; it never started";
+                    if let Some(r) = self.stop_queued(&mut st, run_id, message) {
+                        return Ok(r);
+                    }
+                    false
                 }
             }
         };
@@ -998,12 +1009,7 @@ impl Host for RunManager {
         }
         let short = st.admission.shortfall(mb, pool.memory_mb());
         if short > 0 {
-            let from_pool = pool.shed(short);
-            let ahead = self
-                .inner
-                .sessions
-                .shed_ready(short.saturating_sub(from_pool));
-            st.admission.unhold_ahead(ahead);
+            self.shed(&mut st, short);
         }
         if !st.admission.may_hold(mb, pool.memory_mb()) {
             return Err(format!(

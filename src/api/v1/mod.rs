@@ -199,12 +199,7 @@ async fn history(State(api): State<Api>, RawQuery(raw): RawQuery) -> Result<Resp
         return Err(unavailable("this server keeps no history".into()));
     };
     let runs = history
-        .query(Query {
-            limit: f.limit,
-            status: f.status,
-            language: f.language,
-            session_id: f.session_id,
-        })
+        .query(Query::from(f))
         .await
         .map_err(|e| unavailable(e.to_string()))?;
     Ok(Json(HistoryResult { runs }).into_response())

@@ -16,11 +16,8 @@ use axum::Json;
 
 use super::error::{query, V1Error};
 use crate::api::{from_value, read_body, Api};
-use crate::contract::answers::{FileRead, SessionFileResult};
 use crate::contract::SessionRequest;
-use crate::executor::outputs;
 use crate::runs::sessions::SessionError;
-use crate::runs::sessions::SessionFile;
 
 /// A session error, told better where the history knows more.
 async fn refused(api: &Api, e: SessionError) -> V1Error {
@@ -99,30 +96,8 @@ async fn read(api: &Api, id: String, file: &str, raw: Option<&str>) -> Result<Re
         .read_session_file(&id, file, offset, max_bytes)
         .await
     {
-        Ok(f) => Ok(Json(answer(f)).into_response()),
+        // The bytes read travel in `content_base64`.
+        Ok(f) => Ok(Json(f.answer(false)).into_response()),
         Err(e) => Err(refused(api, e).await),
-    }
-}
-
-/// The answer of `/v1`: the bytes read travel in `content_base64`.
-fn answer(f: SessionFile) -> SessionFileResult {
-    match f {
-        SessionFile::Folder { path, entries } => SessionFileResult::folder(path, entries),
-        SessionFile::File {
-            path,
-            size_bytes,
-            sha256,
-            offset,
-            content,
-        } => {
-            let read = FileRead {
-                path: &path,
-                size_bytes,
-                sha256: &sha256,
-                offset,
-                content: &content,
-            };
-            SessionFileResult::file(read, outputs::mime_type(&path, &content), false)
-        }
     }
 }

@@ -3,8 +3,10 @@
 
 use super::ends::SessionError;
 pub use crate::contract::answers::FolderEntry;
+use crate::contract::answers::{FileRead, SessionFileResult};
 use crate::contract::RequestError;
 use crate::engine::protocol::{EntryKind, FileEntry};
+use crate::executor::outputs;
 
 /// What `read_session_file` found.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +77,34 @@ impl SessionFile {
                     })
                     .collect(),
             }),
+        }
+    }
+}
+
+impl SessionFile {
+    /// What every door answers for it; `sent_as_block`: the bytes travel beside the answer
+    /// (as an MCP content block), not in `content_base64`.
+    pub fn answer(&self, sent_as_block: bool) -> SessionFileResult {
+        match self {
+            SessionFile::Folder { path, entries } => {
+                SessionFileResult::folder(path.clone(), entries.clone())
+            }
+            SessionFile::File {
+                path,
+                size_bytes,
+                sha256,
+                offset,
+                content,
+            } => {
+                let read = FileRead {
+                    path,
+                    size_bytes: *size_bytes,
+                    sha256,
+                    offset: *offset,
+                    content,
+                };
+                SessionFileResult::file(read, outputs::mime_type(path, content), sent_as_block)
+            }
         }
     }
 }

@@ -127,8 +127,8 @@ struct OpenSession {
     pending: usize,
     /// Their run ids, once the run manager has them.
     runs: Vec<String>,
-    /// An execution is running (its driver's stream is in use).
-    running: bool,
+    /// The execution running now (its driver's stream is in use).
+    running: Option<String>,
     state: InterpreterState,
     workspace_bytes: u64,
     /// Set once it must end: it ends when no execution of it is left.
@@ -242,11 +242,11 @@ impl Table {
             // Removed at once: no interrupt's grace, no driver restart.
             s.container.end_now();
         }
-        let message = SessionError::ended(id, &reason).to_string();
-        let message = message.trim_start_matches("session_id: ").to_string();
         let mut effects = Effects::default();
         if !s.runs.is_empty() {
-            effects.stop.push((s.runs.clone(), message));
+            effects
+                .stop
+                .push((s.runs.clone(), end_message(id, &reason)));
         }
         effects
     }
@@ -511,7 +511,7 @@ impl Sessions {
             executions: 0,
             pending: 0,
             runs: Vec::new(),
-            running: false,
+            running: None,
             state: InterpreterState::New,
             workspace_bytes: 0,
             ending: None,
@@ -576,15 +576,13 @@ impl Sessions {
         let mut t = self.lock();
         let s = t.open.get_mut(id)?;
         s.runs.push(run_id.to_string());
-        let reason = s.ending.clone()?;
-        let message = SessionError::ended(id, &reason).to_string();
-        Some(message.trim_start_matches("session_id: ").to_string())
+        s.ending.as_ref().map(|reason| end_message(id, reason))
     }
 
-    /// An execution of session `id` started running.
-    pub fn started(&self, id: &str) {
+    /// Execution `run_id` of session `id` started running.
+    pub fn started(&self, id: &str, run_id: &str) {
         if let Some(s) = self.lock().open.get_mut(id) {
-            s.running = true;
+            s.running = Some(run_id.to_string());
         }
     }
 
@@ -601,10 +599,9 @@ impl Sessions {
         let mut t = self.lock();
         if let Some(s) = t.open.get_mut(id) {
             s.pending = s.pending.saturating_sub(1);
-            let was_running = s.runs.first().is_some_and(|r| r == run_id);
             s.runs.retain(|r| r != run_id);
-            if was_running || s.pending == 0 {
-                s.running = false;
+            if s.running.as_deref() == Some(run_id) {
+                s.running = None;
             }
             s.touch();
             if let Some(state) = state {
@@ -705,7 +702,7 @@ impl Sessions {
             let mut t = self.lock();
             let s = t.usable(id)?;
             s.touch();
-            if s.running {
+            if s.running.is_some() {
                 return Err(SessionError::Busy { id: id.to_string() });
             }
             s.container.clone()
@@ -934,6 +931,12 @@ impl Sessions {
 fn container_name(id: &str) -> String {
     let hex = &id[SESSION_PREFIX.len()..];
     format!("codebox-session-{}", &hex[..12.min(hex.len())])
+}
+
+/// What an execution stopped by the session's end is told (the end, without the field name).
+fn end_message(id: &str, reason: &EndReason) -> String {
+    let message = SessionError::ended(id, reason).to_string();
+    message.trim_start_matches("session_id: ").to_string()
 }
 
 fn broken_reason(b: Broken) -> EndReason {
