@@ -393,16 +393,24 @@ fn a_uid_another_codebox_process_holds_is_never_leased() {
 
 /// `codebox repl LANG` with this stdin (not a terminal: the whole input is one cell).
 fn repl(language: &str, stdin: &str) -> std::process::Child {
+    repl_spawn(language, stdin, None)
+}
+
+/// `codebox repl LANGUAGE` fed `stdin`, with its data in `data` when given.
+fn repl_spawn(language: &str, stdin: &str, data: Option<&std::path::Path>) -> std::process::Child {
     use std::io::Write as _;
-    let mut child = crate::common::codebox_command()
+    let mut command = crate::common::codebox_command();
+    command
         .args(["repl", language])
         .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
         .env_remove("CODEBOX_CONFIG")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run codebox repl");
+        .stderr(std::process::Stdio::piped());
+    if let Some(data) = data {
+        command.env("CODEBOX_DATA_DIR", data);
+    }
+    let mut child = command.spawn().expect("run codebox repl");
     child
         .stdin
         .take()
@@ -466,23 +474,9 @@ fn ctrl_c_interrupts_the_running_cell_of_a_repl() {
 
 /// `codebox repl python` on this data directory with this stdin; its output.
 fn repl_in(data: &std::path::Path, stdin: &str) -> Output {
-    use std::io::Write as _;
-    let mut child = crate::common::codebox_command()
-        .args(["repl", "python"])
-        .env("CODEBOX_DATA_DIR", data)
-        .env_remove("CODEBOX_CONFIG")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run codebox repl");
-    child
-        .stdin
-        .take()
+    repl_spawn("python", stdin, Some(data))
+        .wait_with_output()
         .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
 }
 
 #[test]

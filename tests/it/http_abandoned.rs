@@ -5,51 +5,17 @@
 //! `sleep` that was not stopped would end `succeeded`) and the next run is admitted at once.
 //! A client that only closes its sending side still gets its answer.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use codebox::config::HttpSettings;
 use codebox::contract::RunRequest;
 use codebox::history::Query;
-use codebox::mcp::CodeboxServer;
 use codebox::report::Status;
 use codebox::runs::RunManager;
-use codebox::transport::http::{router, serve_connections};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 use crate::mcp_support::{docker_manager, settle, temp_history};
-
-/// The whole HTTP application, served the way `codebox serve` serves it, without a token.
-struct Served {
-    addr: SocketAddr,
-    stop: CancellationToken,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn serve(m: &RunManager) -> Served {
-    let stop = CancellationToken::new();
-    let app = router(
-        CodeboxServer::new(m.clone()),
-        None,
-        &HttpSettings::default(),
-        stop.child_token(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let ct = stop.clone();
-    tokio::spawn(serve_connections(listener, app, async move {
-        ct.cancelled().await
-    }));
-    Served { addr, stop }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Door {
@@ -121,7 +87,7 @@ enum Close {
 async fn goes_away_and_its_run_stops(door: Door) {
     let (history, _dir) = temp_history();
     let m = docker_manager(|c| c.runs.max_concurrent_runs = 1, Some(history));
-    let served = serve(&m).await;
+    let served = crate::http::start(m.clone(), None).await;
     for close in [Close::Fin, Close::Reset] {
         let mut c = TcpStream::connect(served.addr).await.unwrap();
         c.write_all(&request(door, 20)).await.unwrap();
@@ -173,7 +139,7 @@ async fn a_judge0_client_that_goes_away_stops_its_run() {
 async fn a_client_that_only_closes_its_sending_side_still_gets_its_answer() {
     let (history, _dir) = temp_history();
     let m = docker_manager(|_| {}, Some(history));
-    let served = serve(&m).await;
+    let served = crate::http::start(m.clone(), None).await;
     let mut previous: Option<String> = None;
     for door in [Door::V1, Door::Piston, Door::Judge0] {
         let mut c = TcpStream::connect(served.addr).await.unwrap();
