@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -93,6 +93,8 @@ pub struct SessionBox {
     name: String,
     stateful: bool,
     guard: Mutex<Option<ContainerGuard>>,
+    /// `true` once the container's removal has ended.
+    removed: watch::Receiver<bool>,
     asks: mpsc::UnboundedSender<Ask>,
     /// Cancelled when the container is ended: the request being answered ends at once.
     ended: CancellationToken,
@@ -146,6 +148,7 @@ impl SessionBox {
         SessionBox {
             name,
             stateful,
+            removed: guard.removed(),
             guard: Mutex::new(Some(guard)),
             asks,
             ended,
@@ -175,6 +178,14 @@ impl SessionBox {
     /// Remove the container: [`SessionBox::end_now`].
     pub fn close(&self) {
         self.end_now();
+    }
+
+    /// Ends when the container's removal has ended (started by [`SessionBox::end_now`]).
+    pub fn removed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut removed = self.removed.clone();
+        async move {
+            let _ = removed.wait_for(|done| *done).await;
+        }
     }
 
     /// Have the conversation task carry out one request: its answer, or why the container is

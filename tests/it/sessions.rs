@@ -716,3 +716,23 @@ async fn eight_shell_loops_timing_out_at_once_are_interrupted_not_their_shells()
         );
     }
 }
+
+/// `close_session` answers once the session's container is gone: a caller told "closed" finds
+/// nothing of it left, with no wait of its own (before: the container was still there when
+/// the answer came, and went a moment later).
+#[tokio::test]
+async fn close_session_answers_once_its_container_is_gone() {
+    let m = docker_manager(|_| {}, None);
+    for lang in ["python", "bash"] {
+        let s = m.create_session(open(lang)).await.unwrap();
+        let mut leftovers = RemovedIfFailed::default();
+        leftovers.hold(&s);
+        run(&m, exec(&s, "x=1")).await;
+        let closed = m.close_session_removed(&s.session_id).await.unwrap();
+        assert!(closed.closed);
+        assert!(
+            containers_of(&s).is_empty(),
+            "{lang}: closed, and its container is gone when close answers"
+        );
+    }
+}

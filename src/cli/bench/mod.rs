@@ -282,7 +282,11 @@ pub async fn bench(
             .resolve("python")
             .context("no python language")?;
         bench
-            .compare(python, Sending::Pipeline(args.concurrency.max(1)), &programs)
+            .compare(
+                python,
+                Sending::Pipeline(args.concurrency.max(1)),
+                &programs,
+            )
             .await?;
         return Ok(0);
     }
