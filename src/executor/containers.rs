@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 use super::images::ImageRef;
 use super::labels::labels;
 use super::pool::Shape;
-use super::stage::{run_stage, Answer, Bound, StageRequest};
+use super::stage::{run_stage, Answer, Bound, LiveStage, StageRequest};
 use super::timings::Leg;
 use super::{Executor, Halt, SandboxFailure, BACKSTOP_GRACE};
 use crate::engine::guard::ContainerGuard;
 use crate::engine::posture::{self, Limits, Plan};
 use crate::engine::protocol::{Collect, DecodeLimits, Payload};
 use crate::engine::EngineError;
+use crate::report::Stage;
 
 /// Extra time before a container counts as abandoned, beyond its limits.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
@@ -140,9 +141,9 @@ impl Executor {
         content_bytes: u64,
         bound: Bound<'_>,
     ) -> Result<Answer, Halt> {
-        let entries = match payload.collect {
-            Some(Collect::WorkspaceOnSuccess { .. }) => MAX_ARTIFACT_ENTRIES,
-            _ => MAX_OUTPUT_ENTRIES,
+        let (entries, stage) = match payload.collect {
+            Some(Collect::WorkspaceOnSuccess { .. }) => (MAX_ARTIFACT_ENTRIES, Stage::Compile),
+            _ => (MAX_OUTPUT_ENTRIES, Stage::Run),
         };
         let request = StageRequest {
             run_backstop: (payload.check.is_some() || payload.check_in_run)
@@ -154,6 +155,7 @@ impl Executor {
                 content: content_bytes,
                 entries,
             },
+            live: crate::live::current().map(|feed| LiveStage { feed, stage }),
         };
         let mut container = container;
         loop {

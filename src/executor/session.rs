@@ -32,6 +32,7 @@ use crate::engine::posture::Limits;
 use crate::engine::protocol::session::{Done, Exec, InitTimes, Open, Read, Work};
 use crate::engine::protocol::{Collect, DecodeLimits, Decoded, Entry, Files, PhaseName};
 use crate::engine::{Attached, ContainerEngine, InputSink, OutputStream};
+use crate::live::Feed;
 use crate::registry::Language;
 use crate::report::{InterpreterState, ResetReason, RunReport, SessionExecution, Stage, Status};
 
@@ -74,6 +75,8 @@ struct Ask {
     /// The answer is due within this, from when the request's turn comes.
     backstop: Duration,
     cancel: CancellationToken,
+    /// Where the answer is shown as it arrives.
+    live: Option<Arc<Feed>>,
     reply: oneshot::Sender<Result<Heard, Broken>>,
 }
 
@@ -184,12 +187,14 @@ impl SessionBox {
         limits: DecodeLimits,
         backstop: Duration,
         cancel: Option<&CancellationToken>,
+        live: Option<Arc<Feed>>,
     ) -> Result<Heard, Broken> {
         let (reply, answer) = oneshot::channel();
         let ask = Ask {
             request,
             limits,
             backstop,
+            live,
             cancel: cancel.cloned().unwrap_or_default(),
             reply,
         };
@@ -270,7 +275,8 @@ impl Conversation {
             ask.backstop,
             rule,
             Until::Answered,
-        );
+        )
+        .with_live(ask.live.take(), true);
         let stop = CancellationToken::new();
         let mut written = None;
         let listened = {
@@ -419,7 +425,7 @@ impl Executor {
             entries: 0,
         };
         match sbox
-            .ask(open.encode(), limits, start + BACKSTOP_GRACE, None)
+            .ask(open.encode(), limits, start + BACKSTOP_GRACE, None, None)
             .await
         {
             Ok(x) => match (x.decoded.fatal, x.decoded.done) {
@@ -473,8 +479,12 @@ impl Executor {
                     content: s.max_output_bytes,
                     entries: super::containers::MAX_OUTPUT_ENTRIES,
                 };
+                let live = crate::live::current();
+                if let Some(feed) = &live {
+                    feed.started(Stage::Run);
+                }
                 match sbox
-                    .ask(exec.encode(), limits, backstop, Some(&cancel))
+                    .ask(exec.encode(), limits, backstop, Some(&cancel), live)
                     .await
                 {
                     Ok(x) if x.closed => {
@@ -659,7 +669,7 @@ impl Executor {
             max_bytes,
         };
         let x = sbox
-            .ask(read.encode(), limits, READ_TIMEOUT, None)
+            .ask(read.encode(), limits, READ_TIMEOUT, None, None)
             .await
             .map_err(ReadError::Broken)?;
         match x.decoded.done.as_ref().and_then(|d| d.error.clone()) {

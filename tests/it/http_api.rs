@@ -29,7 +29,7 @@ pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
 }
 
 impl Server {
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.app.addr)
     }
 

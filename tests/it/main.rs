@@ -16,6 +16,7 @@ mod http_abandoned;
 mod http_api;
 mod http_session_files;
 mod layers;
+mod live;
 mod load_http;
 mod mcp_cli;
 mod mcp_fuzz;
