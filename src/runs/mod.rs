@@ -671,34 +671,29 @@ impl RunManager {
 
     /// Validate a request and queue it. Returns at once; the run starts when admitted.
     pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
-        self.submit_with(req, None)
+        let feed = Feed::new(self.feed_bytes());
+        self.submit_with(req, feed)
     }
 
     /// [`RunManager::submit`], with the program's stdin given while it runs: what `stdin`
-    /// brings is passed on until it closes (the request's own `stdin` comes first).
+    /// brings is passed on until it closes (the request's own `stdin` comes first). Returns
+    /// the run's live events too.
     pub fn submit_interactive(
         &self,
         req: RunRequest,
         stdin: tokio::sync::mpsc::Receiver<bytes::Bytes>,
-    ) -> Result<Accepted, SubmitError> {
-        self.submit_with(req, Some(stdin))
+    ) -> Result<(Accepted, Arc<Feed>), SubmitError> {
+        let feed = Feed::with_stdin(self.feed_bytes(), stdin);
+        self.submit_with(req, feed.clone()).map(|a| (a, feed))
     }
 
-    fn submit_with(
-        &self,
-        req: RunRequest,
-        stdin: Option<tokio::sync::mpsc::Receiver<bytes::Bytes>>,
-    ) -> Result<Accepted, SubmitError> {
-        let feed_bytes = self
-            .inner
-            .config
-            .sandbox
-            .output_limit_bytes
-            .saturating_mul(4);
-        let feed = match stdin {
-            Some(rx) => Feed::with_stdin(feed_bytes, rx),
-            None => Feed::new(feed_bytes),
-        };
+    /// The output a run's live events keep in all: four times the cap of one stream.
+    fn feed_bytes(&self) -> u64 {
+        let cap = self.inner.config.sandbox.output_limit_bytes;
+        cap.saturating_mul(4)
+    }
+
+    fn submit_with(&self, req: RunRequest, feed: Arc<Feed>) -> Result<Accepted, SubmitError> {
         if let Some(id) = req.session_id.clone() {
             return self.submit_in_session(&id, req, feed);
         }

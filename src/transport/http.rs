@@ -367,6 +367,7 @@ pub fn router(
     let programs = Router::new()
         .nest("/v1", api::v1::router(programs_api.clone()))
         .merge(api::piston::router(programs_api.clone()))
+        .merge(api::piston::connect::router(programs_api.clone()))
         .merge(api::judge0::router(programs_api))
         .layer(middleware::from_fn_with_state(
             ProgramPolicy {
@@ -507,7 +508,8 @@ pub async fn serve_connections(
                 .half_close(true)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => {
