@@ -12,7 +12,9 @@
 //! The APIs for programs get the same Host check, and refuse any request with an `Origin`
 //! header: browsers send one with every cross-site POST, even a "simple" `text/plain` one
 //! that needs no preflight, and Piston's clients post JSON as `text/plain`; without this a
-//! web page could run code through a `--no-auth` server on loopback.
+//! web page could run code through a `--no-auth` server on loopback. The one exception is
+//! the console's own page ([`super::console`], unless `http.console = false`): an `Origin`
+//! that is exactly this server's (the Host it asked for, itself checked) is allowed.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -126,6 +128,26 @@ impl Family {
 struct ProgramPolicy {
     token: Option<Token>,
     allowed_hosts: Arc<Vec<String>>,
+    /// The console is served: a request whose `Origin` is this server's own (the Host it
+    /// asked for, which passed the Host check) is the console's, and allowed.
+    console: bool,
+}
+
+/// Whether the request's `Origin` is the origin of the server it reached (`http://` or
+/// `https://` and exactly the Host header): the console's own page.
+fn same_origin(request: &Request) -> bool {
+    let headers = request.headers();
+    let (Some(origin), Some(host)) = (
+        headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()),
+        headers.get(header::HOST).and_then(|v| v.to_str().ok()),
+    ) else {
+        return false;
+    };
+    let origin = origin.trim();
+    let host = host.trim();
+    !host.is_empty()
+        && (origin.strip_prefix("http://") == Some(host)
+            || origin.strip_prefix("https://") == Some(host))
 }
 
 /// Host header names and ports, lowercased and without IPv6 brackets.
@@ -164,10 +186,10 @@ async fn guard_programs(
             "the Host header is not one of the server's http.allowed_hosts",
         );
     }
-    if request.headers().contains_key(header::ORIGIN) {
+    if request.headers().contains_key(header::ORIGIN) && !(policy.console && same_origin(&request)) {
         return family.refuse(
             StatusCode::FORBIDDEN,
-            "requests from web pages (with an Origin header) are refused: these routes are for programs; call them from a server-side program",
+            "requests from web pages of other origins (an Origin header that is not this server's) are refused: these routes are for programs and for this server's own console; call them from a server-side program",
         );
     }
     if let Some(token) = &policy.token {
@@ -373,9 +395,15 @@ pub fn router(
             ProgramPolicy {
                 token: token.clone(),
                 allowed_hosts: Arc::new(policy.allowed_hosts.clone()),
+                console: policy.console,
             },
             guard_programs,
         ));
+    let console = if policy.console {
+        super::console::samples(manager.clone())
+    } else {
+        Router::new()
+    };
     let state = AppState { manager, token };
     let protected = Router::new()
         .nest_service("/mcp", mcp)
@@ -387,13 +415,19 @@ pub fn router(
             check_messages,
         ))
         .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
-        .with_state(state.clone());
-    Router::new()
+        .with_state(state.clone())
+        .merge(console)
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let app = Router::new()
         .route("/healthz", get(healthz))
         .with_state(state)
         .merge(protected)
-        .merge(programs)
+        .merge(programs);
+    if policy.console {
+        app.merge(super::console::pages())
+    } else {
+        app
+    }
 }
 
 /// Bind the listen address and serve until `shutdown` resolves.

@@ -6,6 +6,7 @@ mod cli;
 mod cli_fake;
 mod cli_first_contact;
 mod common;
+mod console;
 mod docker_runs;
 mod fake_engine;
 mod faults;
