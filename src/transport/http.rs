@@ -186,7 +186,8 @@ async fn guard_programs(
             "the Host header is not one of the server's http.allowed_hosts",
         );
     }
-    if request.headers().contains_key(header::ORIGIN) && !(policy.console && same_origin(&request)) {
+    if request.headers().contains_key(header::ORIGIN) && !(policy.console && same_origin(&request))
+    {
         return family.refuse(
             StatusCode::FORBIDDEN,
             "requests from web pages of other origins (an Origin header that is not this server's) are refused: these routes are for programs and for this server's own console; call them from a server-side program",

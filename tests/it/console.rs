@@ -36,7 +36,10 @@ async fn the_page_and_its_assets_come_without_a_token_under_a_strict_policy() {
             .unwrap();
         assert_eq!(r.status(), 200, "{path}");
         let h = r.headers();
-        assert!(h["content-type"].to_str().unwrap().starts_with(kind), "{path}");
+        assert!(
+            h["content-type"].to_str().unwrap().starts_with(kind),
+            "{path}"
+        );
         let csp = h["content-security-policy"].to_str().unwrap();
         for rule in [
             "default-src 'none'",
@@ -46,7 +49,10 @@ async fn the_page_and_its_assets_come_without_a_token_under_a_strict_policy() {
         ] {
             assert!(csp.contains(rule), "{path}: {csp}");
         }
-        assert!(!csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"), "{csp}");
+        assert!(
+            !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"),
+            "{csp}"
+        );
         assert_eq!(h["x-content-type-options"], "nosniff");
     }
     let html = http
@@ -57,7 +63,10 @@ async fn the_page_and_its_assets_come_without_a_token_under_a_strict_policy() {
         .text()
         .await
         .unwrap();
-    assert!(!html.contains("http://") && !html.contains("https://"), "nothing from elsewhere");
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "nothing from elsewhere"
+    );
     assert!(!html.contains("<script>"), "no inline script");
     // The samples are data: behind the token.
     let url = format!("http://{}/console/samples.json", s.addr);
@@ -71,7 +80,10 @@ async fn the_page_and_its_assets_come_without_a_token_under_a_strict_policy() {
         .json()
         .await
         .unwrap();
-    assert!(samples["python"]["code"].as_str().unwrap().contains("print"));
+    assert!(samples["python"]["code"]
+        .as_str()
+        .unwrap()
+        .contains("print"));
 }
 
 #[tokio::test]

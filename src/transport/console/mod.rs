@@ -45,7 +45,10 @@ fn asset(kind: &'static str, body: &'static str) -> Response {
 /// The page and its assets (no token needed: they hold no data).
 pub fn pages() -> Router {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX) }))
+        .route(
+            "/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
+        )
         .route(
             "/console/console.js",
             get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
