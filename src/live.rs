@@ -370,9 +370,13 @@ mod tests {
         feed.output(Stream::Stderr, b"x");
         let report = RunReport::new(
             "r",
-            "python".into(),
+            "python",
             crate::report::Status::Succeeded,
-            Default::default(),
+            crate::report::RunLimits {
+                memory_mb: 512,
+                timeout_seconds: 30.0,
+                cpus: 1.0,
+            },
             "",
         );
         feed.finish(Arc::new(report));

@@ -432,6 +432,67 @@ mod tests {
     }
 
     #[test]
+    fn news_comes_in_frame_order_with_the_caps_and_only_when_asked_for() {
+        let mut bytes = Vec::new();
+        bytes.extend(frame(b'P', b"run"));
+        bytes.extend(frame(b'E', b"e1"));
+        bytes.extend(frame(b'O', b"o1"));
+        bytes.extend(frame(b'E', b"e2"));
+        bytes.extend(frame(b'O', b"o2345"));
+        bytes.extend(frame(
+            b'X',
+            b"phase=run\nend=exited\ncode=0\nwall_ms=1\noom_kills=0\nstdout_bytes=7\nstderr_bytes=9\n",
+        ));
+        bytes.extend(frame(
+            b'F',
+            &entry(["f", "outputs/a", "644", "2", "ab", "", ""]),
+        ));
+        bytes.extend(frame(b'B', b"ab"));
+        let mut quiet = Decoder::new(limits());
+        quiet.push(&bytes).unwrap();
+        assert!(quiet.take_news().is_empty());
+        let mut d = Decoder::new(limits());
+        d.keep_news();
+        d.push(&bytes).unwrap();
+        let out = |stdout, b: &[u8]| News::Output {
+            stdout,
+            bytes: b.to_vec(),
+        };
+        assert_eq!(
+            d.take_news(),
+            vec![
+                out(false, b"e1"),
+                out(true, b"o1"),
+                out(false, b"e2"),
+                // Full at its cap: told once, where it happened.
+                News::Capped { stdout: false },
+                out(true, b"o2"),
+                News::Capped { stdout: true },
+                News::File {
+                    path: "outputs/a".into(),
+                    size: 2
+                },
+            ]
+        );
+        assert!(d.take_news().is_empty(), "news is taken once");
+
+        // Output codebox-init dropped past its own cap (never framed): the phase's end tells.
+        let mut d = Decoder::new(limits());
+        d.keep_news();
+        let mut bytes = frame(b'P', b"run");
+        bytes.extend(frame(b'O', b"ab"));
+        bytes.extend(frame(
+            b'X',
+            b"phase=run\nend=exited\ncode=0\nwall_ms=1\noom_kills=0\nstdout_bytes=900\nstderr_bytes=0\n",
+        ));
+        d.push(&bytes).unwrap();
+        assert_eq!(
+            d.take_news(),
+            vec![out(true, b"ab"), News::Capped { stdout: true }]
+        );
+    }
+
+    #[test]
     fn frames_decode_in_any_chunking_and_output_is_capped() {
         let mut bytes = Vec::new();
         bytes.extend(frame(b'P', b"run"));
