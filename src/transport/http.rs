@@ -453,11 +453,16 @@ pub async fn serve(
     let app = router(server, token.clone(), http, ct.child_token());
     // The one line on stderr a supervisor (or a test using port 0) reads to find the port.
     eprintln!(
-        "codebox: serving MCP at http://{local}/mcp ({})",
+        "codebox: serving MCP at http://{local}/mcp ({}){}",
         if token.is_some() {
             "bearer token required"
         } else {
             "no authentication"
+        },
+        if http.console {
+            format!("; the console at http://{local}/")
+        } else {
+            String::new()
         }
     );
     let stop = ct.clone();
