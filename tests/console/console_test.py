@@ -10,6 +10,7 @@ Usage: console_test.py BASE_URL TOKEN OTHER_ORIGIN_URL SHOTS_DIR
 """
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -243,6 +244,7 @@ def main():
         check("a page of another origin cannot use the API", another_origin_is_refused)
     finally:
         driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
     print(f"console: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
