@@ -27,6 +27,8 @@
 //!   cache); test cases (`cases.rs`), a session's container (`SessionBox`, `session.rs`),
 //!   outcomes, and `exchange.rs`, the one client of codebox-init's protocol that one-shot
 //!   stages and session executions share; `pool/` keeps containers ready.
+//! - [`live`]: a run's live events (output as it comes, files, the report), which the
+//!   executor writes and `/v1/runs/{id}/events`, MCP progress and Piston's WebSocket read.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user),
 //!   `fake.rs` and `fake/` (only with the `testing` feature), `guard.rs` (each container's
 //!   one owner, which removes it on every path), `posture.rs` (the locked-down spec),
@@ -49,6 +51,7 @@ pub mod executor;
 pub mod history;
 pub mod images;
 pub mod instance;
+pub mod live;
 pub mod mcp;
 pub mod reaper;
 pub mod registry;

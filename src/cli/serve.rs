@@ -29,21 +29,28 @@ pub struct ServeArgs {
     /// Serve HTTP without a token. Refused unless the listen address is loopback.
     #[arg(long)]
     pub no_auth: bool,
+    /// Do not serve the console at `/` with `--transport http` (the `http.console` setting).
+    #[arg(long)]
+    pub no_console: bool,
     /// Print the effective configuration (as a config file; never the token) and exit.
     #[arg(long)]
     pub print_config: bool,
 }
 
 pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
+    let mut config = (*app.config).clone();
+    if args.no_console {
+        config.http.console = false;
+    }
     if args.print_config {
-        print!("{}", app.config.to_toml());
+        print!("{}", config.to_toml());
         return Ok(0);
     }
     let transport = match args.transport {
         TransportKind::Stdio => Transport::Stdio,
         TransportKind::Http => Transport::Http {
             token: http::resolve_auth(
-                &app.config.http,
+                &config.http,
                 args.token_file.as_deref(),
                 std::env::var("CODEBOX_TOKEN").ok(),
                 args.no_auth,
@@ -55,6 +62,6 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
     app.reap().await;
     app.runs.start_pool();
     app.runs.start_ready_sessions();
-    transport::serve(app.runs.clone(), &app.config, transport, shutdown).await?;
+    transport::serve(app.runs.clone(), &config, transport, shutdown).await?;
     Ok(0)
 }

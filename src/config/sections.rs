@@ -168,6 +168,8 @@ section! {
         /// precedence). The token itself is never a setting.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub token_file: Option<PathBuf> = None,
+        /// Serve the console (a web page for people) at `/` (`--no-console` turns it off).
+        pub console: bool = true,
     }
 }
 

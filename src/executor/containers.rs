@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::images::{ImageIds, ImageRef};
 use super::labels::labels;
 use super::pool::{run_workspace_mb, Pool, Shape};
-use super::stage::{run_stage, Answer, Bound, StageRequest};
+use super::stage::{run_stage, Answer, Bound, LiveStage, StageRequest};
 use super::timings::{Leg, Timings};
 use super::{Halt, SandboxFailure, BACKSTOP_GRACE};
 use crate::config::Config;
@@ -19,6 +19,7 @@ use crate::engine::posture::{self, Limits, Plan};
 use crate::engine::protocol::{Collect, DecodeLimits, Payload};
 use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, EngineError};
+use crate::report::Stage;
 
 /// Extra time before a container counts as abandoned, beyond its limits.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
@@ -208,9 +209,9 @@ impl Containers {
         content_bytes: u64,
         bound: Bound<'_>,
     ) -> Result<Answer, Halt> {
-        let entries = match payload.collect {
-            Some(Collect::WorkspaceOnSuccess { .. }) => MAX_ARTIFACT_ENTRIES,
-            _ => MAX_OUTPUT_ENTRIES,
+        let (entries, stage) = match payload.collect {
+            Some(Collect::WorkspaceOnSuccess { .. }) => (MAX_ARTIFACT_ENTRIES, Stage::Compile),
+            _ => (MAX_OUTPUT_ENTRIES, Stage::Run),
         };
         let request = StageRequest {
             run_backstop: (payload.check.is_some() || payload.check_in_run)
@@ -222,6 +223,7 @@ impl Containers {
                 content: content_bytes,
                 entries,
             },
+            live: crate::live::current().map(|feed| LiveStage { feed, stage }),
         };
         let mut container = container;
         loop {

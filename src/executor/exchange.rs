@@ -9,6 +9,7 @@
 //! is read for [`DRAIN_GRACE`]; once the exchange's time is up the engine is waited for at
 //! most [`END_GRACE`] more.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,7 +18,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::protocol::{DecodeLimits, Decoded, Decoder, PhaseName};
+use crate::live::{Feed, Stream};
+
+use crate::engine::protocol::{DecodeLimits, Decoded, Decoder, News, PhaseName};
 use crate::engine::{
     ContainerEngine, ContainerState, EngineError, InputSink, Output, OutputStream, Signal,
 };
@@ -141,6 +144,11 @@ pub struct Exchange<'a> {
     pub unresponsive: bool,
     /// The container's owner ended it while the answer was awaited.
     pub closed: bool,
+    /// Where what arrives is shown while it arrives.
+    live: Option<Arc<Feed>>,
+    /// Whether file entries are shown (a run stage's `outputs/`, not a compile's artifacts).
+    live_files: bool,
+    output_limit: u64,
 }
 
 impl<'a> Exchange<'a> {
@@ -170,6 +178,39 @@ impl<'a> Exchange<'a> {
             stream_error: None,
             unresponsive: false,
             closed: false,
+            live: None,
+            live_files: false,
+            output_limit: limits.output,
+        }
+    }
+
+    /// Show the output (and the files, when `files`) in `feed` as they arrive.
+    pub fn with_live(mut self, feed: Option<Arc<Feed>>, files: bool) -> Exchange<'a> {
+        self.live_files = files;
+        if feed.is_some() {
+            self.decoder.keep_news();
+        }
+        self.live = feed;
+        self
+    }
+
+    /// Pass on what the last frames brought.
+    fn tell(&mut self) {
+        let Some(feed) = &self.live else { return };
+        for news in self.decoder.take_news() {
+            let stream = |stdout| {
+                if stdout {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                }
+            };
+            match news {
+                News::Output { stdout, bytes } => feed.output(stream(stdout), &bytes),
+                News::Capped { stdout } => feed.truncated(stream(stdout), self.output_limit),
+                News::File { path, size } if self.live_files => feed.file(&path, size),
+                News::File { .. } => {}
+            }
         }
     }
 
@@ -236,6 +277,7 @@ impl<'a> Exchange<'a> {
                             continue;
                         }
                         let pushed = self.decoder.push(&bytes);
+                        self.tell();
                         if let Some(after) = self.run_backstop.filter(|_| {
                             self.watch == Watch::Running
                                 && self.decoder.decoded().phase(PhaseName::Run).is_some()

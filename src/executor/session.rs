@@ -34,6 +34,7 @@ use crate::engine::posture::Limits;
 use crate::engine::protocol::session::{Done, Exec, InitTimes, Open, Read, Work};
 use crate::engine::protocol::{Collect, DecodeLimits, Decoded, Entry, Files, PhaseName};
 use crate::engine::{Attached, ContainerEngine, InputSink, OutputStream};
+use crate::live::Feed;
 use crate::registry::Language;
 use crate::report::{InterpreterState, ResetReason, RunReport, SessionExecution, Stage, Status};
 
@@ -76,6 +77,8 @@ struct Ask {
     /// The answer is due within this, from when the request's turn comes.
     backstop: Duration,
     cancel: CancellationToken,
+    /// Where the answer is shown as it arrives.
+    live: Option<Arc<Feed>>,
     reply: oneshot::Sender<Result<Heard, Broken>>,
 }
 
@@ -197,12 +200,14 @@ impl SessionBox {
         limits: DecodeLimits,
         backstop: Duration,
         cancel: Option<&CancellationToken>,
+        live: Option<Arc<Feed>>,
     ) -> Result<Heard, Broken> {
         let (reply, answer) = oneshot::channel();
         let ask = Ask {
             request,
             limits,
             backstop,
+            live,
             cancel: cancel.cloned().unwrap_or_default(),
             reply,
         };
@@ -283,7 +288,8 @@ impl Conversation {
             ask.backstop,
             rule,
             Until::Answered,
-        );
+        )
+        .with_live(ask.live.take(), true);
         let stop = CancellationToken::new();
         let mut written = None;
         let listened = {
@@ -452,7 +458,7 @@ impl SessionBox {
             entries: 0,
         };
         match sbox
-            .ask(open.encode(), limits, start + BACKSTOP_GRACE, None)
+            .ask(open.encode(), limits, start + BACKSTOP_GRACE, None, None)
             .await
         {
             Ok(x) => match (x.decoded.fatal, x.decoded.done) {
@@ -512,8 +518,12 @@ impl SessionBox {
                     content: s.max_output_bytes,
                     entries: super::containers::MAX_OUTPUT_ENTRIES,
                 };
+                let live = crate::live::current();
+                if let Some(feed) = &live {
+                    feed.started(Stage::Run);
+                }
                 match self
-                    .ask(exec.encode(), limits, backstop, Some(&cancel))
+                    .ask(exec.encode(), limits, backstop, Some(&cancel), live)
                     .await
                 {
                     Ok(x) if x.closed => {
@@ -598,7 +608,7 @@ impl SessionBox {
             max_bytes,
         };
         let x = self
-            .ask(read.encode(), limits, READ_TIMEOUT, None)
+            .ask(read.encode(), limits, READ_TIMEOUT, None, None)
             .await
             .map_err(ReadError::Broken)?;
         match x.decoded.done.as_ref().and_then(|d| d.error.clone()) {

@@ -11,6 +11,7 @@
 //! are bounded the same way as every other engine call of a run: by a stop and by the run's
 //! deadline ([`Bound`]). Tested on the fake engine with paused time.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,7 +21,9 @@ use tokio_util::task::AbortOnDropHandle;
 use super::exchange::{by, write_request, Exchange, StopRule, Until, WAIT_GRACE};
 pub use super::exchange::{HostEnding, END_GRACE, STOP_GRACE};
 use crate::engine::protocol::{DecodeLimits, Decoded};
-use crate::engine::{ContainerEngine, EngineError, Signal};
+use crate::engine::{ContainerEngine, EngineError, InputSink, Signal};
+use crate::live::Feed;
+use crate::report::Stage;
 
 /// What ends an engine call of a run before it answers: a stop, or the run's deadline.
 #[derive(Clone, Copy)]
@@ -80,6 +83,16 @@ pub struct StageRequest {
     /// begins, the host's deadline becomes this long from then, if that is sooner.
     pub run_backstop: Option<Duration>,
     pub limits: DecodeLimits,
+    /// Where the stage is shown as it goes, when someone may watch.
+    pub live: Option<LiveStage>,
+}
+
+/// A stage shown live: its feed, and which stage it is (a run stage shows its files and
+/// takes the program's stdin from the feed when it has one).
+#[derive(Clone)]
+pub struct LiveStage {
+    pub feed: Arc<Feed>,
+    pub stage: Stage,
 }
 
 /// Where a stage's time went, as the host saw it.
@@ -111,6 +124,22 @@ pub struct Answer {
     pub times: StageTimes,
 }
 
+/// Pass the program's stdin on as it comes, until its sender closes (the program then
+/// reads its end). The lock is held while forwarding: a stage that is given up (a container
+/// that never answered) leaves the rest to the next.
+async fn forward_stdin(
+    input: &mut InputSink,
+    stdin: &tokio::sync::Mutex<tokio::sync::mpsc::Receiver<bytes::Bytes>>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut rx = stdin.lock().await;
+    while let Some(chunk) = rx.recv().await {
+        if input.write_all(&chunk).await.is_err() || input.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Run one stage in the container `id`; `start` when it was only created. Attaching and
 /// starting are bounded by `bound`; once the container runs, the stage's own deadlines apply.
 pub async fn run_stage(
@@ -133,11 +162,23 @@ pub async fn run_stage(
     let began = Instant::now();
     let mut input = attached.input;
     let payload = request.payload;
+    let live = request.live;
+    if let Some(l) = &live {
+        l.feed.started(l.stage);
+    }
+    let stdin = live
+        .as_ref()
+        .filter(|l| l.stage == Stage::Run)
+        .and_then(|l| l.feed.stdin());
     // The payload may be larger than a pipe holds: it is written while the output is read.
     // The task holds the attach connection's write half until the stage ends, whichever way
     // it ends: dropping the handle aborts it.
     let _writer = AbortOnDropHandle::new(tokio::spawn(async move {
-        let _ = write_request(&mut input, payload).await;
+        if write_request(&mut input, payload).await.is_ok() {
+            if let Some(stdin) = stdin {
+                forward_stdin(&mut input, &stdin).await;
+            }
+        }
         let _ = tokio::io::AsyncWriteExt::shutdown(&mut input).await;
         std::future::pending::<()>().await;
     }));
@@ -154,7 +195,11 @@ pub async fn run_stage(
         stop,
         Until::OutputEnds,
     )
-    .with_run_backstop(request.run_backstop);
+    .with_run_backstop(request.run_backstop)
+    .with_live(
+        live.as_ref().map(|l| l.feed.clone()),
+        live.as_ref().is_some_and(|l| l.stage == Stage::Run),
+    );
     ex.listen(&mut output, cancel, &CancellationToken::new())
         .await?;
     let output_ended = Instant::now();

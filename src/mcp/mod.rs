@@ -39,6 +39,10 @@ pub use results::{report_result, session_file_result};
 
 /// How often `run_code` reports progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// The newest output a progress message carries: at most this many lines...
+const PROGRESS_LINES: usize = 10;
+/// ...and this many bytes.
+const PROGRESS_BYTES: usize = 1024;
 
 /// The tool server. One per MCP session; all share the run manager.
 #[derive(Clone)]
@@ -143,7 +147,19 @@ impl CodeboxServer {
                         (Status::Queued, Some(pos)) => {
                             format!("queued: number {pos} waiting for a slot")
                         }
-                        _ => format!("running for {:.0} s", p.elapsed.as_secs_f64()),
+                        _ => {
+                            let mut m = format!("running for {:.0} s", p.elapsed.as_secs_f64());
+                            let tail = self
+                                .manager
+                                .feed(&run_id)
+                                .map(|f| f.tail(PROGRESS_LINES, PROGRESS_BYTES))
+                                .unwrap_or_default();
+                            if !tail.is_empty() {
+                                m.push_str("; newest output:\n");
+                                m.push_str(&tail);
+                            }
+                            m
+                        }
                     };
                     let _ = ctx
                         .peer

@@ -38,6 +38,17 @@ pub struct Metrics {
     session_executions: AtomicU64,
     /// Interpreter resets by reason.
     session_resets: Mutex<BTreeMap<&'static str, u64>>,
+    /// Readers of live events connected now (SSE streams, Piston WebSockets).
+    live_readers: AtomicU64,
+}
+
+/// One connected reader of live events, counted while it lives.
+pub struct LiveReader(std::sync::Arc<Metrics>);
+
+impl Drop for LiveReader {
+    fn drop(&mut self) {
+        self.0.live_readers.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Metrics {
@@ -69,6 +80,12 @@ impl Metrics {
                     .or_default() += 1;
             }
         }
+    }
+
+    /// Count a reader of live events until the returned guard is dropped.
+    pub fn live_reader(self: &std::sync::Arc<Metrics>) -> LiveReader {
+        self.live_readers.fetch_add(1, Ordering::Relaxed);
+        LiveReader(self.clone())
     }
 
     pub(super) fn session_opened(&self) {
@@ -134,6 +151,16 @@ impl Metrics {
             w,
             "codebox_runs_rejected_total{{reason=\"queue_full\"}} {}",
             self.rejected_queue_full.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP codebox_live_readers Readers of live events connected now (SSE streams and WebSockets)."
+        );
+        let _ = writeln!(w, "# TYPE codebox_live_readers gauge");
+        let _ = writeln!(
+            w,
+            "codebox_live_readers {}",
+            self.live_readers.load(Ordering::Relaxed)
         );
         let _ = writeln!(w, "# HELP codebox_queue_depth Runs waiting for a slot.");
         let _ = writeln!(w, "# TYPE codebox_queue_depth gauge");

@@ -48,6 +48,7 @@ use crate::executor::pool::{Change, Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
 use crate::executor::{new_run_id, parallelism, Executor};
 use crate::history::{now_ms, History, NewRun};
+use crate::live::Feed;
 use crate::registry::Registry;
 use crate::report::{InterpreterState, RunReport, SessionExecution, Status};
 use admission::{Admission, Next, Policy, Refusal, Ticket};
@@ -113,6 +114,8 @@ struct Live {
     state: RunState,
     cancel: CancellationToken,
     done: watch::Sender<Option<Arc<RunReport>>>,
+    /// Its live events (output as it comes), ended with the report.
+    feed: Arc<Feed>,
 }
 
 struct State {
@@ -248,6 +251,11 @@ impl RunManager {
         &self.inner.metrics
     }
 
+    /// Count a reader of live events while the guard lives (`codebox_live_readers`).
+    pub fn live_reader(&self) -> metrics::LiveReader {
+        self.inner.metrics.live_reader()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every update is a few
         // assignments), so a poisoned lock is used as is.
@@ -304,13 +312,14 @@ impl RunManager {
         let queued_ms = now.duration_since(run.accepted).as_millis() as u64;
         let cancel = run.cancel.clone();
         let session = run.session.clone();
+        let feed = run.feed.clone();
         if let Some(s) = &session {
             self.inner.sessions.started(&s.id, &run_id);
         }
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
         }
-        self.spawn(run_id, *request, queued_ms, cancel, session);
+        self.spawn(run_id, *request, queued_ms, cancel, session, feed);
     }
 
     /// Start filling the pool where it is short, while admission lets it grow.
@@ -350,10 +359,11 @@ impl RunManager {
         queued_ms: u64,
         cancel: CancellationToken,
         session: Option<LiveSession>,
+        feed: Arc<Feed>,
     ) {
         let executor = self.inner.executor.clone();
         let id = run_id.clone();
-        let task = tokio::spawn(async move {
+        let task = tokio::spawn(crate::live::scope(feed, async move {
             let Some(s) = session else {
                 return Finished::from(executor.execute(&id, &request, queued_ms, cancel).await);
             };
@@ -371,7 +381,7 @@ impl RunManager {
                 broken: r.broken,
                 workspace_bytes: r.workspace_bytes,
             }
-        });
+        }));
         let manager = self.clone();
         tokio::spawn(async move {
             let outcome = task.await.map_err(|e| {
@@ -427,6 +437,7 @@ impl RunManager {
         }
         self.inner.metrics.record(&report);
         run.done.send_replace(Some(report.clone()));
+        run.feed.finish(report.clone());
         st.retention.keep(run_id, report);
         let max_bytes = self
             .inner
@@ -513,6 +524,12 @@ impl RunManager {
             }
         }
         Some(r)
+    }
+
+    /// The live events of an unfinished run; `None` once it has ended (its report then
+    /// says everything) or when this server does not hold it.
+    pub fn feed(&self, run_id: &str) -> Option<Arc<Feed>> {
+        self.lock().live.get(run_id).map(|r| r.feed.clone())
     }
 
     /// Where an unfinished run stands; `None` when unknown or finished and forgotten.
@@ -656,8 +673,31 @@ impl RunManager {
 
     /// Validate a request and queue it. Returns at once; the run starts when admitted.
     pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
+        let feed = Feed::new(self.feed_bytes());
+        self.submit_with(req, feed)
+    }
+
+    /// [`RunManager::submit`], with the program's stdin given while it runs: what `stdin`
+    /// brings is passed on until it closes (the request's own `stdin` comes first). Returns
+    /// the run's live events too.
+    pub fn submit_interactive(
+        &self,
+        req: RunRequest,
+        stdin: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    ) -> Result<(Accepted, Arc<Feed>), SubmitError> {
+        let feed = Feed::with_stdin(self.feed_bytes(), stdin);
+        self.submit_with(req, feed.clone()).map(|a| (a, feed))
+    }
+
+    /// The output a run's live events keep in all: four times the cap of one stream.
+    fn feed_bytes(&self) -> u64 {
+        let cap = self.inner.config.sandbox.output_limit_bytes;
+        cap.saturating_mul(4)
+    }
+
+    fn submit_with(&self, req: RunRequest, feed: Arc<Feed>) -> Result<Accepted, SubmitError> {
         if let Some(id) = req.session_id.clone() {
-            return self.submit_in_session(&id, req);
+            return self.submit_in_session(&id, req, feed);
         }
         let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
         let budget_mb = self.inner.config.runs.memory_budget_mb;
@@ -672,12 +712,17 @@ impl RunManager {
                 ),
             }));
         }
-        self.enqueue(valid, slots, charge_mb, None)
+        self.enqueue(valid, slots, charge_mb, None, feed)
     }
 
     /// An execution in session `id`: the session's language, memory and CPU; one run slot,
     /// and the compile stage's memory for a compiled language (the session holds its own).
-    fn submit_in_session(&self, id: &str, req: RunRequest) -> Result<Accepted, SubmitError> {
+    fn submit_in_session(
+        &self,
+        id: &str,
+        req: RunRequest,
+        feed: Arc<Feed>,
+    ) -> Result<Accepted, SubmitError> {
         let sessions = &self.inner.sessions;
         let begun = sessions.begin_execution(id)?;
         let registry = &self.inner.registry;
@@ -717,7 +762,7 @@ impl RunManager {
             state: begun.state,
             reset_reason: None,
         };
-        self.enqueue(valid, 1, charge_mb, Some((session, at)))
+        self.enqueue(valid, 1, charge_mb, Some((session, at)), feed)
     }
 
     fn enqueue(
@@ -726,6 +771,7 @@ impl RunManager {
         slots: usize,
         charge_mb: u64,
         session: Option<(LiveSession, SessionExecution)>,
+        feed: Arc<Feed>,
     ) -> Result<Accepted, SubmitError> {
         self.purge_expired();
         let run_id = new_run_id();
@@ -797,6 +843,7 @@ impl RunManager {
                 },
                 cancel: CancellationToken::new(),
                 done,
+                feed,
             },
         );
         if let Some(message) = ending {

@@ -12,7 +12,9 @@
 //! The APIs for programs get the same Host check, and refuse any request with an `Origin`
 //! header: browsers send one with every cross-site POST, even a "simple" `text/plain` one
 //! that needs no preflight, and Piston's clients post JSON as `text/plain`; without this a
-//! web page could run code through a `--no-auth` server on loopback.
+//! web page could run code through a `--no-auth` server on loopback. The one exception is
+//! the console's own page ([`super::console`], unless `http.console = false`): an `Origin`
+//! that is exactly this server's (the Host it asked for, itself checked) is allowed.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -126,6 +128,26 @@ impl Family {
 struct ProgramPolicy {
     token: Option<Token>,
     allowed_hosts: Arc<Vec<String>>,
+    /// The console is served: a request whose `Origin` is this server's own (the Host it
+    /// asked for, which passed the Host check) is the console's, and allowed.
+    console: bool,
+}
+
+/// Whether the request's `Origin` is the origin of the server it reached (`http://` or
+/// `https://` and exactly the Host header): the console's own page.
+fn same_origin(request: &Request) -> bool {
+    let headers = request.headers();
+    let (Some(origin), Some(host)) = (
+        headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()),
+        headers.get(header::HOST).and_then(|v| v.to_str().ok()),
+    ) else {
+        return false;
+    };
+    let origin = origin.trim();
+    let host = host.trim();
+    !host.is_empty()
+        && (origin.strip_prefix("http://") == Some(host)
+            || origin.strip_prefix("https://") == Some(host))
 }
 
 /// Host header names and ports, lowercased and without IPv6 brackets.
@@ -164,10 +186,11 @@ async fn guard_programs(
             "the Host header is not one of the server's http.allowed_hosts",
         );
     }
-    if request.headers().contains_key(header::ORIGIN) {
+    if request.headers().contains_key(header::ORIGIN) && !(policy.console && same_origin(&request))
+    {
         return family.refuse(
             StatusCode::FORBIDDEN,
-            "requests from web pages (with an Origin header) are refused: these routes are for programs; call them from a server-side program",
+            "requests from web pages of other origins (an Origin header that is not this server's) are refused: these routes are for programs and for this server's own console; call them from a server-side program",
         );
     }
     if let Some(token) = &policy.token {
@@ -367,14 +390,21 @@ pub fn router(
     let programs = Router::new()
         .nest("/v1", api::v1::router(programs_api.clone()))
         .merge(api::piston::router(programs_api.clone()))
+        .merge(api::piston::connect::router(programs_api.clone()))
         .merge(api::judge0::router(programs_api))
         .layer(middleware::from_fn_with_state(
             ProgramPolicy {
                 token: token.clone(),
                 allowed_hosts: Arc::new(policy.allowed_hosts.clone()),
+                console: policy.console,
             },
             guard_programs,
         ));
+    let console = if policy.console {
+        super::console::samples(manager.clone())
+    } else {
+        Router::new()
+    };
     let state = AppState { manager, token };
     let protected = Router::new()
         .nest_service("/mcp", mcp)
@@ -386,13 +416,19 @@ pub fn router(
             check_messages,
         ))
         .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
-        .with_state(state.clone());
-    Router::new()
+        .with_state(state.clone())
+        .merge(console)
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let app = Router::new()
         .route("/healthz", get(healthz))
         .with_state(state)
         .merge(protected)
-        .merge(programs)
+        .merge(programs);
+    if policy.console {
+        app.merge(super::console::pages())
+    } else {
+        app
+    }
 }
 
 /// Bind the listen address and serve until `shutdown` resolves.
@@ -417,11 +453,16 @@ pub async fn serve(
     let app = router(server, token.clone(), http, ct.child_token());
     // The one line on stderr a supervisor (or a test using port 0) reads to find the port.
     eprintln!(
-        "codebox: serving MCP at http://{local}/mcp ({})",
+        "codebox: serving MCP at http://{local}/mcp ({}){}",
         if token.is_some() {
             "bearer token required"
         } else {
             "no authentication"
+        },
+        if http.console {
+            format!("; the console at http://{local}/")
+        } else {
+            String::new()
         }
     );
     let stop = ct.clone();
@@ -507,7 +548,8 @@ pub async fn serve_connections(
                 .half_close(true)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => {

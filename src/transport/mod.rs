@@ -2,6 +2,7 @@
 //! Streamable HTTP at `/mcp`, with `/healthz` and `/metrics` beside it.
 
 mod auth;
+pub mod console;
 pub mod http;
 pub mod jsonrpc;
 pub mod stdio;

@@ -97,6 +97,8 @@ def main():
         ("GET", "/v1/runs/{id}", "/v1/runs/nope", None, token, 404),
         ("DELETE", "/v1/runs/{id}", f"/v1/runs/{run_id}", None, token, 200),
         ("DELETE", "/v1/runs/{id}", "/v1/runs/nope", None, token, 404),
+        ("GET", "/v1/runs/{id}/events", "/v1/runs/nope/events", None, token, 404),
+        ("GET", "/v1/runs/{id}/events", f"/v1/runs/{run_id}/events", None, None, 401),
         ("GET", "/v1/languages", "/v1/languages", None, token, 200),
         ("GET", "/v1/history", "/v1/history?limit=5&language=py", None, token, 200),
         ("GET", "/v1/history", "/v1/history?status=done", None, token, 400),
@@ -116,6 +118,25 @@ def main():
     ]
     for call in calls:
         exercise(*call)
+
+    def events_of_an_ended_run():
+        req = urllib.request.Request(f"{base}/v1/runs/{run_id}/events", method="GET")
+        req.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req, timeout=120) as r:
+            op = doc["paths"]["/v1/runs/{id}/events"]["get"]
+            assert str(r.status) in op["responses"], r.status
+            kind = r.headers["Content-Type"]
+            assert kind.startswith("text/event-stream"), kind
+            assert "text/event-stream" in op["responses"]["200"]["content"], op
+            text = r.read().decode()
+        blocks = [b for b in text.split("\n\n") if "event:" in b]
+        assert len(blocks) == 1 and "event: report" in blocks[0], text
+        data = "".join(l[5:].strip() for l in blocks[0].splitlines() if l.startswith("data:"))
+        report = json.loads(data)
+        conforms(doc["paths"]["/v1/runs/{id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"], report)
+        exercised.add(("GET", "/v1/runs/{id}/events"))
+
+    check("GET /v1/runs/{id}/events of an ended run answers its report as an event stream", events_of_an_ended_run)
     documented = {(m.upper(), p) for p, item in doc["paths"].items() for m in item}
     check("every documented operation was exercised",
           lambda: (_ for _ in ()).throw(AssertionError(sorted(documented - exercised)))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The APIs for programs against clients nobody here wrote, through the real binary on
 # loopback: npm's piston-client against /api/v2 (a --no-auth server: the client cannot send
-# a token), the official Judge0 Python SDK against the Judge0 routes and plain curl against
+# a token), PyPI's websockets against Piston's /api/v2/connect, the official Judge0 Python
+# SDK against the Judge0 routes and plain curl against
 # /v1 (a server with a token), and the OpenAPI document checked by openapi-spec-validator.
 # Installs the pinned clients into target/ (PyPI and npm), builds codebox if needed. Needs
 # Docker with the python, gcc and java images built. Ends with `N passed, M failed`.
@@ -17,12 +18,13 @@ node_dir="$root/target/api-node"
 # Pinned: the versions these checks were written against.
 JUDGE0_SDK=judge0==0.0.8
 SPEC_VALIDATOR=openapi-spec-validator==0.9.0
+WEBSOCKETS=websockets==15.0.1
 PISTON_CLIENT=piston-client@1.0.2
 
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$JUDGE0_SDK" "$SPEC_VALIDATOR"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$JUDGE0_SDK" "$SPEC_VALIDATOR" "$WEBSOCKETS"
 mkdir -p "$node_dir"
 if [ ! -f "$node_dir/node_modules/piston-client/package.json" ] ||
    ! grep -q '"version": "1.0.2"' "$node_dir/node_modules/piston-client/package.json"; then
@@ -95,6 +97,7 @@ run() {
 run curl bash "$here/v1_curl.sh" "$with_token" "$token"
 run openapi "$venv/bin/python" "$here/openapi_check.py" "$with_token" "$token"
 run judge0 "$venv/bin/python" "$here/judge0_client.py" "$with_token" "$token"
+run piston-ws "$venv/bin/python" "$here/piston_ws.py" "$with_token" "$token"
 # An ES module resolves packages from its own folder: run a copy beside node_modules.
 cp "$here/piston_client.mjs" "$node_dir/"
 run piston node "$node_dir/piston_client.mjs" "$open"

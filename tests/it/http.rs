@@ -37,10 +37,20 @@ impl Drop for Server {
 }
 
 pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
-    let policy = HttpSettings {
+    start_with(manager, token, |_| {}).await
+}
+
+/// [`start`] with its HTTP settings changed by `tweak`.
+pub async fn start_with(
+    manager: RunManager,
+    token: Option<&str>,
+    tweak: impl FnOnce(&mut HttpSettings),
+) -> Server {
+    let mut policy = HttpSettings {
         max_body_bytes: BODY_CAP,
         ..HttpSettings::default()
     };
+    tweak(&mut policy);
     let stop = CancellationToken::new();
     let app = router(
         CodeboxServer::new(manager),

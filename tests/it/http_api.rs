@@ -29,7 +29,7 @@ pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
 }
 
 impl Server {
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.app.addr)
     }
 
@@ -369,6 +369,7 @@ async fn every_route_of_the_openapi_document_answers_and_none_is_missing() {
             "GET /v1/languages",
             "GET /v1/openapi.json",
             "GET /v1/runs/{id}",
+            "GET /v1/runs/{id}/events",
             "GET /v1/sessions",
             "GET /v1/sessions/{id}/files",
             "GET /v1/sessions/{id}/files/{path}",

@@ -20,6 +20,7 @@ const LAYERS: &[&str] = &[
     "images",
     "reaper",
     "executor",
+    "live",
     "engine",
     "instance",
     "contract",

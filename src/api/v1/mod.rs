@@ -3,6 +3,7 @@
 //! - `POST /v1/runs`: `run_code`'s arguments; waits and answers the report (200), or with
 //!   `"wait": false` answers `202 {run_id, status, limits}` at once;
 //! - `GET /v1/runs/{id}[?wait_seconds=N]`: `get_result`; `DELETE /v1/runs/{id}`: `stop_run`;
+//! - `GET /v1/runs/{id}/events`: the run's live events ([`events`]);
 //! - `GET /v1/languages`, `GET /v1/history`, `GET /v1/openapi.json`;
 //! - `/v1/sessions...`: see [`sessions`].
 //!
@@ -20,6 +21,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 mod error;
+pub mod events;
 pub mod openapi;
 pub mod sessions;
 
@@ -39,6 +41,7 @@ pub fn router(api: Api) -> Router {
     Router::new()
         .route("/runs", axum::routing::post(post_run))
         .route("/runs/{id}", get(get_run).delete(delete_run))
+        .route("/runs/{id}/events", get(events::run_events))
         .route("/languages", get(languages))
         .route("/history", get(history))
         .route("/sessions", get(sessions::list).post(sessions::create))

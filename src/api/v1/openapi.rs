@@ -251,6 +251,30 @@ pub fn document(manager: &RunManager) -> Value {
                     },
                 },
             },
+            "/v1/runs/{id}/events": {
+                "get": {
+                    "operationId": "runEvents",
+                    "summary": "A run's live events (also a session's execution), as Server-Sent Events: `queued`, `started` {stage}, `stdout` and `stderr` {data} in order as produced (within the output caps; `truncated` {stream, reason} when a cap is reached), `file` {path, size_bytes}, and one final `report` (the run report), after which the stream ends. Every event has an id; reconnecting with `Last-Event-ID` resumes after it. A run that has ended answers its `report` at once.",
+                    "parameters": [
+                        id_parameter.clone(),
+                        {
+                            "name": "Last-Event-ID", "in": "header", "required": false,
+                            "description": "The id of the last event received: the events after it are sent.",
+                            "schema": { "type": "string" },
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The event stream (each event's `data` is JSON; `report`'s is the run report).",
+                            "content": { "text/event-stream": { "schema": { "type": "string" } } },
+                        },
+                        "400": refusal("A query parameter was given (none is taken)."),
+                        "401": unauthorized.clone(),
+                        "404": refusal("No such run is known."),
+                        "409": refusal("The run is held by another server sharing the history database."),
+                    },
+                },
+            },
             "/v1/languages": {
                 "get": {
                     "operationId": "listLanguages",

@@ -100,6 +100,7 @@ impl Pricing<'_> {
                 content: 0,
                 entries: 0,
             },
+            live: None,
         };
         let never = CancellationToken::new();
         let a = self.meter.snapshot();

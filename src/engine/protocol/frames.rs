@@ -106,6 +106,17 @@ pub struct DecodeLimits {
 #[error("codebox-init sent a malformed stream: {0}")]
 pub struct ProtocolError(pub String);
 
+/// What a frame brought that a live reader shows, in the order the frames came.
+#[derive(Debug, Clone, PartialEq)]
+pub enum News {
+    /// Output kept (within the cap) of the current phase: `stdout` or stderr.
+    Output { stdout: bool, bytes: Vec<u8> },
+    /// The cap of a stream was reached in the current phase.
+    Capped { stdout: bool },
+    /// A file entry.
+    File { path: String, size: u64 },
+}
+
 /// Incremental frame decoder.
 pub struct Decoder {
     limits: DecodeLimits,
@@ -114,6 +125,10 @@ pub struct Decoder {
     /// Content bytes still owed to the last file entry.
     owed: u64,
     out: Decoded,
+    /// What live readers are shown, when asked for ([`Decoder::with_news`]).
+    news: Option<Vec<News>>,
+    /// Streams of the current phase whose cap was reported.
+    capped: [bool; 2],
 }
 
 fn malformed<T>(why: impl Into<String>) -> Result<T, ProtocolError> {
@@ -167,6 +182,24 @@ impl Decoder {
             content: 0,
             owed: 0,
             out: Decoded::default(),
+            news: None,
+            capped: [false; 2],
+        }
+    }
+
+    /// Keep [`News`] of what arrives from now on, for [`Decoder::take_news`].
+    pub fn keep_news(&mut self) {
+        self.news.get_or_insert_with(Vec::new);
+    }
+
+    /// The news since the last call.
+    pub fn take_news(&mut self) -> Vec<News> {
+        self.news.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn tell(&mut self, news: News) {
+        if let Some(n) = &mut self.news {
+            n.push(news);
         }
     }
 
@@ -238,10 +271,12 @@ impl Decoder {
                     dropped: 0,
                     end: None,
                 });
+                self.capped = [false; 2];
             }
             b'O' | b'E' => {
+                let stdout = kind == b'O';
                 let phase = self.current()?;
-                let stream = if kind == b'O' {
+                let stream = if stdout {
                     &mut phase.stdout
                 } else {
                     &mut phase.stderr
@@ -249,7 +284,19 @@ impl Decoder {
                 let room = (limit as usize).saturating_sub(stream.len());
                 let keep = body.len().min(room);
                 stream.extend_from_slice(&body[..keep]);
+                let full = stream.len() as u64 >= limit;
                 phase.dropped += (body.len() - keep) as u64;
+                if keep > 0 {
+                    self.tell(News::Output {
+                        stdout,
+                        bytes: body[..keep].to_vec(),
+                    });
+                }
+                let i = usize::from(!stdout);
+                if full && !self.capped[i] {
+                    self.capped[i] = true;
+                    self.tell(News::Capped { stdout });
+                }
             }
             b'X' => {
                 let text = String::from_utf8_lossy(body);
@@ -258,7 +305,17 @@ impl Decoder {
                 if phase.name != name {
                     return malformed("the end of a phase that is not running");
                 }
+                let over = [
+                    end.stdout_bytes > phase.stdout.len() as u64,
+                    end.stderr_bytes > phase.stderr.len() as u64,
+                ];
                 phase.end = Some(end);
+                for (i, over) in over.into_iter().enumerate() {
+                    if over && !self.capped[i] {
+                        self.capped[i] = true;
+                        self.tell(News::Capped { stdout: i == 0 });
+                    }
+                }
             }
             b'F' => {
                 if self.out.files.len() >= self.limits.entries {
@@ -303,6 +360,12 @@ impl Decoder {
                         }
                     }
                     self.owed = size;
+                }
+                if kind == EntryKind::File {
+                    self.tell(News::File {
+                        path: f[1].to_string(),
+                        size,
+                    });
                 }
                 self.out.files.push(FileEntry {
                     kind,
@@ -366,6 +429,67 @@ mod tests {
             content: 10,
             entries: 3,
         }
+    }
+
+    #[test]
+    fn news_comes_in_frame_order_with_the_caps_and_only_when_asked_for() {
+        let mut bytes = Vec::new();
+        bytes.extend(frame(b'P', b"run"));
+        bytes.extend(frame(b'E', b"e1"));
+        bytes.extend(frame(b'O', b"o1"));
+        bytes.extend(frame(b'E', b"e2"));
+        bytes.extend(frame(b'O', b"o2345"));
+        bytes.extend(frame(
+            b'X',
+            b"phase=run\nend=exited\ncode=0\nwall_ms=1\noom_kills=0\nstdout_bytes=7\nstderr_bytes=9\n",
+        ));
+        bytes.extend(frame(
+            b'F',
+            &entry(["f", "outputs/a", "644", "2", "ab", "", ""]),
+        ));
+        bytes.extend(frame(b'B', b"ab"));
+        let mut quiet = Decoder::new(limits());
+        quiet.push(&bytes).unwrap();
+        assert!(quiet.take_news().is_empty());
+        let mut d = Decoder::new(limits());
+        d.keep_news();
+        d.push(&bytes).unwrap();
+        let out = |stdout, b: &[u8]| News::Output {
+            stdout,
+            bytes: b.to_vec(),
+        };
+        assert_eq!(
+            d.take_news(),
+            vec![
+                out(false, b"e1"),
+                out(true, b"o1"),
+                out(false, b"e2"),
+                // Full at its cap: told once, where it happened.
+                News::Capped { stdout: false },
+                out(true, b"o2"),
+                News::Capped { stdout: true },
+                News::File {
+                    path: "outputs/a".into(),
+                    size: 2
+                },
+            ]
+        );
+        assert!(d.take_news().is_empty(), "news is taken once");
+
+        // Output codebox-init dropped past its own cap (never framed): the phase's end tells.
+        let mut d = Decoder::new(limits());
+        d.keep_news();
+        let mut bytes = frame(b'P', b"run");
+        bytes.extend(frame(b'O', b"ab"));
+        bytes.extend(frame(
+            b'X',
+            b"phase=run\nend=exited\ncode=0\nwall_ms=1\noom_kills=0\nstdout_bytes=900\nstderr_bytes=0\n",
+        ));
+        d.push(&bytes).unwrap();
+        assert_eq!(
+            d.take_news(),
+            vec![out(true, b"ab"), News::Capped { stdout: true }]
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Piston v2 compatible routes: `GET /api/v2/runtimes` and `POST /api/v2/execute`, so a
+//! Piston v2 compatible routes: `GET /api/v2/runtimes`, `POST /api/v2/execute` and the
+//! interactive WebSocket `GET /api/v2/connect` ([`connect`]), so a
 //! program written for Piston (npm's `piston-client`, for one) runs unchanged against
 //! codebox.
 //!
@@ -9,6 +10,8 @@
 //! Piston, the body is read as JSON whatever its `Content-Type` (clients send `text/plain`),
 //! `run` is absent after a compile error, and `output` is stdout then stderr (the streams
 //! are captured apart, not interleaved).
+
+pub mod connect;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The console in a real browser: Debian's headless Chromium and chromium-driver (installed by
+# scripts/ensure-chromium.sh), driven by PyPI's selenium (pinned, into target/console-venv),
+# against the real binary on loopback with a token. A second loopback port serves an empty
+# page of another origin. Screenshots go to docs/ (CODEBOX_CONSOLE_SHOTS overrides). Needs
+# Docker with the python and gcc images built. Ends with `console: N passed, M failed`.
+#
+# Usage: tests/console/run.sh [BINARY]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+here="$root/tests/console"
+binary="${1:-$root/target/debug/codebox}"
+venv="${CODEBOX_CONSOLE_VENV:-$root/target/console-venv}"
+shots="${CODEBOX_CONSOLE_SHOTS:-$root/docs}"
+
+SELENIUM=selenium==4.50.0
+
+bash "$root/scripts/ensure-chromium.sh"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$SELENIUM"
+if [ $# -eq 0 ]; then
+  (cd "$root" && cargo build --quiet)
+fi
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+mkdir -p "$work/data" "$work/other"
+env CODEBOX_DATA_DIR="$work/data" CODEBOX_TOKEN="$token" "$binary" serve --transport http \
+  --listen 127.0.0.1:0 >"$work/server.stdout" 2>"$work/server.log" </dev/null &
+pids+=($!)
+url=""
+for _ in $(seq 1 300); do
+  url=$(sed -n 's#^codebox: serving MCP at \(http://[0-9.:]*\)/mcp.*#\1#p' "$work/server.log" | head -1)
+  [ -n "$url" ] && break
+  sleep 0.1
+done
+if [ -z "$url" ]; then
+  echo "the server did not start:" >&2
+  cat "$work/server.log" >&2
+  exit 1
+fi
+echo '<!doctype html><title>another origin</title>' >"$work/other/index.html"
+"$venv/bin/python" -u -m http.server 0 --bind 127.0.0.1 --directory "$work/other" >"$work/other.log" 2>&1 &
+pids+=($!)
+other=""
+for _ in $(seq 1 100); do
+  port=$(sed -n 's#^Serving HTTP on 127.0.0.1 port \([0-9]*\).*#\1#p' "$work/other.log" | head -1)
+  [ -n "$port" ] && other="http://127.0.0.1:$port" && break
+  sleep 0.1
+done
+[ -n "$other" ] || { echo "the other origin's server did not start" >&2; cat "$work/other.log" >&2; exit 1; }
+
+"$venv/bin/python" "$here/console_test.py" "$url" "$token" "$other" "$shots"
