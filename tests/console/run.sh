@@ -2,7 +2,8 @@
 # The console in a real browser: Debian's headless Chromium and chromium-driver (installed by
 # scripts/ensure-chromium.sh), driven by PyPI's selenium (pinned, into target/console-venv),
 # against the real binary on loopback with a token. A second loopback port serves an empty
-# page of another origin. Screenshots go to docs/ (CODEBOX_CONSOLE_SHOTS overrides). Needs
+# page of another origin. Screenshots go to target/console-shots/; the ones in docs/ were taken
+# by this test with CODEBOX_CONSOLE_SHOTS=docs (run it so to refresh them). Needs
 # Docker with the python and gcc images built. Ends with `console: N passed, M failed`.
 #
 # Usage: tests/console/run.sh [BINARY]
@@ -11,7 +12,9 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 here="$root/tests/console"
 binary="${1:-$root/target/debug/codebox}"
 venv="${CODEBOX_CONSOLE_VENV:-$root/target/console-venv}"
-shots="${CODEBOX_CONSOLE_SHOTS:-$root/docs}"
+shots="${CODEBOX_CONSOLE_SHOTS:-$root/target/console-shots}"
+case "$shots" in /*) ;; *) shots="$root/$shots" ;; esac
+mkdir -p "$shots"
 
 SELENIUM=selenium==4.50.0
 
