@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use super::db::{Database, DbError};
 use super::{
-    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened, HEARTBEAT_INTERVAL,
+    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened,
     RECONNECT_INTERVAL,
 };
 use crate::config::HistoryStore;
@@ -214,7 +214,7 @@ impl Actor {
                 }
                 self.db = Some(db);
                 self.outage_reported = false;
-                self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+                self.beat_at = Instant::now() + self.owner.heartbeat_interval();
             }
             Err(e) => {
                 self.open_error = Some(with_causes(&e));
@@ -232,7 +232,7 @@ impl Actor {
         if Instant::now() < self.beat_at {
             return;
         }
-        self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+        self.beat_at = Instant::now() + self.owner.heartbeat_interval();
         let beat = db.now_ms().and_then(|now| {
             store::heartbeat(db.as_mut(), &self.owner, now)?;
             store::mark_interrupted(db.as_mut(), &self.owner, now)

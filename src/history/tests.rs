@@ -46,6 +46,7 @@ async fn rows_of_an_instance_whose_lock_file_says_dead_are_marked_interrupted_at
     let owner = |i: &str| Owner {
         instance: i.to_string(),
         data_dir: dir.path().to_path_buf(),
+        ..Default::default()
     };
     let old = crate::instance::Instance::register(dir.path());
     let h = History::open(&path, owner(&old.id));
@@ -88,6 +89,7 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
     let owner = |i: &str| Owner {
         instance: i.to_string(),
         data_dir: dir.path().to_path_buf(),
+        ..Default::default()
     };
     let mut db = sqlite::Sqlite::in_memory().unwrap();
     store::prepare(&mut db, &owner("me")).unwrap();
@@ -166,6 +168,7 @@ async fn full_reports_are_stored_at_the_end_and_cleared_by_id_or_age() {
         Owner {
             instance: "x".into(),
             data_dir: dir.path().to_path_buf(),
+            ..Default::default()
         },
     );
     for id in ["r1", "r2", "r3"] {
@@ -214,6 +217,7 @@ async fn reports_waiting_for_a_stalled_database_are_bounded_by_bytes() {
     let owner = Owner {
         instance: "x".into(),
         data_dir: dir.path().to_path_buf(),
+        ..Default::default()
     };
     let bounds = QueueBounds {
         commands: 4096,
@@ -264,6 +268,7 @@ async fn an_unopenable_database_answers_unavailable_and_drops_writes() {
         Owner {
             instance: "x".into(),
             data_dir: dir.path().to_path_buf(),
+            ..Default::default()
         },
     );
     h.insert(NewRun::new(

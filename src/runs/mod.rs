@@ -954,6 +954,19 @@ impl RunManager {
         })
     }
 
+    // ---- whose is it (several servers as one, `crate::cluster`)
+
+    /// Whether this server holds run `run_id` (queued, running, or its report kept here).
+    pub fn holds_run(&self, run_id: &str) -> bool {
+        let st = self.lock();
+        st.live.contains_key(run_id) || st.retention.get(run_id).is_some()
+    }
+
+    /// Whether this server knows session `session_id` (open here, or ended here lately).
+    pub fn knows_session(&self, session_id: &str) -> bool {
+        self.inner.sessions.knows(session_id)
+    }
+
     // ---- counts
 
     pub fn stats(&self) -> Stats {

@@ -2,6 +2,7 @@
 //! Streamable HTTP at `/mcp`, with `/healthz` and `/metrics` beside it.
 
 mod auth;
+mod cluster;
 pub mod http;
 pub mod jsonrpc;
 pub mod stdio;
@@ -9,6 +10,9 @@ pub mod stdio;
 use std::future::Future;
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
+use crate::cluster::{Cluster, ClusterError};
 use crate::config::Config;
 use crate::mcp::CodeboxServer;
 use crate::runs::RunManager;
@@ -20,7 +24,11 @@ pub enum Transport {
     Stdio,
     /// Streamable HTTP on `http.listen`; `None`: no authentication (loopback only, checked by
     /// [`http::resolve_auth`]).
-    Http { token: Option<http::Token> },
+    Http {
+        token: Option<http::Token>,
+        /// This server as a member of a cluster (a shared history); see [`crate::cluster`].
+        cluster: Option<Arc<Cluster>>,
+    },
 }
 
 /// Why the server could not start or serve.
@@ -44,6 +52,8 @@ pub enum ServeError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     #[error("the MCP session failed: {0}")]
     Session(String),
 }
@@ -56,10 +66,12 @@ pub async fn serve(
     transport: Transport,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let server = CodeboxServer::new(runs);
     match transport {
-        Transport::Stdio => stdio::serve(server, shutdown).await,
-        Transport::Http { token } => http::serve(server, &config.http, token, shutdown).await,
+        Transport::Stdio => stdio::serve(CodeboxServer::new(runs), shutdown).await,
+        Transport::Http { token, cluster } => {
+            let server = CodeboxServer::new(runs).with_cluster(cluster);
+            http::serve(server, &config.http, token, shutdown).await
+        }
     }
 }
 
