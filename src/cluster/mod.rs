@@ -31,6 +31,11 @@ pub const SECRET_HEADER: &str = "x-codebox-cluster";
 pub const FORWARDED_BY_HEADER: &str = "x-codebox-forwarded-by";
 /// The shortest secret accepted.
 pub const MIN_SECRET_CHARS: usize = 16;
+/// How long an id the history does not know is looked for again: its server records a run
+/// or a session a moment after answering, and a client behind a balancer may ask another
+/// server at once.
+pub const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
+const UNKNOWN_POLL: Duration = Duration::from_millis(25);
 
 /// Why the cluster settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -130,11 +135,23 @@ impl Cluster {
         if manager.holds_run(run_id) {
             return None;
         }
-        let w = match manager.history()?.whereabouts(run_id).await {
-            Ok(w) => w?,
-            Err(e) => {
-                tracing::debug!(run_id, error = %e, "cannot find a run's server");
-                return None;
+        let history = manager.history()?;
+        let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
+        let w = loop {
+            match history.whereabouts(run_id).await {
+                Ok(Some(w)) => break w,
+                Ok(None) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(UNKNOWN_POLL).await;
+                    // This server may have accepted it meanwhile (a retried call).
+                    if manager.holds_run(run_id) {
+                        return None;
+                    }
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::debug!(run_id, error = %e, "cannot find a run's server");
+                    return None;
+                }
             }
         };
         if w.status.is_terminal() {
@@ -149,11 +166,22 @@ impl Cluster {
         if manager.knows_session(session_id) {
             return None;
         }
-        let record = match manager.history()?.session(session_id).await {
-            Ok(r) => r?,
-            Err(e) => {
-                tracing::debug!(session_id, error = %e, "cannot find a session's server");
-                return None;
+        let history = manager.history()?;
+        let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
+        let record = loop {
+            match history.session(session_id).await {
+                Ok(Some(r)) => break r,
+                Ok(None) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(UNKNOWN_POLL).await;
+                    if manager.knows_session(session_id) {
+                        return None;
+                    }
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::debug!(session_id, error = %e, "cannot find a session's server");
+                    return None;
+                }
             }
         };
         if record.ended.is_some() {

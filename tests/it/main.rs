@@ -4,6 +4,7 @@
 mod batch;
 mod cli;
 mod cli_fake;
+mod cluster;
 mod cli_first_contact;
 mod common;
 mod docker_runs;

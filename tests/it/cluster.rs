@@ -1,0 +1,455 @@
+//! Several servers as one (SPEC section 15): real `codebox serve` processes over HTTP, one
+//! throwaway PostgreSQL history, the cluster secret, one Docker daemon. Each server has a data
+//! directory of its own, as separate hosts would, so each judges the others by their leases.
+//! - servers that share a history without `cluster.advertise_url` / `cluster.secret_file`
+//!   refuse to start, naming what is missing;
+//! - a call about a run or a session another server holds is forwarded to it, over MCP and
+//!   over `/v1`, and the client sees the owner's answer (not a 409 naming it);
+//! - a server killed outright: within its lease the others mark its running run
+//!   `sandbox_error` ("its server stopped answering") and end its session ("the server that
+//!   held it stopped"); its containers go when its data directory next gets a server.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rmcp::model::CallToolResult;
+use rmcp::service::RunningService;
+use rmcp::RoleClient;
+use serde_json::{json, Value};
+
+use crate::common::{codebox_bin, labelled_objects, leftovers, root};
+use crate::mcp_support::{eventually, params, text, TOKEN};
+use crate::pg_cluster::PgCluster;
+use crate::serve_child::{Options, ServeChild};
+
+type Client = RunningService<RoleClient, ()>;
+
+const SECRET: &str = "cluster-test-secret-0123456789abcdef";
+
+async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResult {
+    client
+        .call_tool(params(tool, args))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"))
+}
+
+async fn ok(client: &Client, tool: &'static str, args: Value) -> Value {
+    let res = call(client, tool, args.clone()).await;
+    assert_ne!(res.is_error, Some(true), "{tool}({args}): {}", text(&res));
+    res.structured_content.expect("structured content")
+}
+
+async fn tool_error(client: &Client, tool: &'static str, args: Value) -> String {
+    let res = call(client, tool, args.clone()).await;
+    assert_eq!(res.is_error, Some(true), "{tool}({args}) should fail: {res:?}");
+    text(&res)
+}
+
+/// A port nobody listens on now (the OS's pick), for a server's advertise_url.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One server of the cluster, in `dir`, with the secret at `secret` and `extra` settings.
+async fn node(
+    dir: tempfile::TempDir,
+    history_url: &str,
+    secret: &Path,
+    extra: &[&str],
+) -> ServeChild {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut sets = vec![
+        format!("history.url={history_url}"),
+        format!("cluster.advertise_url=http://{listen}"),
+        format!("cluster.secret_file={}", secret.display()),
+        "pool.sizes={}".to_string(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    ServeChild::start_in(
+        dir,
+        Options {
+            http_token: Some(TOKEN),
+            sets: &sets,
+            log: "info,bollard=warn",
+            echo_stderr: true,
+            listen: Some(&listen),
+        },
+    )
+    .await
+}
+
+fn secret_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("cluster.secret");
+    std::fs::write(&path, format!("{SECRET}\n")).unwrap();
+    path
+}
+
+/// Wait until `client`'s server finds `run_id` in the shared history (its own server
+/// records it a moment after answering).
+async fn known(client: &Client, run_id: &str) {
+    for _ in 0..200 {
+        let rows = ok(client, "get_execution_history", json!({"limit": 50})).await;
+        if rows["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["run_id"] == run_id)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("run {run_id} never reached the shared history");
+}
+
+async fn start(client: &Client, code: &str) -> String {
+    ok(client, "start_run", json!({"language": "python", "code": code})).await["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_history_over_http_without_the_cluster_settings_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.secret");
+    std::fs::write(&short, "too short\n").unwrap();
+    let good = secret_file(dir.path());
+    // No database is reached: the refusal comes first.
+    let history = "history.url=postgres://codebox@127.0.0.1:9/none";
+    let advertise = "cluster.advertise_url=http://127.0.0.1:9";
+    let short_set = format!("cluster.secret_file={}", short.display());
+    let good_set = format!("cluster.secret_file={}", good.display());
+    for (sets, expected) in [
+        (
+            vec![history],
+            "needs cluster.advertise_url and cluster.secret_file",
+        ),
+        (vec![history, advertise], "needs cluster.secret_file"),
+        (vec![history, good_set.as_str()], "needs cluster.advertise_url"),
+        (vec![history, advertise, short_set.as_str()], "at least 16 characters"),
+        (
+            vec![history, "cluster.advertise_url=http://127.0.0.1:0", good_set.as_str()],
+            "cluster.advertise_url",
+        ),
+    ] {
+        let mut cmd = std::process::Command::new(codebox_bin());
+        cmd.args(["serve", "--transport", "http", "--listen", "127.0.0.1:0"]);
+        for s in &sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd
+            .env("CODEBOX_DATA_DIR", dir.path())
+            .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+            .env("CODEBOX_TOKEN", TOKEN)
+            .env("CODEBOX_LOG", "error")
+            .env_remove("CODEBOX_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{sets:?} started: {stderr}");
+        assert!(stderr.contains(expected), "{sets:?}: {stderr}");
+        assert!(!stderr.contains("serving MCP"), "{sets:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
+    let t0 = Instant::now();
+    let pg = PgCluster::start();
+    let url = pg.create_database("forward");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
+    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+    let http = reqwest::Client::new();
+    eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
+
+    // get_result on B of a run A holds: A's own report, as it stands, then at its end.
+    let slow = start(&ca, "import time\ntime.sleep(2)\nprint('slow')").await;
+    known(&cb, &slow).await;
+    let now = ok(&cb, "get_result", json!({"run_id": slow})).await;
+    assert!(
+        matches!(now["status"].as_str(), Some("queued" | "running")),
+        "{now}"
+    );
+    let done = ok(&cb, "get_result", json!({"run_id": slow, "wait_seconds": 30})).await;
+    assert_eq!(
+        (done["status"].as_str(), done["stdout"].as_str()),
+        (Some("succeeded"), Some("slow\n")),
+        "{done}"
+    );
+
+    // stop_run on B stops A's run (its containers are gone when it answers, on A).
+    let long = start(&ca, "import time\ntime.sleep(600)").await;
+    known(&cb, &long).await;
+    eventually(60, "the long run's containers exist", || {
+        !leftovers(&long).is_empty()
+    })
+    .await;
+    let stopped = ok(&cb, "stop_run", json!({"run_id": long})).await;
+    assert_eq!(stopped["status"], "stopped", "{stopped}");
+    eventually(30, "the stopped run's containers are removed", || {
+        leftovers(&long).is_empty()
+    })
+    .await;
+
+    // A session opened on A, used through B over MCP: executions, a file, the close.
+    let info = ok(&ca, "create_session", json!({"language": "python"})).await;
+    let sid = info["session_id"].as_str().unwrap().to_string();
+    let r = ok(
+        &cb,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "x = 41\nopen('f.txt', 'w').write('hi')"}),
+    )
+    .await;
+    assert_eq!(r["status"], "succeeded", "{r}");
+    let r = ok(
+        &ca,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "print(x + 1)"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "42\n", "the state made through B is A's: {r}");
+    let f = ok(
+        &cb,
+        "read_session_file",
+        json!({"session_id": sid, "path": "f.txt"}),
+    )
+    .await;
+    assert_eq!(f["size_bytes"], 2, "{f}");
+    let listed = ok(&cb, "list_sessions", json!({})).await;
+    assert_eq!(listed["sessions"], json!([]), "B lists only its own: {listed}");
+    let closed = ok(&cb, "close_session", json!({"session_id": sid})).await;
+    assert_eq!(
+        (closed["closed"].as_bool(), closed["executions"].as_u64()),
+        (Some(true), Some(2)),
+        "{closed}"
+    );
+    let ended = tool_error(
+        &ca,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "print(x)"}),
+    )
+    .await;
+    assert!(ended.contains("closed"), "{ended}");
+
+    // The same over /v1: open on B, execute and read on A, close on A.
+    let v1 = |node: &ServeChild, path: &str| node.http_url(path);
+    let created: Value = http
+        .post(v1(&b, "/v1/sessions"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid2 = created["session_id"].as_str().expect("a session").to_string();
+    let run: Value = http
+        .post(v1(&a, "/v1/runs"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python", "session_id": sid2, "code": "open('g.txt', 'w').write('abc')\nprint('in b')"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (run["status"].as_str(), run["stdout"].as_str()),
+        (Some("succeeded"), Some("in b\n")),
+        "{run}"
+    );
+    let file = http
+        .get(v1(&a, &format!("/v1/sessions/{sid2}/files/g.txt")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(file.status(), 200);
+    let file: Value = file.json().await.unwrap();
+    assert_eq!(file["content_base64"], "YWJj", "{file}");
+    let closed = http
+        .delete(v1(&a, &format!("/v1/sessions/{sid2}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), 200);
+    let closed: Value = closed.json().await.unwrap();
+    assert_eq!(closed["closed"], true, "{closed}");
+
+    // GET /v1/runs/{id} on B, waiting, for a run accepted by A.
+    let accepted: Value = http
+        .post(v1(&a, "/v1/runs"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python", "code": "import time\ntime.sleep(1)\nprint('v1')", "wait": false}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    known(&cb, &id).await;
+    let got: Value = http
+        .get(v1(&b, &format!("/v1/runs/{id}?wait_seconds=30")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (got["status"].as_str(), got["stdout"].as_str()),
+        (Some("succeeded"), Some("v1\n")),
+        "{got}"
+    );
+
+    // The servers' own route takes only the cluster secret; a wrong one is no token either.
+    let forwarded = http
+        .post(v1(&a, "/cluster/tools/get_result"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"run_id": id}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forwarded.status(), 401);
+    let wrong = http
+        .get(v1(&a, &format!("/v1/runs/{id}")))
+        .header("x-codebox-cluster", "not-the-secret-0123456789")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right: Value = http
+        .post(v1(&a, "/cluster/tools/get_result"))
+        .header("x-codebox-cluster", SECRET)
+        .json(&json!({"run_id": id}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(right["structuredContent"]["status"], "succeeded", "{right}");
+
+    // Capacity, for a balancer.
+    let health: Value = http
+        .get(v1(&a, "/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["capacity"]["slots"], 4, "{health}");
+    assert!(health["capacity"]["memory_budget_mb"].as_u64().unwrap() > 0);
+
+    drop((ca, cb));
+    a.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+    for run in [&slow, &long, &id] {
+        assert!(leftovers(run).is_empty(), "run {run} left containers");
+    }
+    eprintln!("whole test {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_lease() {
+    let t0 = Instant::now();
+    let pg = PgCluster::start();
+    let url = pg.create_database("lease");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let lease = ["cluster.lease_seconds=3"];
+    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let instance_a = a.instance().await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+
+    let long = start(&ca, "import time\ntime.sleep(600)").await;
+    let info = ok(&ca, "create_session", json!({"language": "python"})).await;
+    let sid = info["session_id"].as_str().unwrap().to_string();
+    known(&cb, &long).await;
+    eventually(60, "the long run's containers exist", || {
+        !leftovers(&long).is_empty()
+    })
+    .await;
+    // While A answers, B forwards: the run is running there.
+    let r = ok(&cb, "get_result", json!({"run_id": long})).await;
+    assert_eq!(r["status"], "running", "{r}");
+
+    drop(ca);
+    a.signal_and_wait(libc::SIGKILL).await;
+    let killed = Instant::now();
+    // Until A's lease lapses, B still takes A for the run's holder: the call fails saying
+    // that A does not answer (and to try again), or, between the lapse and B's next renewal
+    // (which marks what A held), that A holds it; then B answers from the store.
+    let mut last = Value::Null;
+    let mut unanswered = 0;
+    for _ in 0..300 {
+        let res = call(&cb, "get_result", json!({"run_id": long})).await;
+        if res.is_error == Some(true) {
+            let msg = text(&res);
+            assert!(
+                (msg.contains("does not answer") || msg.contains("another codebox server"))
+                    && msg.contains(&instance_a),
+                "{msg}"
+            );
+            unanswered += 1;
+        } else {
+            last = res.structured_content.expect("structured content");
+            if last["status"] == "sandbox_error" {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let noticed = killed.elapsed();
+    assert_eq!(
+        (last["status"].as_str(), last["message"].as_str()),
+        (Some("sandbox_error"), Some("its server stopped answering")),
+        "{last}"
+    );
+    let ended = tool_error(
+        &cb,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "print(1)"}),
+    )
+    .await;
+    assert!(ended.contains("the server that held it stopped"), "{ended}");
+    // B keeps serving.
+    let r = ok(&cb, "run_code", json!({"language": "python", "code": "print('still')"})).await;
+    assert_eq!(r["stdout"], "still\n", "{r}");
+
+    // A's containers stay until its data directory gets a server again, which reaps them.
+    let instance_filter = format!("label=codebox.instance={instance_a}");
+    assert!(!labelled_objects(&instance_filter).is_empty());
+    let mut a2 = node(a.into_data(), &url, &secret, &lease).await;
+    eventually(60, "the killed server's containers are removed", || {
+        labelled_objects(&instance_filter).is_empty()
+    })
+    .await;
+    eprintln!(
+        "lease 3 s: the killed server's run was marked {:.1} s after the kill ({unanswered} calls \
+         in between said its server does not answer); whole test {:.1} s",
+        noticed.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    drop(cb);
+    a2.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+}
