@@ -92,15 +92,21 @@ fn capacity(m: &RunManager, s: &crate::runs::Stats) -> serde_json::Value {
 async fn healthz(State(state): State<AppState>) -> Response {
     let m = &state.manager;
     let s = m.stats();
-    axum::Json(serde_json::json!({
-        "status": "ok",
+    // A draining server answers 503, so that a balancer's health check sends no new work.
+    let (code, status) = if m.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    let body = axum::Json(serde_json::json!({
+        "status": status,
         "version": env!("CARGO_PKG_VERSION"),
         "instance": m.executor().instance(),
         "queued": s.queued,
         "active": s.active,
         "capacity": capacity(m, &s),
-    }))
-    .into_response()
+    }));
+    (code, body).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

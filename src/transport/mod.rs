@@ -9,6 +9,10 @@ pub mod stdio;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// Time a drain gives beyond the longest a run may take (compile and run stages).
+const DRAIN_SLACK: Duration = Duration::from_secs(60);
 
 use std::sync::Arc;
 
@@ -69,7 +73,24 @@ pub async fn serve(
     match transport {
         Transport::Stdio => stdio::serve(CodeboxServer::new(runs), shutdown).await,
         Transport::Http { token, cluster } => {
+            // In a cluster, SIGTERM drains: new runs go to the other servers, the queued and
+            // running ones here finish (their callers, direct or forwarded, get their reports),
+            // then the server shuts down as it does alone.
+            let drain = cluster.is_some().then(|| {
+                let runs = runs.clone();
+                let limit = Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0)
+                    + DRAIN_SLACK;
+                (runs, limit)
+            });
             let server = CodeboxServer::new(runs).with_cluster(cluster);
+            let shutdown = async move {
+                shutdown.await;
+                if let Some((runs, limit)) = drain {
+                    if !runs.drain(limit).await {
+                        tracing::warn!("the drain took too long; stopping what is left");
+                    }
+                }
+            };
             http::serve(server, &config.http, token, shutdown).await
         }
     }
