@@ -521,3 +521,304 @@ async fn sigterm_drains_a_server_finishing_what_it_holds_and_losing_nothing() {
     drop(cb);
     b.signal_and_wait(libc::SIGTERM).await;
 }
+
+/// Debian's nginx in front of the servers (`scripts/ensure-nginx.sh` installs it), with a
+/// config of its own on a loopback port: round robin, keepalive to the servers, no
+/// buffering and long timeouts so that long polls (`wait_seconds`) and streams pass whole.
+/// Stopped (by its PID) when dropped.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+const NGINX: &str = "/usr/sbin/nginx";
+
+impl Nginx {
+    fn start(upstreams: &[String]) -> Nginx {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let d = dir.path().display();
+        let servers: String = upstreams
+            .iter()
+            .map(|u| format!("        server {u} max_fails=0;\n"))
+            .collect();
+        // SAFETY: geteuid has no preconditions.
+        let user = if unsafe { libc::geteuid() } == 0 {
+            "user root;\n"
+        } else {
+            ""
+        };
+        let conf = format!(
+            "{user}worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    upstream codebox {{
+{servers}        keepalive 32;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 32m;
+        location / {{
+            proxy_pass http://codebox;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header Host $host;
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 3600s;
+            proxy_send_timeout 3600s;
+        }}
+    }}
+}}
+"
+        );
+        let path = dir.path().join("nginx.conf");
+        std::fs::write(&path, conf).unwrap();
+        let child = std::process::Command::new(NGINX)
+            .args(["-p", &d.to_string(), "-c", &path.display().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("nginx (scripts/ensure-nginx.sh installs it)");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Nginx {
+                    child,
+                    port,
+                    _dir: dir,
+                };
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("nginx did not listen on {port}: {}", std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default());
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the nginx master this test started; it stops its worker.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// One run of the mixed load: its request and what its report must say.
+fn mixed(i: usize) -> (Value, &'static str, String) {
+    match i % 5 {
+        0 => (
+            json!({"language": "python", "code": format!("print({i} * 2)")}),
+            "succeeded",
+            format!("{}\n", i * 2),
+        ),
+        1 => (
+            json!({"language": "bash", "code": format!("echo b{i}; exit 3")}),
+            "failed",
+            format!("b{i}\n"),
+        ),
+        2 => (
+            json!({"language": "lua", "code": format!("print('l{i}')")}),
+            "succeeded",
+            format!("l{i}\n"),
+        ),
+        3 => (
+            json!({"language": "python", "code": "import sys\nprint(sys.stdin.read().upper(), end='')", "stdin": format!("in{i}")}),
+            "succeeded",
+            format!("IN{i}"),
+        ),
+        _ => (
+            json!({"language": "bash", "code": format!("echo e{i} >&2; echo o{i}")}),
+            "succeeded",
+            format!("o{i}\n"),
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
+    let t0 = Instant::now();
+    let pg = PgCluster::start();
+    let url = pg.create_database("nginx");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let slots = ["runs.max_concurrent_runs=2"];
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(node(tempfile::tempdir().unwrap(), &url, &secret, &slots).await);
+    }
+    let mut instances = Vec::new();
+    for n in &nodes {
+        instances.push(n.instance().await);
+    }
+    let nginx = Nginx::start(
+        &nodes
+            .iter()
+            .map(|n| n.addr.clone().unwrap())
+            .collect::<Vec<_>>(),
+    );
+    let http = reqwest::Client::new();
+    eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
+
+    // Health checks through nginx reach each server in turn.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let h: Value = http.get(nginx.url("/healthz")).send().await.unwrap().json().await.unwrap();
+        assert_eq!(h["status"], "ok", "{h}");
+        seen.insert(h["instance"].as_str().unwrap().to_string());
+    }
+    assert_eq!(seen.len(), 3, "round robin over the three: {seen:?}");
+
+    // Many runs from 16 clients at once through nginx: each answered once, right.
+    const CLIENTS: usize = 16;
+    const EACH: usize = 5;
+    let t = Instant::now();
+    let clients = (0..CLIENTS).map(|c| {
+        let http = http.clone();
+        let url = nginx.url("/v1/runs");
+        async move {
+            let mut ids = Vec::new();
+            for k in 0..EACH {
+                let i = c * EACH + k;
+                let (request, status, stdout) = mixed(i);
+                let r: Value = http
+                    .post(&url)
+                    .bearer_auth(TOKEN)
+                    .json(&request)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    (r["status"].as_str(), r["stdout"].as_str()),
+                    (Some(status), Some(stdout.as_str())),
+                    "run {i} ({request}): {r}"
+                );
+                ids.push(r["run_id"].as_str().unwrap().to_string());
+            }
+            ids
+        }
+    });
+    let ids: Vec<String> = futures_util::future::join_all(clients)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let burst = t.elapsed();
+    // One history row per run, spread over the three servers (each server's history thread
+    // writes a run's end a moment after its answer: ask each once, as a barrier).
+    for n in &nodes {
+        http.get(n.http_url("/v1/history?limit=1"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+    }
+    let rows: Value = http
+        .get(nginx.url("/v1/history?limit=1000"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let rows = rows["runs"].as_array().unwrap();
+    let mut per_instance = std::collections::BTreeMap::<String, usize>::new();
+    for id in &ids {
+        let matching: Vec<&Value> = rows.iter().filter(|r| r["run_id"] == id.as_str()).collect();
+        assert_eq!(matching.len(), 1, "run {id}: {matching:?}");
+        assert!(matching[0]["status"] != "queued" && matching[0]["status"] != "running");
+        *per_instance
+            .entry(matching[0]["instance"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(per_instance.len(), 3, "runs spread over the three: {per_instance:?}");
+    let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "each run one id");
+
+    // A session through nginx, round robin: each call lands on the next server, and all
+    // reach the one that holds it.
+    let created: Value = http
+        .post(nginx.url("/v1/sessions"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid = created["session_id"].as_str().expect("a session").to_string();
+    let t = Instant::now();
+    const STEPS: usize = 6;
+    for k in 0..STEPS {
+        let code = if k == 0 { "n = 0\nprint(n)".to_string() } else { "n += 1\nprint(n)".to_string() };
+        let r: Value = http
+            .post(nginx.url("/v1/runs"))
+            .bearer_auth(TOKEN)
+            .json(&json!({"language": "python", "session_id": sid, "code": code}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["stdout"], format!("{k}\n"), "step {k}: {r}");
+    }
+    let steps = t.elapsed();
+    let listing = http
+        .get(nginx.url(&format!("/v1/sessions/{sid}/files")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listing.status(), 200);
+    let closed: Value = http
+        .delete(nginx.url(&format!("/v1/sessions/{sid}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (closed["closed"].as_bool(), closed["executions"].as_u64()),
+        (Some(true), Some(STEPS as u64)),
+        "{closed}"
+    );
+
+    eprintln!(
+        "three servers behind nginx: {} mixed runs from {CLIENTS} clients in {:.1} s, per \
+         server {:?}; a session's {STEPS} steps round robin (two in three forwarded) in \
+         {:.2} s; whole test {:.1} s",
+        ids.len(),
+        burst.as_secs_f64(),
+        per_instance.values().collect::<Vec<_>>(),
+        steps.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    drop(nginx);
+    for mut n in nodes {
+        n.signal_and_wait(libc::SIGTERM).await;
+    }
+    for id in &ids {
+        assert!(leftovers(id).is_empty(), "run {id} left containers");
+    }
+}
