@@ -104,7 +104,10 @@ impl Cluster {
                 }
             },
         };
-        let answer = answer.map_err(|e| unreachable(with_causes(&e)))?;
+        let answer = answer.map_err(|e| {
+            self.forget_owner(peer);
+            unreachable(with_causes(&e))
+        })?;
         Ok(answer.map(Body::new))
     }
 

@@ -36,6 +36,8 @@ pub const MIN_SECRET_CHARS: usize = 16;
 /// server at once.
 pub const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
 const UNKNOWN_POLL: Duration = Duration::from_millis(25);
+/// Most session owners remembered (the list starts again when full).
+const MAX_KNOWN_OWNERS: usize = 4096;
 
 /// Why the cluster settings cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,10 @@ pub struct Peer {
 
 /// This server as a member of the cluster.
 pub struct Cluster {
+    /// The owners of sessions found lately (a session stays on its server for life): a
+    /// session's every step need not ask the history. Forgotten when the owner does not
+    /// answer.
+    owners: std::sync::Mutex<std::collections::HashMap<String, Peer>>,
     digest: [u8; 32],
     secret: String,
     instance: String,
@@ -111,6 +117,7 @@ impl Cluster {
     /// A member with this secret (tests build one directly).
     pub fn new(secret: &str, instance: &str, lease: Duration) -> Cluster {
         Cluster {
+            owners: Default::default(),
             digest: Sha256::digest(secret.trim().as_bytes()).into(),
             secret: secret.trim().to_string(),
             instance: instance.to_string(),
@@ -166,6 +173,9 @@ impl Cluster {
         if manager.knows_session(session_id) {
             return None;
         }
+        if let Some(peer) = self.known_owner(session_id) {
+            return Some(peer);
+        }
         let history = manager.history()?;
         let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
         let record = loop {
@@ -187,11 +197,28 @@ impl Cluster {
         if record.ended.is_some() {
             return None;
         }
-        self.peer(
+        let peer = self.peer(
             &record.instance,
             record.last_seen_ms_ago,
             record.advertise_url,
-        )
+        )?;
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        if owners.len() >= MAX_KNOWN_OWNERS {
+            owners.clear();
+        }
+        owners.insert(session_id.to_string(), peer.clone());
+        Some(peer)
+    }
+
+    fn known_owner(&self, session_id: &str) -> Option<Peer> {
+        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners.get(session_id).cloned()
+    }
+
+    /// `peer` did not answer: the sessions it was known to hold are looked up again.
+    pub(crate) fn forget_owner(&self, peer: &Peer) {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners.retain(|_, p| p != peer);
     }
 
     fn peer(&self, instance: &str, seen_ms_ago: Option<i64>, url: Option<String>) -> Option<Peer> {

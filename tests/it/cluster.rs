@@ -227,12 +227,37 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
     )
     .await;
     assert_eq!(f["size_bytes"], 2, "{f}");
+    // A step of the session on its own server, and forwarded from the other (for
+    // docs/PERFORMANCE.md; printed, not asserted).
+    const STEPS: usize = 15;
+    let (mut direct, mut forwarded) = (Vec::new(), Vec::new());
+    for _ in 0..STEPS {
+        for (client, times) in [(&ca, &mut direct), (&cb, &mut forwarded)] {
+            let t = Instant::now();
+            let r = ok(
+                client,
+                "run_code",
+                json!({"language": "python", "session_id": sid, "code": "pass"}),
+            )
+            .await;
+            times.push(t.elapsed());
+            assert_eq!(r["status"], "succeeded", "{r}");
+        }
+    }
+    direct.sort();
+    forwarded.sort();
+    let median = |v: &[Duration]| v[v.len() / 2].as_secs_f64() * 1e3;
+    eprintln!(
+        "a session step over MCP: direct median {:.1} ms, forwarded median {:.1} ms ({STEPS} each)",
+        median(&direct),
+        median(&forwarded)
+    );
     let listed = ok(&cb, "list_sessions", json!({})).await;
     assert_eq!(listed["sessions"], json!([]), "B lists only its own: {listed}");
     let closed = ok(&cb, "close_session", json!({"session_id": sid})).await;
     assert_eq!(
         (closed["closed"].as_bool(), closed["executions"].as_u64()),
-        (Some(true), Some(2)),
+        (Some(true), Some(2 + 2 * STEPS as u64)),
         "{closed}"
     );
     let ended = tool_error(
