@@ -155,15 +155,13 @@ impl Cluster {
         };
         match timeout {
             None => read.await,
-            Some(t) => tokio::time::timeout(t, read)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(ForwardError::TimedOut {
-                        instance: peer.instance.clone(),
-                        url: peer.url.clone(),
-                        seconds: t.as_secs_f64(),
-                    })
-                }),
+            Some(t) => tokio::time::timeout(t, read).await.unwrap_or_else(|_| {
+                Err(ForwardError::TimedOut {
+                    instance: peer.instance.clone(),
+                    url: peer.url.clone(),
+                    seconds: t.as_secs_f64(),
+                })
+            }),
         }
     }
 }

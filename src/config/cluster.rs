@@ -80,6 +80,8 @@ pub fn check_advertise_url(url: &str) -> Result<(), String> {
         .map_err(|e| format!("names no host and port: {e}"))?;
     match a.port_u16() {
         Some(p) if p != 0 => Ok(()),
-        _ => Err("must name the port the server listens on (not 0), e.g. http://10.0.0.2:8765".into()),
+        _ => Err(
+            "must name the port the server listens on (not 0), e.g. http://10.0.0.2:8765".into(),
+        ),
     }
 }

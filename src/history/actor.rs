@@ -8,8 +8,7 @@ use tokio::sync::oneshot;
 
 use super::db::{Database, DbError};
 use super::{
-    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened,
-    RECONNECT_INTERVAL,
+    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened, RECONNECT_INTERVAL,
 };
 use crate::config::HistoryStore;
 use crate::report::RunReport;

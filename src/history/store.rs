@@ -3,8 +3,8 @@
 
 use super::db::{transaction, values, Database, DbError, Row};
 use super::{
-    now_ms, HistoryRow, NewRun, Owner, Query, Whereabouts, DEFAULT_QUERY_LIMIT, INTERRUPTED_MESSAGE,
-    MAX_QUERY_LIMIT, STOPPED_ANSWERING_MESSAGE,
+    now_ms, HistoryRow, NewRun, Owner, Query, Whereabouts, DEFAULT_QUERY_LIMIT,
+    INTERRUPTED_MESSAGE, MAX_QUERY_LIMIT, STOPPED_ANSWERING_MESSAGE,
 };
 use crate::instance::{Instance, Liveness};
 use crate::report::{RunLimits, RunReport, Stage, Status};

@@ -151,7 +151,9 @@ fn parse<P: DeserializeOwned>(args: serde_json::Value) -> Result<P, String> {
 }
 
 /// A typed result as rmcp's `Json` wrapper makes it.
-fn structured_result<T: Serialize>(json: rmcp::handler::server::wrapper::Json<T>) -> CallToolResult {
+fn structured_result<T: Serialize>(
+    json: rmcp::handler::server::wrapper::Json<T>,
+) -> CallToolResult {
     CallToolResult::structured(serde_json::to_value(json.0).unwrap_or_default())
 }
 

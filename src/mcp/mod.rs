@@ -22,8 +22,8 @@ use rmcp::model::{
     ServerConfig,
 };
 use rmcp::service::{Peer, RequestContext};
-use tokio_util::sync::CancellationToken;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
+use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{catalog, Catalog};
 use crate::contract::answers::SessionFileResult;
@@ -138,7 +138,7 @@ impl CodeboxServer {
             Err(e) => return Err(self.submit_error(e).await),
         };
         let run_id = accepted.run_id;
-                let mut notified = 0.0_f64;
+        let mut notified = 0.0_f64;
         loop {
             if let (Some((token, peer)), Some(p)) = (&progress, self.manager.progress(&run_id)) {
                 if !p.status.is_terminal() {
@@ -177,7 +177,6 @@ impl CodeboxServer {
             }
         }
     }
-
 
     async fn start_run_here(&self, request: RunRequest) -> Result<Json<Accepted>, String> {
         match self.manager.submit(request) {

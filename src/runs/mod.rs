@@ -661,7 +661,10 @@ impl RunManager {
             st.admission.drain();
             st.live.len()
         };
-        tracing::info!(runs = left, "draining: no new runs; waiting for the queued and running ones to finish");
+        tracing::info!(
+            runs = left,
+            "draining: no new runs; waiting for the queued and running ones to finish"
+        );
         let deadline = Instant::now() + limit;
         loop {
             if self.lock().live.is_empty() {

@@ -203,7 +203,10 @@ pub async fn tool_call(
     let args: serde_json::Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
         Err(e) => {
-            return (StatusCode::BAD_REQUEST, format!("the body is not JSON: {e}\n"))
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("the body is not JSON: {e}\n"),
+            )
                 .into_response()
         }
     };
@@ -235,12 +238,18 @@ mod tests {
         assert_eq!(subject(&Method::GET, "/v1/runs"), None);
         assert_eq!(subject(&Method::DELETE, "/v1/sessions/s1"), session("s1"));
         assert_eq!(subject(&Method::GET, "/v1/sessions/s1"), None);
-        assert_eq!(subject(&Method::GET, "/v1/sessions/s1/files"), session("s1"));
+        assert_eq!(
+            subject(&Method::GET, "/v1/sessions/s1/files"),
+            session("s1")
+        );
         assert_eq!(
             subject(&Method::GET, "/v1/sessions/s1/files/a%20b.txt"),
             session("s1")
         );
-        assert_eq!(subject(&Method::GET, "/v1/sessions/s%31/files/"), session("s1"));
+        assert_eq!(
+            subject(&Method::GET, "/v1/sessions/s%31/files/"),
+            session("s1")
+        );
         assert_eq!(subject(&Method::GET, "/v1/history"), None);
         assert_eq!(subject(&Method::GET, "/v1/languages"), None);
     }
@@ -248,7 +257,10 @@ mod tests {
     #[test]
     fn the_wait_of_a_query() {
         assert_eq!(wait_of(None), Duration::ZERO);
-        assert_eq!(wait_of(Some("wait_seconds=2.5")), Duration::from_millis(2500));
+        assert_eq!(
+            wait_of(Some("wait_seconds=2.5")),
+            Duration::from_millis(2500)
+        );
         assert_eq!(
             wait_of(Some("wait_seconds=9999")),
             Duration::from_secs_f64(MAX_WAIT_SECONDS)

@@ -53,7 +53,9 @@ struct AppState {
 
 /// Whether a request comes from another server of the cluster (carries the secret).
 fn from_cluster(cluster: &Option<Arc<Cluster>>, request: &Request) -> bool {
-    cluster.as_ref().is_some_and(|c| c.accepts(request.headers()))
+    cluster
+        .as_ref()
+        .is_some_and(|c| c.accepts(request.headers()))
 }
 
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -115,12 +117,30 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let mut body = m.metrics().render(&stats, m.executor().timings());
     let c = m.config();
     for (name, help, value) in [
-        ("codebox_capacity_slots", "Runs this server runs at once (runs.max_concurrent_runs).", c.runs.max_concurrent_runs as u64),
-        ("codebox_capacity_memory_mb", "Memory budget of this server's runs and sessions, in MB (runs.memory_budget_mb).", c.runs.memory_budget_mb),
-        ("codebox_capacity_queued_runs", "Runs this server queues at most (runs.max_queued_runs).", c.runs.max_queued_runs as u64),
-        ("codebox_capacity_sessions", "Sessions this server holds open at most (sessions.max_sessions).", c.sessions.max_sessions as u64),
+        (
+            "codebox_capacity_slots",
+            "Runs this server runs at once (runs.max_concurrent_runs).",
+            c.runs.max_concurrent_runs as u64,
+        ),
+        (
+            "codebox_capacity_memory_mb",
+            "Memory budget of this server's runs and sessions, in MB (runs.memory_budget_mb).",
+            c.runs.memory_budget_mb,
+        ),
+        (
+            "codebox_capacity_queued_runs",
+            "Runs this server queues at most (runs.max_queued_runs).",
+            c.runs.max_queued_runs as u64,
+        ),
+        (
+            "codebox_capacity_sessions",
+            "Sessions this server holds open at most (sessions.max_sessions).",
+            c.sessions.max_sessions as u64,
+        ),
     ] {
-        body.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"));
+        body.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+        ));
     }
     (
         [(
@@ -428,7 +448,10 @@ pub fn router(
         .merge(api::judge0::router(programs_api));
     if let Some(f) = &forwarding {
         programs = programs
-            .layer(middleware::from_fn_with_state(f.clone(), cluster::forward_v1))
+            .layer(middleware::from_fn_with_state(
+                f.clone(),
+                cluster::forward_v1,
+            ))
             .route(
                 &format!("{}/{{tool}}", crate::mcp::TOOLS_PATH),
                 axum::routing::post(cluster::tool_call).with_state(f.clone()),

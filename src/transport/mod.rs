@@ -78,8 +78,8 @@ pub async fn serve(
             // then the server shuts down as it does alone.
             let drain = cluster.is_some().then(|| {
                 let runs = runs.clone();
-                let limit = Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0)
-                    + DRAIN_SLACK;
+                let limit =
+                    Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0) + DRAIN_SLACK;
                 (runs, limit)
             });
             let server = CodeboxServer::new(runs).with_cluster(cluster);

@@ -42,7 +42,11 @@ async fn ok(client: &Client, tool: &'static str, args: Value) -> Value {
 
 async fn tool_error(client: &Client, tool: &'static str, args: Value) -> String {
     let res = call(client, tool, args.clone()).await;
-    assert_eq!(res.is_error, Some(true), "{tool}({args}) should fail: {res:?}");
+    assert_eq!(
+        res.is_error,
+        Some(true),
+        "{tool}({args}) should fail: {res:?}"
+    );
     text(&res)
 }
 
@@ -110,7 +114,12 @@ async fn known(client: &Client, run_id: &str) {
 }
 
 async fn start(client: &Client, code: &str) -> String {
-    ok(client, "start_run", json!({"language": "python", "code": code})).await["run_id"]
+    ok(
+        client,
+        "start_run",
+        json!({"language": "python", "code": code}),
+    )
+    .await["run_id"]
         .as_str()
         .unwrap()
         .to_string()
@@ -133,10 +142,20 @@ async fn a_shared_history_over_http_without_the_cluster_settings_is_refused() {
             "needs cluster.advertise_url and cluster.secret_file",
         ),
         (vec![history, advertise], "needs cluster.secret_file"),
-        (vec![history, good_set.as_str()], "needs cluster.advertise_url"),
-        (vec![history, advertise, short_set.as_str()], "at least 16 characters"),
         (
-            vec![history, "cluster.advertise_url=http://127.0.0.1:0", good_set.as_str()],
+            vec![history, good_set.as_str()],
+            "needs cluster.advertise_url",
+        ),
+        (
+            vec![history, advertise, short_set.as_str()],
+            "at least 16 characters",
+        ),
+        (
+            vec![
+                history,
+                "cluster.advertise_url=http://127.0.0.1:0",
+                good_set.as_str(),
+            ],
             "cluster.advertise_url",
         ),
     ] {
@@ -182,7 +201,12 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
         matches!(now["status"].as_str(), Some("queued" | "running")),
         "{now}"
     );
-    let done = ok(&cb, "get_result", json!({"run_id": slow, "wait_seconds": 30})).await;
+    let done = ok(
+        &cb,
+        "get_result",
+        json!({"run_id": slow, "wait_seconds": 30}),
+    )
+    .await;
     assert_eq!(
         (done["status"].as_str(), done["stdout"].as_str()),
         (Some("succeeded"), Some("slow\n")),
@@ -253,7 +277,11 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
         median(&forwarded)
     );
     let listed = ok(&cb, "list_sessions", json!({})).await;
-    assert_eq!(listed["sessions"], json!([]), "B lists only its own: {listed}");
+    assert_eq!(
+        listed["sessions"],
+        json!([]),
+        "B lists only its own: {listed}"
+    );
     let closed = ok(&cb, "close_session", json!({"session_id": sid})).await;
     assert_eq!(
         (closed["closed"].as_bool(), closed["executions"].as_u64()),
@@ -280,7 +308,10 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
         .json()
         .await
         .unwrap();
-    let sid2 = created["session_id"].as_str().expect("a session").to_string();
+    let sid2 = created["session_id"]
+        .as_str()
+        .expect("a session")
+        .to_string();
     let run: Value = http
         .post(v1(&a, "/v1/runs"))
         .bearer_auth(TOKEN)
@@ -457,7 +488,12 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
     .await;
     assert!(ended.contains("the server that held it stopped"), "{ended}");
     // B keeps serving.
-    let r = ok(&cb, "run_code", json!({"language": "python", "code": "print('still')"})).await;
+    let r = ok(
+        &cb,
+        "run_code",
+        json!({"language": "python", "code": "print('still')"}),
+    )
+    .await;
     assert_eq!(r["stdout"], "still\n", "{r}");
 
     // A's containers stay until its data directory gets a server again, which reaps them.
@@ -518,7 +554,12 @@ async fn sigterm_drains_a_server_finishing_what_it_holds_and_losing_nothing() {
         .is_ok_and(|s| s == 503)
     })
     .await;
-    let refused = tool_error(&ca, "start_run", json!({"language": "python", "code": "print(1)"})).await;
+    let refused = tool_error(
+        &ca,
+        "start_run",
+        json!({"language": "python", "code": "print(1)"}),
+    )
+    .await;
     assert!(refused.contains("shutting down"), "{refused}");
     // Every run it held ends as it would have, read through B (forwarded to A while it
     // drains, from the store once it is gone).
@@ -536,13 +577,19 @@ async fn sigterm_drains_a_server_finishing_what_it_holds_and_losing_nothing() {
     let rows = ok(&cb, "get_execution_history", json!({"limit": 100})).await;
     let rows = rows["runs"].as_array().unwrap();
     for id in &ids {
-        let row = rows.iter().find(|r| r["run_id"] == id.as_str()).expect("recorded");
+        let row = rows
+            .iter()
+            .find(|r| r["run_id"] == id.as_str())
+            .expect("recorded");
         assert_eq!(row["status"], "succeeded", "{row}");
     }
     for id in &ids {
         assert!(leftovers(id).is_empty(), "run {id} left containers");
     }
-    eprintln!("drain of {RUNS} runs: whole test {:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "drain of {RUNS} runs: whole test {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
     drop(cb);
     b.signal_and_wait(libc::SIGTERM).await;
 }
@@ -626,7 +673,14 @@ http {{
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        panic!("nginx did not listen on {port}: {}", std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default());
+        let mut child = child;
+        // SAFETY: a signal to the nginx this test started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        panic!(
+            "nginx did not listen on {port}: {}",
+            std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+        );
     }
 
     fn url(&self, path: &str) -> String {
@@ -701,7 +755,14 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     // Health checks through nginx reach each server in turn.
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..6 {
-        let h: Value = http.get(nginx.url("/healthz")).send().await.unwrap().json().await.unwrap();
+        let h: Value = http
+            .get(nginx.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         assert_eq!(h["status"], "ok", "{h}");
         seen.insert(h["instance"].as_str().unwrap().to_string());
     }
@@ -773,7 +834,11 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
             .entry(matching[0]["instance"].as_str().unwrap().to_string())
             .or_default() += 1;
     }
-    assert_eq!(per_instance.len(), 3, "runs spread over the three: {per_instance:?}");
+    assert_eq!(
+        per_instance.len(),
+        3,
+        "runs spread over the three: {per_instance:?}"
+    );
     let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "each run one id");
 
@@ -789,11 +854,18 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
         .json()
         .await
         .unwrap();
-    let sid = created["session_id"].as_str().expect("a session").to_string();
+    let sid = created["session_id"]
+        .as_str()
+        .expect("a session")
+        .to_string();
     let t = Instant::now();
     const STEPS: usize = 6;
     for k in 0..STEPS {
-        let code = if k == 0 { "n = 0\nprint(n)".to_string() } else { "n += 1\nprint(n)".to_string() };
+        let code = if k == 0 {
+            "n = 0\nprint(n)".to_string()
+        } else {
+            "n += 1\nprint(n)".to_string()
+        };
         let r: Value = http
             .post(nginx.url("/v1/runs"))
             .bearer_auth(TOKEN)

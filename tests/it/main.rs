@@ -4,8 +4,8 @@
 mod batch;
 mod cli;
 mod cli_fake;
-mod cluster;
 mod cli_first_contact;
+mod cluster;
 mod common;
 mod docker_runs;
 mod fake_engine;
