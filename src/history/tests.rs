@@ -107,10 +107,22 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
     ] {
         store::insert(&mut db, &new_run(run, instance)).unwrap();
     }
+    for (id, instance) in [("s-silent", "silent"), ("s-fresh", "fresh")] {
+        let s = SessionOpened {
+            session_id: id.into(),
+            language: "python".into(),
+            instance: instance.into(),
+            created_at_ms: now,
+        };
+        sessions::opened(&mut db, &s).unwrap();
+    }
     assert_eq!(
         store::mark_interrupted(&mut db, &owner("me"), now).unwrap(),
         2
     );
+    let ended = |db: &mut sqlite::Sqlite, id: &str| sessions::lookup(db, id).unwrap().unwrap().ended;
+    assert_eq!(ended(&mut db, "s-silent").as_deref(), Some(SESSION_SERVER_STOPPED));
+    assert_eq!(ended(&mut db, "s-fresh"), None);
     let status = |db: &mut sqlite::Sqlite, id: &str| store::get(db, id).unwrap().unwrap().status;
     assert_eq!(
         status(&mut db, "a"),
@@ -119,6 +131,10 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
     );
     assert_eq!(status(&mut db, "b"), Status::SandboxError);
     assert_eq!(status(&mut db, "c"), Status::SandboxError);
+    // A lapsed lease stopped answering; no heartbeat at all is an old codebox, restarted.
+    let message = |db: &mut sqlite::Sqlite, id: &str| store::get(db, id).unwrap().unwrap().message;
+    assert_eq!(message(&mut db, "b"), STOPPED_ANSWERING_MESSAGE);
+    assert_eq!(message(&mut db, "c"), INTERRUPTED_MESSAGE);
     assert_eq!(status(&mut db, "d"), Status::Queued, "our own");
     let w = store::whereabouts(&mut db, "a").unwrap().unwrap();
     assert_eq!((w.instance.as_str(), w.status), ("fresh", Status::Queued));
