@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use rmcp::model::CallToolResult;
-use rmcp::service::RunningService;
+use rmcp::model::{CallToolResult, ClientRequest, Request};
+use rmcp::service::{PeerRequestOptions, RunningService};
 use rmcp::RoleClient;
 use serde_json::{json, Value};
 
@@ -276,6 +276,36 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
         median(&direct),
         median(&forwarded)
     );
+    // Cancelling a run_code that B forwarded stops the execution on A.
+    let request = ClientRequest::CallToolRequest(Request::new(params(
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "import time\ntime.sleep(25)"}),
+    )));
+    let handle = cb
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    let mut cancelled = None;
+    for _ in 0..400 {
+        let rows = ok(
+            &cb,
+            "get_execution_history",
+            json!({"session_id": sid, "status": "running"}),
+        )
+        .await;
+        if let Some(r) = rows["runs"].as_array().unwrap().first() {
+            cancelled = Some(r["run_id"].as_str().unwrap().to_string());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let cancelled = cancelled.expect("the forwarded execution runs on A");
+    handle
+        .cancel(Some("user pressed stop".into()))
+        .await
+        .unwrap();
+    let r = ok(&ca, "get_result", json!({"run_id": cancelled, "wait_seconds": 20})).await;
+    assert_eq!(r["status"], "stopped", "{r}");
     let listed = ok(&cb, "list_sessions", json!({})).await;
     assert_eq!(
         listed["sessions"],
@@ -285,7 +315,7 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
     let closed = ok(&cb, "close_session", json!({"session_id": sid})).await;
     assert_eq!(
         (closed["closed"].as_bool(), closed["executions"].as_u64()),
-        (Some(true), Some(2 + 2 * STEPS as u64)),
+        (Some(true), Some(3 + 2 * STEPS as u64)),
         "{closed}"
     );
     let ended = tool_error(
