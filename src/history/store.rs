@@ -14,11 +14,11 @@ const FORGET_INSTANCES_AFTER_MS: i64 = 24 * 3600 * 1000;
 
 /// Bring the schema up to date, announce this instance, mark what dead instances left
 /// unfinished, and forget instances long gone.
-pub fn prepare(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
+pub fn prepare(db: &mut dyn Database, owner: &Owner, judge_leases: bool) -> Result<(), DbError> {
     super::schema::migrate(db)?;
     let now = db.now_ms()?;
     heartbeat(db, owner, now)?;
-    mark_interrupted(db, owner, now)?;
+    mark_interrupted(db, owner, now, judge_leases)?;
     db.execute(
         "DELETE FROM instances WHERE heartbeat_at < ?1",
         values![now - FORGET_INSTANCES_AFTER_MS],
@@ -61,6 +61,7 @@ fn is_dead(
     owner: &Owner,
     id: &str,
     now: i64,
+    judge_leases: bool,
 ) -> Result<Option<Gone>, DbError> {
     if id == owner.instance {
         return Ok(None);
@@ -68,6 +69,7 @@ fn is_dead(
     Ok(match Instance::liveness(&owner.data_dir, id) {
         Liveness::Alive => None,
         Liveness::Dead => Some(Gone::Restarted),
+        Liveness::Unknown if !judge_leases => None,
         Liveness::Unknown => {
             let beat = db
                 .query(
@@ -86,8 +88,15 @@ fn is_dead(
 }
 
 /// Mark the unfinished runs of dead instances `sandbox_error` ("interrupted by server
-/// restart"); the runs of living instances, on this host or another, are left alone.
-pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<u64, DbError> {
+/// restart", or "its server stopped answering" when its lease lapsed) and end their sessions;
+/// the runs of living instances, on this host or another, are left alone. Without
+/// `judge_leases` only instances known dead by their lock files are.
+pub fn mark_interrupted(
+    db: &mut dyn Database,
+    owner: &Owner,
+    now: i64,
+    judge_leases: bool,
+) -> Result<u64, DbError> {
     let instances: Vec<String> = db
         .query(
             "SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')
@@ -99,7 +108,7 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
         .collect();
     let mut marked = 0;
     for instance in instances {
-        let Some(gone) = is_dead(db, owner, &instance, now)? else {
+        let Some(gone) = is_dead(db, owner, &instance, now, judge_leases)? else {
             continue;
         };
         let message = match gone {

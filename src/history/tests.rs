@@ -92,7 +92,7 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
         ..Default::default()
     };
     let mut db = sqlite::Sqlite::in_memory().unwrap();
-    store::prepare(&mut db, &owner("me")).unwrap();
+    store::prepare(&mut db, &owner("me"), true).unwrap();
     let now = db.now_ms().unwrap();
     let expiry = INSTANCE_EXPIRY.as_millis() as i64;
     // Another host's server, heard from a moment ago; one silent for longer than the
@@ -116,12 +116,22 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
         };
         sessions::opened(&mut db, &s).unwrap();
     }
+    // Right after this server's own connection came back, leases are not judged: the others
+    // may have been cut off too.
     assert_eq!(
-        store::mark_interrupted(&mut db, &owner("me"), now).unwrap(),
+        store::mark_interrupted(&mut db, &owner("me"), now, false).unwrap(),
+        0
+    );
+    assert_eq!(
+        store::mark_interrupted(&mut db, &owner("me"), now, true).unwrap(),
         2
     );
-    let ended = |db: &mut sqlite::Sqlite, id: &str| sessions::lookup(db, id).unwrap().unwrap().ended;
-    assert_eq!(ended(&mut db, "s-silent").as_deref(), Some(SESSION_SERVER_STOPPED));
+    let ended =
+        |db: &mut sqlite::Sqlite, id: &str| sessions::lookup(db, id).unwrap().unwrap().ended;
+    assert_eq!(
+        ended(&mut db, "s-silent").as_deref(),
+        Some(SESSION_SERVER_STOPPED)
+    );
     assert_eq!(ended(&mut db, "s-fresh"), None);
     let status = |db: &mut sqlite::Sqlite, id: &str| store::get(db, id).unwrap().unwrap().status;
     assert_eq!(

@@ -304,7 +304,12 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
         .cancel(Some("user pressed stop".into()))
         .await
         .unwrap();
-    let r = ok(&ca, "get_result", json!({"run_id": cancelled, "wait_seconds": 20})).await;
+    let r = ok(
+        &ca,
+        "get_result",
+        json!({"run_id": cancelled, "wait_seconds": 20}),
+    )
+    .await;
     assert_eq!(r["status"], "stopped", "{r}");
     let listed = ok(&cb, "list_sessions", json!({})).await;
     assert_eq!(
@@ -947,5 +952,86 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     }
     for id in &ids {
         assert!(leftovers(id).is_empty(), "run {id} left containers");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_database_outage_the_servers_do_not_take_each_other_for_dead() {
+    let mut pg = PgCluster::start();
+    let url = pg.create_database("outage");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let lease = ["cluster.lease_seconds=3"];
+    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+    // Each holds a session and a run: whichever reconnects first could take the other for
+    // dead.
+    let mut held = Vec::new();
+    for client in [&ca, &cb] {
+        let info = ok(client, "create_session", json!({"language": "python"})).await;
+        let sid = info["session_id"].as_str().unwrap().to_string();
+        let run = start(client, "import time\ntime.sleep(25)\nprint('through')").await;
+        held.push((sid, run));
+    }
+    for (_, run) in &held {
+        known(&ca, run).await;
+        known(&cb, run).await;
+    }
+
+    // The database goes away for longer than two leases, then comes back: each server
+    // reconnects (within its retry interval) and must not mark the other's work.
+    pg.pause();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    pg.restart();
+    for _ in 0..200 {
+        let res = call(&ca, "get_execution_history", json!({"limit": 10})).await;
+        if res.is_error != Some(true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the time a server judges leases again after a reconnection (5 s + the lease),
+    // and a renewal more.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rows = ok(&ca, "get_execution_history", json!({"limit": 10})).await;
+    for (_, run) in &held {
+        let row = rows["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == run.as_str())
+            .unwrap_or_else(|| panic!("{rows}"))
+            .clone();
+        assert_eq!(row["status"], "running", "after the outage: {row}");
+    }
+    // Each session, through the other server.
+    for ((sid, _), other) in held.iter().zip([&cb, &ca]) {
+        let r = ok(
+            other,
+            "run_code",
+            json!({"language": "python", "session_id": sid, "code": "print('still open')"}),
+        )
+        .await;
+        assert_eq!(r["stdout"], "still open\n", "{r}");
+    }
+    for ((_, run), other) in held.iter().zip([&cb, &ca]) {
+        let r = ok(
+            other,
+            "get_result",
+            json!({"run_id": run, "wait_seconds": 30}),
+        )
+        .await;
+        assert_eq!(
+            (r["status"].as_str(), r["stdout"].as_str()),
+            (Some("succeeded"), Some("through\n")),
+            "{r}"
+        );
+    }
+    drop((ca, cb));
+    a.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+    for (_, run) in &held {
+        assert!(leftovers(run).is_empty());
     }
 }
