@@ -1,6 +1,6 @@
 //! The HTTP side of several servers as one (SPEC section 15, [`crate::cluster`]):
 //! - `/v1` calls about a run or session another server holds (`GET`/`DELETE
-//!   /v1/runs/{id}`, `POST /v1/runs` with a `session_id`, `DELETE /v1/sessions/{id}`,
+//!   /v1/runs/{id}`, `GET /v1/runs/{id}/events`, `POST /v1/runs` with a `session_id`, `DELETE /v1/sessions/{id}`,
 //!   `GET /v1/sessions/{id}/files...`) are forwarded to it as they are, and its answer is
 //!   passed back as it comes;
 //! - `POST /cluster/tools/{tool}` takes the MCP tool calls another server forwards
@@ -54,6 +54,8 @@ fn subject(method: &Method, path: &str) -> Option<Subject> {
     let id = percent_decode(id)?;
     match (kind, method, tail) {
         ("runs", &Method::GET | &Method::DELETE, None) => Some(Subject::Run(ids::run_id(&id))),
+        // Live output (SPEC section 14): the owner's stream, passed on as it comes.
+        ("runs", &Method::GET, Some("events")) => Some(Subject::Run(ids::run_id(&id))),
         ("sessions", &Method::DELETE, None) => Some(Subject::Session(id)),
         ("sessions", &Method::GET, Some(t)) if t == "files" || t.starts_with("files/") => {
             Some(Subject::Session(id))
@@ -235,6 +237,8 @@ mod tests {
         assert_eq!(subject(&Method::GET, "/v1/runs/r1"), run("r1"));
         assert_eq!(subject(&Method::DELETE, "/v1/runs/r1"), run("r1"));
         assert_eq!(subject(&Method::POST, "/v1/runs/r1"), None);
+        assert_eq!(subject(&Method::GET, "/v1/runs/r1/events"), run("r1"));
+        assert_eq!(subject(&Method::GET, "/v1/runs/r1/other"), None);
         assert_eq!(subject(&Method::GET, "/v1/runs"), None);
         assert_eq!(subject(&Method::DELETE, "/v1/sessions/s1"), session("s1"));
         assert_eq!(subject(&Method::GET, "/v1/sessions/s1"), None);
