@@ -70,8 +70,6 @@ const STOP_WAIT: Duration = Duration::from_secs(120);
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the pool is checked for containers to replace or add.
 const POOL_INTERVAL: Duration = Duration::from_millis(500);
-/// How often a drain looks whether the last run has ended.
-const DRAIN_POLL: Duration = Duration::from_millis(100);
 
 /// Where an unfinished run stands, for progress notifications.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -656,6 +654,8 @@ impl RunManager {
     /// running run finish, and return once none is left (`true`) or `limit` has passed.
     /// [`RunManager::shutdown`] then ends the sessions and stops what is left.
     pub async fn drain(&self, limit: Duration) -> bool {
+        /// How often a drain looks whether the last run has ended.
+        const DRAIN_POLL: Duration = Duration::from_millis(100);
         let left = {
             let mut st = self.lock();
             st.admission.drain();
