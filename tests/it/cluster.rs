@@ -194,7 +194,8 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
     eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
 
     // get_result on B of a run A holds: A's own report, as it stands, then at its end.
-    let slow = start(&ca, "import time\ntime.sleep(2)\nprint('slow')").await;
+    // Long enough to be unfinished when B asks, however loaded the machine.
+    let slow = start(&ca, "import time\ntime.sleep(6)\nprint('slow')").await;
     known(&cb, &slow).await;
     let now = ok(&cb, "get_result", json!({"run_id": slow})).await;
     assert!(
@@ -971,7 +972,16 @@ async fn after_a_database_outage_the_servers_do_not_take_each_other_for_dead() {
     for client in [&ca, &cb] {
         let info = ok(client, "create_session", json!({"language": "python"})).await;
         let sid = info["session_id"].as_str().unwrap().to_string();
-        let run = start(client, "import time\ntime.sleep(25)\nprint('through')").await;
+        let run = ok(
+            client,
+            "start_run",
+            json!({"language": "python", "code": "import time\ntime.sleep(35)\nprint('through')",
+                   "limits": {"timeout_seconds": 60}}),
+        )
+        .await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
         held.push((sid, run));
     }
     for (_, run) in &held {
@@ -1003,7 +1013,11 @@ async fn after_a_database_outage_the_servers_do_not_take_each_other_for_dead() {
             .find(|r| r["run_id"] == run.as_str())
             .unwrap_or_else(|| panic!("{rows}"))
             .clone();
-        assert_eq!(row["status"], "running", "after the outage: {row}");
+        // Still running (a loaded machine may have let it finish: never marked, all the same).
+        assert!(
+            matches!(row["status"].as_str(), Some("running" | "succeeded")),
+            "after the outage: {row}"
+        );
     }
     // Each session, through the other server.
     for ((sid, _), other) in held.iter().zip([&cb, &ca]) {
@@ -1019,7 +1033,7 @@ async fn after_a_database_outage_the_servers_do_not_take_each_other_for_dead() {
         let r = ok(
             other,
             "get_result",
-            json!({"run_id": run, "wait_seconds": 30}),
+            json!({"run_id": run, "wait_seconds": 60}),
         )
         .await;
         assert_eq!(
