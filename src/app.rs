@@ -65,6 +65,8 @@ impl App {
             Owner {
                 instance: instance.id.clone(),
                 data_dir: config.data_dir.clone(),
+                lease: config.cluster.lease(),
+                advertise_url: config.cluster.advertise_url.clone(),
             },
         );
         let runs = RunManager::new(

@@ -12,6 +12,8 @@
 //! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
 //!   run manager for every command.
 //! - [`mcp`]: the ten MCP tools, their results and descriptions from the running config.
+//! - [`cluster`]: several servers as one (SPEC section 15): which server holds a run or a
+//!   session, and forwarding a call to it with the cluster secret.
 //! - [`runs`]: the run manager, whole in `mod.rs` (ids, queue, stop, retention, lookup),
 //!   with `admission.rs`, which alone owns the budget (runs, the pool, sessions).
 //! - `runs/sessions/`: sessions, a room of their own: `Sessions` owns the table, its lock and
@@ -44,6 +46,7 @@ pub mod api;
 pub mod app;
 pub mod catalog;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod contract;
 pub mod engine;

@@ -84,6 +84,18 @@ pub struct Client {
 }
 
 impl Client {
+    /// The client of a request, from its parts (as the extractor reads it).
+    pub fn of(parts: &Parts) -> Client {
+        Client {
+            peer: parts
+                .extensions
+                .get::<PeerHandle>()
+                .and_then(|h| h.0.upgrade())
+                .map(Peer),
+            http11: parts.version == Version::HTTP_11,
+        }
+    }
+
     pub async fn gone(&self) {
         match &self.peer {
             Some(p) => p.gone(self.http11).await,
@@ -96,13 +108,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Client {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Client, Infallible> {
-        Ok(Client {
-            peer: parts
-                .extensions
-                .get::<PeerHandle>()
-                .and_then(|h| h.0.upgrade())
-                .map(Peer),
-            http11: parts.version == Version::HTTP_11,
-        })
+        Ok(Client::of(parts))
     }
 }

@@ -1,8 +1,10 @@
 //! `codebox serve`: the MCP server on the application's run manager.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::app::App;
+use crate::cluster::Cluster;
 use crate::transport::{self, http, Transport};
 
 /// The two MCP transports.
@@ -55,6 +57,8 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
                 std::env::var("CODEBOX_TOKEN").ok(),
                 args.no_auth,
             )?,
+            // A shared history without the cluster settings is refused before anything starts.
+            cluster: Cluster::for_http(&app.config, &app.instance.id)?.map(Arc::new),
         },
     };
     // Watch for signals before any container exists, so that none is left by one.

@@ -6,7 +6,9 @@ use super::*;
 
 /// Example values of the settings that are unset by default (written commented out), and of
 /// `data_dir`, whose default depends on the user.
-const EXAMPLES: [(&str, &str); 11] = [
+const EXAMPLES: [(&str, &str); 13] = [
+    ("cluster.advertise_url", "\"http://10.0.0.2:8765\""),
+    ("cluster.secret_file", "\"/etc/codebox/cluster-secret\""),
     ("data_dir", "\"/var/lib/codebox\""),
     ("languages", "\"/etc/codebox/languages.toml\""),
     ("docker.build_network", "\"host\""),

@@ -41,6 +41,7 @@ macro_rules! section {
     };
 }
 
+mod cluster;
 mod defaults;
 mod docker;
 mod history;
@@ -52,6 +53,7 @@ mod sources;
 mod tests;
 mod validate;
 
+pub use cluster::{check_advertise_url, ClusterSettings, MIN_LEASE_SECONDS};
 pub use docker::*;
 pub use history::*;
 pub use postgres_tls::{split_tls, SslMode, TlsParams};
@@ -88,6 +90,7 @@ section! {
         pub cache: CacheSettings = CacheSettings::default(),
         pub docker: DockerSettings = DockerSettings::default(),
         pub sessions: SessionSettings = SessionSettings::default(),
+        pub cluster: ClusterSettings = ClusterSettings::default(),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::checks::{reject, RequestError};
 use crate::registry::Registry;
@@ -29,7 +29,7 @@ pub fn check_wait(seconds: Option<f64>) -> Result<Duration, RequestError> {
 }
 
 /// Arguments of `get_result`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GetResultParams {
     /// The id `start_run` returned.
@@ -41,7 +41,7 @@ pub struct GetResultParams {
 }
 
 /// Arguments of `stop_run`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StopRunParams {
     /// The id `start_run` returned.
@@ -68,7 +68,7 @@ pub struct HistoryParams {
 }
 
 /// Arguments naming a session.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionIdParams {
     /// The id `create_session` returned.
@@ -76,7 +76,7 @@ pub struct SessionIdParams {
 }
 
 /// Arguments of `read_session_file`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadSessionFileParams {
     /// The id `create_session` returned.

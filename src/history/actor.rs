@@ -8,8 +8,7 @@ use tokio::sync::oneshot;
 
 use super::db::{Database, DbError};
 use super::{
-    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened, HEARTBEAT_INTERVAL,
-    RECONNECT_INTERVAL,
+    pg, sessions, sqlite, store, HistoryError, NewRun, Owner, SessionOpened, RECONNECT_INTERVAL,
 };
 use crate::config::HistoryStore;
 use crate::report::RunReport;
@@ -126,9 +125,13 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Open the store, migrate it, announce this instance and mark what dead ones left.
+/// Open the store and prepare it; `judge_leases`: also mark the runs of instances whose lease
+/// lapsed (not right after an outage of this server's connection: the others may have been
+/// cut off too, and need a lease to renew theirs).
 pub(super) fn open_store(
     store: &HistoryStore,
     owner: &Owner,
+    judge_leases: bool,
 ) -> Result<Box<dyn Database>, DbError> {
     let mut db: Box<dyn Database> = match store {
         HistoryStore::Sqlite(path) => Box::new(sqlite::Sqlite::open(path)?),
@@ -136,7 +139,7 @@ pub(super) fn open_store(
             Box::new(pg::Postgres::connect(url, password_file.as_deref())?)
         }
     };
-    store::prepare(db.as_mut(), owner)?;
+    store::prepare(db.as_mut(), owner, judge_leases)?;
     Ok(db)
 }
 
@@ -150,6 +153,10 @@ pub(super) struct Actor {
     retry_at: Instant,
     /// When the next heartbeat is due (while `db` is `Some`).
     beat_at: Instant,
+    /// The connection failed or could not be opened since it was last opened.
+    had_outage: bool,
+    /// From when other instances' leases are judged (a lease after a reconnection).
+    judge_after: Instant,
     /// Whether the current outage was reported (one warning per outage, not per write).
     outage_reported: bool,
     /// Why the store could not be opened last time (what queries are told meanwhile).
@@ -171,6 +178,8 @@ impl Actor {
             db: None,
             retry_at: now,
             beat_at: now,
+            had_outage: false,
+            judge_after: now,
             outage_reported: false,
             open_error: None,
             lost: 0,
@@ -207,16 +216,22 @@ impl Actor {
         if self.db.is_some() || Instant::now() < self.retry_at {
             return;
         }
-        match open_store(&self.store, &self.owner) {
+        match open_store(&self.store, &self.owner, !self.had_outage) {
             Ok(db) => {
+                if self.had_outage {
+                    // The others reconnect within their retry interval, then renew at once.
+                    self.judge_after = Instant::now() + RECONNECT_INTERVAL + self.owner.lease;
+                    self.had_outage = false;
+                }
                 if self.outage_reported {
                     tracing::info!(store = %self.name, "the history database is reachable again; runs are recorded");
                 }
                 self.db = Some(db);
                 self.outage_reported = false;
-                self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+                self.beat_at = Instant::now() + self.owner.heartbeat_interval();
             }
             Err(e) => {
+                self.had_outage = true;
                 self.open_error = Some(with_causes(&e));
                 if !self.outage_reported {
                     tracing::warn!(store = %self.name, error = %e, "cannot open the history database; runs will be served but not recorded (trying again every {} s)", RECONNECT_INTERVAL.as_secs());
@@ -232,10 +247,11 @@ impl Actor {
         if Instant::now() < self.beat_at {
             return;
         }
-        self.beat_at = Instant::now() + HEARTBEAT_INTERVAL;
+        self.beat_at = Instant::now() + self.owner.heartbeat_interval();
+        let judge_leases = Instant::now() >= self.judge_after;
         let beat = db.now_ms().and_then(|now| {
             store::heartbeat(db.as_mut(), &self.owner, now)?;
-            store::mark_interrupted(db.as_mut(), &self.owner, now)
+            store::mark_interrupted(db.as_mut(), &self.owner, now, judge_leases)
         });
         if let Err(e) = beat {
             self.failed(e, "recording this server's heartbeat failed");
@@ -246,6 +262,7 @@ impl Actor {
     fn failed(&mut self, e: DbError, what: &str) {
         if self.db.as_ref().is_some_and(|db| db.is_broken()) {
             self.db = None;
+            self.had_outage = true;
             self.retry_at = Instant::now();
             tracing::warn!(store = %self.name, error = %e, "{what}; the connection to the history database was lost (reconnecting)");
             self.outage_reported = true;

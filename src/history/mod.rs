@@ -49,7 +49,10 @@ use crate::report::{RunLimits, RunReport, Stage, Status};
 use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
 pub use schema::SCHEMA_VERSION;
-pub use sessions::{SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED};
+pub use sessions::{
+    SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED,
+    SERVER_STOPPED as SESSION_SERVER_STOPPED,
+};
 
 /// Message written on rows a crashed server left unfinished.
 pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
@@ -59,9 +62,11 @@ pub const DEFAULT_QUERY_LIMIT: usize = 20;
 pub const MAX_QUERY_LIMIT: usize = crate::contract::params::MAX_HISTORY_LIMIT;
 /// How often each instance records that it is alive (and marks the runs of dead ones).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// The message of a run whose server's lease lapsed (another host: it stopped answering).
+pub const STOPPED_ANSWERING_MESSAGE: &str = "its server stopped answering";
 /// An instance whose last heartbeat is older than this (by the database's clock), and whose
 /// liveness no lock file in this data directory tells, is dead.
-pub const INSTANCE_EXPIRY: Duration = Duration::from_secs(60);
+pub const INSTANCE_EXPIRY: Duration = Duration::from_secs(10);
 /// How often the history thread tries again to open a database it cannot reach.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -167,6 +172,8 @@ pub struct Whereabouts {
     pub host: Option<String>,
     /// Milliseconds since that instance's last heartbeat.
     pub last_seen_ms_ago: Option<i64>,
+    /// How the other servers reach that instance (`cluster.advertise_url`), if it said.
+    pub advertise_url: Option<String>,
 }
 
 /// A history operation that failed.
@@ -260,6 +267,29 @@ pub struct Owner {
     pub instance: String,
     /// The data directory holding instance locks.
     pub data_dir: PathBuf,
+    /// `cluster.lease_seconds`: a heartbeat every third of it; an instance silent for longer
+    /// is gone.
+    pub lease: Duration,
+    /// `cluster.advertise_url`: how the other servers reach this one.
+    pub advertise_url: Option<String>,
+}
+
+impl Default for Owner {
+    fn default() -> Owner {
+        Owner {
+            instance: String::new(),
+            data_dir: PathBuf::new(),
+            lease: INSTANCE_EXPIRY,
+            advertise_url: None,
+        }
+    }
+}
+
+impl Owner {
+    /// How often this instance renews its lease (a third of it).
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lease / 3).max(Duration::from_secs(1))
+    }
 }
 
 impl History {

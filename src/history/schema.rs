@@ -71,6 +71,8 @@ const MIGRATIONS: &[&str] = &[
         ended_at    BIGINT,
         end_reason  TEXT
     );",
+    // 5: several servers as one (SPEC section 15): how the others reach each instance.
+    "ALTER TABLE instances ADD COLUMN advertise_url TEXT;",
 ];
 
 /// The schema version this codebox writes.

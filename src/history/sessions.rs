@@ -6,6 +6,8 @@ use super::db::{values, Database, DbError};
 
 /// Why a session of a dead instance ended.
 pub const RESTARTED: &str = "restarted";
+/// Why a session of an instance whose lease lapsed ended.
+pub const SERVER_STOPPED: &str = "server_stopped";
 
 /// A session that was just opened.
 #[derive(Debug, Clone)]
@@ -25,9 +27,11 @@ pub struct SessionRecord {
     pub host: Option<String>,
     /// Milliseconds since that instance's last heartbeat.
     pub last_seen_ms_ago: Option<i64>,
-    /// Why it ended (`closed`, `idle`, `lifetime`, `out_of_memory`, `failed`, `restarted`);
-    /// `None` while its instance holds it.
+    /// Why it ended (`closed`, `idle`, `lifetime`, `out_of_memory`, `failed`, `restarted`,
+    /// `server_stopped`); `None` while its instance holds it.
     pub ended: Option<String>,
+    /// How the other servers reach its instance (`cluster.advertise_url`), if it said.
+    pub advertise_url: Option<String>,
 }
 
 pub fn opened(db: &mut dyn Database, s: &SessionOpened) -> Result<(), DbError> {
@@ -50,7 +54,8 @@ pub fn ended(db: &mut dyn Database, id: &str, reason: &str, at_ms: i64) -> Resul
 pub fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, DbError> {
     let now = db.now_ms()?;
     let rows = db.query(
-        "SELECT sessions.instance, instances.host, instances.heartbeat_at, sessions.end_reason
+        "SELECT sessions.instance, instances.host, instances.heartbeat_at, sessions.end_reason,
+                instances.advertise_url
          FROM sessions LEFT JOIN instances ON instances.id = sessions.instance
          WHERE sessions.id = ?1",
         values![id],
@@ -60,15 +65,22 @@ pub fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, 
         host: r.text(1),
         last_seen_ms_ago: r.int(2).map(|b| (now - b).max(0)),
         ended: r.text(3),
+        advertise_url: r.text(4),
     }))
 }
 
-/// The sessions a dead instance left open ended when it did.
-pub fn mark_restarted(db: &mut dyn Database, instance: &str, at_ms: i64) -> Result<u64, DbError> {
+/// The sessions a dead instance left open ended when it did, for `reason` ([`RESTARTED`] or
+/// [`SERVER_STOPPED`]).
+pub fn mark_ended_by(
+    db: &mut dyn Database,
+    instance: &str,
+    at_ms: i64,
+    reason: &str,
+) -> Result<u64, DbError> {
     db.execute(
         "UPDATE sessions SET ended_at = ?2, end_reason = ?3
          WHERE instance = ?1 AND ended_at IS NULL",
-        values![instance, at_ms, RESTARTED],
+        values![instance, at_ms, reason],
     )
 }
 

@@ -3,8 +3,8 @@
 
 use super::db::{transaction, values, Database, DbError, Row};
 use super::{
-    now_ms, HistoryRow, NewRun, Owner, Query, Whereabouts, DEFAULT_QUERY_LIMIT, INSTANCE_EXPIRY,
-    INTERRUPTED_MESSAGE, MAX_QUERY_LIMIT,
+    now_ms, HistoryRow, NewRun, Owner, Query, Whereabouts, DEFAULT_QUERY_LIMIT,
+    INTERRUPTED_MESSAGE, MAX_QUERY_LIMIT, STOPPED_ANSWERING_MESSAGE,
 };
 use crate::instance::{Instance, Liveness};
 use crate::report::{RunLimits, RunReport, Stage, Status};
@@ -14,11 +14,11 @@ const FORGET_INSTANCES_AFTER_MS: i64 = 24 * 3600 * 1000;
 
 /// Bring the schema up to date, announce this instance, mark what dead instances left
 /// unfinished, and forget instances long gone.
-pub fn prepare(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
+pub fn prepare(db: &mut dyn Database, owner: &Owner, judge_leases: bool) -> Result<(), DbError> {
     super::schema::migrate(db)?;
     let now = db.now_ms()?;
     heartbeat(db, owner, now)?;
-    mark_interrupted(db, owner, now)?;
+    mark_interrupted(db, owner, now, judge_leases)?;
     db.execute(
         "DELETE FROM instances WHERE heartbeat_at < ?1",
         values![now - FORGET_INSTANCES_AFTER_MS],
@@ -29,30 +29,47 @@ pub fn prepare(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
 /// Record that this instance is alive, by the database's clock `now`.
 pub fn heartbeat(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<(), DbError> {
     db.execute(
-        "INSERT INTO instances (id, host, pid, started_at, heartbeat_at)
-         VALUES (?1, ?2, ?3, ?4, ?4)
+        "INSERT INTO instances (id, host, pid, started_at, heartbeat_at, advertise_url)
+         VALUES (?1, ?2, ?3, ?4, ?4, ?5)
          ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
         values![
             &owner.instance,
             crate::instance::hostname(),
             i64::from(std::process::id()),
-            now
+            now,
+            owner.advertise_url.as_deref()
         ],
     )?;
     Ok(())
 }
 
+/// How an instance is known to be gone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Gone {
+    /// Its lock file (same host, same data directory) says it exited: restarted.
+    Restarted,
+    /// Its lease lapsed: it stopped answering.
+    Lapsed,
+}
+
 /// Whether instance `id` is dead, as far as `owner` can tell: its lock file in `owner`'s data
 /// directory decides when there is one (the same host and data directory); otherwise its
-/// heartbeat, which must be younger than [`INSTANCE_EXPIRY`] by the database's clock `now`.
-/// An instance with neither (rows written before heartbeats existed) is dead.
-fn is_dead(db: &mut dyn Database, owner: &Owner, id: &str, now: i64) -> Result<bool, DbError> {
+/// heartbeat, which must be younger than the lease (`owner.lease`) by the database's clock
+/// `now`. An instance with neither (rows written before heartbeats existed) is dead.
+fn is_dead(
+    db: &mut dyn Database,
+    owner: &Owner,
+    id: &str,
+    now: i64,
+    judge_leases: bool,
+) -> Result<Option<Gone>, DbError> {
     if id == owner.instance {
-        return Ok(false);
+        return Ok(None);
     }
     Ok(match Instance::liveness(&owner.data_dir, id) {
-        Liveness::Alive => false,
-        Liveness::Dead => true,
+        Liveness::Alive => None,
+        Liveness::Dead => Some(Gone::Restarted),
+        Liveness::Unknown if !judge_leases => None,
         Liveness::Unknown => {
             let beat = db
                 .query(
@@ -61,14 +78,25 @@ fn is_dead(db: &mut dyn Database, owner: &Owner, id: &str, now: i64) -> Result<b
                 )?
                 .first()
                 .and_then(|r| r.int(0));
-            beat.is_none_or(|b| now - b > INSTANCE_EXPIRY.as_millis() as i64)
+            match beat {
+                None => Some(Gone::Restarted),
+                Some(b) if now - b > owner.lease.as_millis() as i64 => Some(Gone::Lapsed),
+                Some(_) => None,
+            }
         }
     })
 }
 
 /// Mark the unfinished runs of dead instances `sandbox_error` ("interrupted by server
-/// restart"); the runs of living instances, on this host or another, are left alone.
-pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<u64, DbError> {
+/// restart", or "its server stopped answering" when its lease lapsed) and end their sessions;
+/// the runs of living instances, on this host or another, are left alone. Without
+/// `judge_leases` only instances known dead by their lock files are.
+pub fn mark_interrupted(
+    db: &mut dyn Database,
+    owner: &Owner,
+    now: i64,
+    judge_leases: bool,
+) -> Result<u64, DbError> {
     let instances: Vec<String> = db
         .query(
             "SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')
@@ -80,9 +108,13 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
         .collect();
     let mut marked = 0;
     for instance in instances {
-        if !is_dead(db, owner, &instance, now)? {
+        let Some(gone) = is_dead(db, owner, &instance, now, judge_leases)? else {
             continue;
-        }
+        };
+        let message = match gone {
+            Gone::Restarted => INTERRUPTED_MESSAGE,
+            Gone::Lapsed => STOPPED_ANSWERING_MESSAGE,
+        };
         let runs = db.query(
             "SELECT id, language, memory_mb, timeout_seconds, cpus, created_at, started_at
              FROM runs WHERE instance = ?1 AND status IN ('queued', 'running')",
@@ -90,22 +122,26 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
         )?;
         let mut n = 0;
         for run in &runs {
-            let report = interrupted_report(run);
+            let report = interrupted_report(run, message);
             let json = serde_json::to_string(&report).ok();
             // Only if still unfinished: another server may be marking the same rows.
             n += db.execute(
                 "UPDATE runs SET status = 'sandbox_error', message = ?1, ended_at = ?2,
                     report = ?3
                  WHERE id = ?4 AND status IN ('queued', 'running')",
-                values![INTERRUPTED_MESSAGE, now_ms(), json, &report.run_id],
+                values![message, now_ms(), json, &report.run_id],
             )?;
         }
-        super::sessions::mark_restarted(db, &instance, now)?;
+        let reason = match gone {
+            Gone::Restarted => super::sessions::RESTARTED,
+            Gone::Lapsed => super::sessions::SERVER_STOPPED,
+        };
+        super::sessions::mark_ended_by(db, &instance, now, reason)?;
         if n > 0 {
             tracing::warn!(
                 runs = n,
                 instance,
-                "marked runs of a server that is gone as sandbox_error ({INTERRUPTED_MESSAGE})"
+                "marked runs of a server that is gone as sandbox_error ({message})"
             );
         }
         marked += n;
@@ -116,7 +152,7 @@ pub fn mark_interrupted(db: &mut dyn Database, owner: &Owner, now: i64) -> Resul
 /// The final report of a run whose server died, from its row (`id, language, memory_mb,
 /// timeout_seconds, cpus, created_at, started_at`): stored like any other, so that every
 /// server sharing the database answers `get_result` for it.
-fn interrupted_report(row: &Row) -> RunReport {
+fn interrupted_report(row: &Row, message: &str) -> RunReport {
     let mut r = RunReport::new(
         row.text(0).unwrap_or_default(),
         row.text(1).unwrap_or_default(),
@@ -126,7 +162,7 @@ fn interrupted_report(row: &Row) -> RunReport {
             timeout_seconds: row.real(3).unwrap_or(0.0),
             cpus: row.real(4).unwrap_or(0.0),
         },
-        INTERRUPTED_MESSAGE,
+        message,
     );
     r.queued_ms = match (row.int(5), row.int(6)) {
         (Some(created), Some(started)) => (started - created).max(0) as u64,
@@ -334,7 +370,8 @@ pub fn get(db: &mut dyn Database, run_id: &str) -> Result<Option<HistoryRow>, Db
 pub fn whereabouts(db: &mut dyn Database, run_id: &str) -> Result<Option<Whereabouts>, DbError> {
     let now = db.now_ms()?;
     let rows = db.query(
-        "SELECT runs.status, runs.instance, instances.host, instances.heartbeat_at
+        "SELECT runs.status, runs.instance, instances.host, instances.heartbeat_at,
+                instances.advertise_url
          FROM runs LEFT JOIN instances ON instances.id = runs.instance
          WHERE runs.id = ?1",
         values![run_id],
@@ -348,5 +385,6 @@ pub fn whereabouts(db: &mut dyn Database, run_id: &str) -> Result<Option<Whereab
         instance: r.text(1).unwrap_or_default(),
         host: r.text(2),
         last_seen_ms_ago: r.int(3).map(|b| (now - b).max(0)),
+        advertise_url: r.text(4),
     }))
 }

@@ -46,6 +46,7 @@ async fn rows_of_an_instance_whose_lock_file_says_dead_are_marked_interrupted_at
     let owner = |i: &str| Owner {
         instance: i.to_string(),
         data_dir: dir.path().to_path_buf(),
+        ..Default::default()
     };
     let old = crate::instance::Instance::register(dir.path());
     let h = History::open(&path, owner(&old.id));
@@ -88,9 +89,10 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
     let owner = |i: &str| Owner {
         instance: i.to_string(),
         data_dir: dir.path().to_path_buf(),
+        ..Default::default()
     };
     let mut db = sqlite::Sqlite::in_memory().unwrap();
-    store::prepare(&mut db, &owner("me")).unwrap();
+    store::prepare(&mut db, &owner("me"), true).unwrap();
     let now = db.now_ms().unwrap();
     let expiry = INSTANCE_EXPIRY.as_millis() as i64;
     // Another host's server, heard from a moment ago; one silent for longer than the
@@ -105,10 +107,32 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
     ] {
         store::insert(&mut db, &new_run(run, instance)).unwrap();
     }
+    for (id, instance) in [("s-silent", "silent"), ("s-fresh", "fresh")] {
+        let s = SessionOpened {
+            session_id: id.into(),
+            language: "python".into(),
+            instance: instance.into(),
+            created_at_ms: now,
+        };
+        sessions::opened(&mut db, &s).unwrap();
+    }
+    // Right after this server's own connection came back, leases are not judged: the others
+    // may have been cut off too.
     assert_eq!(
-        store::mark_interrupted(&mut db, &owner("me"), now).unwrap(),
+        store::mark_interrupted(&mut db, &owner("me"), now, false).unwrap(),
+        0
+    );
+    assert_eq!(
+        store::mark_interrupted(&mut db, &owner("me"), now, true).unwrap(),
         2
     );
+    let ended =
+        |db: &mut sqlite::Sqlite, id: &str| sessions::lookup(db, id).unwrap().unwrap().ended;
+    assert_eq!(
+        ended(&mut db, "s-silent").as_deref(),
+        Some(SESSION_SERVER_STOPPED)
+    );
+    assert_eq!(ended(&mut db, "s-fresh"), None);
     let status = |db: &mut sqlite::Sqlite, id: &str| store::get(db, id).unwrap().unwrap().status;
     assert_eq!(
         status(&mut db, "a"),
@@ -117,6 +141,10 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
     );
     assert_eq!(status(&mut db, "b"), Status::SandboxError);
     assert_eq!(status(&mut db, "c"), Status::SandboxError);
+    // A lapsed lease stopped answering; no heartbeat at all is an old codebox, restarted.
+    let message = |db: &mut sqlite::Sqlite, id: &str| store::get(db, id).unwrap().unwrap().message;
+    assert_eq!(message(&mut db, "b"), STOPPED_ANSWERING_MESSAGE);
+    assert_eq!(message(&mut db, "c"), INTERRUPTED_MESSAGE);
     assert_eq!(status(&mut db, "d"), Status::Queued, "our own");
     let w = store::whereabouts(&mut db, "a").unwrap().unwrap();
     assert_eq!((w.instance.as_str(), w.status), ("fresh", Status::Queued));
@@ -166,6 +194,7 @@ async fn full_reports_are_stored_at_the_end_and_cleared_by_id_or_age() {
         Owner {
             instance: "x".into(),
             data_dir: dir.path().to_path_buf(),
+            ..Default::default()
         },
     );
     for id in ["r1", "r2", "r3"] {
@@ -214,6 +243,7 @@ async fn reports_waiting_for_a_stalled_database_are_bounded_by_bytes() {
     let owner = Owner {
         instance: "x".into(),
         data_dir: dir.path().to_path_buf(),
+        ..Default::default()
     };
     let bounds = QueueBounds {
         commands: 4096,
@@ -264,6 +294,7 @@ async fn an_unopenable_database_answers_unavailable_and_drops_writes() {
         Owner {
             instance: "x".into(),
             data_dir: dir.path().to_path_buf(),
+            ..Default::default()
         },
     );
     h.insert(NewRun::new(

@@ -6,6 +6,7 @@
 //! id and a full queue are tool errors (`isError: true`) whose text names the field.
 
 pub mod describe;
+mod forward;
 pub mod params;
 pub mod results;
 pub mod schema;
@@ -17,10 +18,12 @@ use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Json;
 use rmcp::model::{
-    CallToolResult, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+    CallToolResult, Implementation, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
+use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{catalog, Catalog};
 use crate::contract::answers::SessionFileResult;
@@ -34,6 +37,7 @@ use crate::history::{HistoryResult, Query};
 use crate::report::{RunReport, Status};
 use crate::runs::sessions::{Closed, SessionError, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager, SubmitError};
+pub use forward::{FORWARDED_TOOLS, TOOLS_PATH};
 pub use params::Parameters;
 pub use results::{report_result, session_file_result};
 
@@ -49,6 +53,9 @@ const PROGRESS_BYTES: usize = 1024;
 pub struct CodeboxServer {
     manager: RunManager,
     tool_router: ToolRouter<Self>,
+    /// This server as a member of a cluster: calls about another server's runs and sessions
+    /// are forwarded to it ([`forward`]).
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl CodeboxServer {
@@ -110,6 +117,7 @@ impl CodeboxServer {
         CodeboxServer {
             manager,
             tool_router,
+            cluster: None,
         }
     }
 
@@ -118,23 +126,25 @@ impl CodeboxServer {
     }
 }
 
-#[tool_router]
+/// The tools' work on this server (after the run or session was found to be its own, or for
+/// a call another server forwarded: [`CodeboxServer::call_here`]).
 impl CodeboxServer {
-    #[tool(description = "Run a program and wait for its report.")]
-    async fn run_code(
+    /// `run_code` here; progress notifications go to `progress` when the client asked for
+    /// them; `ct` cancelled stops the run.
+    async fn run_code_here(
         &self,
-        Parameters(request): Parameters<RunRequest>,
-        ctx: RequestContext<RoleServer>,
+        request: RunRequest,
+        progress: Option<(ProgressToken, Peer<RoleServer>)>,
+        ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
         let accepted = match self.manager.submit(request) {
             Ok(a) => a,
             Err(e) => return Err(self.submit_error(e).await),
         };
         let run_id = accepted.run_id;
-        let token = ctx.meta.get_progress_token();
         let mut notified = 0.0_f64;
         loop {
-            if let (Some(token), Some(p)) = (&token, self.manager.progress(&run_id)) {
+            if let (Some((token, peer)), Some(p)) = (&progress, self.manager.progress(&run_id)) {
                 if !p.status.is_terminal() {
                     let done = (p.elapsed.as_secs_f64() * 10.0).round() / 10.0;
                     let done = if done > notified {
@@ -161,8 +171,7 @@ impl CodeboxServer {
                             m
                         }
                     };
-                    let _ = ctx
-                        .peer
+                    let _ = peer
                         .notify_progress(
                             ProgressNotificationParam::new(token.clone(), done)
                                 .with_total(p.budget.as_secs_f64().max(done))
@@ -172,7 +181,7 @@ impl CodeboxServer {
                 }
             }
             tokio::select! {
-                _ = ctx.ct.cancelled() => {
+                _ = ct.cancelled() => {
                     tracing::info!(run_id, "run_code was cancelled by the client; stopping the run");
                     return self.manager.stop(&run_id).await.map(report_result).map_err(|e| e.to_string());
                 }
@@ -185,22 +194,17 @@ impl CodeboxServer {
         }
     }
 
-    #[tool(description = "Start a program and return its run id at once.")]
-    async fn start_run(
-        &self,
-        Parameters(request): Parameters<RunRequest>,
-    ) -> Result<Json<Accepted>, String> {
+    async fn start_run_here(&self, request: RunRequest) -> Result<Json<Accepted>, String> {
         match self.manager.submit(request) {
             Ok(a) => Ok(Json(a)),
             Err(e) => Err(self.submit_error(e).await),
         }
     }
 
-    #[tool(description = "Get a run's report, optionally waiting for the end.")]
-    async fn get_result(
+    async fn get_result_here(
         &self,
-        Parameters(p): Parameters<GetResultParams>,
-        ct: tokio_util::sync::CancellationToken,
+        p: GetResultParams,
+        ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
         let wait = check_wait(p.wait_seconds).map_err(|e| format!("invalid argument {e}"))?;
         let run_id = ids::run_id(&p.run_id);
@@ -210,11 +214,7 @@ impl CodeboxServer {
         }
     }
 
-    #[tool(description = "Stop a run.")]
-    async fn stop_run(
-        &self,
-        Parameters(p): Parameters<StopRunParams>,
-    ) -> Result<CallToolResult, String> {
+    async fn stop_run_here(&self, p: StopRunParams) -> Result<CallToolResult, String> {
         self.manager
             .stop(&ids::run_id(&p.run_id))
             .await
@@ -222,30 +222,9 @@ impl CodeboxServer {
             .map_err(|e| e.to_string())
     }
 
-    #[tool(description = "List the supported languages and limits.")]
-    async fn list_supported_languages(&self) -> Result<Json<Catalog>, String> {
-        let m = &self.manager;
-        catalog(m.executor().engine().as_ref(), m.registry(), m.config())
-            .await
-            .map(Json)
-            .map_err(|e| format!("listing the languages failed: {e}"))
-    }
-
-    #[tool(description = "Open a session.")]
-    async fn create_session(
+    async fn read_session_file_here(
         &self,
-        Parameters(request): Parameters<SessionRequest>,
-    ) -> Result<Json<SessionInfo>, String> {
-        match self.manager.create_session(request).await {
-            Ok(info) => Ok(Json(info)),
-            Err(e) => Err(self.session_error(e).await),
-        }
-    }
-
-    #[tool(description = "Read a session's file.")]
-    async fn read_session_file(
-        &self,
-        Parameters(p): Parameters<ReadSessionFileParams>,
+        p: ReadSessionFileParams,
     ) -> Result<CallToolResult, String> {
         let offset = match p.offset {
             None => 0,
@@ -275,6 +254,101 @@ impl CodeboxServer {
         }
     }
 
+    async fn close_session_here(&self, p: SessionIdParams) -> Result<Json<Closed>, String> {
+        match self.manager.close_session_removed(&p.session_id).await {
+            Ok(c) => Ok(Json(c)),
+            Err(e) => Err(self.session_error(e).await),
+        }
+    }
+}
+
+#[tool_router]
+impl CodeboxServer {
+    #[tool(description = "Run a program and wait for its report.")]
+    async fn run_code(
+        &self,
+        Parameters(request): Parameters<RunRequest>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, String> {
+        if let Some(peer) = self.session_owner(request.session_id.as_deref()).await {
+            return self.forward(&peer, "run_code", &request, &ctx.ct).await;
+        }
+        let progress = ctx
+            .meta
+            .get_progress_token()
+            .map(|token| (token, ctx.peer.clone()));
+        self.run_code_here(request, progress, ctx.ct).await
+    }
+
+    #[tool(description = "Start a program and return its run id at once.")]
+    async fn start_run(
+        &self,
+        Parameters(request): Parameters<RunRequest>,
+        ct: CancellationToken,
+    ) -> Result<Json<Accepted>, String> {
+        if let Some(peer) = self.session_owner(request.session_id.as_deref()).await {
+            let result = self.forward(&peer, "start_run", &request, &ct).await?;
+            return forward::structured(result).map(Json);
+        }
+        self.start_run_here(request).await
+    }
+
+    #[tool(description = "Get a run's report, optionally waiting for the end.")]
+    async fn get_result(
+        &self,
+        Parameters(p): Parameters<GetResultParams>,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, String> {
+        if let Some(peer) = self.run_owner(&p.run_id).await {
+            return self.forward(&peer, "get_result", &p, &ct).await;
+        }
+        self.get_result_here(p, ct).await
+    }
+
+    #[tool(description = "Stop a run.")]
+    async fn stop_run(
+        &self,
+        Parameters(p): Parameters<StopRunParams>,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, String> {
+        if let Some(peer) = self.run_owner(&p.run_id).await {
+            return self.forward(&peer, "stop_run", &p, &ct).await;
+        }
+        self.stop_run_here(p).await
+    }
+
+    #[tool(description = "List the supported languages and limits.")]
+    async fn list_supported_languages(&self) -> Result<Json<Catalog>, String> {
+        let m = &self.manager;
+        catalog(m.executor().engine().as_ref(), m.registry(), m.config())
+            .await
+            .map(Json)
+            .map_err(|e| format!("listing the languages failed: {e}"))
+    }
+
+    #[tool(description = "Open a session.")]
+    async fn create_session(
+        &self,
+        Parameters(request): Parameters<SessionRequest>,
+    ) -> Result<Json<SessionInfo>, String> {
+        match self.manager.create_session(request).await {
+            Ok(info) => Ok(Json(info)),
+            Err(e) => Err(self.session_error(e).await),
+        }
+    }
+
+    #[tool(description = "Read a session's file.")]
+    async fn read_session_file(
+        &self,
+        Parameters(p): Parameters<ReadSessionFileParams>,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, String> {
+        if let Some(peer) = self.session_owner(Some(&p.session_id)).await {
+            return self.forward(&peer, "read_session_file", &p, &ct).await;
+        }
+        self.read_session_file_here(p).await
+    }
+
     #[tool(description = "List the open sessions.")]
     async fn list_sessions(&self) -> Result<Json<SessionList>, String> {
         Ok(Json(self.manager.list_sessions()))
@@ -284,11 +358,13 @@ impl CodeboxServer {
     async fn close_session(
         &self,
         Parameters(p): Parameters<SessionIdParams>,
+        ct: CancellationToken,
     ) -> Result<Json<Closed>, String> {
-        match self.manager.close_session_removed(&p.session_id).await {
-            Ok(c) => Ok(Json(c)),
-            Err(e) => Err(self.session_error(e).await),
+        if let Some(peer) = self.session_owner(Some(&p.session_id)).await {
+            let result = self.forward(&peer, "close_session", &p, &ct).await?;
+            return forward::structured(result).map(Json);
         }
+        self.close_session_here(p).await
     }
 
     #[tool(description = "List past runs, newest first.")]

@@ -70,6 +70,8 @@ pub struct Admission {
     executing: HashSet<String>,
     peak_active: usize,
     closed: bool,
+    /// Draining (SIGTERM in a cluster): no new tickets; the queued ones still start.
+    draining: bool,
 }
 
 impl Admission {
@@ -84,12 +86,13 @@ impl Admission {
             executing: HashSet::new(),
             peak_active: 0,
             closed: false,
+            draining: false,
         }
     }
 
     /// Queue a ticket. A full queue refuses only a ticket that could not start at once.
     pub fn enqueue(&mut self, ticket: Ticket) -> Result<(), Refusal> {
-        if self.closed {
+        if self.closed || self.draining {
             return Err(Refusal::Closed);
         }
         let starts_now = self.queue.is_empty()
@@ -233,6 +236,20 @@ impl Admission {
 
     pub fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Take no new tickets, and keep starting the queued ones (a drain).
+    pub fn drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// Whether new tickets are refused (closed or draining).
+    pub fn refuses_new(&self) -> bool {
+        self.closed || self.draining
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining
     }
 
     pub fn queued(&self) -> usize {

@@ -669,6 +669,38 @@ impl RunManager {
         self.inner.executor.cleanup().drain(grace).await;
     }
 
+    /// Drain (SIGTERM in a cluster): refuse new runs and sessions, let every queued and
+    /// running run finish, and return once none is left (`true`) or `limit` has passed.
+    /// [`RunManager::shutdown`] then ends the sessions and stops what is left.
+    pub async fn drain(&self, limit: Duration) -> bool {
+        /// How often a drain looks whether the last run has ended.
+        const DRAIN_POLL: Duration = Duration::from_millis(100);
+        let left = {
+            let mut st = self.lock();
+            st.admission.drain();
+            st.live.len()
+        };
+        tracing::info!(
+            runs = left,
+            "draining: no new runs; waiting for the queued and running ones to finish"
+        );
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.lock().live.is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
+    /// Whether the server is draining (its `/healthz` says so, for a balancer).
+    pub fn is_draining(&self) -> bool {
+        self.lock().admission.is_draining()
+    }
+
     // ---- taking requests: validated, charged, given an id, recorded, queued
 
     /// Validate a request and queue it. Returns at once; the run starts when admitted.
@@ -1012,6 +1044,19 @@ impl RunManager {
         })
     }
 
+    // ---- whose is it (several servers as one: the cluster module asks)
+
+    /// Whether this server holds run `run_id` (queued, running, or its report kept here).
+    pub fn holds_run(&self, run_id: &str) -> bool {
+        let st = self.lock();
+        st.live.contains_key(run_id) || st.retention.get(run_id).is_some()
+    }
+
+    /// Whether this server knows session `session_id` (open here, or ended here lately).
+    pub fn knows_session(&self, session_id: &str) -> bool {
+        self.inner.sessions.knows(session_id)
+    }
+
     // ---- counts
 
     pub fn stats(&self) -> Stats {
@@ -1053,7 +1098,7 @@ impl RunManager {
 impl Host for RunManager {
     fn hold(&self, mb: u64, ahead: bool) -> Result<(), String> {
         let mut st = self.lock();
-        if st.admission.is_closed() {
+        if st.admission.refuses_new() {
             return Err("the server is shutting down".into());
         }
         let pool = self.inner.executor.pool();

@@ -35,9 +35,11 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
+use super::cluster::{self, Forwarding};
 use super::jsonrpc::{self, Incoming};
 use super::ServeError;
 use crate::api::{self, Api};
+use crate::cluster::Cluster;
 use crate::config::HttpSettings;
 use crate::mcp::CodeboxServer;
 use crate::runs::RunManager;
@@ -48,9 +50,20 @@ pub use super::auth::{resolve_auth, Token};
 struct AppState {
     manager: RunManager,
     token: Option<Token>,
+    cluster: Option<Arc<Cluster>>,
+}
+
+/// Whether a request comes from another server of the cluster (carries the secret).
+fn from_cluster(cluster: &Option<Arc<Cluster>>, request: &Request) -> bool {
+    cluster
+        .as_ref()
+        .is_some_and(|c| c.accepts(request.headers()))
 }
 
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if from_cluster(&state.cluster, &request) {
+        return next.run(request).await;
+    }
     if let Some(token) = &state.token {
         if !token.accepts(request.headers().get(header::AUTHORIZATION)) {
             return (
@@ -64,20 +77,73 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
     next.run(request).await
 }
 
+/// What this server can take (SPEC section 15): its slots, memory budget and sessions, and
+/// how much of each is in use, for a balancer or an operator.
+fn capacity(m: &RunManager, s: &crate::runs::Stats) -> serde_json::Value {
+    let c = m.config();
+    serde_json::json!({
+        "slots": c.runs.max_concurrent_runs,
+        "slots_free": c.runs.max_concurrent_runs.saturating_sub(s.active),
+        "memory_budget_mb": c.runs.memory_budget_mb,
+        "memory_free_mb": c.runs.memory_budget_mb.saturating_sub(s.active_memory_mb + s.sessions_memory_mb),
+        "queued": s.queued,
+        "max_queued": c.runs.max_queued_runs,
+        "sessions": s.sessions_open,
+        "max_sessions": c.sessions.max_sessions,
+    })
+}
+
 async fn healthz(State(state): State<AppState>) -> Response {
-    let s = state.manager.stats();
-    axum::Json(serde_json::json!({
-        "status": "ok",
+    let m = &state.manager;
+    let s = m.stats();
+    // A draining server answers 503, so that a balancer's health check sends no new work.
+    let (code, status) = if m.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    let body = axum::Json(serde_json::json!({
+        "status": status,
         "version": env!("CARGO_PKG_VERSION"),
+        "instance": m.executor().instance(),
         "queued": s.queued,
         "active": s.active,
-    }))
-    .into_response()
+        "capacity": capacity(m, &s),
+    }));
+    (code, body).into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.manager;
-    let body = m.metrics().render(&m.stats(), m.executor().timings());
+    let stats = m.stats();
+    let mut body = m.metrics().render(&stats, m.executor().timings());
+    let c = m.config();
+    for (name, help, value) in [
+        (
+            "codebox_capacity_slots",
+            "Runs this server runs at once (runs.max_concurrent_runs).",
+            c.runs.max_concurrent_runs as u64,
+        ),
+        (
+            "codebox_capacity_memory_mb",
+            "Memory budget of this server's runs and sessions, in MB (runs.memory_budget_mb).",
+            c.runs.memory_budget_mb,
+        ),
+        (
+            "codebox_capacity_queued_runs",
+            "Runs this server queues at most (runs.max_queued_runs).",
+            c.runs.max_queued_runs as u64,
+        ),
+        (
+            "codebox_capacity_sessions",
+            "Sessions this server holds open at most (sessions.max_sessions).",
+            c.sessions.max_sessions as u64,
+        ),
+    ] {
+        body.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+        ));
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -131,6 +197,7 @@ struct ProgramPolicy {
     /// The console is served: a request whose `Origin` is this server's own (the Host it
     /// asked for, which passed the Host check) is the console's, and allowed.
     console: bool,
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// Whether the request's `Origin` is the origin of the server it reached (`http://` or
@@ -180,6 +247,11 @@ async fn guard_programs(
     next: Next,
 ) -> Response {
     let family = Family::of(request.uri().path());
+    // Another server of the cluster, forwarding a call: its secret stands for the token, and
+    // it names this server by its advertise_url, which the Host check need not list.
+    if from_cluster(&policy.cluster, &request) {
+        return next.run(request).await;
+    }
     if !host_allowed(&request, &policy.allowed_hosts) {
         return family.refuse(
             StatusCode::FORBIDDEN,
@@ -377,6 +449,12 @@ pub fn router(
     ct: CancellationToken,
 ) -> Router {
     let manager = server.manager().clone();
+    let cluster = server.cluster().cloned();
+    let forwarding = cluster.clone().map(|cluster| Forwarding {
+        server: server.clone(),
+        cluster,
+        max_body: policy.max_body_bytes,
+    });
     let mcp_config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(policy.allowed_hosts.clone())
         .with_max_request_body_bytes(policy.max_body_bytes)
@@ -387,25 +465,41 @@ pub fn router(
         mcp_config,
     );
     let programs_api = Api::new(manager.clone(), policy.max_body_bytes);
-    let programs = Router::new()
+    let mut programs = Router::new()
         .nest("/v1", api::v1::router(programs_api.clone()))
         .merge(api::piston::router(programs_api.clone()))
         .merge(api::piston::connect::router(programs_api.clone()))
-        .merge(api::judge0::router(programs_api))
-        .layer(middleware::from_fn_with_state(
-            ProgramPolicy {
-                token: token.clone(),
-                allowed_hosts: Arc::new(policy.allowed_hosts.clone()),
-                console: policy.console,
-            },
-            guard_programs,
-        ));
+        .merge(api::judge0::router(programs_api));
+    if let Some(f) = &forwarding {
+        programs = programs
+            .layer(middleware::from_fn_with_state(
+                f.clone(),
+                cluster::forward_v1,
+            ))
+            .route(
+                &format!("{}/{{tool}}", crate::mcp::TOOLS_PATH),
+                axum::routing::post(cluster::tool_call).with_state(f.clone()),
+            );
+    }
+    let programs = programs.layer(middleware::from_fn_with_state(
+        ProgramPolicy {
+            token: token.clone(),
+            allowed_hosts: Arc::new(policy.allowed_hosts.clone()),
+            console: policy.console,
+            cluster: cluster.clone(),
+        },
+        guard_programs,
+    ));
     let console = if policy.console {
         super::console::samples(manager.clone())
     } else {
         Router::new()
     };
-    let state = AppState { manager, token };
+    let state = AppState {
+        manager,
+        token,
+        cluster,
+    };
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn_with_state(

@@ -2,6 +2,7 @@
 //! Streamable HTTP at `/mcp`, with `/healthz` and `/metrics` beside it.
 
 mod auth;
+mod cluster;
 pub mod console;
 pub mod http;
 pub mod jsonrpc;
@@ -9,7 +10,14 @@ pub mod stdio;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::Duration;
 
+/// Time a drain gives beyond the longest a run may take (compile and run stages).
+const DRAIN_SLACK: Duration = Duration::from_secs(60);
+
+use std::sync::Arc;
+
+use crate::cluster::{Cluster, ClusterError};
 use crate::config::Config;
 use crate::mcp::CodeboxServer;
 use crate::runs::RunManager;
@@ -21,7 +29,11 @@ pub enum Transport {
     Stdio,
     /// Streamable HTTP on `http.listen`; `None`: no authentication (loopback only, checked by
     /// [`http::resolve_auth`]).
-    Http { token: Option<http::Token> },
+    Http {
+        token: Option<http::Token>,
+        /// This server as a member of a cluster (a shared history); see [`crate::cluster`].
+        cluster: Option<Arc<Cluster>>,
+    },
 }
 
 /// Why the server could not start or serve.
@@ -45,6 +57,8 @@ pub enum ServeError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     #[error("the MCP session failed: {0}")]
     Session(String),
 }
@@ -57,10 +71,29 @@ pub async fn serve(
     transport: Transport,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let server = CodeboxServer::new(runs);
     match transport {
-        Transport::Stdio => stdio::serve(server, shutdown).await,
-        Transport::Http { token } => http::serve(server, &config.http, token, shutdown).await,
+        Transport::Stdio => stdio::serve(CodeboxServer::new(runs), shutdown).await,
+        Transport::Http { token, cluster } => {
+            // In a cluster, SIGTERM drains: new runs go to the other servers, the queued and
+            // running ones here finish (their callers, direct or forwarded, get their reports),
+            // then the server shuts down as it does alone.
+            let drain = cluster.is_some().then(|| {
+                let runs = runs.clone();
+                let limit =
+                    Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0) + DRAIN_SLACK;
+                (runs, limit)
+            });
+            let server = CodeboxServer::new(runs).with_cluster(cluster);
+            let shutdown = async move {
+                shutdown.await;
+                if let Some((runs, limit)) = drain {
+                    if !runs.drain(limit).await {
+                        tracing::warn!("the drain took too long; stopping what is left");
+                    }
+                }
+            };
+            http::serve(server, &config.http, token, shutdown).await
+        }
     }
 }
 

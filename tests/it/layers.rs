@@ -14,6 +14,7 @@ const LAYERS: &[&str] = &[
     "api",
     "app",
     "mcp",
+    "cluster",
     "runs",
     "history",
     "catalog",

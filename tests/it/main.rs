@@ -5,6 +5,7 @@ mod batch;
 mod cli;
 mod cli_fake;
 mod cli_first_contact;
+mod cluster;
 mod common;
 mod console;
 mod docker_runs;

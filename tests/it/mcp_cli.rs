@@ -144,6 +144,7 @@ fn history_command_prints_rows_as_table_and_json() {
             codebox::history::Owner {
                 instance: "cli-test".into(),
                 data_dir: dir.path().to_path_buf(),
+                ..Default::default()
             },
         );
         let limits = codebox::report::RunLimits {

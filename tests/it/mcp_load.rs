@@ -58,6 +58,7 @@ async fn a_burst_of_100_runs_never_exceeds_4_at_once_and_all_end_recorded_and_cl
         Owner {
             instance: instance.clone(),
             data_dir: dir.path().to_path_buf(),
+            ..Default::default()
         },
     );
     let mut config = Config::default();

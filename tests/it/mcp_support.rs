@@ -63,6 +63,7 @@ pub fn temp_history() -> (History, tempfile::TempDir) {
         Owner {
             instance: instance().to_string(),
             data_dir: dir.path().to_path_buf(),
+            ..Default::default()
         },
     );
     (h, dir)

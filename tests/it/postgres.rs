@@ -26,6 +26,7 @@ fn postgres(url: &str, instance: &str, data_dir: &std::path::Path) -> History {
         Owner {
             instance: instance.to_string(),
             data_dir: data_dir.to_path_buf(),
+            ..Default::default()
         },
     )
 }
@@ -114,6 +115,7 @@ async fn postgres_gets_the_sqlite_schema_and_servers_starting_together_migrate_i
         Owner {
             instance: "s".into(),
             data_dir: dir.path().to_path_buf(),
+            ..Default::default()
         },
     );
     sqlite.query(Query::default()).await.unwrap();

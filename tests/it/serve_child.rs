@@ -50,6 +50,8 @@ pub struct Options<'a> {
     pub log: &'a str,
     /// Echo its stderr into the test's output as it comes.
     pub echo_stderr: bool,
+    /// The HTTP listen address (default `127.0.0.1:0`: a port the OS picks).
+    pub listen: Option<&'a str>,
 }
 
 impl Default for Options<'_> {
@@ -59,6 +61,7 @@ impl Default for Options<'_> {
             sets: &[],
             log: "warn",
             echo_stderr: false,
+            listen: None,
         }
     }
 }
@@ -74,7 +77,12 @@ impl ServeChild {
         let mut cmd = Command::new(codebox_bin());
         cmd.arg("serve");
         if opts.http_token.is_some() {
-            cmd.args(["--transport", "http", "--listen", "127.0.0.1:0"]);
+            cmd.args([
+                "--transport",
+                "http",
+                "--listen",
+                opts.listen.unwrap_or("127.0.0.1:0"),
+            ]);
         }
         for s in opts.sets {
             cmd.args(["--set", s]);

@@ -32,6 +32,9 @@ pub fn log_id(id: &str) -> String {
 }
 
 /// Why a session ended.
+/// Why a session ended whose server's lease lapsed (SPEC section 15).
+pub const SERVER_STOPPED: &str = "the server that held it stopped";
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum EndReason {
     Closed,

@@ -41,7 +41,7 @@ use crate::report::{InterpreterState, RunLimits};
 use crate::runs::metrics::Metrics;
 pub use ends::{
     log_id, new_session_id, Closed, EndReason, SessionError, SessionInfo, SessionList,
-    SESSION_PREFIX, SESSION_TICK,
+    SERVER_STOPPED, SESSION_PREFIX, SESSION_TICK,
 };
 use ends::{rfc3339, ENDED_KEPT};
 pub use files::{FolderEntry, SessionFile};
@@ -631,6 +631,18 @@ impl Sessions {
         SessionList { sessions }
     }
 
+    /// Whether this server knows the session (open here, or ended here not long ago): its
+    /// calls are answered here, never forwarded.
+    pub fn knows(&self, id: &str) -> bool {
+        let t = self.lock();
+        t.open.contains_key(id) || t.ended.contains_key(id)
+    }
+
+    /// `cluster.lease_seconds`: a server silent for longer is gone.
+    fn lease(&self) -> Duration {
+        self.config.cluster.lease()
+    }
+
     /// Open sessions, those opened ahead of time, and the memory all of them hold.
     pub fn counts(&self) -> (usize, usize, u64) {
         let t = self.lock();
@@ -923,6 +935,12 @@ impl Sessions {
         };
         let id = id.clone();
         if let Some(reason) = &record.ended {
+            if reason == crate::history::SESSION_SERVER_STOPPED {
+                return SessionError::Failed {
+                    id,
+                    why: SERVER_STOPPED.to_string(),
+                };
+            }
             return match EndReason::from_record(reason) {
                 Some(r) => SessionError::ended(&id, &r),
                 None => SessionError::Restarted { id },
@@ -931,7 +949,7 @@ impl Sessions {
         let alive = record.instance != self.executor.instance()
             && record
                 .last_seen_ms_ago
-                .is_some_and(|ms| ms < crate::history::INSTANCE_EXPIRY.as_millis() as i64);
+                .is_some_and(|ms| ms < self.lease().as_millis() as i64);
         if !alive {
             return SessionError::Restarted { id };
         }

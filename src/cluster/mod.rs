@@ -1,0 +1,300 @@
+//! Several servers as one (SPEC section 15): servers that share one PostgreSQL history find
+//! which of them holds a run or a session, and forward a call about it to that server over
+//! HTTP, authenticated by the cluster secret.
+//!
+//! Each server writes its `cluster.advertise_url` with its heartbeat (the history's
+//! `instances` table); a server whose heartbeat is older than `cluster.lease_seconds` is gone
+//! (the history marks what it held), and nothing is forwarded to it.
+//!
+//! # Security
+//! The secret is kept only as its SHA-256 and compared in constant time, like the bearer
+//! token. A request that carries it is another server's: it is never forwarded again (so two
+//! servers that each think the other holds a run cannot bounce a call between them).
+
+mod forward;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::Config;
+use crate::runs::RunManager;
+
+pub use forward::{ForwardError, Forwarded};
+
+/// The header that carries the cluster secret from one server to another.
+pub const SECRET_HEADER: &str = "x-codebox-cluster";
+/// The header naming the instance that forwarded a request (for the owner's logs).
+pub const FORWARDED_BY_HEADER: &str = "x-codebox-forwarded-by";
+/// The shortest secret accepted.
+pub const MIN_SECRET_CHARS: usize = 16;
+/// How long an id the history does not know is looked for again: its server records a run
+/// or a session a moment after answering, and a client behind a balancer may ask another
+/// server at once.
+pub const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
+const UNKNOWN_POLL: Duration = Duration::from_millis(25);
+/// Most session owners remembered (the list starts again when full).
+const MAX_KNOWN_OWNERS: usize = 4096;
+
+/// Why the cluster settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("this server shares its history (history.url is set) and serves HTTP, so it needs {missing}: {why}")]
+    Missing { missing: String, why: &'static str },
+    #[error("cannot read cluster.secret_file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cluster.secret_file {path}: its first line must hold at least {MIN_SECRET_CHARS} characters (e.g. `openssl rand -hex 32 > {path}`), the same file on every server")]
+    Short { path: PathBuf },
+}
+
+/// Another server of the cluster that holds something asked about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    pub instance: String,
+    /// Its `cluster.advertise_url`, without a trailing `/`.
+    pub url: String,
+}
+
+/// This server as a member of the cluster.
+pub struct Cluster {
+    /// The owners of sessions found lately (a session stays on its server for life): a
+    /// session's every step need not ask the history. Forgotten when the owner does not
+    /// answer.
+    owners: std::sync::Mutex<std::collections::HashMap<String, Peer>>,
+    digest: [u8; 32],
+    secret: String,
+    instance: String,
+    lease: Duration,
+    client: forward::HttpClient,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("instance", &self.instance)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// The cluster of a server with `--transport http`: `None` when its history is not shared
+    /// (SQLite); an error naming what is missing when it is shared and `cluster.advertise_url`
+    /// or `cluster.secret_file` is not set, or the secret is unreadable or short.
+    pub fn for_http(config: &Config, instance: &str) -> Result<Option<Cluster>, ClusterError> {
+        if config.history.url.is_none() {
+            return Ok(None);
+        }
+        let c = &config.cluster;
+        let missing = |missing: &str, why| ClusterError::Missing {
+            missing: missing.to_string(),
+            why,
+        };
+        let none = (c.advertise_url.is_none(), c.secret_file.is_none());
+        let why = "the other servers forward calls about the runs and sessions it holds to it";
+        match none {
+            (true, true) => {
+                return Err(missing(
+                    "cluster.advertise_url and cluster.secret_file",
+                    "set cluster.advertise_url to the URL the other servers reach it at (e.g. http://10.0.0.2:8765) and cluster.secret_file to a file holding the servers' shared secret",
+                ))
+            }
+            (true, false) => return Err(missing("cluster.advertise_url (the URL the other servers reach it at, e.g. http://10.0.0.2:8765)", why)),
+            (false, true) => return Err(missing("cluster.secret_file (a file holding the secret the servers present to each other, the same on every server)", why)),
+            (false, false) => {}
+        }
+        let path = c.secret_file.as_deref().unwrap_or(Path::new(""));
+        let secret = read_secret(path)?;
+        Ok(Some(Cluster::new(&secret, instance, c.lease())))
+    }
+
+    /// A member with this secret (tests build one directly).
+    pub fn new(secret: &str, instance: &str, lease: Duration) -> Cluster {
+        Cluster {
+            owners: Default::default(),
+            digest: Sha256::digest(secret.trim().as_bytes()).into(),
+            secret: secret.trim().to_string(),
+            instance: instance.to_string(),
+            lease,
+            client: forward::client(),
+        }
+    }
+
+    /// Whether a request comes from another server of the cluster (carries the secret).
+    pub fn accepts(&self, headers: &HeaderMap) -> bool {
+        let Some(value) = headers.get(SECRET_HEADER).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let presented: [u8; 32] = Sha256::digest(value.trim().as_bytes()).into();
+        self.digest.ct_eq(&presented).into()
+    }
+
+    /// The server that holds run `run_id` unfinished, when it is another one that is alive
+    /// and reachable; `None` when this server answers (it holds the run, the run ended, the
+    /// history does not know it yet, or its server is gone).
+    pub async fn run_owner(&self, manager: &RunManager, run_id: &str) -> Option<Peer> {
+        if manager.holds_run(run_id) {
+            return None;
+        }
+        let history = manager.history()?;
+        let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
+        let w = loop {
+            match history.whereabouts(run_id).await {
+                Ok(Some(w)) => break w,
+                Ok(None) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(UNKNOWN_POLL).await;
+                    // This server may have accepted it meanwhile (a retried call).
+                    if manager.holds_run(run_id) {
+                        return None;
+                    }
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::debug!(run_id, error = %e, "cannot find a run's server");
+                    return None;
+                }
+            }
+        };
+        if w.status.is_terminal() {
+            return None;
+        }
+        self.peer(&w.instance, w.last_seen_ms_ago, w.advertise_url)
+    }
+
+    /// The server that holds session `session_id` open, when it is another one that is alive
+    /// and reachable; `None` when this server answers.
+    pub async fn session_owner(&self, manager: &RunManager, session_id: &str) -> Option<Peer> {
+        if manager.knows_session(session_id) {
+            return None;
+        }
+        if let Some(peer) = self.known_owner(session_id) {
+            return Some(peer);
+        }
+        let history = manager.history()?;
+        let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
+        let record = loop {
+            match history.session(session_id).await {
+                Ok(Some(r)) => break r,
+                Ok(None) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(UNKNOWN_POLL).await;
+                    if manager.knows_session(session_id) {
+                        return None;
+                    }
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::debug!(session_id, error = %e, "cannot find a session's server");
+                    return None;
+                }
+            }
+        };
+        if record.ended.is_some() {
+            return None;
+        }
+        let peer = self.peer(
+            &record.instance,
+            record.last_seen_ms_ago,
+            record.advertise_url,
+        )?;
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        if owners.len() >= MAX_KNOWN_OWNERS {
+            owners.clear();
+        }
+        owners.insert(session_id.to_string(), peer.clone());
+        Some(peer)
+    }
+
+    fn known_owner(&self, session_id: &str) -> Option<Peer> {
+        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners.get(session_id).cloned()
+    }
+
+    /// `peer` did not answer: the sessions it was known to hold are looked up again.
+    pub(crate) fn forget_owner(&self, peer: &Peer) {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners.retain(|_, p| p != peer);
+    }
+
+    fn peer(&self, instance: &str, seen_ms_ago: Option<i64>, url: Option<String>) -> Option<Peer> {
+        let alive = seen_ms_ago.is_some_and(|ms| ms <= self.lease.as_millis() as i64);
+        if instance == self.instance || !alive {
+            return None;
+        }
+        Some(Peer {
+            instance: instance.to_string(),
+            url: url?.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+/// The first line of the secret file, checked.
+fn read_secret(path: &Path) -> Result<String, ClusterError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ClusterError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let secret = text.lines().next().unwrap_or("").trim().to_string();
+    if secret.chars().count() < MIN_SECRET_CHARS {
+        return Err(ClusterError::Short {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_same_secret_is_accepted() {
+        let c = Cluster::new("0123456789abcdef", "me", Duration::from_secs(10));
+        let mut h = HeaderMap::new();
+        assert!(!c.accepts(&h));
+        h.insert(SECRET_HEADER, "0123456789abcdeX".parse().unwrap());
+        assert!(!c.accepts(&h));
+        h.insert(SECRET_HEADER, "0123456789abcdef".parse().unwrap());
+        assert!(c.accepts(&h));
+    }
+
+    #[test]
+    fn a_peer_is_another_living_server_that_said_where_it_is() {
+        let c = Cluster::new("0123456789abcdef", "me", Duration::from_secs(10));
+        let url = || Some("http://10.0.0.2:8765/".to_string());
+        assert_eq!(
+            c.peer("other", Some(2_000), url()),
+            Some(Peer {
+                instance: "other".into(),
+                url: "http://10.0.0.2:8765".into()
+            })
+        );
+        assert_eq!(c.peer("me", Some(0), url()), None, "this server");
+        assert_eq!(c.peer("other", Some(10_001), url()), None, "lease lapsed");
+        assert_eq!(c.peer("other", None, url()), None, "never heard from");
+        assert_eq!(c.peer("other", Some(0), None), None, "no advertise_url");
+    }
+
+    #[test]
+    fn a_short_or_missing_secret_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "abc\n").unwrap();
+        assert!(matches!(
+            read_secret(&short),
+            Err(ClusterError::Short { .. })
+        ));
+        assert!(matches!(
+            read_secret(&dir.path().join("none")),
+            Err(ClusterError::Read { .. })
+        ));
+        let good = dir.path().join("good");
+        std::fs::write(&good, "  0123456789abcdef0123  \nignored\n").unwrap();
+        assert_eq!(read_secret(&good).unwrap(), "0123456789abcdef0123");
+    }
+}

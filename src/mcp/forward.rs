@@ -1,0 +1,170 @@
+//! MCP tool calls about another server's run or session (SPEC section 15): forwarded as they
+//! are to that server's `POST /cluster/tools/{tool}`, where [`CodeboxServer::call_here`]
+//! carries them out; the owner's result is the client's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::CodeboxServer;
+use crate::cluster::{Cluster, Peer};
+use crate::contract::ids;
+use crate::contract::params::MAX_WAIT_SECONDS;
+
+/// Where a server takes the tool calls another forwards (`/cluster/tools/{tool}`).
+pub const TOOLS_PATH: &str = "/cluster/tools";
+/// The tools that name a run or a session, which another server may hold.
+pub const FORWARDED_TOOLS: [&str; 6] = [
+    "run_code",
+    "start_run",
+    "get_result",
+    "stop_run",
+    "read_session_file",
+    "close_session",
+];
+/// Time given to the owner beyond the call's own wait.
+const SLACK: Duration = Duration::from_secs(30);
+
+impl CodeboxServer {
+    /// This server as a member of a cluster (`None`: alone, or stdio).
+    pub fn with_cluster(mut self, cluster: Option<Arc<Cluster>>) -> CodeboxServer {
+        self.cluster = cluster;
+        self
+    }
+
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// The other server that holds run `run_id`, if one does.
+    pub(super) async fn run_owner(&self, run_id: &str) -> Option<Peer> {
+        let cluster = self.cluster.as_ref()?;
+        cluster.run_owner(&self.manager, &ids::run_id(run_id)).await
+    }
+
+    /// The other server that holds session `session_id`, if one does.
+    pub(super) async fn session_owner(&self, session_id: Option<&str>) -> Option<Peer> {
+        let cluster = self.cluster.as_ref()?;
+        cluster.session_owner(&self.manager, session_id?).await
+    }
+
+    /// Send `tool(params)` to `peer` and return its result; `ct` cancelled drops the call
+    /// (the owner sees its caller leave, as it would a client).
+    pub(super) async fn forward<P: Serialize>(
+        &self,
+        peer: &Peer,
+        tool: &str,
+        params: &P,
+        ct: &CancellationToken,
+    ) -> Result<CallToolResult, String> {
+        let Some(cluster) = self.cluster.as_ref() else {
+            return Err("this server is not part of a cluster".into());
+        };
+        let args = serde_json::to_value(params).map_err(|e| e.to_string())?;
+        let timeout = (tool == "get_result").then(|| {
+            let wait = args["wait_seconds"]
+                .as_f64()
+                .unwrap_or(0.0)
+                .clamp(0.0, MAX_WAIT_SECONDS);
+            Duration::from_secs_f64(wait) + SLACK
+        });
+        let path = format!("{TOOLS_PATH}/{tool}");
+        let call = cluster.call_json(peer, Method::POST, &path, Some(&args), timeout);
+        let answer = tokio::select! {
+            _ = ct.cancelled() => return Err("the call was cancelled".to_string()),
+            a = call => a.map_err(|e| e.to_string())?,
+        };
+        if answer.status != StatusCode::OK {
+            return Err(format!(
+                "the codebox server holding it (instance {}) refused the forwarded call ({}): {}",
+                peer.instance, answer.status, answer.body
+            ));
+        }
+        serde_json::from_value(answer.body).map_err(|e| {
+            format!(
+                "the codebox server holding it (instance {}) answered something that is not a tool result: {e}",
+                peer.instance
+            )
+        })
+    }
+
+    /// Carry out a tool call another server forwarded: `tool` is one of
+    /// [`FORWARDED_TOOLS`], done here whoever holds it (never forwarded again); `ct`
+    /// cancelled (the forwarding server left) stops a `run_code` run as a client's
+    /// cancellation does.
+    pub async fn call_here(
+        &self,
+        tool: &str,
+        args: serde_json::Value,
+        ct: CancellationToken,
+    ) -> CallToolResult {
+        let outcome = match tool {
+            "run_code" => match parse(args) {
+                Ok(request) => self.run_code_here(request, None, ct).await,
+                Err(e) => Err(e),
+            },
+            "start_run" => match parse(args) {
+                Ok(request) => self.start_run_here(request).await.map(structured_result),
+                Err(e) => Err(e),
+            },
+            "get_result" => match parse(args) {
+                Ok(p) => self.get_result_here(p, ct).await,
+                Err(e) => Err(e),
+            },
+            "stop_run" => match parse(args) {
+                Ok(p) => self.stop_run_here(p).await,
+                Err(e) => Err(e),
+            },
+            "read_session_file" => match parse(args) {
+                Ok(p) => self.read_session_file_here(p).await,
+                Err(e) => Err(e),
+            },
+            "close_session" => match parse(args) {
+                Ok(p) => self.close_session_here(p).await.map(structured_result),
+                Err(e) => Err(e),
+            },
+            other => Err(format!(
+                "`{other}` is not a tool another server forwards; those are {}",
+                FORWARDED_TOOLS.join(", ")
+            )),
+        };
+        outcome.unwrap_or_else(|text| CallToolResult::error(vec![ContentBlock::text(text)]))
+    }
+}
+
+/// A forwarded call's arguments, read as the tool reads them.
+fn parse<P: DeserializeOwned>(args: serde_json::Value) -> Result<P, String> {
+    serde_path_to_error::deserialize(args).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            format!("failed to deserialize parameters: {inner}")
+        } else {
+            format!("failed to deserialize parameters: {path}: {inner}")
+        }
+    })
+}
+
+/// A typed result as rmcp's `Json` wrapper makes it.
+fn structured_result<T: Serialize>(
+    json: rmcp::handler::server::wrapper::Json<T>,
+) -> CallToolResult {
+    CallToolResult::structured(serde_json::to_value(json.0).unwrap_or_default())
+}
+
+/// The typed value of a forwarded result (for the tools whose results are typed), or its
+/// error text.
+pub(super) fn structured<T: DeserializeOwned>(result: CallToolResult) -> Result<T, String> {
+    if result.is_error == Some(true) {
+        return Err(super::results::text_of(&result));
+    }
+    let value = result
+        .structured_content
+        .ok_or("the server holding it answered without a structured result")?;
+    serde_json::from_value(value).map_err(|e| format!("the server holding it answered: {e}"))
+}

@@ -1,0 +1,274 @@
+//! The HTTP side of several servers as one (SPEC section 15, [`crate::cluster`]):
+//! - `/v1` calls about a run or session another server holds (`GET`/`DELETE
+//!   /v1/runs/{id}`, `GET /v1/runs/{id}/events`, `POST /v1/runs` with a `session_id`, `DELETE /v1/sessions/{id}`,
+//!   `GET /v1/sessions/{id}/files...`) are forwarded to it as they are, and its answer is
+//!   passed back as it comes;
+//! - `POST /cluster/tools/{tool}` takes the MCP tool calls another server forwards
+//!   ([`CodeboxServer::call_here`]); only with the cluster secret.
+//!
+//! A request that carries the cluster secret is never forwarded again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::v1::V1Error;
+use crate::api::{read_body, Client};
+use crate::cluster::{Cluster, Peer};
+use crate::contract::ids;
+use crate::contract::params::MAX_WAIT_SECONDS;
+use crate::mcp::CodeboxServer;
+
+/// Time given to the owner beyond a `GET /v1/runs/{id}?wait_seconds=N`'s own wait.
+const SLACK: Duration = Duration::from_secs(30);
+
+/// What the forwarding middleware needs.
+#[derive(Clone)]
+pub struct Forwarding {
+    pub server: CodeboxServer,
+    pub cluster: Arc<Cluster>,
+    pub max_body: usize,
+}
+
+/// What a `/v1` request is about, when it names a run or a session.
+#[derive(Debug, PartialEq)]
+enum Subject {
+    Run(String),
+    Session(String),
+}
+
+/// The run or session a `/v1` path names (`POST /v1/runs` is read from its body).
+fn subject(method: &Method, path: &str) -> Option<Subject> {
+    let rest = path.strip_prefix("/v1/")?;
+    let mut parts = rest.splitn(3, '/');
+    let (kind, id, tail) = (parts.next()?, parts.next()?, parts.next());
+    if id.is_empty() {
+        return None;
+    }
+    let id = percent_decode(id)?;
+    match (kind, method, tail) {
+        ("runs", &Method::GET | &Method::DELETE, None) => Some(Subject::Run(ids::run_id(&id))),
+        // Live output (SPEC section 14): the owner's stream, passed on as it comes.
+        ("runs", &Method::GET, Some("events")) => Some(Subject::Run(ids::run_id(&id))),
+        ("sessions", &Method::DELETE, None) => Some(Subject::Session(id)),
+        ("sessions", &Method::GET, Some(t)) if t == "files" || t.starts_with("files/") => {
+            Some(Subject::Session(id))
+        }
+        _ => None,
+    }
+}
+
+/// `%XX` escapes of a path segment decoded (`None` if not UTF-8 once decoded).
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 3 <= bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The `wait_seconds` of a query, if it holds a valid one.
+fn wait_of(query: Option<&str>) -> Duration {
+    let wait = crate::api::query_pairs(query)
+        .into_iter()
+        .find(|(k, _)| k == "wait_seconds")
+        .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        .filter(|w| w.is_finite())
+        .unwrap_or(0.0)
+        .clamp(0.0, MAX_WAIT_SECONDS);
+    Duration::from_secs_f64(wait)
+}
+
+/// Forward a `/v1` call about another server's run or session to it; anything else (and
+/// anything another server forwarded) is served here.
+pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Next) -> Response {
+    if f.cluster.accepts(request.headers()) {
+        return next.run(request).await;
+    }
+    let path = request.uri().path().to_string();
+    let method = request.method().clone();
+    // An execution in a session: the session is named in the body.
+    if method == Method::POST && path == "/v1/runs" {
+        let (parts, body) = request.into_parts();
+        let bytes = match read_body(body, f.max_body).await {
+            Ok(b) => b,
+            Err(e) => return V1Error::from(e).into_response(),
+        };
+        let session = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("session_id")?.as_str().map(str::to_string));
+        if let Some(session) = session {
+            if let Some(peer) = f.cluster.session_owner(f.server.manager(), &session).await {
+                let client = Client::of(&parts);
+                return send(&f, &peer, &parts, bytes, None, client).await;
+            }
+        }
+        return next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
+    }
+    let Some(subject) = subject(&method, &path) else {
+        return next.run(request).await;
+    };
+    let m = f.server.manager();
+    let (peer, timeout) = match &subject {
+        Subject::Run(id) => (
+            f.cluster.run_owner(m, id).await,
+            (method == Method::GET).then(|| wait_of(request.uri().query()) + SLACK),
+        ),
+        Subject::Session(id) => (f.cluster.session_owner(m, id).await, None),
+    };
+    let Some(peer) = peer else {
+        return next.run(request).await;
+    };
+    let (parts, body) = request.into_parts();
+    let bytes = match read_body(body, f.max_body).await {
+        Ok(b) => b,
+        Err(e) => return V1Error::from(e).into_response(),
+    };
+    let client = Client::of(&parts);
+    send(&f, &peer, &parts, bytes, timeout, client).await
+}
+
+/// Send the request to `peer` and pass its answer back; the client leaving drops the call
+/// (so the owner sees its caller leave too, and stops a run it was waiting on for it).
+async fn send(
+    f: &Forwarding,
+    peer: &Peer,
+    parts: &axum::http::request::Parts,
+    bytes: bytes::Bytes,
+    timeout: Option<Duration>,
+    client: Client,
+) -> Response {
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| parts.uri.path().to_string());
+    tracing::debug!(
+        owner = peer.instance,
+        path = path_and_query,
+        "forwarding a call to the server that holds its run or session"
+    );
+    let sent = f.cluster.send(
+        peer,
+        parts.method.clone(),
+        &path_and_query,
+        &parts.headers,
+        bytes,
+        timeout,
+    );
+    tokio::select! {
+        answer = sent => match answer {
+            Ok(response) => response,
+            Err(e) => V1Error::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", e.to_string()).into_response(),
+        },
+        _ = client.gone() => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+/// `POST /cluster/tools/{tool}`: a tool call another server forwarded, carried out here.
+pub async fn tool_call(
+    State(f): State<Forwarding>,
+    Path(tool): Path<String>,
+    client: Client,
+    request: Request,
+) -> Response {
+    if !f.cluster.accepts(request.headers()) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            "this route is for the other codebox servers of the cluster: missing or wrong cluster secret\n",
+        )
+            .into_response();
+    }
+    let bytes = match read_body(request.into_body(), f.max_body).await {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.message()).into_response(),
+    };
+    let args: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("the body is not JSON: {e}\n"),
+            )
+                .into_response()
+        }
+    };
+    let ct = CancellationToken::new();
+    let call = f.server.call_here(&tool, args, ct.clone());
+    tokio::pin!(call);
+    let result = tokio::select! {
+        r = &mut call => r,
+        _ = client.gone() => {
+            // The forwarding server left (its client cancelled): stop as a cancellation does.
+            ct.cancel();
+            call.await
+        }
+    };
+    axum::Json(result).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_subject_of_a_v1_path() {
+        let run = |id: &str| Some(Subject::Run(id.to_string()));
+        let session = |id: &str| Some(Subject::Session(id.to_string()));
+        assert_eq!(subject(&Method::GET, "/v1/runs/r1"), run("r1"));
+        assert_eq!(subject(&Method::DELETE, "/v1/runs/r1"), run("r1"));
+        assert_eq!(subject(&Method::POST, "/v1/runs/r1"), None);
+        assert_eq!(subject(&Method::GET, "/v1/runs/r1/events"), run("r1"));
+        assert_eq!(subject(&Method::GET, "/v1/runs/r1/other"), None);
+        assert_eq!(subject(&Method::GET, "/v1/runs"), None);
+        assert_eq!(subject(&Method::DELETE, "/v1/sessions/s1"), session("s1"));
+        assert_eq!(subject(&Method::GET, "/v1/sessions/s1"), None);
+        assert_eq!(
+            subject(&Method::GET, "/v1/sessions/s1/files"),
+            session("s1")
+        );
+        assert_eq!(
+            subject(&Method::GET, "/v1/sessions/s1/files/a%20b.txt"),
+            session("s1")
+        );
+        assert_eq!(
+            subject(&Method::GET, "/v1/sessions/s%31/files/"),
+            session("s1")
+        );
+        assert_eq!(subject(&Method::GET, "/v1/history"), None);
+        assert_eq!(subject(&Method::GET, "/v1/languages"), None);
+    }
+
+    #[test]
+    fn the_wait_of_a_query() {
+        assert_eq!(wait_of(None), Duration::ZERO);
+        assert_eq!(
+            wait_of(Some("wait_seconds=2.5")),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            wait_of(Some("wait_seconds=9999")),
+            Duration::from_secs_f64(MAX_WAIT_SECONDS)
+        );
+        assert_eq!(wait_of(Some("wait_seconds=x")), Duration::ZERO);
+    }
+}

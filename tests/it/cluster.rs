@@ -1,0 +1,1051 @@
+//! Several servers as one (SPEC section 15): real `codebox serve` processes over HTTP, one
+//! throwaway PostgreSQL history, the cluster secret, one Docker daemon. Each server has a data
+//! directory of its own, as separate hosts would, so each judges the others by their leases.
+//! - servers that share a history without `cluster.advertise_url` / `cluster.secret_file`
+//!   refuse to start, naming what is missing;
+//! - a call about a run or a session another server holds is forwarded to it, over MCP and
+//!   over `/v1`, and the client sees the owner's answer (not a 409 naming it);
+//! - a server killed outright: within its lease the others mark its running run
+//!   `sandbox_error` ("its server stopped answering") and end its session ("the server that
+//!   held it stopped"); its containers go when its data directory next gets a server.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolResult, ClientRequest, Request};
+use rmcp::service::{PeerRequestOptions, RunningService};
+use rmcp::RoleClient;
+use serde_json::{json, Value};
+
+use crate::common::{codebox_bin, labelled_objects, leftovers, root};
+use crate::mcp_support::{eventually, params, text, TOKEN};
+use crate::pg_cluster::PgCluster;
+use crate::serve_child::{Options, ServeChild};
+
+type Client = RunningService<RoleClient, ()>;
+
+const SECRET: &str = "cluster-test-secret-0123456789abcdef";
+
+async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResult {
+    client
+        .call_tool(params(tool, args))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"))
+}
+
+async fn ok(client: &Client, tool: &'static str, args: Value) -> Value {
+    let res = call(client, tool, args.clone()).await;
+    assert_ne!(res.is_error, Some(true), "{tool}({args}): {}", text(&res));
+    res.structured_content.expect("structured content")
+}
+
+async fn tool_error(client: &Client, tool: &'static str, args: Value) -> String {
+    let res = call(client, tool, args.clone()).await;
+    assert_eq!(
+        res.is_error,
+        Some(true),
+        "{tool}({args}) should fail: {res:?}"
+    );
+    text(&res)
+}
+
+/// A port nobody listens on now (the OS's pick), for a server's advertise_url.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One server of the cluster, in `dir`, with the secret at `secret` and `extra` settings.
+async fn node(
+    dir: tempfile::TempDir,
+    history_url: &str,
+    secret: &Path,
+    extra: &[&str],
+) -> ServeChild {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut sets = vec![
+        format!("history.url={history_url}"),
+        format!("cluster.advertise_url=http://{listen}"),
+        format!("cluster.secret_file={}", secret.display()),
+        "pool.sizes={}".to_string(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    ServeChild::start_in(
+        dir,
+        Options {
+            http_token: Some(TOKEN),
+            sets: &sets,
+            log: "info,bollard=warn",
+            echo_stderr: true,
+            listen: Some(&listen),
+        },
+    )
+    .await
+}
+
+fn secret_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("cluster.secret");
+    std::fs::write(&path, format!("{SECRET}\n")).unwrap();
+    path
+}
+
+/// Wait until `client`'s server finds `run_id` in the shared history (its own server
+/// records it a moment after answering).
+async fn known(client: &Client, run_id: &str) {
+    for _ in 0..200 {
+        let rows = ok(client, "get_execution_history", json!({"limit": 50})).await;
+        if rows["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["run_id"] == run_id)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("run {run_id} never reached the shared history");
+}
+
+async fn start(client: &Client, code: &str) -> String {
+    ok(
+        client,
+        "start_run",
+        json!({"language": "python", "code": code}),
+    )
+    .await["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_history_over_http_without_the_cluster_settings_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.secret");
+    std::fs::write(&short, "too short\n").unwrap();
+    let good = secret_file(dir.path());
+    // No database is reached: the refusal comes first.
+    let history = "history.url=postgres://codebox@127.0.0.1:9/none";
+    let advertise = "cluster.advertise_url=http://127.0.0.1:9";
+    let short_set = format!("cluster.secret_file={}", short.display());
+    let good_set = format!("cluster.secret_file={}", good.display());
+    for (sets, expected) in [
+        (
+            vec![history],
+            "needs cluster.advertise_url and cluster.secret_file",
+        ),
+        (vec![history, advertise], "needs cluster.secret_file"),
+        (
+            vec![history, good_set.as_str()],
+            "needs cluster.advertise_url",
+        ),
+        (
+            vec![history, advertise, short_set.as_str()],
+            "at least 16 characters",
+        ),
+        (
+            vec![
+                history,
+                "cluster.advertise_url=http://127.0.0.1:0",
+                good_set.as_str(),
+            ],
+            "cluster.advertise_url",
+        ),
+    ] {
+        let mut cmd = std::process::Command::new(codebox_bin());
+        cmd.args(["serve", "--transport", "http", "--listen", "127.0.0.1:0"]);
+        for s in &sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd
+            .env("CODEBOX_DATA_DIR", dir.path())
+            .env("CODEBOX_LANGUAGES", root().join("languages.toml"))
+            .env("CODEBOX_TOKEN", TOKEN)
+            .env("CODEBOX_LOG", "error")
+            .env_remove("CODEBOX_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{sets:?} started: {stderr}");
+        assert!(stderr.contains(expected), "{sets:?}: {stderr}");
+        assert!(!stderr.contains("serving MCP"), "{sets:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
+    let t0 = Instant::now();
+    let pg = PgCluster::start();
+    let url = pg.create_database("forward");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
+    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+    let http = reqwest::Client::new();
+    eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
+
+    // get_result on B of a run A holds: A's own report, as it stands, then at its end.
+    // Long enough to be unfinished when B asks, however loaded the machine.
+    let slow = start(&ca, "import time\ntime.sleep(6)\nprint('slow')").await;
+    known(&cb, &slow).await;
+    let now = ok(&cb, "get_result", json!({"run_id": slow})).await;
+    assert!(
+        matches!(now["status"].as_str(), Some("queued" | "running")),
+        "{now}"
+    );
+    let done = ok(
+        &cb,
+        "get_result",
+        json!({"run_id": slow, "wait_seconds": 30}),
+    )
+    .await;
+    assert_eq!(
+        (done["status"].as_str(), done["stdout"].as_str()),
+        (Some("succeeded"), Some("slow\n")),
+        "{done}"
+    );
+
+    // stop_run on B stops A's run (its containers are gone when it answers, on A).
+    let long = start(&ca, "import time\ntime.sleep(600)").await;
+    known(&cb, &long).await;
+    eventually(60, "the long run's containers exist", || {
+        !leftovers(&long).is_empty()
+    })
+    .await;
+    let stopped = ok(&cb, "stop_run", json!({"run_id": long})).await;
+    assert_eq!(stopped["status"], "stopped", "{stopped}");
+    eventually(30, "the stopped run's containers are removed", || {
+        leftovers(&long).is_empty()
+    })
+    .await;
+
+    // A session opened on A, used through B over MCP: executions, a file, the close.
+    let info = ok(&ca, "create_session", json!({"language": "python"})).await;
+    let sid = info["session_id"].as_str().unwrap().to_string();
+    let r = ok(
+        &cb,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "x = 41\nopen('f.txt', 'w').write('hi')"}),
+    )
+    .await;
+    assert_eq!(r["status"], "succeeded", "{r}");
+    let r = ok(
+        &ca,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "print(x + 1)"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "42\n", "the state made through B is A's: {r}");
+    let f = ok(
+        &cb,
+        "read_session_file",
+        json!({"session_id": sid, "path": "f.txt"}),
+    )
+    .await;
+    assert_eq!(f["size_bytes"], 2, "{f}");
+    // A step of the session on its own server, and forwarded from the other (for
+    // docs/PERFORMANCE.md; printed, not asserted).
+    const STEPS: usize = 15;
+    let (mut direct, mut forwarded) = (Vec::new(), Vec::new());
+    for _ in 0..STEPS {
+        for (client, times) in [(&ca, &mut direct), (&cb, &mut forwarded)] {
+            let t = Instant::now();
+            let r = ok(
+                client,
+                "run_code",
+                json!({"language": "python", "session_id": sid, "code": "pass"}),
+            )
+            .await;
+            times.push(t.elapsed());
+            assert_eq!(r["status"], "succeeded", "{r}");
+        }
+    }
+    direct.sort();
+    forwarded.sort();
+    let median = |v: &[Duration]| v[v.len() / 2].as_secs_f64() * 1e3;
+    eprintln!(
+        "a session step over MCP: direct median {:.1} ms, forwarded median {:.1} ms ({STEPS} each)",
+        median(&direct),
+        median(&forwarded)
+    );
+    // Cancelling a run_code that B forwarded stops the execution on A.
+    let request = ClientRequest::CallToolRequest(Request::new(params(
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "import time\ntime.sleep(25)"}),
+    )));
+    let handle = cb
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    let mut cancelled = None;
+    for _ in 0..400 {
+        let rows = ok(
+            &cb,
+            "get_execution_history",
+            json!({"session_id": sid, "status": "running"}),
+        )
+        .await;
+        if let Some(r) = rows["runs"].as_array().unwrap().first() {
+            cancelled = Some(r["run_id"].as_str().unwrap().to_string());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let cancelled = cancelled.expect("the forwarded execution runs on A");
+    handle
+        .cancel(Some("user pressed stop".into()))
+        .await
+        .unwrap();
+    let r = ok(
+        &ca,
+        "get_result",
+        json!({"run_id": cancelled, "wait_seconds": 20}),
+    )
+    .await;
+    assert_eq!(r["status"], "stopped", "{r}");
+    let listed = ok(&cb, "list_sessions", json!({})).await;
+    assert_eq!(
+        listed["sessions"],
+        json!([]),
+        "B lists only its own: {listed}"
+    );
+    let closed = ok(&cb, "close_session", json!({"session_id": sid})).await;
+    assert_eq!(
+        (closed["closed"].as_bool(), closed["executions"].as_u64()),
+        (Some(true), Some(3 + 2 * STEPS as u64)),
+        "{closed}"
+    );
+    let ended = tool_error(
+        &ca,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "print(x)"}),
+    )
+    .await;
+    assert!(ended.contains("closed"), "{ended}");
+
+    // The same over /v1: open on B, execute and read on A, close on A.
+    let v1 = |node: &ServeChild, path: &str| node.http_url(path);
+    let created: Value = http
+        .post(v1(&b, "/v1/sessions"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid2 = created["session_id"]
+        .as_str()
+        .expect("a session")
+        .to_string();
+    let run: Value = http
+        .post(v1(&a, "/v1/runs"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python", "session_id": sid2, "code": "open('g.txt', 'w').write('abc')\nprint('in b')"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (run["status"].as_str(), run["stdout"].as_str()),
+        (Some("succeeded"), Some("in b\n")),
+        "{run}"
+    );
+    let file = http
+        .get(v1(&a, &format!("/v1/sessions/{sid2}/files/g.txt")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(file.status(), 200);
+    let file: Value = file.json().await.unwrap();
+    assert_eq!(file["content_base64"], "YWJj", "{file}");
+    let closed = http
+        .delete(v1(&a, &format!("/v1/sessions/{sid2}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), 200);
+    let closed: Value = closed.json().await.unwrap();
+    assert_eq!(closed["closed"], true, "{closed}");
+
+    // GET /v1/runs/{id} on B, waiting, for a run accepted by A.
+    let accepted: Value = http
+        .post(v1(&a, "/v1/runs"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python", "code": "import time\ntime.sleep(1)\nprint('v1')", "wait": false}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    known(&cb, &id).await;
+    let got: Value = http
+        .get(v1(&b, &format!("/v1/runs/{id}?wait_seconds=30")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (got["status"].as_str(), got["stdout"].as_str()),
+        (Some("succeeded"), Some("v1\n")),
+        "{got}"
+    );
+
+    // The servers' own route takes only the cluster secret; a wrong one is no token either.
+    let forwarded = http
+        .post(v1(&a, "/cluster/tools/get_result"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"run_id": id}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forwarded.status(), 401);
+    let wrong = http
+        .get(v1(&a, &format!("/v1/runs/{id}")))
+        .header("x-codebox-cluster", "not-the-secret-0123456789")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right: Value = http
+        .post(v1(&a, "/cluster/tools/get_result"))
+        .header("x-codebox-cluster", SECRET)
+        .json(&json!({"run_id": id}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(right["structuredContent"]["status"], "succeeded", "{right}");
+
+    // Capacity, for a balancer.
+    let health: Value = http
+        .get(v1(&a, "/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["capacity"]["slots"], 4, "{health}");
+    assert!(health["capacity"]["memory_budget_mb"].as_u64().unwrap() > 0);
+
+    drop((ca, cb));
+    a.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+    for run in [&slow, &long, &id] {
+        assert!(leftovers(run).is_empty(), "run {run} left containers");
+    }
+    eprintln!("whole test {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_lease() {
+    let t0 = Instant::now();
+    let pg = PgCluster::start();
+    let url = pg.create_database("lease");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let lease = ["cluster.lease_seconds=3"];
+    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let instance_a = a.instance().await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+
+    let long = start(&ca, "import time\ntime.sleep(600)").await;
+    let info = ok(&ca, "create_session", json!({"language": "python"})).await;
+    let sid = info["session_id"].as_str().unwrap().to_string();
+    known(&cb, &long).await;
+    eventually(60, "the long run's containers exist", || {
+        !leftovers(&long).is_empty()
+    })
+    .await;
+    // While A answers, B forwards: the run is running there.
+    let r = ok(&cb, "get_result", json!({"run_id": long})).await;
+    assert_eq!(r["status"], "running", "{r}");
+
+    drop(ca);
+    a.signal_and_wait(libc::SIGKILL).await;
+    let killed = Instant::now();
+    // Until A's lease lapses, B still takes A for the run's holder: the call fails saying
+    // that A does not answer (and to try again), or, between the lapse and B's next renewal
+    // (which marks what A held), that A holds it; then B answers from the store.
+    let mut last = Value::Null;
+    let mut unanswered = 0;
+    for _ in 0..300 {
+        let res = call(&cb, "get_result", json!({"run_id": long})).await;
+        if res.is_error == Some(true) {
+            let msg = text(&res);
+            assert!(
+                (msg.contains("does not answer") || msg.contains("another codebox server"))
+                    && msg.contains(&instance_a),
+                "{msg}"
+            );
+            unanswered += 1;
+        } else {
+            last = res.structured_content.expect("structured content");
+            if last["status"] == "sandbox_error" {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let noticed = killed.elapsed();
+    assert_eq!(
+        (last["status"].as_str(), last["message"].as_str()),
+        (Some("sandbox_error"), Some("its server stopped answering")),
+        "{last}"
+    );
+    let ended = tool_error(
+        &cb,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "print(1)"}),
+    )
+    .await;
+    assert!(ended.contains("the server that held it stopped"), "{ended}");
+    // B keeps serving.
+    let r = ok(
+        &cb,
+        "run_code",
+        json!({"language": "python", "code": "print('still')"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "still\n", "{r}");
+
+    // A's containers stay until its data directory gets a server again, which reaps them.
+    let instance_filter = format!("label=codebox.instance={instance_a}");
+    assert!(!labelled_objects(&instance_filter).is_empty());
+    let mut a2 = node(a.into_data(), &url, &secret, &lease).await;
+    eventually(60, "the killed server's containers are removed", || {
+        labelled_objects(&instance_filter).is_empty()
+    })
+    .await;
+    eprintln!(
+        "lease 3 s: the killed server's run was marked {:.1} s after the kill ({unanswered} calls \
+         in between said its server does not answer); whole test {:.1} s",
+        noticed.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    drop(cb);
+    a2.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_a_server_finishing_what_it_holds_and_losing_nothing() {
+    let t0 = Instant::now();
+    let pg = PgCluster::start();
+    let url = pg.create_database("drain");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let mut a = node(
+        tempfile::tempdir().unwrap(),
+        &url,
+        &secret,
+        &["runs.max_concurrent_runs=2"],
+    )
+    .await;
+    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+    const RUNS: usize = 6;
+    let mut ids = Vec::new();
+    for i in 0..RUNS {
+        ids.push(start(&ca, &format!("import time\ntime.sleep(1.5)\nprint({i})")).await);
+    }
+    known(&cb, ids.last().unwrap()).await;
+    // Two run, four wait in A's queue when A is told to stop.
+    // SAFETY: a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(a.pid(), libc::SIGTERM) }, 0);
+    let http = reqwest::Client::new();
+    eventually(30, "A's /healthz says it drains", || {
+        let url = a.http_url("/healthz");
+        let http = http.clone();
+        std::thread::spawn(move || {
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async { http.get(url).send().await.map(|r| r.status().as_u16()) })
+        })
+        .join()
+        .unwrap()
+        .is_ok_and(|s| s == 503)
+    })
+    .await;
+    let refused = tool_error(
+        &ca,
+        "start_run",
+        json!({"language": "python", "code": "print(1)"}),
+    )
+    .await;
+    assert!(refused.contains("shutting down"), "{refused}");
+    // Every run it held ends as it would have, read through B (forwarded to A while it
+    // drains, from the store once it is gone).
+    for (i, id) in ids.iter().enumerate() {
+        let r = ok(&cb, "get_result", json!({"run_id": id, "wait_seconds": 60})).await;
+        assert_eq!(
+            (r["status"].as_str(), r["stdout"].as_str()),
+            (Some("succeeded"), Some(format!("{i}\n").as_str())),
+            "{r}"
+        );
+    }
+    drop(ca);
+    let status = a.wait(Duration::from_secs(120)).await;
+    assert!(status.success(), "A exited with {status}");
+    let rows = ok(&cb, "get_execution_history", json!({"limit": 100})).await;
+    let rows = rows["runs"].as_array().unwrap();
+    for id in &ids {
+        let row = rows
+            .iter()
+            .find(|r| r["run_id"] == id.as_str())
+            .expect("recorded");
+        assert_eq!(row["status"], "succeeded", "{row}");
+    }
+    for id in &ids {
+        assert!(leftovers(id).is_empty(), "run {id} left containers");
+    }
+    eprintln!(
+        "drain of {RUNS} runs: whole test {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    drop(cb);
+    b.signal_and_wait(libc::SIGTERM).await;
+}
+
+/// Debian's nginx in front of the servers (`scripts/ensure-nginx.sh` installs it), with a
+/// config of its own on a loopback port: round robin, keepalive to the servers, no
+/// buffering and long timeouts so that long polls (`wait_seconds`) and streams pass whole.
+/// Stopped (by its PID) when dropped.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+const NGINX: &str = "/usr/sbin/nginx";
+
+impl Nginx {
+    fn start(upstreams: &[String]) -> Nginx {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let d = dir.path().display();
+        let servers: String = upstreams
+            .iter()
+            .map(|u| format!("        server {u} max_fails=0;\n"))
+            .collect();
+        // SAFETY: geteuid has no preconditions.
+        let user = if unsafe { libc::geteuid() } == 0 {
+            "user root;\n"
+        } else {
+            ""
+        };
+        let conf = format!(
+            "{user}worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    upstream codebox {{
+{servers}        keepalive 32;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 32m;
+        location / {{
+            proxy_pass http://codebox;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header Host $host;
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 3600s;
+            proxy_send_timeout 3600s;
+        }}
+    }}
+}}
+"
+        );
+        let path = dir.path().join("nginx.conf");
+        std::fs::write(&path, conf).unwrap();
+        let child = std::process::Command::new(NGINX)
+            .args(["-p", &d.to_string(), "-c", &path.display().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("nginx (scripts/ensure-nginx.sh installs it)");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Nginx {
+                    child,
+                    port,
+                    _dir: dir,
+                };
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let mut child = child;
+        // SAFETY: a signal to the nginx this test started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        panic!(
+            "nginx did not listen on {port}: {}",
+            std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+        );
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the nginx master this test started; it stops its worker.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// One run of the mixed load: its request and what its report must say.
+fn mixed(i: usize) -> (Value, &'static str, String) {
+    match i % 5 {
+        0 => (
+            json!({"language": "python", "code": format!("print({i} * 2)")}),
+            "succeeded",
+            format!("{}\n", i * 2),
+        ),
+        1 => (
+            json!({"language": "bash", "code": format!("echo b{i}; exit 3")}),
+            "failed",
+            format!("b{i}\n"),
+        ),
+        2 => (
+            json!({"language": "lua", "code": format!("print('l{i}')")}),
+            "succeeded",
+            format!("l{i}\n"),
+        ),
+        3 => (
+            json!({"language": "python", "code": "import sys\nprint(sys.stdin.read().upper(), end='')", "stdin": format!("in{i}")}),
+            "succeeded",
+            format!("IN{i}"),
+        ),
+        _ => (
+            json!({"language": "bash", "code": format!("echo e{i} >&2; echo o{i}")}),
+            "succeeded",
+            format!("o{i}\n"),
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
+    let t0 = Instant::now();
+    let pg = PgCluster::start();
+    let url = pg.create_database("nginx");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let slots = ["runs.max_concurrent_runs=2"];
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(node(tempfile::tempdir().unwrap(), &url, &secret, &slots).await);
+    }
+    let mut instances = Vec::new();
+    for n in &nodes {
+        instances.push(n.instance().await);
+    }
+    let nginx = Nginx::start(
+        &nodes
+            .iter()
+            .map(|n| n.addr.clone().unwrap())
+            .collect::<Vec<_>>(),
+    );
+    let http = reqwest::Client::new();
+    eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
+
+    // Health checks through nginx reach each server in turn.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let h: Value = http
+            .get(nginx.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(h["status"], "ok", "{h}");
+        seen.insert(h["instance"].as_str().unwrap().to_string());
+    }
+    assert_eq!(seen.len(), 3, "round robin over the three: {seen:?}");
+
+    // Many runs from 16 clients at once through nginx: each answered once, right.
+    const CLIENTS: usize = 16;
+    const EACH: usize = 5;
+    let t = Instant::now();
+    let clients = (0..CLIENTS).map(|c| {
+        let http = http.clone();
+        let url = nginx.url("/v1/runs");
+        async move {
+            let mut ids = Vec::new();
+            for k in 0..EACH {
+                let i = c * EACH + k;
+                let (request, status, stdout) = mixed(i);
+                let r: Value = http
+                    .post(&url)
+                    .bearer_auth(TOKEN)
+                    .json(&request)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    (r["status"].as_str(), r["stdout"].as_str()),
+                    (Some(status), Some(stdout.as_str())),
+                    "run {i} ({request}): {r}"
+                );
+                ids.push(r["run_id"].as_str().unwrap().to_string());
+            }
+            ids
+        }
+    });
+    let ids: Vec<String> = futures_util::future::join_all(clients)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let burst = t.elapsed();
+    // One history row per run, spread over the three servers (each server's history thread
+    // writes a run's end a moment after its answer: ask each once, as a barrier).
+    for n in &nodes {
+        http.get(n.http_url("/v1/history?limit=1"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+    }
+    let rows: Value = http
+        .get(nginx.url("/v1/history?limit=1000"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let rows = rows["runs"].as_array().unwrap();
+    let mut per_instance = std::collections::BTreeMap::<String, usize>::new();
+    for id in &ids {
+        let matching: Vec<&Value> = rows.iter().filter(|r| r["run_id"] == id.as_str()).collect();
+        assert_eq!(matching.len(), 1, "run {id}: {matching:?}");
+        assert!(matching[0]["status"] != "queued" && matching[0]["status"] != "running");
+        *per_instance
+            .entry(matching[0]["instance"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_instance.len(),
+        3,
+        "runs spread over the three: {per_instance:?}"
+    );
+    let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "each run one id");
+
+    // A session through nginx, round robin: each call lands on the next server, and all
+    // reach the one that holds it.
+    let created: Value = http
+        .post(nginx.url("/v1/sessions"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"language": "python"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid = created["session_id"]
+        .as_str()
+        .expect("a session")
+        .to_string();
+    let t = Instant::now();
+    const STEPS: usize = 6;
+    for k in 0..STEPS {
+        let code = if k == 0 {
+            "n = 0\nprint(n)".to_string()
+        } else {
+            "n += 1\nprint(n)".to_string()
+        };
+        let r: Value = http
+            .post(nginx.url("/v1/runs"))
+            .bearer_auth(TOKEN)
+            .json(&json!({"language": "python", "session_id": sid, "code": code}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["stdout"], format!("{k}\n"), "step {k}: {r}");
+    }
+    let steps = t.elapsed();
+    let listing = http
+        .get(nginx.url(&format!("/v1/sessions/{sid}/files")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listing.status(), 200);
+    let closed: Value = http
+        .delete(nginx.url(&format!("/v1/sessions/{sid}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (closed["closed"].as_bool(), closed["executions"].as_u64()),
+        (Some(true), Some(STEPS as u64)),
+        "{closed}"
+    );
+
+    eprintln!(
+        "three servers behind nginx: {} mixed runs from {CLIENTS} clients in {:.1} s, per \
+         server {:?}; a session's {STEPS} steps round robin (two in three forwarded) in \
+         {:.2} s; whole test {:.1} s",
+        ids.len(),
+        burst.as_secs_f64(),
+        per_instance.values().collect::<Vec<_>>(),
+        steps.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    drop(nginx);
+    for mut n in nodes {
+        n.signal_and_wait(libc::SIGTERM).await;
+    }
+    for id in &ids {
+        assert!(leftovers(id).is_empty(), "run {id} left containers");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_database_outage_the_servers_do_not_take_each_other_for_dead() {
+    let mut pg = PgCluster::start();
+    let url = pg.create_database("outage");
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let lease = ["cluster.lease_seconds=3"];
+    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+    // Each holds a session and a run: whichever reconnects first could take the other for
+    // dead.
+    let mut held = Vec::new();
+    for client in [&ca, &cb] {
+        let info = ok(client, "create_session", json!({"language": "python"})).await;
+        let sid = info["session_id"].as_str().unwrap().to_string();
+        let run = ok(
+            client,
+            "start_run",
+            json!({"language": "python", "code": "import time\ntime.sleep(35)\nprint('through')",
+                   "limits": {"timeout_seconds": 60}}),
+        )
+        .await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        held.push((sid, run));
+    }
+    for (_, run) in &held {
+        known(&ca, run).await;
+        known(&cb, run).await;
+    }
+
+    // The database goes away for longer than two leases, then comes back: each server
+    // reconnects (within its retry interval) and must not mark the other's work.
+    pg.pause();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    pg.restart();
+    for _ in 0..200 {
+        let res = call(&ca, "get_execution_history", json!({"limit": 10})).await;
+        if res.is_error != Some(true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the time a server judges leases again after a reconnection (5 s + the lease),
+    // and a renewal more.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rows = ok(&ca, "get_execution_history", json!({"limit": 10})).await;
+    for (_, run) in &held {
+        let row = rows["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == run.as_str())
+            .unwrap_or_else(|| panic!("{rows}"))
+            .clone();
+        // Still running (a loaded machine may have let it finish: never marked, all the same).
+        assert!(
+            matches!(row["status"].as_str(), Some("running" | "succeeded")),
+            "after the outage: {row}"
+        );
+    }
+    // Each session, through the other server.
+    for ((sid, _), other) in held.iter().zip([&cb, &ca]) {
+        let r = ok(
+            other,
+            "run_code",
+            json!({"language": "python", "session_id": sid, "code": "print('still open')"}),
+        )
+        .await;
+        assert_eq!(r["stdout"], "still open\n", "{r}");
+    }
+    for ((_, run), other) in held.iter().zip([&cb, &ca]) {
+        let r = ok(
+            other,
+            "get_result",
+            json!({"run_id": run, "wait_seconds": 60}),
+        )
+        .await;
+        assert_eq!(
+            (r["status"].as_str(), r["stdout"].as_str()),
+            (Some("succeeded"), Some("through\n")),
+            "{r}"
+        );
+    }
+    drop((ca, cb));
+    a.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+    for (_, run) in &held {
+        assert!(leftovers(run).is_empty());
+    }
+}
