@@ -47,6 +47,7 @@ pub mod history;
 pub mod images;
 pub mod instance;
 pub mod mcp;
+pub mod packages;
 pub mod reaper;
 pub mod registry;
 pub mod report;

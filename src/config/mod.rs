@@ -44,6 +44,7 @@ macro_rules! section {
 mod defaults;
 mod docker;
 mod history;
+mod packages;
 mod postgres_tls;
 mod sections;
 mod sessions;
@@ -54,6 +55,7 @@ mod validate;
 
 pub use docker::*;
 pub use history::*;
+pub use packages::{NpmRegistry, PackagesSettings, PythonIndex};
 pub use postgres_tls::{split_tls, SslMode, TlsParams};
 pub use sections::*;
 pub use sessions::SessionSettings;
@@ -88,6 +90,7 @@ section! {
         pub cache: CacheSettings = CacheSettings::default(),
         pub docker: DockerSettings = DockerSettings::default(),
         pub sessions: SessionSettings = SessionSettings::default(),
+        pub packages: PackagesSettings = PackagesSettings::default(),
     }
 }
 

@@ -242,6 +242,7 @@ impl Config {
                 "must be at least 1024",
             ));
         }
-        self.sessions.validate(self)
+        self.sessions.validate(self)?;
+        self.packages.validate(self)
     }
 }

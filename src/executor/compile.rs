@@ -144,6 +144,7 @@ impl Executor {
             },
             workspace_mb: limits.workspace_mb,
             labels: self.run_labels(run_id, Executor::budget(req)),
+            prefix: None,
         };
         let container = self.acquire(&want, bound).await?;
         let payload = Payload {

@@ -32,6 +32,8 @@ pub(super) struct Want {
     pub limits: Limits,
     pub workspace_mb: u64,
     pub labels: BTreeMap<String, String>,
+    /// An installed packages prefix to mount read-only (never from the pool, then).
+    pub prefix: Option<crate::packages::Prefix>,
 }
 
 /// A container for one stage: created only, or started ahead of time (taken from the pool).
@@ -61,7 +63,10 @@ impl Executor {
             workspace_mb: want.workspace_mb,
             labels: want.labels.clone(),
         };
-        let spec = posture::locked_down(&plan, &self.config.sandbox);
+        let mut spec = posture::locked_down(&plan, &self.config.sandbox);
+        if let Some(p) = &want.prefix {
+            posture::with_prefix(&mut spec, &p.volume, &p.target);
+        }
         posture::check(&spec, &self.config.sandbox)?;
         let mut guard = ContainerGuard::new(
             self.engine.clone(),
@@ -115,7 +120,11 @@ impl Executor {
     pub(super) async fn acquire(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
         let began = Instant::now();
         let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb);
-        let acquired = match self.pool.take(&shape).await {
+        let pooled = match want.prefix {
+            Some(_) => None,
+            None => self.pool.take(&shape).await,
+        };
+        let acquired = match pooled {
             Some(taken) => Ok(Acquired {
                 guard: taken.guard,
                 started: true,

@@ -40,7 +40,10 @@ use crate::engine::posture::PostureViolation;
 use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
 use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, EngineError};
-use crate::report::{fmt_num, CompileReport, FileReport, RunReport, Stage, Status, TestReport};
+use crate::packages::{InstallEnd, Packages, Prefix};
+use crate::report::{
+    fmt_num, CompileReport, FileReport, PackagesReport, RunReport, Stage, Status, TestReport,
+};
 use cache::CompileCache;
 pub use cases::parallelism;
 use containers::Want;
@@ -128,6 +131,7 @@ pub struct Executor {
     images: Arc<ImageIds>,
     timings: Arc<Timings>,
     cache: CompileCache,
+    packages: Arc<Packages>,
 }
 
 /// A new run id: 32 lowercase hex digits.
@@ -150,6 +154,9 @@ struct Known {
     stage: Option<Stage>,
     image_id: Option<String>,
     compile: Option<CompileReport>,
+    packages: Option<PackagesReport>,
+    /// The installed prefix the run's containers mount read-only.
+    prefix: Option<Prefix>,
 }
 
 /// How the compile stage or the syntax check ended a run.
@@ -177,6 +184,8 @@ enum Ended {
     /// Stopped before the program ran.
     Stopped,
     Failed(SandboxFailure),
+    /// Installing the request's packages failed.
+    AtInstall(InstallEnd),
 }
 
 impl Executor {
@@ -196,8 +205,16 @@ impl Executor {
             images.clone(),
             cleanup.clone(),
         );
+        let packages = Arc::new(Packages::new(
+            config.clone(),
+            engine.clone(),
+            cleanup.clone(),
+            uids.clone(),
+            instance.clone(),
+        ));
         Executor {
             images,
+            packages,
             cache: CompileCache::new(config.cache.compile_mb),
             engine,
             config,
@@ -217,6 +234,11 @@ impl Executor {
     /// The compile cache's hits and misses: (hits, misses).
     pub fn cache_counts(&self) -> (u64, u64) {
         self.cache.counts()
+    }
+
+    /// Packages on request: the install step and its cache.
+    pub fn packages(&self) -> &Arc<Packages> {
+        &self.packages
     }
 
     /// The containers started ahead of time (empty unless the run manager fills it).
@@ -263,6 +285,18 @@ impl Executor {
         Duration::from_secs_f64(before + req.limits.timeout_seconds)
     }
 
+    /// [`Executor::budget`] plus the install step's limit when the run asks for packages.
+    fn budget_with_install(&self, req: &ValidRequest) -> Duration {
+        let install = if req.packages.is_empty() {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(self.config.packages.install_timeout_seconds)
+                + BACKSTOP_GRACE
+                + Duration::from_secs(30)
+        };
+        Executor::budget(req) + install
+    }
+
     /// Carry out one run. Never fails: a broken sandbox is reported as `sandbox_error`.
     /// Containers are removed in the background once the report is made (see [`Cleanup`]),
     /// or, if the future is dropped, right after. Every engine call ends at a stop or at the
@@ -277,7 +311,7 @@ impl Executor {
         let started = Instant::now();
         let bound = Bound {
             cancel: &cancel,
-            deadline: tokio::time::Instant::now() + Executor::budget(req) + BACKSTOP_GRACE,
+            deadline: tokio::time::Instant::now() + self.budget_with_install(req) + BACKSTOP_GRACE,
         };
         let mut known = Known::default();
         let ended = match self.stages(run_id, req, &mut known, bound).await {
@@ -303,7 +337,43 @@ impl Executor {
         r.stage = known.stage;
         r.image_id = known.image_id;
         r.compile = known.compile;
+        r.packages = known.packages;
         match ended {
+            Ended::AtInstall(InstallEnd::Failed {
+                status,
+                message,
+                exit_code,
+                stdout,
+                stderr,
+                usage,
+                install_ms,
+            }) => {
+                r.stage = Some(Stage::Install);
+                r.status = status;
+                r.message = message;
+                r.exit_code = exit_code;
+                r.stdout_bytes = stdout.len() as u64;
+                r.stderr_bytes = stderr.len() as u64;
+                r.stdout = stdout;
+                r.stderr = stderr;
+                r.usage = usage;
+                r.packages = Some(PackagesReport {
+                    requested: req.packages.clone(),
+                    installed: Vec::new(),
+                    cached: false,
+                    install_ms,
+                });
+            }
+            Ended::AtInstall(InstallEnd::Stopped) => {
+                r.stage = Some(Stage::Install);
+                r.status = Status::Stopped;
+                r.message = "stopped while the packages were being installed".into();
+            }
+            Ended::AtInstall(InstallEnd::Sandbox(m)) => {
+                r.stage = Some(Stage::Install);
+                r.status = Status::SandboxError;
+                r.message = format!("installing the packages failed: {m}");
+            }
             Ended::AtCompile(c) => {
                 r.stage = Some(Stage::Compile);
                 r.status = c.status;
@@ -363,7 +433,13 @@ impl Executor {
     }
 
     /// The container a run stage (or test case) gets: `suffix` names it.
-    fn run_want(&self, run_id: &str, req: &ValidRequest, suffix: &str) -> Want {
+    fn run_want(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        suffix: &str,
+        prefix: Option<&Prefix>,
+    ) -> Want {
         let lang = &req.language;
         let memory_mb = req.limits.memory_mb;
         Want {
@@ -375,7 +451,8 @@ impl Executor {
                 cpus: req.limits.cpus,
             },
             workspace_mb: run_workspace_mb(&self.config, memory_mb),
-            labels: self.run_labels(run_id, Executor::budget(req)),
+            labels: self.run_labels(run_id, self.budget_with_install(req)),
+            prefix: prefix.cloned(),
         }
     }
 
@@ -388,9 +465,28 @@ impl Executor {
         known: &mut Known,
         bound: Bound<'_>,
     ) -> Result<Ended, Halt> {
+        // With packages, the program's environment gains the prefix's variables.
+        let with_prefix;
+        let req = if req.packages.is_empty() {
+            req
+        } else {
+            if let Err(end) = self.install_packages(run_id, req, known, bound).await? {
+                return Ok(Ended::AtInstall(end));
+            }
+            let mut r = req.clone();
+            if let Some(p) = &known.prefix {
+                r.language.env.extend(p.env.clone());
+            }
+            with_prefix = r;
+            &with_prefix
+        };
         let lang = &req.language;
-        let first_want =
-            self.run_want(run_id, req, if req.tests.is_empty() { "run" } else { "t1" });
+        let first_want = self.run_want(
+            run_id,
+            req,
+            if req.tests.is_empty() { "run" } else { "t1" },
+            known.prefix.as_ref(),
+        );
         let prepare_run = self.acquire(&first_want, bound);
         let (files, first) = if lang.is_compiled() {
             let compile = async {
@@ -481,6 +577,34 @@ impl Executor {
             files: outputs::report_files(&result.decoded.files),
             result: None,
         })
+    }
+}
+
+impl Executor {
+    /// Install the request's packages (or take them from the cache) before any stage: the
+    /// run's containers then mount the prefix read-only (`known.prefix`).
+    async fn install_packages(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        known: &mut Known,
+        bound: Bound<'_>,
+    ) -> Result<Result<(), InstallEnd>, Halt> {
+        let lang = &req.language;
+        let image = self.image(&lang.image.tag, &lang.image.name, bound).await?;
+        known.stage = Some(Stage::Install);
+        match self
+            .packages
+            .prepare(run_id, lang, &image.id, &req.packages, bound)
+            .await
+        {
+            Ok((prefix, report)) => {
+                known.packages = Some(report);
+                known.prefix = Some(prefix);
+                Ok(Ok(()))
+            }
+            Err(end) => Ok(Err(end)),
+        }
     }
 }
 

@@ -41,6 +41,7 @@ impl Executor {
             },
             workspace_mb: self.config.sandbox.workspace_mb,
             labels,
+            prefix: None,
         };
         let payload = Payload {
             run: Some(cmd),

@@ -380,6 +380,7 @@ impl Executor {
             limits: spec.limits,
             workspace_mb: spec.workspace_mb,
             labels: labels(SESSION_RUN_LABEL, &self.instance, spec.lifetime + start),
+            prefix: None,
         };
         let never = CancellationToken::new();
         let bound = Bound {

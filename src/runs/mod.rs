@@ -648,6 +648,8 @@ impl RunManager {
         }
         // Sessions' containers (and those of the stopped runs) are removed in the background.
         self.inner.executor.cleanup().drain(grace).await;
+        // Then the installed prefixes they mounted, and the install network.
+        self.inner.executor.packages().close().await;
     }
 
     // ---- taking requests: validated, charged, given an id, recorded, queued
