@@ -143,7 +143,9 @@ impl PackagesSettings {
             for h in hosts {
                 if crate::packages::proxy::Allowed::from_host(h).is_none() {
                     return invalid(
-                        &setting.replace(".index_url", ".also_hosts").replace(".registry_url", ".also_hosts"),
+                        &setting
+                            .replace(".index_url", ".also_hosts")
+                            .replace(".registry_url", ".also_hosts"),
                         h.clone(),
                         "must be `host` or `host:port`",
                     );

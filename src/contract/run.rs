@@ -239,7 +239,7 @@ impl ValidRequest {
         if req.packages.as_ref().is_some_and(|p| !p.is_empty()) {
             return reject(
                 "packages",
-                "sessions do not take packages on this server yet; give them to run_code without session_id",
+                "a session's packages are installed when it is created: give them to create_session (or run_code without session_id)",
             );
         }
         let target = SessionTarget {
@@ -366,7 +366,7 @@ pub const MAX_PACKAGES: usize = 32;
 /// A request's `packages`: allowed only where the operator named the language's index; each
 /// a requirement of at most 200 printable characters that is not an option of the package
 /// manager. Sorted, repeats dropped.
-fn check_packages(
+pub(super) fn check_packages(
     packages: Option<Vec<String>>,
     language: &Language,
     config: &Config,
@@ -378,7 +378,10 @@ fn check_packages(
     if language.install.is_none() {
         return reject(
             "packages",
-            format!("{} takes no packages (its registry entry has no install step)", language.id),
+            format!(
+                "{} takes no packages (its registry entry has no install step)",
+                language.id
+            ),
         );
     }
     if config.packages.index_for(&language.id).is_none() {
@@ -387,13 +390,19 @@ fn check_packages(
             .unwrap_or_default();
         return reject(
             "packages",
-            format!("packages are not enabled on this server for {}{setting}", language.id),
+            format!(
+                "packages are not enabled on this server for {}{setting}",
+                language.id
+            ),
         );
     }
     if packages.len() > MAX_PACKAGES {
         return reject(
             "packages",
-            format!("has {} requirements; the maximum is {MAX_PACKAGES}", packages.len()),
+            format!(
+                "has {} requirements; the maximum is {MAX_PACKAGES}",
+                packages.len()
+            ),
         );
     }
     for (i, p) in packages.iter().enumerate() {

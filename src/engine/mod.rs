@@ -310,7 +310,9 @@ pub trait ContainerEngine: Send + Sync + 'static {
         _name: &str,
         _labels: BTreeMap<String, String>,
     ) -> Result<(), EngineError> {
-        Err(EngineError::CreateVolume(detail("this engine has no volumes")))
+        Err(EngineError::CreateVolume(detail(
+            "this engine has no volumes",
+        )))
     }
     /// Unpack a tar into a created (not started) container at `path`.
     async fn upload(&self, _id: &str, _path: &str, _tar: Vec<u8>) -> Result<(), EngineError> {

@@ -484,7 +484,10 @@ mod tests {
         let net = "codebox-install-x";
         let inst = install(&plan(), &sandbox, net);
         check_as(&inst, &sandbox, Role::Install { network: net }).unwrap();
-        assert!(check(&inst, &sandbox).is_err(), "a run container got a network");
+        assert!(
+            check(&inst, &sandbox).is_err(),
+            "a run container got a network"
+        );
         for wrong in ["bridge", "host", ""] {
             let mut s = inst.clone();
             s.network_mode = wrong.into();
@@ -494,7 +497,12 @@ mod tests {
         with_prefix(&mut with_vol, "codebox-pkg-abc", "/opt/codebox/packages");
         assert!(check_as(&with_vol, &sandbox, Role::Install { network: net }).is_err());
 
-        let fill = filler(&plan(), &sandbox, "codebox-pkg-abc", "/opt/codebox/packages");
+        let fill = filler(
+            &plan(),
+            &sandbox,
+            "codebox-pkg-abc",
+            "/opt/codebox/packages",
+        );
         check_as(&fill, &sandbox, Role::Fill).unwrap();
         assert!(check(&fill, &sandbox).is_err());
     }

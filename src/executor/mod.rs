@@ -608,6 +608,50 @@ impl Executor {
     }
 }
 
+impl Executor {
+    /// Install (or take from the cache) the packages a session is created with; the error
+    /// says what failed, with the end of the package manager's output.
+    pub async fn packages_for_session(
+        &self,
+        session_id: &str,
+        lang: &crate::registry::Language,
+        packages: &[String],
+    ) -> Result<Prefix, String> {
+        let never = CancellationToken::new();
+        let bound = Bound {
+            cancel: &never,
+            deadline: tokio::time::Instant::now()
+                + Duration::from_secs_f64(self.config.packages.install_timeout_seconds)
+                + Duration::from_secs(60),
+        };
+        let image = self
+            .image(&lang.image.tag, &lang.image.name, bound)
+            .await
+            .map_err(|h| match h {
+                Halt::Failed(f) => f.to_string(),
+                Halt::Stopped => "stopped".to_string(),
+            })?;
+        // Named after a prefix of the id only: the id is a secret of its holders.
+        let name = format!("session-{}", &session_id[..session_id.len().min(8)]);
+        match self
+            .packages
+            .prepare(&name, lang, &image.id, packages, bound)
+            .await
+        {
+            Ok((prefix, _)) => Ok(prefix),
+            Err(InstallEnd::Failed {
+                message, stderr, ..
+            }) => {
+                let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                Err(format!("{message}; it ended with: {}", tail.join(" / ")))
+            }
+            Err(InstallEnd::Stopped) => Err("stopped while installing the packages".into()),
+            Err(InstallEnd::Sandbox(m)) => Err(format!("installing the packages failed: {m}")),
+        }
+    }
+}
+
 /// What the run stage lays out and how long it may take, shared by every test case.
 struct Program {
     /// The image's `codebox-init` can check in the program's own process.

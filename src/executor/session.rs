@@ -65,6 +65,8 @@ pub struct SessionSpec<'a> {
     pub files: Files,
     /// The session's longest life: the container's expiry label.
     pub lifetime: Duration,
+    /// Installed packages, mounted read-only for the session's life.
+    pub prefix: Option<crate::packages::Prefix>,
 }
 
 /// One request for the session's conversation task.
@@ -95,6 +97,8 @@ pub struct SessionBox {
     /// Cancelled when the container is ended: the request being answered ends at once.
     ended: CancellationToken,
     _conversation: AbortOnDropHandle<()>,
+    /// The installed packages it mounts: not evicted while it lives.
+    _prefix: Option<crate::packages::Prefix>,
 }
 
 /// One execution in a session: its report, and whether the session's container broke.
@@ -148,6 +152,7 @@ impl SessionBox {
             asks,
             ended,
             _conversation: AbortOnDropHandle::new(tokio::spawn(conversation.run(queue))),
+            _prefix: None,
         }
     }
 
@@ -380,7 +385,7 @@ impl Executor {
             limits: spec.limits,
             workspace_mb: spec.workspace_mb,
             labels: labels(SESSION_RUN_LABEL, &self.instance, spec.lifetime + start),
-            prefix: None,
+            prefix: spec.prefix.clone(),
         };
         let never = CancellationToken::new();
         let bound = Bound {
@@ -407,10 +412,15 @@ impl Executor {
             )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
-        let sbox = SessionBox::new(self.engine.clone(), guard, lang.is_stateful(), attached);
+        let mut sbox = SessionBox::new(self.engine.clone(), guard, lang.is_stateful(), attached);
+        let mut env = lang.env.clone();
+        if let Some(p) = &spec.prefix {
+            env.extend(p.env.clone());
+        }
+        sbox._prefix = spec.prefix;
         let open = Open {
             driver: lang.session_driver.clone(),
-            env: lang.env.clone(),
+            env,
             files: spec.files,
             start_timeout: start,
         };

@@ -67,6 +67,14 @@ impl Lru {
         out
     }
 
+    /// The volumes of every entry.
+    pub fn volumes(&self) -> Vec<String> {
+        self.entries
+            .values()
+            .map(|(e, _)| e.volume.clone())
+            .collect()
+    }
+
     /// Everything, for removal at shutdown.
     pub fn drain(&mut self) -> Vec<Arc<Entry>> {
         self.entries.drain().map(|(_, (e, _))| e).collect()

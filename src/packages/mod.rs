@@ -154,6 +154,14 @@ impl Packages {
         (c.bytes(), c.len())
     }
 
+    /// The volumes the cache holds now.
+    pub fn volumes(&self) -> Vec<String> {
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .volumes()
+    }
+
     /// The name of this server's install network.
     pub fn network_name(&self) -> String {
         format!("codebox-install-{}-{}", self.instance, self.id)
@@ -170,7 +178,10 @@ impl Packages {
         bound: Bound<'_>,
     ) -> Result<(Prefix, PackagesReport), InstallEnd> {
         let Some(install) = &lang.install else {
-            return Err(InstallEnd::Sandbox(format!("{} has no install step", lang.id)));
+            return Err(InstallEnd::Sandbox(format!(
+                "{} has no install step",
+                lang.id
+            )));
         };
         let Some((index, _)) = self.config.packages.index_for(&lang.id) else {
             return Err(InstallEnd::Sandbox(format!(
@@ -283,7 +294,8 @@ impl Packages {
         let p = &self.config.packages;
         let install = lang.install.as_ref().expect("checked by prepare");
         let (_, also) = p.index_for(&lang.id).unwrap_or((index, &[]));
-        let mut allowed: Vec<proxy::Allowed> = proxy::Allowed::from_url(index).into_iter().collect();
+        let mut allowed: Vec<proxy::Allowed> =
+            proxy::Allowed::from_url(index).into_iter().collect();
         allowed.extend(also.iter().filter_map(|h| proxy::Allowed::from_host(h)));
         let network = self.network().await?;
         let gate = proxy::Proxy::start(
@@ -325,8 +337,14 @@ impl Packages {
             labels: labels(run_id, &self.instance, timeout + Duration::from_secs(600)),
         };
         let spec = posture::install(&plan, &self.config.sandbox, &network.name);
-        posture::check_as(&spec, &self.config.sandbox, Role::Install { network: &network.name })
-            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        posture::check_as(
+            &spec,
+            &self.config.sandbox,
+            Role::Install {
+                network: &network.name,
+            },
+        )
+        .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
         let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
         bound
             .call("creating the install container", guard.create(&spec))
@@ -373,8 +391,12 @@ impl Packages {
             .fetch_add(gate.downloaded(), Ordering::Relaxed);
         let phase = answer.decoded.phase(PhaseName::Run);
         let o = classify(phase, &answer);
-        let stdout = phase.map(|p| String::from_utf8_lossy(&p.stdout).into_owned()).unwrap_or_default();
-        let stderr = phase.map(|p| String::from_utf8_lossy(&p.stderr).into_owned()).unwrap_or_default();
+        let stdout = phase
+            .map(|p| String::from_utf8_lossy(&p.stdout).into_owned())
+            .unwrap_or_default();
+        let stderr = phase
+            .map(|p| String::from_utf8_lossy(&p.stderr).into_owned())
+            .unwrap_or_default();
         if o.status != Status::Succeeded {
             let message = match o.status {
                 Status::Stopped => return Err(InstallEnd::Stopped),
@@ -415,8 +437,8 @@ impl Packages {
         if let Some(fatal) = &answer.decoded.fatal {
             return Err(InstallEnd::Sandbox(fatal.clone()));
         }
-        let (tar, bytes, installed) = prefix_tar(&answer.decoded.files)
-            .map_err(InstallEnd::Sandbox)?;
+        let (tar, bytes, installed) =
+            prefix_tar(&answer.decoded.files).map_err(InstallEnd::Sandbox)?;
         let volume = format!("{PACKAGES_VOLUME_PREFIX}{}", &key[..32]);
         self.fill(run_id, &volume, &install.prefix, &image.id, tar, bound)
             .await?;
@@ -439,7 +461,11 @@ impl Packages {
     ) -> Result<(), InstallEnd> {
         let sandbox = &self.config.sandbox;
         // Not the run's: the volume outlives it (the cache), until eviction or shutdown.
-        let mut vlabels = labels("packages", &self.instance, Duration::from_secs(10 * 365 * 86400));
+        let mut vlabels = labels(
+            "packages",
+            &self.instance,
+            Duration::from_secs(10 * 365 * 86400),
+        );
         vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
         let engine_error = |e: crate::engine::EngineError| InstallEnd::Sandbox(e.to_string());
         // A volume of this name is left from an eviction in progress or a crash: start afresh.
@@ -462,10 +488,14 @@ impl Packages {
             labels: labels(run_id, &self.instance, Duration::from_secs(600)),
         };
         let spec = posture::filler(&plan, sandbox, volume, target);
-        posture::check_as(&spec, sandbox, Role::Fill).map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        posture::check_as(&spec, sandbox, Role::Fill)
+            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
         let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
         bound
-            .call("creating the container that fills the packages volume", guard.create(&spec))
+            .call(
+                "creating the container that fills the packages volume",
+                guard.create(&spec),
+            )
             .await?;
         let uploaded = bound
             .call(
@@ -483,11 +513,7 @@ impl Packages {
 
     /// Remove the cache's volumes and the install network (at shutdown).
     pub async fn close(&self) {
-        let entries = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain();
+        let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
             let _ = self.engine.remove_volume(&e.volume).await;
         }
@@ -617,14 +643,20 @@ fn prefix_tar(
         }
         bytes += 512;
     }
-    installed.sort_by(|a, b| a.name.to_ascii_lowercase().cmp(&b.name.to_ascii_lowercase()));
+    installed.sort_by(|a, b| {
+        a.name
+            .to_ascii_lowercase()
+            .cmp(&b.name.to_ascii_lowercase())
+    });
     let tar = b.into_inner().map_err(|e| e.to_string())?;
     Ok((tar, bytes, installed))
 }
 
 /// An npm package's name and version, from `node_modules/<name>/package.json`.
 fn npm_package(path: &str, content: &[u8]) -> Option<InstalledPackage> {
-    let rest = path.strip_prefix("node_modules/")?.strip_suffix("/package.json")?;
+    let rest = path
+        .strip_prefix("node_modules/")?
+        .strip_suffix("/package.json")?;
     let depth = rest.split('/').count();
     if rest.contains("node_modules") || depth > 2 || (depth == 2 && !rest.starts_with('@')) {
         return None;
@@ -652,14 +684,26 @@ mod tests {
     #[test]
     fn keys_differ_for_different_lists_images_and_indexes() {
         let a = key("python", "sha256:1", "http://i/simple", &["a==1".into()]);
-        assert_ne!(a, key("python", "sha256:1", "http://i/simple", &["a==2".into()]));
-        assert_ne!(a, key("python", "sha256:2", "http://i/simple", &["a==1".into()]));
-        assert_ne!(a, key("python", "sha256:1", "http://j/simple", &["a==1".into()]));
+        assert_ne!(
+            a,
+            key("python", "sha256:1", "http://i/simple", &["a==2".into()])
+        );
+        assert_ne!(
+            a,
+            key("python", "sha256:2", "http://i/simple", &["a==1".into()])
+        );
+        assert_ne!(
+            a,
+            key("python", "sha256:1", "http://j/simple", &["a==1".into()])
+        );
         assert_ne!(
             key("python", "x", "i", &["ab".into(), "c".into()]),
             key("python", "x", "i", &["a".into(), "bc".into()])
         );
-        assert_eq!(a, key("python", "sha256:1", "http://i/simple", &["a==1".into()]));
+        assert_eq!(
+            a,
+            key("python", "sha256:1", "http://i/simple", &["a==1".into()])
+        );
     }
 
     #[test]

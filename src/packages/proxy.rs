@@ -180,7 +180,10 @@ pub struct Policy {
 impl Policy {
     /// The entry a request for `host:port` falls under, or why none does.
     pub fn admit(&self, host: &str, port: u16) -> Result<&Allowed, Refusal> {
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
         let same_host: Vec<&Allowed> = self.allowed.iter().filter(|a| a.host == host).collect();
         if same_host.is_empty() {
             return Err(if host.parse::<IpAddr>().is_ok() {
@@ -238,7 +241,6 @@ fn checked(a: &Allowed, addrs: Vec<SocketAddr>) -> Result<Vec<SocketAddr>, Refus
     }
     Ok(addrs)
 }
-
 
 /// What a proxy saw, shared with its connections.
 #[derive(Default)]
@@ -299,7 +301,11 @@ impl Proxy {
 
     /// What was refused, one sentence each.
     pub fn refusals(&self) -> Vec<String> {
-        self.tally.refusals.lock().map(|r| r.clone()).unwrap_or_default()
+        self.tally
+            .refusals
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -357,7 +363,9 @@ async fn serve(mut client: TcpStream, policy: Arc<Policy>, tally: Arc<Tally>, ma
         Ok(Ok(s)) => s,
         _ => {
             let _ = client
-                .write_all(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+                .write_all(
+                    b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                )
                 .await;
             return;
         }
@@ -374,7 +382,12 @@ async fn serve(mut client: TcpStream, policy: Arc<Policy>, tally: Arc<Tally>, ma
     } else {
         let mut out = format!("{method} {path} {version}\r\n");
         for line in lines.filter(|l| !l.is_empty()) {
-            let name = line.split(':').next().unwrap_or("").trim().to_ascii_lowercase();
+            let name = line
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
             if !matches!(
                 name.as_str(),
                 "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive"
@@ -516,7 +529,10 @@ mod tests {
         assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 3141));
         let a = Allowed::from_url("http://[::1]:8080").unwrap();
         assert_eq!((a.host.as_str(), a.port), ("::1", 8080));
-        assert_eq!(Allowed::from_host("files.pythonhosted.org").unwrap().port, 443);
+        assert_eq!(
+            Allowed::from_host("files.pythonhosted.org").unwrap().port,
+            443
+        );
         for bad in ["ftp://x", "http://user@x/", "x", "http://", "http://a b/"] {
             assert!(Allowed::from_url(bad).is_none(), "{bad}");
         }
@@ -560,7 +576,10 @@ mod tests {
         assert!(answer.ends_with("\r\n\r\nindex"), "{answer}");
         let head = seen.await.unwrap();
         assert!(head.starts_with("GET /simple/x/ HTTP/1.1\r\n"), "{head}");
-        assert!(!head.to_ascii_lowercase().contains("proxy-connection"), "{head}");
+        assert!(
+            !head.to_ascii_lowercase().contains("proxy-connection"),
+            "{head}"
+        );
         assert!(p.downloaded() > 5);
         assert!(p.refusals().is_empty());
     }
@@ -580,7 +599,10 @@ mod tests {
             format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\nGET / HTTP/1.1\r\n\r\n"),
         )
         .await;
-        assert!(answer.starts_with("HTTP/1.1 200 Connection established"), "{answer}");
+        assert!(
+            answer.starts_with("HTTP/1.1 200 Connection established"),
+            "{answer}"
+        );
         assert!(answer.ends_with("tunnelled"), "{answer}");
         assert!(seen.await.unwrap().starts_with("GET / "));
     }
@@ -599,16 +621,46 @@ mod tests {
         .await
         .unwrap();
         let cases = [
-            ("CONNECT other.example:443 HTTP/1.1\r\n\r\n".to_string(), "not one of the hosts"),
-            (format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", port + 1), "on port"),
-            ("CONNECT pypi.example:22 HTTP/1.1\r\n\r\n".into(), "on port 443 only, not 22"),
-            ("CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n".into(), "is an IP address"),
-            ("CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n".into(), "is an IP address"),
-            ("CONNECT [::1]:443 HTTP/1.1\r\n\r\n".into(), "is an IP address"),
-            ("CONNECT localhost:443 HTTP/1.1\r\n\r\n".into(), "not one of the hosts"),
-            ("GET http://metadata.google.internal/ HTTP/1.1\r\n\r\n".into(), "not one of the hosts"),
-            ("GET /simple/ HTTP/1.1\r\n\r\n".into(), "only CONNECT and absolute"),
-            ("GET http://u:p@127.0.0.1/ HTTP/1.1\r\n\r\n".into(), "credentials"),
+            (
+                "CONNECT other.example:443 HTTP/1.1\r\n\r\n".to_string(),
+                "not one of the hosts",
+            ),
+            (
+                format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", port + 1),
+                "on port",
+            ),
+            (
+                "CONNECT pypi.example:22 HTTP/1.1\r\n\r\n".into(),
+                "on port 443 only, not 22",
+            ),
+            (
+                "CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n".into(),
+                "is an IP address",
+            ),
+            (
+                "CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n".into(),
+                "is an IP address",
+            ),
+            (
+                "CONNECT [::1]:443 HTTP/1.1\r\n\r\n".into(),
+                "is an IP address",
+            ),
+            (
+                "CONNECT localhost:443 HTTP/1.1\r\n\r\n".into(),
+                "not one of the hosts",
+            ),
+            (
+                "GET http://metadata.google.internal/ HTTP/1.1\r\n\r\n".into(),
+                "not one of the hosts",
+            ),
+            (
+                "GET /simple/ HTTP/1.1\r\n\r\n".into(),
+                "only CONNECT and absolute",
+            ),
+            (
+                "GET http://u:p@127.0.0.1/ HTTP/1.1\r\n\r\n".into(),
+                "credentials",
+            ),
         ];
         for (request, reason) in &cases {
             let answer = ask(p.addr(), request.clone()).await;
@@ -635,7 +687,10 @@ mod tests {
                 SocketAddr::new(ip.parse().unwrap(), 443),
             ];
             let err = checked(&public, addrs).unwrap_err();
-            assert!(matches!(err, Refusal::Address { kind: k, .. } if k == kind), "{ip}: {err:?}");
+            assert!(
+                matches!(err, Refusal::Address { kind: k, .. } if k == kind),
+                "{ip}: {err:?}"
+            );
         }
         let p = policy(&["https://localhost/", "http://127.0.0.1:3141/"]);
         assert!(p.resolve(&p.allowed[0]).await.is_ok());
@@ -652,8 +707,15 @@ mod tests {
         )
         .await
         .unwrap();
-        let answer = ask(p.addr(), format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n")).await;
-        assert!(!answer.contains("0123456789012345678901234567890123456789"), "{answer}");
+        let answer = ask(
+            p.addr(),
+            format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n"),
+        )
+        .await;
+        assert!(
+            !answer.contains("0123456789012345678901234567890123456789"),
+            "{answer}"
+        );
         assert!(p.over_cap());
     }
 }

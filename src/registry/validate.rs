@@ -329,7 +329,10 @@ fn install(raw: raw::RawInstall) -> Result<super::Install, (String, String)> {
             && !k.starts_with(|c: char| c.is_ascii_digit())
             && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok_key || v.contains('\0') {
-            return Err(("env".into(), format!("`{k}` is not a valid environment variable")));
+            return Err((
+                "env".into(),
+                format!("`{k}` is not a valid environment variable"),
+            ));
         }
     }
     Ok(super::Install {

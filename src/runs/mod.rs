@@ -974,6 +974,20 @@ impl RunManager {
             trimmed: load(&c.trimmed),
         };
         let (compile_cache_hits, compile_cache_misses) = executor.cache_counts();
+        let packages = {
+            let p = executor.packages();
+            let c = p.counters();
+            let (cached_bytes, cached_prefixes) = p.cached();
+            crate::runs::stats::PackagesSnapshot {
+                hits: load(&c.hits),
+                misses: load(&c.misses),
+                failures: load(&c.failures),
+                installed_bytes: load(&c.installed_bytes),
+                downloaded_bytes: load(&c.downloaded_bytes),
+                cached_bytes,
+                cached_prefixes,
+            }
+        };
         let (sessions_open, sessions_ready, sessions_memory_mb) = self.inner.sessions.counts();
         let st = self.lock();
         Stats {
@@ -987,6 +1001,7 @@ impl RunManager {
             evicted: st.retention.evicted(),
             compile_cache_hits,
             compile_cache_misses,
+            packages,
             sessions_open,
             sessions_ready,
             sessions_memory_mb,

@@ -35,7 +35,15 @@ impl Index {
             .expect("python3");
         assert!(made.success(), "building the test index failed");
         let mut child = Command::new("python3")
-            .args(["-u", "-m", "http.server", "--bind", "127.0.0.1", "0", "--directory"])
+            .args([
+                "-u",
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                "0",
+                "--directory",
+            ])
             .arg(dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -98,11 +106,13 @@ async fn run(exec: &Executor, req: RunRequest) -> RunReport {
     r
 }
 
-/// Volumes of this executor's cache that exist now.
-fn package_volumes() -> Vec<String> {
-    common::labelled_objects(&format!("label=codebox.instance={}", common::instance()))
-        .into_iter()
-        .filter(|n| n.starts_with("codebox-pkg-"))
+/// Which of these volumes exist now.
+fn existing(volumes: &[String]) -> Vec<String> {
+    let all = common::labelled_objects(&format!("label=codebox.instance={}", common::instance()));
+    volumes
+        .iter()
+        .filter(|v| all.contains(v))
+        .cloned()
         .collect()
 }
 
@@ -148,13 +158,25 @@ async fn an_installed_package_imports_and_a_cached_one_needs_no_index() {
     assert!(!p.cached);
     assert!(p.install_ms > 0);
     assert!(
-        p.installed.iter().any(|i| i.name == "tinypkg" && i.version == "1.0"),
+        p.installed
+            .iter()
+            .any(|i| i.name == "tinypkg" && i.version == "1.0"),
         "{p:?}"
     );
 
     index.stop();
-    let again = run(&exec, with_packages("import tinypkg; print(tinypkg.VALUE)", &["tinypkg==1.0"])).await;
-    assert_eq!(again.status, Status::Succeeded, "{}\n{}", again.message, again.stderr);
+    let again = run(
+        &exec,
+        with_packages("import tinypkg; print(tinypkg.VALUE)", &["tinypkg==1.0"]),
+    )
+    .await;
+    assert_eq!(
+        again.status,
+        Status::Succeeded,
+        "{}\n{}",
+        again.message,
+        again.stderr
+    );
     assert_eq!(again.stdout, "tiny one\n");
     let p = again.packages.expect("packages report");
     assert!(p.cached, "the second request was not served from the cache");
@@ -170,24 +192,40 @@ async fn an_installed_package_imports_and_a_cached_one_needs_no_index() {
 
     let network = exec.packages().network_name();
     assert!(network_exists(&network));
-    assert!(!package_volumes().is_empty());
+    let volumes = exec.packages().volumes();
+    assert_eq!(existing(&volumes).len(), 1, "{volumes:?}");
     exec.packages().close().await;
     assert!(!network_exists(&network), "the install network was left");
+    assert!(existing(&volumes).is_empty(), "volumes left after close");
 }
 
 #[tokio::test]
 async fn an_sdist_setup_py_reaches_nothing_but_the_proxy() {
     let index = Index::start();
     let exec = executor(&index, |_| {});
-    let r = run(&exec, with_packages("import probe; print(probe.RESULTS)", &["probe==1.0"])).await;
+    let r = run(
+        &exec,
+        with_packages("import probe; print(probe.RESULTS)", &["probe==1.0"]),
+    )
+    .await;
     assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
     for (what, expect) in [
         ("'dns': 'failed", "DNS of an outside name"),
         ("'outside': 'failed", "a direct connection out"),
-        ("'proxied_other': 'failed: HTTPError", "another host through the proxy"),
-        ("'proxied_metadata': 'failed: HTTPError", "the metadata address through the proxy"),
+        (
+            "'proxied_other': 'failed: HTTPError",
+            "another host through the proxy",
+        ),
+        (
+            "'proxied_metadata': 'failed: HTTPError",
+            "the metadata address through the proxy",
+        ),
     ] {
-        assert!(r.stdout.contains(what), "{expect} was not refused: {}", r.stdout);
+        assert!(
+            r.stdout.contains(what),
+            "{expect} was not refused: {}",
+            r.stdout
+        );
     }
     exec.packages().close().await;
 }
@@ -201,19 +239,42 @@ async fn failed_installs_end_at_the_install_stage_naming_the_requirement() {
         c.packages.install_timeout_seconds = 8.0;
     });
     let cases = [
-        (vec!["tinypkg==1.0", "nosuch==1.0"], Status::Failed, "`nosuch==1.0`"),
-        (vec!["big==1.0"], Status::Failed, "packages.max_download_mb (1 MB)"),
-        (vec!["fat==1.0"], Status::Failed, "2 MB prefix (packages.prefix_mb)"),
-        (vec!["slow==1.0"], Status::TimedOut, "packages.install_timeout_seconds"),
+        (
+            vec!["tinypkg==1.0", "nosuch==1.0"],
+            Status::Failed,
+            "`nosuch==1.0`",
+        ),
+        (
+            vec!["big==1.0"],
+            Status::Failed,
+            "packages.max_download_mb (1 MB)",
+        ),
+        (
+            vec!["fat==1.0"],
+            Status::Failed,
+            "2 MB prefix (packages.prefix_mb)",
+        ),
+        (
+            vec!["slow==1.0"],
+            Status::TimedOut,
+            "packages.install_timeout_seconds",
+        ),
     ];
     for (packages, status, says) in cases {
         let r = run(&exec, with_packages("print('never')", &packages)).await;
-        assert_eq!(r.status, status, "{packages:?}: {}\n{}", r.message, r.stderr);
+        assert_eq!(
+            r.status, status,
+            "{packages:?}: {}\n{}",
+            r.message, r.stderr
+        );
         assert_eq!(r.stage, Some(Stage::Install), "{packages:?}");
         assert!(r.message.contains(says), "{packages:?}: {}", r.message);
         assert!(!r.stdout.contains("never"), "the program ran");
     }
-    assert_eq!(exec.packages().counters().failures.load(Ordering::Relaxed), 4);
+    assert_eq!(
+        exec.packages().counters().failures.load(Ordering::Relaxed),
+        4
+    );
     exec.packages().close().await;
 }
 
@@ -224,7 +285,11 @@ async fn concurrent_identical_requests_install_once_and_close_removes_the_prefix
     let runs = (0..3).map(|_| {
         let exec = exec.clone();
         async move {
-            run(&exec, with_packages("import other; print(other.VALUE)", &["other==1.0"])).await
+            run(
+                &exec,
+                with_packages("import other; print(other.VALUE)", &["other==1.0"]),
+            )
+            .await
         }
     });
     let reports = futures_util::future::join_all(runs).await;
@@ -236,17 +301,16 @@ async fn concurrent_identical_requests_install_once_and_close_removes_the_prefix
         .iter()
         .filter(|r| r.packages.as_ref().unwrap().cached)
         .count();
-    assert_eq!(cached, 2, "three identical requests installed more than once");
-    assert_eq!(exec.packages().counters().misses.load(Ordering::Relaxed), 1);
-    let before = package_volumes();
-    let (_, entries) = exec.packages().cached();
-    assert_eq!(entries, 1);
-    exec.packages().close().await;
-    let after = package_volumes();
-    assert!(
-        before.iter().all(|v| !after.contains(v)),
-        "volumes left after close: {after:?}"
+    assert_eq!(
+        cached, 2,
+        "three identical requests installed more than once"
     );
+    assert_eq!(exec.packages().counters().misses.load(Ordering::Relaxed), 1);
+    let before = exec.packages().volumes();
+    assert_eq!(existing(&before).len(), 1);
+    exec.packages().close().await;
+    let after = existing(&before);
+    assert!(after.is_empty(), "volumes left after close: {after:?}");
 }
 
 #[test]
@@ -281,4 +345,90 @@ fn packages_are_refused_naming_the_field_when_not_enabled() {
     let refs: Vec<&str> = many.iter().map(String::as_str).collect();
     let e = ValidRequest::new(with_packages("print(1)", &refs), &registry(), &c).unwrap_err();
     assert!(e.to_string().contains("the maximum is 32"), "{e}");
+}
+
+#[tokio::test]
+async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
+    let index = Index::start();
+    let url = index.url();
+    let m = crate::mcp_support::docker_manager(
+        |c| {
+            c.packages.python.index_url = Some(url);
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    // Through the run manager, as run_code and POST /v1/runs submit.
+    let id = m
+        .submit(with_packages(
+            "import tinypkg; print(tinypkg.VALUE)",
+            &["tinypkg==2.0"],
+        ))
+        .expect("accepted")
+        .run_id;
+    let r = m
+        .wait(&id, std::time::Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    assert_eq!(r.stdout, "tiny two\n");
+    assert_eq!(r.packages.as_ref().map(|p| p.cached), Some(false));
+
+    let s = m
+        .create_session(codebox::contract::SessionRequest {
+            language: "python".into(),
+            packages: Some(vec!["other==1.0".into()]),
+            ..Default::default()
+        })
+        .await
+        .expect("session with packages");
+    let container = format!("codebox-session-{}", &s.session_id[4..16]);
+    for code in ["import other\nx = other.VALUE", "print(x, other.VALUE)"] {
+        let id = m
+            .submit(RunRequest {
+                code: code.into(),
+                session_id: Some(s.session_id.clone()),
+                ..Default::default()
+            })
+            .expect("accepted")
+            .run_id;
+        let r = m
+            .wait(&id, std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            Status::Succeeded,
+            "{code}: {}\n{}",
+            r.message,
+            r.stderr
+        );
+        if code.starts_with("print") {
+            assert_eq!(r.stdout, "other one other one\n");
+        }
+    }
+    // In a session, packages go to create_session.
+    let refused = m.submit(RunRequest {
+        code: "print(1)".into(),
+        session_id: Some(s.session_id.clone()),
+        packages: Some(vec!["tinypkg".into()]),
+        ..Default::default()
+    });
+    assert!(
+        refused.is_err_and(|e| e.to_string().contains("create_session")),
+        "packages in a session's run_code were not refused"
+    );
+    let volumes = m.executor().packages().volumes();
+    assert_eq!(existing(&volumes).len(), 2, "{volumes:?}");
+    let network = m.executor().packages().network_name();
+    m.close_session(&s.session_id).unwrap();
+    m.shutdown(std::time::Duration::from_secs(20)).await;
+    let left = existing(&volumes);
+    assert!(left.is_empty(), "left: {left:?}");
+    assert!(!network_exists(&network), "the install network was left");
+    let ps = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("name={container}")])
+        .output()
+        .unwrap();
+    assert!(ps.stdout.is_empty(), "the session's container is left");
 }
