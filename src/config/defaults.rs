@@ -6,7 +6,7 @@ use super::*;
 
 /// Example values of the settings that are unset by default (written commented out), and of
 /// `data_dir`, whose default depends on the user.
-const EXAMPLES: [(&str, &str); 13] = [
+const EXAMPLES: [(&str, &str); 14] = [
     ("data_dir", "\"/var/lib/codebox\""),
     ("languages", "\"/etc/codebox/languages.toml\""),
     ("docker.build_network", "\"host\""),
@@ -20,6 +20,7 @@ const EXAMPLES: [(&str, &str); 13] = [
         "\"postgres://codebox@db.internal/codebox?sslmode=verify-full&sslrootcert=/etc/codebox/pg-ca.pem\"",
     ),
     ("http.token_file", "\"/etc/codebox/token\""),
+    ("packages.install_runtime", "\"runc\""),
     ("packages.javascript.registry_url", "\"https://registry.npmjs.org\""),
     ("packages.python.index_url", "\"https://pypi.org/simple\""),
     ("sessions.memory_budget_mb", "4096"),

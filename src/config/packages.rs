@@ -54,6 +54,12 @@ section! {
         pub max_download_mb: u64 = 256,
         /// Largest installed prefix, in MB (at most half of `install_memory_mb`).
         pub prefix_mb: u64 = 384,
+        /// The OCI runtime of install containers (default: `sandbox.runtime`). A gVisor
+        /// registered with `--network=none` (as Docker 20.10 needs for `network_mode=none`)
+        /// gives containers no network at all, so installs cannot reach the proxy under it:
+        /// set `runc` here, or register a second runsc without that flag and name it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub install_runtime: Option<String> = None,
         pub python: PythonIndex = PythonIndex::default(),
         pub javascript: NpmRegistry = NpmRegistry::default(),
     }

@@ -147,17 +147,24 @@ pub const PACKAGES_VOLUME_PREFIX: &str = "codebox-pkg-";
 pub enum Role<'a> {
     /// A run, compile or session container: no network; volumes only read-only prefixes.
     Run,
-    /// An install container: the one install network, no volumes.
-    Install { network: &'a str },
+    /// An install container: the one install network, no volumes, its own runtime.
+    Install { network: &'a str, runtime: &'a str },
     /// A container created only to copy an installed prefix into its volume, never started:
     /// the prefix's volume writable.
     Fill,
 }
 
-/// The install container's spec: the posture of every container, on the install network.
-pub fn install(plan: &Plan, sandbox: &SandboxSettings, network: &str) -> ContainerSpec {
+/// The install container's spec: the posture of every container, on the install network,
+/// under `runtime`.
+pub fn install(
+    plan: &Plan,
+    sandbox: &SandboxSettings,
+    network: &str,
+    runtime: &str,
+) -> ContainerSpec {
     let mut spec = locked_down(plan, sandbox);
     spec.network_mode = network.to_string();
+    spec.runtime = runtime.to_string();
     spec
 }
 
@@ -216,9 +223,9 @@ pub fn check_as(
     if role == Role::Fill && (spec.volumes.len() != 1 || spec.open_stdin) {
         return fail("a filler has exactly one volume and no stdin".into());
     }
-    let network = match role {
-        Role::Install { network } => network,
-        _ => "none",
+    let (network, runtime) = match role {
+        Role::Install { network, runtime } => (network, runtime),
+        _ => ("none", sandbox.runtime.as_str()),
     };
     if spec.cmd != [INIT] {
         return fail(format!(
@@ -229,10 +236,10 @@ pub fn check_as(
     if spec.init {
         return fail("another init would take PID 1 from codebox-init".into());
     }
-    if spec.runtime != sandbox.runtime {
+    if spec.runtime != runtime {
         return fail(format!(
-            "the runtime is `{}`, not the configured `{}`",
-            spec.runtime, sandbox.runtime
+            "the runtime is `{}`, not the configured `{runtime}`",
+            spec.runtime
         ));
     }
     if spec.network_mode != network || network.is_empty() || network == "host" {
@@ -482,8 +489,15 @@ mod tests {
         assert!(check(&etc, &sandbox).is_err());
 
         let net = "codebox-install-x";
-        let inst = install(&plan(), &sandbox, net);
-        check_as(&inst, &sandbox, Role::Install { network: net }).unwrap();
+        let role = Role::Install {
+            network: net,
+            runtime: "runc",
+        };
+        let inst = install(&plan(), &sandbox, net, "runc");
+        check_as(&inst, &sandbox, role).unwrap();
+        let mut other_runtime = inst.clone();
+        other_runtime.runtime = "weird".into();
+        assert!(check_as(&other_runtime, &sandbox, role).is_err());
         assert!(
             check(&inst, &sandbox).is_err(),
             "a run container got a network"
@@ -491,11 +505,11 @@ mod tests {
         for wrong in ["bridge", "host", ""] {
             let mut s = inst.clone();
             s.network_mode = wrong.into();
-            assert!(check_as(&s, &sandbox, Role::Install { network: net }).is_err());
+            assert!(check_as(&s, &sandbox, role).is_err());
         }
         let mut with_vol = inst.clone();
         with_prefix(&mut with_vol, "codebox-pkg-abc", "/opt/codebox/packages");
-        assert!(check_as(&with_vol, &sandbox, Role::Install { network: net }).is_err());
+        assert!(check_as(&with_vol, &sandbox, role).is_err());
 
         let fill = filler(
             &plan(),

@@ -336,15 +336,17 @@ impl Packages {
             workspace_mb: p.prefix_mb,
             labels: labels(run_id, &self.instance, timeout + Duration::from_secs(600)),
         };
-        let spec = posture::install(&plan, &self.config.sandbox, &network.name);
-        posture::check_as(
-            &spec,
-            &self.config.sandbox,
-            Role::Install {
-                network: &network.name,
-            },
-        )
-        .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        let runtime = p
+            .install_runtime
+            .as_deref()
+            .unwrap_or(&self.config.sandbox.runtime);
+        let spec = posture::install(&plan, &self.config.sandbox, &network.name, runtime);
+        let role = Role::Install {
+            network: &network.name,
+            runtime,
+        };
+        posture::check_as(&spec, &self.config.sandbox, role)
+            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
         let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
         bound
             .call("creating the install container", guard.create(&spec))

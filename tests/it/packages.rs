@@ -87,6 +87,9 @@ fn executor(index: &Index, tune: impl FnOnce(&mut Config)) -> Executor {
     let mut c = Config::default();
     c.packages.python.index_url = Some(index.url());
     c.packages.install_timeout_seconds = 60.0;
+    // Under the tests' gVisor (registered with --network=none) installs run under runc; the
+    // program still runs under the test runtime.
+    c.packages.install_runtime = Some("runc".into());
     tune(&mut c);
     common::docker_executor_with(c)
 }
@@ -354,6 +357,7 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
     let m = crate::mcp_support::docker_manager(
         |c| {
             c.packages.python.index_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
             c.sessions.ready.clear();
         },
         None,
