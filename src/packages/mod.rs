@@ -53,6 +53,10 @@ pub struct Counters {
     pub installed_bytes: AtomicU64,
     /// Bytes downloaded through the proxy.
     pub downloaded_bytes: AtomicU64,
+    /// Time installs spent in the install container (download and install), and copying
+    /// prefixes into their volumes, in ms.
+    pub install_container_ms: AtomicU64,
+    pub copy_ms: AtomicU64,
 }
 
 /// A prefix ready to mount; the run holds it (no eviction) until it is dropped.
@@ -385,7 +389,11 @@ impl Packages {
                 entries: MAX_PREFIX_ENTRIES,
             },
         };
+        let began = Instant::now();
         let answer = run_stage(self.engine.as_ref(), guard.name(), true, request, bound).await;
+        self.counters
+            .install_container_ms
+            .fetch_add(began.elapsed().as_millis() as u64, Ordering::Relaxed);
         guard.remove_later();
         let answer = answer?;
         self.counters
@@ -441,9 +449,13 @@ impl Packages {
         }
         let (tar, bytes, installed) =
             prefix_tar(&answer.decoded.files).map_err(InstallEnd::Sandbox)?;
+        let copy_began = Instant::now();
         let volume = format!("{PACKAGES_VOLUME_PREFIX}{}", &key[..32]);
         self.fill(run_id, &volume, &install.prefix, &image.id, tar, bound)
             .await?;
+        self.counters
+            .copy_ms
+            .fetch_add(copy_began.elapsed().as_millis() as u64, Ordering::Relaxed);
         Ok(cache::Entry {
             volume,
             bytes,
@@ -511,6 +523,15 @@ impl Packages {
         }
         uploaded?;
         Ok(())
+    }
+
+    /// Forget every cached prefix and remove its volume (`codebox bench` measures cold
+    /// installs so); the install network stays.
+    pub async fn evict_all(&self) {
+        let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
+        for e in entries {
+            let _ = self.engine.remove_volume(&e.volume).await;
+        }
     }
 
     /// Remove the cache's volumes and the install network (at shutdown).
