@@ -25,7 +25,7 @@ section! {
     /// JavaScript's npm registry (`npm install --registry`).
     pub struct NpmRegistry {
         /// The registry npm installs from, e.g. `https://registry.npmjs.org` or a mirror.
-        /// Unset: JavaScript takes no packages (the shipped node image has no npm yet).
+        /// Unset: JavaScript takes no packages.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub registry_url: Option<String> = None,
         /// More `host` or `host:port` the registry sends tarballs from; port 443 when left out.

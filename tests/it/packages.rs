@@ -26,14 +26,34 @@ struct Index {
 }
 
 impl Index {
+    /// A PEP 503 index (`make_index.py`).
     fn start() -> Index {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let index = Index::serve();
+        index.make("make_index.py", &[]);
+        index
+    }
+
+    /// A static npm registry (`make_registry.py`), its tarball URLs pointing at itself.
+    fn npm() -> Index {
+        let index = Index::serve();
+        let base = format!("http://127.0.0.1:{}", index.port);
+        index.make("make_registry.py", &[&base]);
+        index
+    }
+
+    fn make(&self, script: &str, args: &[&str]) {
         let made = Command::new("python3")
-            .arg(common::root().join("tests/fixtures/packages/make_index.py"))
-            .arg(dir.path())
+            .arg(common::root().join("tests/fixtures/packages").join(script))
+            .arg(self._dir.path())
+            .args(args)
             .status()
             .expect("python3");
-        assert!(made.success(), "building the test index failed");
+        assert!(made.success(), "{script} failed");
+    }
+
+    /// `python3 -m http.server` over a fresh folder.
+    fn serve() -> Index {
+        let dir = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new("python3")
             .args([
                 "-u",
@@ -314,6 +334,70 @@ async fn concurrent_identical_requests_install_once_and_close_removes_the_prefix
     exec.packages().close().await;
     let after = existing(&before);
     assert!(after.is_empty(), "volumes left after close: {after:?}");
+}
+
+#[tokio::test]
+async fn javascript_installs_with_npm_and_its_dependencies_resolve() {
+    let mut registry = Index::npm();
+    let url = format!("http://127.0.0.1:{}/", registry.port);
+    let exec = common::docker_executor_with({
+        let mut c = Config::default();
+        c.packages.javascript.registry_url = Some(url);
+        c.packages.install_runtime = Some("runc".into());
+        c
+    });
+    let code = r#"
+const pad = require("leftpadx");
+console.log(pad("x", 3));
+const fs = require("fs");
+try { fs.writeFileSync("/opt/codebox/packages/node_modules/leftpadx/x", "1"); console.log("writable"); }
+catch (e) { console.log("read-only:", e.code); }
+console.log(fs.readdirSync("/sys/class/net").join(","));
+"#;
+    let req = |code: &str| RunRequest {
+        packages: Some(vec!["leftpadx@^1".into()]),
+        ..common::request("javascript", code)
+    };
+    let r = run(&exec, req(code)).await;
+    assert_eq!(
+        r.status,
+        Status::Succeeded,
+        "{}
+{}",
+        r.message,
+        r.stderr
+    );
+    assert_eq!(
+        r.stdout,
+        "  x:dep
+read-only: EROFS
+lo
+"
+    );
+    let p = r.packages.expect("packages report");
+    let names: Vec<(&str, &str)> = p
+        .installed
+        .iter()
+        .map(|i| (i.name.as_str(), i.version.as_str()))
+        .collect();
+    assert_eq!(names, [("leftpadx", "1.0.0"), ("tinydep", "1.2.0")]);
+    registry.stop();
+    let again = run(&exec, req("console.log(require('leftpadx')('y', 2))")).await;
+    assert_eq!(
+        again.status,
+        Status::Succeeded,
+        "{}
+{}",
+        again.message,
+        again.stderr
+    );
+    assert_eq!(
+        again.stdout,
+        " y:dep
+"
+    );
+    assert!(again.packages.is_some_and(|p| p.cached));
+    exec.packages().close().await;
 }
 
 #[test]
