@@ -331,4 +331,8 @@ pub trait ContainerEngine: Send + Sync + 'static {
     async fn remove_network(&self, _name: &str) -> Result<(), EngineError> {
         Ok(())
     }
+    /// Networks carrying `codebox.managed=true` (install networks, SPEC 13).
+    async fn list_managed_networks(&self) -> Result<Vec<Leftover>, EngineError> {
+        Ok(Vec::new())
+    }
 }

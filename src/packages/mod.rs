@@ -29,7 +29,7 @@ use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{self, Limits, Plan, Role, PACKAGES_VOLUME_PREFIX, WORKSPACE};
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
 use crate::engine::uids::UidPool;
-use crate::engine::{ContainerEngine, NetworkInfo, LABEL_INSTANCE, LABEL_MANAGED};
+use crate::engine::{ContainerEngine, NetworkInfo};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
 use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, StageRequest};
@@ -273,10 +273,12 @@ impl Packages {
     async fn network(&self) -> Result<&NetworkInfo, InstallEnd> {
         self.network
             .get_or_try_init(|| async {
-                let labels = BTreeMap::from([
-                    (LABEL_MANAGED.to_string(), "true".to_string()),
-                    (LABEL_INSTANCE.to_string(), self.instance.clone()),
-                ]);
+                // Reaped once this instance is dead (never "expired" while it lives).
+                let labels = labels(
+                    "packages",
+                    &self.instance,
+                    Duration::from_secs(10 * 365 * 86400),
+                );
                 self.engine
                     .internal_network(&self.network_name(), labels)
                     .await

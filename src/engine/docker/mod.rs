@@ -611,6 +611,26 @@ impl ContainerEngine for DockerEngine {
         })
     }
 
+    async fn list_managed_networks(&self) -> Result<Vec<Leftover>, EngineError> {
+        let options = bollard::query_parameters::ListNetworksOptionsBuilder::new()
+            .filters(&managed_filter())
+            .build();
+        let list = self
+            .docker()?
+            .list_networks(Some(options))
+            .await
+            .map_err(|e| self.fail(EngineError::List, e))?;
+        Ok(list
+            .into_iter()
+            .filter_map(|n| {
+                Some(Leftover {
+                    id: n.name?,
+                    labels: n.labels.unwrap_or_default().into_iter().collect(),
+                })
+            })
+            .collect())
+    }
+
     async fn remove_network(&self, name: &str) -> Result<(), EngineError> {
         match self.docker()?.remove_network(name).await {
             Err(e) if is_status(&e, 404) => Ok(()),
