@@ -21,9 +21,12 @@
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.
-//! - [`executor`]: the workspace, the two stages, outcomes, a session's container
-//!   (`session.rs`), and `exchange.rs`, the one client of codebox-init's protocol that
-//!   one-shot stages and session executions share; `pool/` keeps containers ready.
+//! - [`executor`]: `Executor` (whole in `mod.rs`: the stage sequence and the report) holds
+//!   `Containers` (`containers.rs`: engine, pool, uid leases, image ids, removals; how a
+//!   stage gets, checks and runs its container) and the `Compiler` (`compile.rs`, with its
+//!   cache); test cases (`cases.rs`), a session's container (`SessionBox`, `session.rs`),
+//!   outcomes, and `exchange.rs`, the one client of codebox-init's protocol that one-shot
+//!   stages and session executions share; `pool/` keeps containers ready.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user),
 //!   `fake.rs` and `fake/` (only with the `testing` feature), `guard.rs` (each container's
 //!   one owner, which removes it on every path), `posture.rs` (the locked-down spec),

@@ -20,6 +20,7 @@
 #define KILL_ROUNDS_MS 2000     /* how long the cell's processes may keep appearing */
 #define DRAIN_MAX (4u << 20)    /* bytes read from each output pipe once the cell is over */
 #define EOF_GRACE_MS 500        /* fd 4 closed: how long the driver has to be seen dead */
+#define INTERRUPT_AGAIN_MS 250  /* an unanswered interrupt is sent again this often */
 
 /* Linux's wait-status encoding (read back by WIFEXITED and co.), for ends the driver reports. */
 #define EXITED(code) (((code) & 0xff) << 8)
@@ -430,7 +431,7 @@ struct run {
     struct cell_outcome *o;
     const char *phase;          /* "check", then "run" once the driver said `compiled` */
     struct stream s[2];         /* the output pipes, counted per phase */
-    int64_t t0, cpu0, deadline, grace;
+    int64_t t0, cpu0, deadline, grace, again;
     long long oom_phase0, oom_cell0;
     struct reaped acc;          /* processes reaped during the phase */
     const char *end;            /* timed_out or stopped, once interrupted */
@@ -518,6 +519,19 @@ static void interrupt(struct run *r, const char *end)
     kill(-drv.pid, SIGINT);
     uint64_t ms = r->c->interrupt_ms < 1000000000ULL ? r->c->interrupt_ms : 1000000000ULL;
     r->grace = now_ns() + (int64_t)ms * 1000000;
+    r->again = now_ns() + (int64_t)INTERRUPT_AGAIN_MS * 1000000;
+}
+
+/* An interrupt not yet answered is sent again, until the driver answers or the grace ends: a
+ * SIGINT can be lost to a race the shell cannot close (bash in a loop, hit while it forks the
+ * next command, goes on looping about one time in ten). Drivers ignore SIGINT from their
+ * answer on, so a repeat never reaches the next cell. */
+static void interrupt_again(struct run *r, int64_t now)
+{
+    if (r->end && !r->killed && !r->dead && !r->over && now >= r->again && now < r->grace) {
+        kill(-drv.pid, SIGINT);
+        r->again = now + (int64_t)INTERRUPT_AGAIN_MS * 1000000;
+    }
 }
 
 static void take_result(struct run *r, const char *p, size_t n)
@@ -672,11 +686,13 @@ void driver_run_cell(const struct cell *c, struct cell_outcome *o)
             interrupt(&r, "timed_out");
         else if (r.end && !r.killed && now >= r.grace)
             kill(drv.pid, SIGKILL), r.killed = 1;
+        else
+            interrupt_again(&r, now);
         if (r.eof_at && !r.killed && now >= r.eof_at + (int64_t)EOF_GRACE_MS * 1000000)
             broken(&r, "the driver closed fd 4 and went on running");
         if (r.dead)
             break;
-        wake = r.killed ? 0 : r.end ? r.grace : r.deadline;
+        wake = r.killed ? 0 : r.end ? (r.again < r.grace ? r.again : r.grace) : r.deadline;
         if (r.eof_at && !r.killed && (!wake || r.eof_at + (int64_t)EOF_GRACE_MS * 1000000 < wake))
             wake = r.eof_at + (int64_t)EOF_GRACE_MS * 1000000;
 

@@ -60,8 +60,9 @@ static int input_ready(void)
  * where SIGTERM is let through, so that a stop ends a wait for a payload that never comes; a
  * read follows only a ppoll that found input, so it never blocks with SIGTERM masked.
  * In a session a SIGTERM never ends the wait: one that wakes the wait for a request while no
- * byte of it is there (in_idle) is outside any execution and is dropped; one that comes once the
- * request has begun stays set and stops that execution before it runs. */
+ * byte of it is there (in_idle), or is still pending when its first byte is found, is outside
+ * any execution and is dropped; one that comes once the request has begun stays set and stops
+ * that execution before it runs. */
 static void in_need(size_t need)
 {
     if (in.len - in.pos >= need)
@@ -84,6 +85,14 @@ static void in_need(size_t need)
             if (got_term && in_idle && !input_ready())
                 got_term = 0;
             continue;
+        }
+        if (in_session && in_idle) {
+            /* The first byte of a request is there. A SIGTERM still pending (ppoll found input
+             * and left the signal for later) was sent before that byte: for the execution that
+             * ended, or so early for this one that the host repeats it. */
+            static const struct timespec zero = { 0, 0 };
+            ppoll(NULL, 0, &zero, &wait_mask);
+            got_term = 0;
         }
         ssize_t n = read(0, in.buf + in.len, want);
         if (n == 0)

@@ -557,7 +557,13 @@ void session_main(char **driver_argv, uint64_t start_timeout_ms)
     done_frame("state=new\n");
     for (;;) {
         struct request rq;
-        got_term = 0; /* a SIGTERM outside an execution means nothing */
+        /* A SIGTERM outside an execution means nothing. One the host sent for the execution
+         * that just ended can still be pending (blocked while the answer was written): let it
+         * in before forgetting, or it would stop the next execution the moment its request
+         * is there. The host's signal calls have all returned before it writes that request. */
+        static const struct timespec now = { 0, 0 };
+        ppoll(NULL, 0, &now, &wait_mask);
+        got_term = 0;
         read_request(&rq);
         if (rq.kind == R_READ)
             read_request_answer(&rq);

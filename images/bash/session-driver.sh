@@ -22,7 +22,10 @@
 # command it waits on has ended, and only if that command died of it, so a `sleep` the cell
 # waits on must get SIGINT too (a terminal's Ctrl-C goes to the whole process group); a
 # command codebox-init kills first lets the cell go on to its next command until SIGINT comes.
-# Between cells SIGINT is ignored.
+# Between cells SIGINT is ignored, from the first command of $PROMPT_COMMAND on: an
+# interrupt that is not answered is sent again (codebox-init repeats it every 250 ms, since
+# bash, hit while it forks the next command of a loop, goes on about one time in ten), and a
+# repeat must not abandon the $PROMPT_COMMAND that answers the first.
 #
 # As in a terminal, `exit` (and a failing command under `set -e`) ends the shell and so the
 # driver: codebox-init reports driver_exited and starts a new one; bash writes "exit" on
@@ -54,7 +57,7 @@ exec {__codebox_stderr}>&2 # for a fatal error, wherever a cell sends fd 2
 # What runs one cell, at the top level (`eval` in a function would make `declare` local).
 # Backslashes: never an alias; 2>/dev/null: under a cell's `set -x`, the driver's own
 # commands are not traced.
-PROMPT_COMMAND='{ \__codebox_next; } 2>/dev/null && { builtin eval -- "$__codebox_code"; } <"${CODEBOX_CELL_STDIN:-/dev/null}"; { \__codebox_done $?; } 2>/dev/null'
+PROMPT_COMMAND='{ builtin trap -- "" INT; \__codebox_next; } 2>/dev/null && { builtin eval -- "$__codebox_code"; } <"${CODEBOX_CELL_STDIN:-/dev/null}"; { \__codebox_done $?; } 2>/dev/null'
 
 __codebox_reply() {
   builtin printf '%s' "$1" >&"$__codebox_replies"

@@ -217,7 +217,7 @@ pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
         let report = run_cell(app, &session, all.join("\n") + "\n", args.timeout_seconds).await;
         report.map(|r| super::exit_status(&r))
     };
-    let _ = app.runs.close_session(&session.session_id);
+    let _ = app.runs.close_session_removed(&session.session_id).await;
     if terminal {
         eprintln!(
             "codebox repl: session {} closed; its executions: codebox history --session {}",

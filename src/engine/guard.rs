@@ -84,6 +84,8 @@ pub struct ContainerGuard {
     lease: Option<UidLease>,
     /// Set once a create was asked for; `true` when it has answered.
     created: Option<watch::Receiver<bool>>,
+    /// `true` once the removal has ended (the container is gone, or left for the reaper).
+    removed: Arc<watch::Sender<bool>>,
 }
 
 impl ContainerGuard {
@@ -100,7 +102,13 @@ impl ContainerGuard {
             name: Some(name),
             lease: Some(lease),
             created: None,
+            removed: Arc::new(watch::channel(false).0),
         }
+    }
+
+    /// Becomes `true` when the container's removal has ended (whoever started it).
+    pub fn removed(&self) -> watch::Receiver<bool> {
+        self.removed.subscribe()
     }
 
     /// Ask the engine to create the container. The request runs to its answer even when the
@@ -143,13 +151,16 @@ impl ContainerGuard {
                 "no runtime to remove a container; it will be reaped at the next start"
             );
             self.cleanup.failed.store(true, Ordering::Relaxed);
+            self.removed.send_replace(true);
             return;
         };
+        let removed = self.removed.clone();
         let engine = self.engine.clone();
         let failed = self.cleanup.failed.clone();
         let observer = self.cleanup.observer.clone();
         let created = self.created.take();
         let task = async move {
+            let _told = Told(removed);
             let began = tokio::time::Instant::now();
             if let Some(mut answered) = created {
                 let _ = tokio::time::timeout(CREATE_SETTLE, answered.wait_for(|a| *a)).await;
@@ -172,6 +183,15 @@ impl ContainerGuard {
             }
         };
         self.cleanup.tracker.spawn_on(task, &handle);
+    }
+}
+
+/// Tells the guard's watchers that the removal ended, however its task ends.
+struct Told(Arc<watch::Sender<bool>>);
+
+impl Drop for Told {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
     }
 }
 

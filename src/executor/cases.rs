@@ -4,10 +4,11 @@
 
 use futures_util::StreamExt;
 
-use super::containers::Acquired;
+use super::compile::check_failed;
+use super::containers::{Acquired, Containers};
 use super::outcome::classify;
 use super::stage::{Answer, Bound};
-use super::{ms, Ended, Executor, Halt, Known, Program, Streams};
+use super::{ms, Ended, Halt, Known, Program, Streams};
 use crate::config::Config;
 use crate::contract::{ValidRequest, ValidTest};
 use crate::engine::protocol::{Collect, PhaseName};
@@ -115,57 +116,57 @@ pub(super) fn summarise(report: &mut RunReport, cases: Vec<TestReport>) {
     report.tests = cases;
 }
 
-impl Executor {
-    /// Run every test case; `first` is the first case's container, prepared already.
-    pub(super) async fn cases(
-        &self,
-        run_id: &str,
-        req: &ValidRequest,
-        program: &Program,
-        first: Acquired,
-        known: &mut Known,
-        bound: Bound<'_>,
-    ) -> Result<Ended, Halt> {
-        let lang = &req.language;
-        let limit = program.limit();
-        let prefix = known.prefix.clone();
-        let case = |i: usize, container: Option<Acquired>, check: bool| {
-            let t = &req.tests[i];
-            let want = self.run_want(run_id, req, &format!("t{}", i + 1), prefix.as_ref());
-            let p = program.payload(
-                req,
-                &self.config,
-                &t.args,
-                t.stdin.clone(),
-                check,
-                Collect::None,
-            );
-            async move {
-                let container = match container {
-                    Some(c) => c,
-                    // A stopped run starts no more cases: no container is made for them.
-                    None if bound.cancel.is_cancelled() => return Err(Halt::Stopped),
-                    None => self.acquire(&want, bound).await?,
-                };
-                self.run_in(&want, container, p, limit, 0, bound).await
-            }
-        };
-        let first_result = case(0, Some(first), true).await?;
-        known.image_id = known.image_id.take().or(first_result.image_id.clone());
-        if let Some(end) = self.check_failed(&first_result, lang, known, req.limits.memory_mb) {
-            return Ok(Ended::AtCompile(end));
+/// Run every test case; `first` is the first case's container, prepared already.
+pub(super) async fn run(
+    containers: &Containers,
+    run_id: &str,
+    req: &ValidRequest,
+    program: &Program,
+    first: Acquired,
+    known: &mut Known,
+    bound: Bound<'_>,
+) -> Result<Ended, Halt> {
+    let lang = &req.language;
+    let limit = program.limit();
+    let prefix = known.prefix.clone();
+    let case = |i: usize, container: Option<Acquired>, check: bool| {
+        let t = &req.tests[i];
+        let want = containers.run_want(run_id, req, &format!("t{}", i + 1), prefix.as_ref());
+        let p = program.payload(
+            req,
+            &containers.config,
+            &t.args,
+            t.stdin.clone(),
+            check,
+            Collect::None,
+        );
+        async move {
+            let container = match container {
+                Some(c) => c,
+                // A stopped run starts no more cases: no container is made for them.
+                None if bound.cancel.is_cancelled() => return Err(Halt::Stopped),
+                None => containers.acquire(&want, bound).await?,
+            };
+            containers
+                .run_in(&want, container, p, limit, 0, bound)
+                .await
         }
-        let parallel = parallelism(req, &self.config);
-        let rest: Vec<Result<Answer, Halt>> = futures_util::stream::iter(1..req.tests.len())
-            .map(|i| case(i, None, false))
-            .buffered(parallel)
-            .collect()
-            .await;
-        let cases = std::iter::once(Ok(first_result))
-            .chain(rest)
-            .zip(&req.tests)
-            .map(|(result, t)| case_report(t, req, result))
-            .collect();
-        Ok(Ended::Cases(cases))
+    };
+    let first_result = case(0, Some(first), true).await?;
+    known.image_id = known.image_id.take().or(first_result.image_id.clone());
+    if let Some(end) = check_failed(&first_result, lang, known, req.limits.memory_mb) {
+        return Ok(Ended::AtCompile(end));
     }
+    let parallel = parallelism(req, &containers.config);
+    let rest: Vec<Result<Answer, Halt>> = futures_util::stream::iter(1..req.tests.len())
+        .map(|i| case(i, None, false))
+        .buffered(parallel)
+        .collect()
+        .await;
+    let cases = std::iter::once(Ok(first_result))
+        .chain(rest)
+        .zip(&req.tests)
+        .map(|(result, t)| case_report(t, req, result))
+        .collect();
+    Ok(Ended::Cases(cases))
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::cache::{self, Verdict};
-use super::containers::Want;
+use super::cache::{self, CompileCache, Verdict};
+use super::containers::{Containers, Want};
 use super::outcome::{classify, Outcome};
 use super::stage::{Answer, Bound};
 use super::{mb, ms, CompileEnd, Executor, Halt, Known, SandboxFailure, Streams};
@@ -61,18 +61,35 @@ pub(super) fn compile_report(
     }
 }
 
-impl Executor {
+/// The compile stage of every run that compiles, and the cache of its verdicts.
+pub(super) struct Compiler {
+    cache: CompileCache,
+}
+
+impl Compiler {
+    pub(super) fn new(cache_mb: u64) -> Compiler {
+        Compiler {
+            cache: CompileCache::new(cache_mb),
+        }
+    }
+
+    /// The compile cache's hits and misses: (hits, misses).
+    pub(super) fn counts(&self) -> (u64, u64) {
+        self.cache.counts()
+    }
+
     /// The compile stage, or its verdict from the compile cache when the same inputs were
     /// compiled before.
     pub(super) async fn compile_cached(
         &self,
+        containers: &Containers,
         run_id: &str,
         req: &ValidRequest,
         known: &mut Known,
         bound: Bound<'_>,
     ) -> Result<Compiled, Halt> {
         let lang = &req.language;
-        let image_id = self
+        let image_id = containers
             .image(&lang.image.tag, &lang.image.name, bound)
             .await?
             .id;
@@ -104,7 +121,7 @@ impl Executor {
             }
             None => {}
         }
-        let compiled = self.compile(run_id, req, known, bound).await?;
+        let compiled = compile(containers, run_id, req, known, bound).await?;
         if let Some(c) = &known.compile {
             match &compiled {
                 Ok(files) => self.cache.put(
@@ -122,160 +139,163 @@ impl Executor {
         }
         Ok(compiled)
     }
+}
 
-    /// The compile stage: the source and files in, the whole working directory back.
-    async fn compile(
-        &self,
-        run_id: &str,
-        req: &ValidRequest,
-        known: &mut Known,
-        bound: Bound<'_>,
-    ) -> Result<Compiled, Halt> {
-        let lang = &req.language;
-        let limits = lang.compile_limits;
-        let timeout = Duration::from_secs_f64(limits.timeout_seconds);
-        let want = Want {
-            name: format!("codebox-{run_id}-compile"),
-            image_tag: lang.image.tag.clone(),
-            image_name: lang.image.name.clone(),
-            limits: Limits {
-                memory_mb: limits.memory_mb,
-                cpus: limits.cpus,
-            },
-            workspace_mb: limits.workspace_mb,
-            labels: self.run_labels(run_id, Executor::budget(req)),
-            prefix: None,
-        };
-        let container = self.acquire(&want, bound).await?;
-        let payload = Payload {
-            env: lang.env.clone(),
-            run: lang.compile.clone(),
+/// The compile stage: the source and files in, the whole working directory back.
+async fn compile(
+    containers: &Containers,
+    run_id: &str,
+    req: &ValidRequest,
+    known: &mut Known,
+    bound: Bound<'_>,
+) -> Result<Compiled, Halt> {
+    let lang = &req.language;
+    let limits = lang.compile_limits;
+    let timeout = Duration::from_secs_f64(limits.timeout_seconds);
+    let want = Want {
+        name: format!("codebox-{run_id}-compile"),
+        image_tag: lang.image.tag.clone(),
+        image_name: lang.image.name.clone(),
+        limits: Limits {
+            memory_mb: limits.memory_mb,
+            cpus: limits.cpus,
+        },
+        workspace_mb: limits.workspace_mb,
+        labels: containers.run_labels(run_id, Executor::budget(req)),
+        prefix: None,
+    };
+    let container = containers.acquire(&want, bound).await?;
+    let payload = Payload {
+        env: lang.env.clone(),
+        run: lang.compile.clone(),
+        timeout,
+        output_limit: containers.config.sandbox.output_limit_bytes,
+        collect: Some(Collect::WorkspaceOnSuccess {
+            max_bytes: mb(limits.workspace_mb),
+        }),
+        files: Files::new(&Executor::sources(req)),
+        ..Default::default()
+    };
+    known.stage = Some(Stage::Compile);
+    let result = containers
+        .run_in(
+            &want,
+            container,
+            payload,
             timeout,
-            output_limit: self.config.sandbox.output_limit_bytes,
-            collect: Some(Collect::WorkspaceOnSuccess {
-                max_bytes: mb(limits.workspace_mb),
-            }),
-            files: Files::new(&Executor::sources(req)),
-            ..Default::default()
-        };
-        known.stage = Some(Stage::Compile);
-        let result = self
-            .run_in(
-                &want,
-                container,
-                payload,
-                timeout,
-                mb(limits.workspace_mb),
-                bound,
-            )
-            .await?;
-        known.image_id = result.image_id.clone();
-        let Some(phase) = result.decoded.phase(PhaseName::Run) else {
-            let o = classify(None, &result);
-            return Err(match o.problem {
-                Some(problem) => SandboxFailure::Reported(problem),
-                None => SandboxFailure::CompileNotStarted,
-            }
-            .into());
-        };
-        let o = classify(Some(phase), &result);
-        if o.status != Status::Succeeded {
-            return Ok(Err(
-                self.compile_failed(known, o, phase, &result, lang, None)
-            ));
+            mb(limits.workspace_mb),
+            bound,
+        )
+        .await?;
+    known.image_id = result.image_id.clone();
+    let Some(phase) = result.decoded.phase(PhaseName::Run) else {
+        let o = classify(None, &result);
+        return Err(match o.problem {
+            Some(problem) => SandboxFailure::Reported(problem),
+            None => SandboxFailure::CompileNotStarted,
         }
-        known.compile = Some(compile_report(Status::Succeeded, phase, &result, o.usage));
-        if let Some(fatal) = &result.decoded.fatal {
-            return Err(SandboxFailure::Reported(fatal.clone()).into());
-        }
-        let mut artifacts = Vec::with_capacity(result.decoded.files.len());
-        for f in result.decoded.files {
-            if !safe_relative(&f.path) {
-                return Err(SandboxFailure::ArtifactPath { path: f.path }.into());
-            }
-            artifacts.push(Entry {
-                kind: f.kind,
-                path: f.path,
-                mode: f.mode & 0o777,
-                content: if f.kind == EntryKind::File {
-                    Bytes::from(f.content)
-                } else {
-                    Bytes::new()
-                },
-                target: f.target,
-            });
-        }
-        Ok(Ok(Files::new(&artifacts)))
+        .into());
+    };
+    let o = classify(Some(phase), &result);
+    if o.status != Status::Succeeded {
+        return Ok(Err(compile_failed(known, o, phase, &result, lang, None)));
     }
-
-    /// How a failed syntax check in the run container ends the run, if it failed; a check
-    /// that passed goes into the report's `compile`.
-    pub(super) fn check_failed(
-        &self,
-        result: &Answer,
-        lang: &Language,
-        known: &mut Known,
-        run_memory_mb: u64,
-    ) -> Option<CompileEnd> {
-        let check = result.decoded.phase(PhaseName::Check)?;
-        let o = classify(Some(check), result);
-        if o.status != Status::Succeeded {
-            return Some(self.compile_failed(known, o, check, result, lang, Some(run_memory_mb)));
-        }
-        known.compile = Some(compile_report(Status::Succeeded, check, result, o.usage));
-        None
+    known.compile = Some(compile_report(Status::Succeeded, phase, &result, o.usage));
+    if let Some(fatal) = &result.decoded.fatal {
+        return Err(SandboxFailure::Reported(fatal.clone()).into());
     }
-
-    /// A compile stage (or, with `check_memory_mb`, a syntax check in a run container of that
-    /// memory) that did not succeed: the run ends here.
-    fn compile_failed(
-        &self,
-        known: &mut Known,
-        o: Outcome,
-        phase: &protocol::Phase,
-        result: &Answer,
-        lang: &Language,
-        check_memory_mb: Option<u64>,
-    ) -> CompileEnd {
-        let limits = lang.compile_limits;
-        let what = if check_memory_mb.is_some() {
-            "the syntax check"
-        } else {
-            "compilation"
-        };
-        let (status, message) = match o.status {
-            Status::Stopped => (Status::Stopped, format!("stopped during {what}")),
-            Status::TimedOut => (
-                Status::TimedOut,
-                format!(
-                    "{what} was killed at its {} s wall-clock limit",
-                    fmt_num(limits.timeout_seconds)
-                ),
-            ),
-            Status::OutOfMemory => (
-                Status::OutOfMemory,
-                format!(
-                    "{what} was killed by the out-of-memory killer at its {} MB limit",
-                    check_memory_mb.unwrap_or(limits.memory_mb)
-                ),
-            ),
-            Status::SandboxError => (Status::SandboxError, o.problem.clone().unwrap_or_default()),
-            _ => (
-                Status::CompileError,
-                format!(
-                    "{what} failed with exit code {}; the compiler's output is in compile.stderr",
-                    o.exit_code.unwrap_or(-1)
-                ),
-            ),
-        };
-        known.compile = Some(compile_report(status, phase, result, o.usage.clone()));
-        let compile_error = status == Status::CompileError;
-        CompileEnd {
-            status,
-            exit_code: o.exit_code.filter(|_| compile_error),
-            signal: o.signal.filter(|_| compile_error),
-            message,
+    let mut artifacts = Vec::with_capacity(result.decoded.files.len());
+    for f in result.decoded.files {
+        if !safe_relative(&f.path) {
+            return Err(SandboxFailure::ArtifactPath { path: f.path }.into());
         }
+        artifacts.push(Entry {
+            kind: f.kind,
+            path: f.path,
+            mode: f.mode & 0o777,
+            content: if f.kind == EntryKind::File {
+                Bytes::from(f.content)
+            } else {
+                Bytes::new()
+            },
+            target: f.target,
+        });
+    }
+    Ok(Ok(Files::new(&artifacts)))
+}
+
+/// How a failed syntax check in the run container ends the run, if it failed; a check
+/// that passed goes into the report's `compile`.
+pub(super) fn check_failed(
+    result: &Answer,
+    lang: &Language,
+    known: &mut Known,
+    run_memory_mb: u64,
+) -> Option<CompileEnd> {
+    let check = result.decoded.phase(PhaseName::Check)?;
+    let o = classify(Some(check), result);
+    if o.status != Status::Succeeded {
+        return Some(compile_failed(
+            known,
+            o,
+            check,
+            result,
+            lang,
+            Some(run_memory_mb),
+        ));
+    }
+    known.compile = Some(compile_report(Status::Succeeded, check, result, o.usage));
+    None
+}
+
+/// A compile stage (or, with `check_memory_mb`, a syntax check in a run container of that
+/// memory) that did not succeed: the run ends here.
+fn compile_failed(
+    known: &mut Known,
+    o: Outcome,
+    phase: &protocol::Phase,
+    result: &Answer,
+    lang: &Language,
+    check_memory_mb: Option<u64>,
+) -> CompileEnd {
+    let limits = lang.compile_limits;
+    let what = if check_memory_mb.is_some() {
+        "the syntax check"
+    } else {
+        "compilation"
+    };
+    let (status, message) = match o.status {
+        Status::Stopped => (Status::Stopped, format!("stopped during {what}")),
+        Status::TimedOut => (
+            Status::TimedOut,
+            format!(
+                "{what} was killed at its {} s wall-clock limit",
+                fmt_num(limits.timeout_seconds)
+            ),
+        ),
+        Status::OutOfMemory => (
+            Status::OutOfMemory,
+            format!(
+                "{what} was killed by the out-of-memory killer at its {} MB limit",
+                check_memory_mb.unwrap_or(limits.memory_mb)
+            ),
+        ),
+        Status::SandboxError => (Status::SandboxError, o.problem.clone().unwrap_or_default()),
+        _ => (
+            Status::CompileError,
+            format!(
+                "{what} failed with exit code {}; the compiler's output is in compile.stderr",
+                o.exit_code.unwrap_or(-1)
+            ),
+        ),
+    };
+    known.compile = Some(compile_report(status, phase, result, o.usage.clone()));
+    let compile_error = status == Status::CompileError;
+    CompileEnd {
+        status,
+        exit_code: o.exit_code.filter(|_| compile_error),
+        signal: o.signal.filter(|_| compile_error),
+        message,
     }
 }
 

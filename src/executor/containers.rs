@@ -4,16 +4,21 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::images::ImageRef;
+use std::sync::Arc;
+
+use super::images::{ImageIds, ImageRef};
 use super::labels::labels;
-use super::pool::Shape;
+use super::pool::{run_workspace_mb, Pool, Shape};
 use super::stage::{run_stage, Answer, Bound, StageRequest};
-use super::timings::Leg;
-use super::{Executor, Halt, SandboxFailure, BACKSTOP_GRACE};
-use crate::engine::guard::ContainerGuard;
+use super::timings::{Leg, Timings};
+use super::{Halt, SandboxFailure, BACKSTOP_GRACE};
+use crate::config::Config;
+use crate::contract::ValidRequest;
+use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{self, Limits, Plan};
 use crate::engine::protocol::{Collect, DecodeLimits, Payload};
-use crate::engine::EngineError;
+use crate::engine::uids::UidPool;
+use crate::engine::{ContainerEngine, EngineError};
 
 /// Extra time before a container counts as abandoned, beyond its limits.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(600);
@@ -44,10 +49,83 @@ pub(super) struct Acquired {
     pub image: ImageRef,
 }
 
-impl Executor {
+/// Where a run's stages get their containers: the engine, the pool of ready ones, the uid
+/// leases, the image ids and the background removals, with the rules every container of a
+/// stage follows (posture checked, one stage each, removed after).
+pub struct Containers {
+    pub(super) engine: Arc<dyn ContainerEngine>,
+    pub(super) config: Arc<Config>,
+    pub(super) instance: String,
+    pub(super) uids: Arc<UidPool>,
+    pub(super) cleanup: Cleanup,
+    pub(super) pool: Pool,
+    images: Arc<ImageIds>,
+    pub(super) timings: Arc<Timings>,
+}
+
+impl Containers {
+    pub(super) fn new(
+        engine: Arc<dyn ContainerEngine>,
+        config: Arc<Config>,
+        instance: String,
+    ) -> Containers {
+        let uids = UidPool::new(&config.data_dir);
+        let timings = Arc::new(Timings::default());
+        let cleanup = {
+            let timings = timings.clone();
+            Cleanup::observed(Arc::new(move |d| timings.record(Leg::Remove, d)))
+        };
+        let images = Arc::new(ImageIds::new(engine.clone()));
+        let pool = Pool::new(
+            engine.clone(),
+            config.clone(),
+            instance.clone(),
+            uids.clone(),
+            images.clone(),
+            cleanup.clone(),
+        );
+        Containers {
+            engine,
+            config,
+            instance,
+            uids,
+            cleanup,
+            pool,
+            images,
+            timings,
+        }
+    }
+
     /// The labels of a run's containers, for a run that may take `budget`.
     pub(super) fn run_labels(&self, run_id: &str, budget: Duration) -> BTreeMap<String, String> {
         labels(run_id, &self.instance, budget + EXPIRY_MARGIN)
+    }
+
+    /// The container a run stage (or test case) gets: `suffix` names it.
+    pub(super) fn run_want(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        suffix: &str,
+        prefix: Option<&crate::packages::Prefix>,
+    ) -> Want {
+        let lang = &req.language;
+        let memory_mb = req.limits.memory_mb;
+        Want {
+            name: format!("codebox-{run_id}-{suffix}"),
+            image_tag: lang.image.tag.clone(),
+            image_name: lang.image.name.clone(),
+            limits: Limits {
+                memory_mb,
+                cpus: req.limits.cpus,
+            },
+            workspace_mb: run_workspace_mb(&self.config, memory_mb),
+            labels: self.run_labels(
+                run_id,
+                super::Executor::budget_with_install(&self.config, req),
+            ),
+            prefix: prefix.cloned(),
+        }
     }
 
     /// Create one locked-down container (not started): lease a uid, build the spec, check

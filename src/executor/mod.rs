@@ -8,9 +8,11 @@
 //! `sandbox_error`, and the report says what broke.
 //!
 //! The run path reads in one direction: [`Executor::execute`] runs the stage sequence
-//! (`stages` below), which gets containers from [`containers`], compiles through
-//! [`compile`] (and its cache), and runs the program once or once per test case
-//! ([`cases`]); what the stages found is an [`Ended`], which becomes the report in one place.
+//! (`stages` below), which gets its containers from [`Containers`] (the pool, the engine, the
+//! uid leases and removals), compiles through the [`Compiler`] (and its cache), and runs the
+//! program once or once per test case ([`cases`]); what the stages found is an [`Ended`],
+//! which becomes the report in one place. A session's execution takes the same path through
+//! its [`SessionBox`]; the `Executor` holds the two parts and is the one face callers see.
 
 pub mod cache;
 mod cases;
@@ -38,20 +40,20 @@ use crate::contract::ValidRequest;
 use crate::engine::guard::Cleanup;
 use crate::engine::posture::PostureViolation;
 use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
-use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, EngineError};
 use crate::packages::{InstallEnd, Packages, Prefix};
 use crate::report::{
-    fmt_num, CompileReport, FileReport, PackagesReport, RunReport, Stage, Status, TestReport,
+    fmt_num, CompileReport, FileReport, PackagesReport, RunReport, SessionExecution, Stage, Status,
+    TestReport,
 };
-use cache::CompileCache;
 pub use cases::parallelism;
-use containers::Want;
-use images::ImageIds;
+use compile::Compiler;
+use containers::Containers;
 pub use labels::labels;
 use outcome::{classify, Outcome, Streams};
-use pool::{run_workspace_mb, Pool};
+use pool::Pool;
 pub use probe::ProbeOutput;
+use session::{FileRead, ReadError, SessionBox, SessionRun, SessionSpec};
 use stage::{Bound, BoundError, Interrupted};
 use timings::{Leg, Timings};
 
@@ -122,15 +124,8 @@ impl Halt {
 
 /// Runs validated requests on a container engine.
 pub struct Executor {
-    engine: Arc<dyn ContainerEngine>,
-    config: Arc<Config>,
-    instance: String,
-    uids: Arc<UidPool>,
-    cleanup: Cleanup,
-    pool: Pool,
-    images: Arc<ImageIds>,
-    timings: Arc<Timings>,
-    cache: CompileCache,
+    containers: Containers,
+    compiler: Compiler,
     packages: Arc<Packages>,
 }
 
@@ -190,50 +185,19 @@ enum Ended {
 
 impl Executor {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
-        let uids = UidPool::new(&config.data_dir);
-        let timings = Arc::new(Timings::default());
-        let cleanup = {
-            let timings = timings.clone();
-            Cleanup::observed(Arc::new(move |d| timings.record(Leg::Remove, d)))
-        };
-        let images = Arc::new(ImageIds::new(engine.clone()));
-        let pool = Pool::new(
-            engine.clone(),
-            config.clone(),
-            instance.clone(),
-            uids.clone(),
-            images.clone(),
-            cleanup.clone(),
-        );
+        let containers = Containers::new(engine, config, instance);
         let packages = Arc::new(Packages::new(
-            config.clone(),
-            engine.clone(),
-            cleanup.clone(),
-            uids.clone(),
-            instance.clone(),
+            containers.config.clone(),
+            containers.engine.clone(),
+            containers.cleanup.clone(),
+            containers.uids.clone(),
+            containers.instance.clone(),
         ));
         Executor {
-            images,
+            compiler: Compiler::new(containers.config.cache.compile_mb),
+            containers,
             packages,
-            cache: CompileCache::new(config.cache.compile_mb),
-            engine,
-            config,
-            instance,
-            uids,
-            cleanup,
-            pool,
-            timings,
         }
-    }
-
-    /// Where runs spend their time, phase by phase.
-    pub fn timings(&self) -> &Timings {
-        &self.timings
-    }
-
-    /// The compile cache's hits and misses: (hits, misses).
-    pub fn cache_counts(&self) -> (u64, u64) {
-        self.cache.counts()
     }
 
     /// Packages on request: the install step and its cache.
@@ -241,26 +205,84 @@ impl Executor {
         &self.packages
     }
 
+    /// Where runs spend their time, phase by phase.
+    pub fn timings(&self) -> &Timings {
+        &self.containers.timings
+    }
+
+    /// The compile cache's hits and misses: (hits, misses).
+    pub fn cache_counts(&self) -> (u64, u64) {
+        self.compiler.counts()
+    }
+
     /// The containers started ahead of time (empty unless the run manager fills it).
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        &self.containers.pool
     }
 
     pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
-        &self.engine
+        &self.containers.engine
     }
 
     pub fn config(&self) -> &Arc<Config> {
-        &self.config
+        &self.containers.config
     }
 
     pub fn instance(&self) -> &str {
-        &self.instance
+        &self.containers.instance
     }
 
     /// The background removals of this executor's containers.
     pub fn cleanup(&self) -> &Cleanup {
-        &self.cleanup
+        &self.containers.cleanup
+    }
+
+    /// Run `cmd` in a container of `image_tag` with the default limits, outside any run (the
+    /// doctor's posture probe, the toolchain checks of `codebox images build`).
+    pub async fn probe(
+        &self,
+        image_tag: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ProbeOutput, SandboxFailure> {
+        probe::run(&self.containers, image_tag, cmd, timeout).await
+    }
+
+    /// Create, start and open a session's container; the driver (if any) is ready when this
+    /// returns.
+    pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, SandboxFailure> {
+        SessionBox::open(&self.containers, spec).await
+    }
+
+    /// Carry out one execution of a session. Never fails: the report says what happened, and
+    /// [`session::SessionRun::broken`] whether the session's container is gone.
+    pub async fn execute_in_session(
+        &self,
+        sbox: &SessionBox,
+        session: SessionExecution,
+        run_id: &str,
+        req: &ValidRequest,
+        queued_ms: u64,
+        cancel: CancellationToken,
+    ) -> SessionRun {
+        let stages = session::Stages {
+            containers: &self.containers,
+            compiler: &self.compiler,
+        };
+        sbox.execute(stages, session, run_id, req, queued_ms, cancel)
+            .await
+    }
+
+    /// Read a file or folder of a session's working directory without running anything.
+    pub async fn read_in_session(
+        &self,
+        sbox: &SessionBox,
+        path: &str,
+        offset: u64,
+        max_bytes: u64,
+    ) -> Result<FileRead, ReadError> {
+        sbox.read(&self.containers.config, path, offset, max_bytes)
+            .await
     }
 
     /// A report for a run that has not started; the executor fills it in.
@@ -286,11 +308,11 @@ impl Executor {
     }
 
     /// [`Executor::budget`] plus the install step's limit when the run asks for packages.
-    fn budget_with_install(&self, req: &ValidRequest) -> Duration {
+    pub(super) fn budget_with_install(config: &Config, req: &ValidRequest) -> Duration {
         let install = if req.packages.is_empty() {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(self.config.packages.install_timeout_seconds)
+            Duration::from_secs_f64(config.packages.install_timeout_seconds)
                 + BACKSTOP_GRACE
                 + Duration::from_secs(30)
         };
@@ -311,7 +333,9 @@ impl Executor {
         let started = Instant::now();
         let bound = Bound {
             cancel: &cancel,
-            deadline: tokio::time::Instant::now() + self.budget_with_install(req) + BACKSTOP_GRACE,
+            deadline: tokio::time::Instant::now()
+                + Executor::budget_with_install(&self.containers.config, req)
+                + BACKSTOP_GRACE,
         };
         let mut known = Known::default();
         let ended = match self.stages(run_id, req, &mut known, bound).await {
@@ -432,30 +456,6 @@ impl Executor {
         entries
     }
 
-    /// The container a run stage (or test case) gets: `suffix` names it.
-    fn run_want(
-        &self,
-        run_id: &str,
-        req: &ValidRequest,
-        suffix: &str,
-        prefix: Option<&Prefix>,
-    ) -> Want {
-        let lang = &req.language;
-        let memory_mb = req.limits.memory_mb;
-        Want {
-            name: format!("codebox-{run_id}-{suffix}"),
-            image_tag: lang.image.tag.clone(),
-            image_name: lang.image.name.clone(),
-            limits: crate::engine::posture::Limits {
-                memory_mb,
-                cpus: req.limits.cpus,
-            },
-            workspace_mb: run_workspace_mb(&self.config, memory_mb),
-            labels: self.run_labels(run_id, self.budget_with_install(req)),
-            prefix: prefix.cloned(),
-        }
-    }
-
     /// The stage sequence: compile (while the run's container is prepared), then the program
     /// once, or once per test case.
     async fn stages(
@@ -465,6 +465,7 @@ impl Executor {
         known: &mut Known,
         bound: Bound<'_>,
     ) -> Result<Ended, Halt> {
+        let containers = &self.containers;
         // With packages, the program's environment gains the prefix's variables.
         let with_prefix;
         let req = if req.packages.is_empty() {
@@ -481,18 +482,21 @@ impl Executor {
             &with_prefix
         };
         let lang = &req.language;
-        let first_want = self.run_want(
+        let first_want = containers.run_want(
             run_id,
             req,
             if req.tests.is_empty() { "run" } else { "t1" },
             known.prefix.as_ref(),
         );
-        let prepare_run = self.acquire(&first_want, bound);
+        let prepare_run = containers.acquire(&first_want, bound);
         let (files, first) = if lang.is_compiled() {
             let compile = async {
                 let began = Instant::now();
-                let compiled = self.compile_cached(run_id, req, known, bound).await;
-                self.timings.record(Leg::Compile, began.elapsed());
+                let compiled = self
+                    .compiler
+                    .compile_cached(containers, run_id, req, known, bound)
+                    .await;
+                containers.timings.record(Leg::Compile, began.elapsed());
                 compiled
             };
             let (compiled, first) = tokio::join!(compile, prepare_run);
@@ -524,7 +528,7 @@ impl Executor {
             return Err(SandboxFailure::WorkspaceTooSmall {
                 needed_mb: needed.div_ceil(mb(1)),
                 workspace_mb,
-                setting_mb: self.config.sandbox.workspace_mb,
+                setting_mb: containers.config.sandbox.workspace_mb,
             }
             .into());
         }
@@ -540,9 +544,9 @@ impl Executor {
             timeout: Duration::from_secs_f64(req.limits.timeout_seconds),
         };
         if !req.tests.is_empty() {
-            return self.cases(run_id, req, &program, first, known, bound).await;
+            return cases::run(containers, run_id, req, &program, first, known, bound).await;
         }
-        let s = &self.config.sandbox;
+        let s = &containers.config.sandbox;
         let outputs = Collect::Outputs {
             max_files: s.max_output_files,
             max_bytes: s.max_output_bytes,
@@ -550,13 +554,13 @@ impl Executor {
         };
         let payload = program.payload(
             req,
-            &self.config,
+            &containers.config,
             &req.args,
             req.stdin.clone(),
             true,
             outputs,
         );
-        let result = self
+        let result = containers
             .run_in(
                 &first_want,
                 first,
@@ -567,7 +571,7 @@ impl Executor {
             )
             .await?;
         known.image_id = known.image_id.take().or(result.image_id.clone());
-        if let Some(end) = self.check_failed(&result, lang, known, req.limits.memory_mb) {
+        if let Some(end) = compile::check_failed(&result, lang, known, req.limits.memory_mb) {
             return Ok(Ended::AtCompile(end));
         }
         let phase = result.decoded.phase(PhaseName::Run);
@@ -591,7 +595,10 @@ impl Executor {
         bound: Bound<'_>,
     ) -> Result<Result<(), InstallEnd>, Halt> {
         let lang = &req.language;
-        let image = self.image(&lang.image.tag, &lang.image.name, bound).await?;
+        let image = self
+            .containers
+            .image(&lang.image.tag, &lang.image.name, bound)
+            .await?;
         known.stage = Some(Stage::Install);
         match self
             .packages
@@ -606,9 +613,7 @@ impl Executor {
             Err(end) => Ok(Err(end)),
         }
     }
-}
 
-impl Executor {
     /// Install (or take from the cache) the packages a session is created with; the error
     /// says what failed, with the end of the package manager's output.
     pub async fn packages_for_session(
@@ -621,10 +626,11 @@ impl Executor {
         let bound = Bound {
             cancel: &never,
             deadline: tokio::time::Instant::now()
-                + Duration::from_secs_f64(self.config.packages.install_timeout_seconds)
+                + Duration::from_secs_f64(self.containers.config.packages.install_timeout_seconds)
                 + Duration::from_secs(60),
         };
         let image = self
+            .containers
             .image(&lang.image.tag, &lang.image.name, bound)
             .await
             .map_err(|h| match h {

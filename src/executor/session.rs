@@ -16,16 +16,18 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::containers::Want;
+use super::compile::{check_failed, Compiler};
+use super::containers::{Containers, Want};
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
 use super::labels::labels;
 use super::outcome::classify;
 use super::stage::{Answer, Bound, StageTimes};
 use super::{Ended, Executor, Halt, Known, SandboxFailure, Streams, BACKSTOP_GRACE};
+use crate::config::Config;
 use crate::contract::ValidRequest;
 use crate::engine::guard::ContainerGuard;
 use crate::engine::posture::Limits;
@@ -93,6 +95,8 @@ pub struct SessionBox {
     name: String,
     stateful: bool,
     guard: Mutex<Option<ContainerGuard>>,
+    /// `true` once the container's removal has ended.
+    removed: watch::Receiver<bool>,
     asks: mpsc::UnboundedSender<Ask>,
     /// Cancelled when the container is ended: the request being answered ends at once.
     ended: CancellationToken,
@@ -148,6 +152,7 @@ impl SessionBox {
         SessionBox {
             name,
             stateful,
+            removed: guard.removed(),
             guard: Mutex::new(Some(guard)),
             asks,
             ended,
@@ -178,6 +183,14 @@ impl SessionBox {
     /// Remove the container: [`SessionBox::end_now`].
     pub fn close(&self) {
         self.end_now();
+    }
+
+    /// Ends when the container's removal has ended (started by [`SessionBox::end_now`]).
+    pub fn removed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut removed = self.removed.clone();
+        async move {
+            let _ = removed.wait_for(|done| *done).await;
+        }
     }
 
     /// Have the conversation task carry out one request: its answer, or why the container is
@@ -372,10 +385,21 @@ impl Conversation {
     }
 }
 
-impl Executor {
+/// What an execution in a session uses beside its box: containers for a compile stage, and
+/// the compiler with its cache.
+#[derive(Clone, Copy)]
+pub(super) struct Stages<'a> {
+    pub containers: &'a Containers,
+    pub compiler: &'a Compiler,
+}
+
+impl SessionBox {
     /// Create, start and open a session's container; the driver (if any) is ready when this
     /// returns.
-    pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, SandboxFailure> {
+    pub(super) async fn open(
+        containers: &Containers,
+        spec: SessionSpec<'_>,
+    ) -> Result<SessionBox, SandboxFailure> {
         let lang = spec.language;
         let start = SESSION_TIMES.driver_start;
         let want = Want {
@@ -384,7 +408,11 @@ impl Executor {
             image_name: lang.image.name.clone(),
             limits: spec.limits,
             workspace_mb: spec.workspace_mb,
-            labels: labels(SESSION_RUN_LABEL, &self.instance, spec.lifetime + start),
+            labels: labels(
+                SESSION_RUN_LABEL,
+                &containers.instance,
+                spec.lifetime + start,
+            ),
             prefix: spec.prefix.clone(),
         };
         let never = CancellationToken::new();
@@ -396,23 +424,28 @@ impl Executor {
             Halt::Failed(f) => f,
             Halt::Stopped => SandboxFailure::Reported("stopped while opening".into()),
         };
-        let acquired = self.create(&want, bound).await.map_err(halted)?;
+        let acquired = containers.create(&want, bound).await.map_err(halted)?;
         let guard = acquired.guard;
         let attached = bound
             .call(
                 "attaching to the container",
-                self.engine.attach_container(guard.name()),
+                containers.engine.attach_container(guard.name()),
             )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
         bound
             .call(
                 "starting the container",
-                self.engine.start_container(guard.name()),
+                containers.engine.start_container(guard.name()),
             )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
-        let mut sbox = SessionBox::new(self.engine.clone(), guard, lang.is_stateful(), attached);
+        let mut sbox = SessionBox::new(
+            containers.engine.clone(),
+            guard,
+            lang.is_stateful(),
+            attached,
+        );
         let mut env = lang.env.clone();
         if let Some(p) = &spec.prefix {
             env.extend(p.env.clone());
@@ -425,7 +458,7 @@ impl Executor {
             start_timeout: start,
         };
         let limits = DecodeLimits {
-            output: self.config.sandbox.output_limit_bytes,
+            output: containers.config.sandbox.output_limit_bytes,
             content: 0,
             entries: 0,
         };
@@ -447,11 +480,11 @@ impl Executor {
         }
     }
 
-    /// Carry out one execution of a session. Never fails: the report says what happened, and
-    /// [`SessionRun::broken`] whether the session's container is gone.
-    pub async fn execute_in_session(
+    /// Carry out one execution of the session. Never fails: the report says what happened,
+    /// and [`SessionRun::broken`] whether the session's container is gone.
+    pub(super) async fn execute(
         &self,
-        sbox: &SessionBox,
+        stages: Stages<'_>,
         session: SessionExecution,
         run_id: &str,
         req: &ValidRequest,
@@ -467,9 +500,15 @@ impl Executor {
         let mut broken = None;
         let mut workspace_bytes = None;
         let mut state = (InterpreterState::Kept, None);
-        let ended = match self
-            .prepare_execution(run_id, req, session.execution_count, &mut known, bound)
-            .await
+        let ended = match prepare_execution(
+            stages,
+            run_id,
+            req,
+            session.execution_count,
+            &mut known,
+            bound,
+        )
+        .await
         {
             Err(Halt::Stopped) => Ended::Stopped,
             Err(Halt::Failed(f)) => Ended::Failed(f),
@@ -478,19 +517,19 @@ impl Executor {
                 known.stage = Some(Stage::Run);
                 let backstop =
                     SESSION_TIMES.exec_answer(exec.check_timeout, exec.timeout) + BACKSTOP_GRACE;
-                let s = &self.config.sandbox;
+                let s = &stages.containers.config.sandbox;
                 let limits = DecodeLimits {
                     output: s.output_limit_bytes,
                     content: s.max_output_bytes,
                     entries: super::containers::MAX_OUTPUT_ENTRIES,
                 };
-                match sbox
+                match self
                     .ask(exec.encode(), limits, backstop, Some(&cancel))
                     .await
                 {
                     Ok(x) if x.closed => {
                         state = (InterpreterState::Reset, Some(ResetReason::Stopped));
-                        self.session_ended(req, &mut known, x, Done::default())
+                        session_ended(req, &mut known, x, Done::default())
                     }
                     Ok(x) => {
                         let done = x.decoded.done.clone().unwrap_or_default();
@@ -498,7 +537,7 @@ impl Executor {
                         if let Some(s) = done.state {
                             state = (s, done.reason);
                         }
-                        self.session_ended(req, &mut known, x, done)
+                        session_ended(req, &mut known, x, done)
                     }
                     Err(b) => {
                         state = (
@@ -536,12 +575,12 @@ impl Executor {
         report.queued_ms = queued_ms;
         report.duration_ms = started.elapsed().as_millis() as u64;
         report.session = Some(SessionExecution {
-            state: if sbox.stateful {
+            state: if self.stateful {
                 state.0
             } else {
                 files_only_state(&session)
             },
-            reset_reason: if sbox.stateful { state.1 } else { None },
+            reset_reason: if self.stateful { state.1 } else { None },
             ..session
         });
         SessionRun {
@@ -551,116 +590,16 @@ impl Executor {
         }
     }
 
-    /// The execution request: compiled first where the language compiles (in a compile
-    /// container of its own, the cache included), or how the run ends before it.
-    async fn prepare_execution(
+    /// Read a file or folder of the session's working directory without running anything.
+    pub(super) async fn read(
         &self,
-        run_id: &str,
-        req: &ValidRequest,
-        execution_count: u64,
-        known: &mut Known,
-        bound: Bound<'_>,
-    ) -> Result<Result<Exec, super::CompileEnd>, Halt> {
-        let lang = &req.language;
-        let s = &self.config.sandbox;
-        let request_files = || -> Vec<Entry> {
-            req.files
-                .iter()
-                .map(|(path, content)| Entry::file(path.clone(), 0o644, content.clone()))
-                .collect()
-        };
-        let mut run = lang.run.clone();
-        run.extend(req.args.iter().cloned());
-        let (work, files, check_timeout) = if lang.is_compiled() {
-            match self.compile_cached(run_id, req, known, bound).await? {
-                Ok(files) => (Work::Commands { check: None, run }, files, Duration::ZERO),
-                Err(end) => return Ok(Err(end)),
-            }
-        } else if lang.is_stateful() {
-            (
-                Work::Cell(Bytes::from(req.code.clone().into_bytes())),
-                Files::new(&request_files()),
-                Duration::from_secs_f64(lang.compile_limits.timeout_seconds),
-            )
-        } else {
-            (
-                Work::Commands {
-                    check: lang.check.clone(),
-                    run,
-                },
-                Files::new(&Executor::sources(req)),
-                Duration::from_secs_f64(lang.compile_limits.timeout_seconds),
-            )
-        };
-        if bound.cancel.is_cancelled() {
-            return Err(Halt::Stopped);
-        }
-        Ok(Ok(Exec {
-            work,
-            env: lang.env.clone(),
-            files,
-            stdin: req.stdin.clone().unwrap_or_default(),
-            check_timeout,
-            timeout: Duration::from_secs_f64(req.limits.timeout_seconds),
-            output_limit: s.output_limit_bytes,
-            collect: Collect::Outputs {
-                max_files: s.max_output_files,
-                max_bytes: s.max_output_bytes,
-                max_file_bytes: s.max_output_file_bytes,
-            },
-            reset: req.session.as_ref().is_some_and(|t| t.reset),
-            interrupt: SESSION_TIMES.interrupt,
-            execution_count,
-        }))
-    }
-
-    /// How an execution's frames end the run.
-    fn session_ended(&self, req: &ValidRequest, known: &mut Known, x: Heard, done: Done) -> Ended {
-        if let Some(error) = done.error {
-            return Ended::Failed(SandboxFailure::Reported(error));
-        }
-        let result = Answer {
-            decoded: x.decoded,
-            protocol_error: None,
-            stream_error: None,
-            stderr: Vec::new(),
-            host_ending: if x.stopped {
-                HostEnding::Stopped
-            } else {
-                HostEnding::Finished
-            },
-            exit_code: None,
-            oom_killed: false,
-            image_id: None,
-            duration: x.duration,
-            times: StageTimes::default(),
-        };
-        if let Some(end) = self.check_failed(&result, &req.language, known, req.limits.memory_mb) {
-            return Ended::AtCompile(end);
-        }
-        let phase = result.decoded.phase(PhaseName::Run);
-        let kept = result.decoded.result.clone();
-        Ended::Ran {
-            outcome: classify(phase, &result),
-            streams: Streams::of(phase),
-            files: super::outputs::report_files(&result.decoded.files),
-            result: kept.map(|r| {
-                let truncated = done.result_bytes > r.len() as u64;
-                (String::from_utf8_lossy(&r).into_owned(), truncated)
-            }),
-        }
-    }
-
-    /// Read a file or folder of a session's working directory without running anything.
-    pub async fn read_in_session(
-        &self,
-        sbox: &SessionBox,
+        config: &Config,
         path: &str,
         offset: u64,
         max_bytes: u64,
     ) -> Result<FileRead, ReadError> {
         let limits = DecodeLimits {
-            output: self.config.sandbox.output_limit_bytes,
+            output: config.sandbox.output_limit_bytes,
             content: max_bytes,
             entries: 10_000,
         };
@@ -669,7 +608,7 @@ impl Executor {
             offset,
             max_bytes,
         };
-        let x = sbox
+        let x = self
             .ask(read.encode(), limits, READ_TIMEOUT, None)
             .await
             .map_err(ReadError::Broken)?;
@@ -677,6 +616,110 @@ impl Executor {
             Some(error) => Err(ReadError::Refused(error)),
             None => Ok(FileRead { decoded: x.decoded }),
         }
+    }
+}
+
+/// The execution request: compiled first where the language compiles (in a compile
+/// container of its own, the cache included), or how the run ends before it.
+async fn prepare_execution(
+    stages: Stages<'_>,
+    run_id: &str,
+    req: &ValidRequest,
+    execution_count: u64,
+    known: &mut Known,
+    bound: Bound<'_>,
+) -> Result<Result<Exec, super::CompileEnd>, Halt> {
+    let lang = &req.language;
+    let s = &stages.containers.config.sandbox;
+    let request_files = || -> Vec<Entry> {
+        req.files
+            .iter()
+            .map(|(path, content)| Entry::file(path.clone(), 0o644, content.clone()))
+            .collect()
+    };
+    let mut run = lang.run.clone();
+    run.extend(req.args.iter().cloned());
+    let (work, files, check_timeout) = if lang.is_compiled() {
+        match stages
+            .compiler
+            .compile_cached(stages.containers, run_id, req, known, bound)
+            .await?
+        {
+            Ok(files) => (Work::Commands { check: None, run }, files, Duration::ZERO),
+            Err(end) => return Ok(Err(end)),
+        }
+    } else if lang.is_stateful() {
+        (
+            Work::Cell(Bytes::from(req.code.clone().into_bytes())),
+            Files::new(&request_files()),
+            Duration::from_secs_f64(lang.compile_limits.timeout_seconds),
+        )
+    } else {
+        (
+            Work::Commands {
+                check: lang.check.clone(),
+                run,
+            },
+            Files::new(&Executor::sources(req)),
+            Duration::from_secs_f64(lang.compile_limits.timeout_seconds),
+        )
+    };
+    if bound.cancel.is_cancelled() {
+        return Err(Halt::Stopped);
+    }
+    Ok(Ok(Exec {
+        work,
+        env: lang.env.clone(),
+        files,
+        stdin: req.stdin.clone().unwrap_or_default(),
+        check_timeout,
+        timeout: Duration::from_secs_f64(req.limits.timeout_seconds),
+        output_limit: s.output_limit_bytes,
+        collect: Collect::Outputs {
+            max_files: s.max_output_files,
+            max_bytes: s.max_output_bytes,
+            max_file_bytes: s.max_output_file_bytes,
+        },
+        reset: req.session.as_ref().is_some_and(|t| t.reset),
+        interrupt: SESSION_TIMES.interrupt,
+        execution_count,
+    }))
+}
+
+/// How an execution's frames end the run.
+fn session_ended(req: &ValidRequest, known: &mut Known, x: Heard, done: Done) -> Ended {
+    if let Some(error) = done.error {
+        return Ended::Failed(SandboxFailure::Reported(error));
+    }
+    let result = Answer {
+        decoded: x.decoded,
+        protocol_error: None,
+        stream_error: None,
+        stderr: Vec::new(),
+        host_ending: if x.stopped {
+            HostEnding::Stopped
+        } else {
+            HostEnding::Finished
+        },
+        exit_code: None,
+        oom_killed: false,
+        image_id: None,
+        duration: x.duration,
+        times: StageTimes::default(),
+    };
+    if let Some(end) = check_failed(&result, &req.language, known, req.limits.memory_mb) {
+        return Ended::AtCompile(end);
+    }
+    let phase = result.decoded.phase(PhaseName::Run);
+    let kept = result.decoded.result.clone();
+    Ended::Ran {
+        outcome: classify(phase, &result),
+        streams: Streams::of(phase),
+        files: super::outputs::report_files(&result.decoded.files),
+        result: kept.map(|r| {
+            let truncated = done.result_bytes > r.len() as u64;
+            (String::from_utf8_lossy(&r).into_owned(), truncated)
+        }),
     }
 }
 

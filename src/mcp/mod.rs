@@ -269,7 +269,7 @@ impl CodeboxServer {
         &self,
         Parameters(p): Parameters<SessionIdParams>,
     ) -> Result<Json<Closed>, String> {
-        match self.manager.close_session(&p.session_id) {
+        match self.manager.close_session_removed(&p.session_id).await {
             Ok(c) => Ok(Json(c)),
             Err(e) => Err(self.session_error(e).await),
         }

@@ -70,6 +70,8 @@ const STOP_WAIT: Duration = Duration::from_secs(120);
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the pool is checked for containers to replace or add.
 const POOL_INTERVAL: Duration = Duration::from_millis(500);
+/// How long a door's `close_session` waits for the container's removal before it answers.
+const CLOSE_REMOVAL_WAIT: Duration = Duration::from_secs(10);
 
 /// Where an unfinished run stands, for progress notifications.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -836,6 +838,15 @@ impl RunManager {
     /// stopped). Closing it again answers the same.
     pub fn close_session(&self, id: &str) -> Result<Closed, SessionError> {
         self.inner.sessions.close(self, id)
+    }
+
+    /// Close a session and answer once its container is gone (at most 10 s): what the doors'
+    /// `close_session` does.
+    pub async fn close_session_removed(&self, id: &str) -> Result<Closed, SessionError> {
+        self.inner
+            .sessions
+            .close_removed(self, id, CLOSE_REMOVAL_WAIT)
+            .await
     }
 
     /// A file or folder of a session's working directory, without running anything.

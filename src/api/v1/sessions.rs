@@ -52,7 +52,7 @@ pub async fn close(
 ) -> Result<Response, V1Error> {
     let id = session_id(path)?;
     query(raw.as_deref(), &[])?;
-    match api.manager().close_session(&id) {
+    match api.manager().close_session_removed(&id).await {
         Ok(closed) => Ok(Json(closed).into_response()),
         Err(e) => Err(refused(&api, e).await),
     }

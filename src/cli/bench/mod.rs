@@ -39,7 +39,7 @@ use crate::contract::RunRequest;
 use crate::executor::timings::Leg;
 use crate::registry::Language;
 use docker::Docker;
-use workloads::Shape;
+use workloads::Sending;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -292,7 +292,11 @@ pub async fn bench(
             .resolve("python")
             .context("no python language")?;
         bench
-            .compare(python, Shape::Pipeline(args.concurrency.max(1)), &programs)
+            .compare(
+                python,
+                Sending::Pipeline(args.concurrency.max(1)),
+                &programs,
+            )
             .await?;
         return Ok(0);
     }
@@ -306,20 +310,20 @@ pub async fn bench(
         let lang = langs[0];
         let paused = bench.latency(lang).await?;
         let b2b = bench
-            .compare(lang, Shape::BackToBack, &hellos(lang, 60)?)
+            .compare(lang, Sending::BackToBack, &hellos(lang, 60)?)
             .await?;
         bench.note(&format!(
             "{}: back-to-back median / median with pauses: {:.2}",
             lang.id,
             b2b / paused.max(f64::MIN_POSITIVE)
         ))?;
-        let burst = Shape::Burst {
+        let burst = Sending::Burst {
             k: 8,
             rounds: args.rounds,
             pause: Duration::from_millis(args.pause_ms),
         };
         bench.compare(lang, burst, &hellos(lang, 8)?).await?;
-        let clients = Shape::Clients {
+        let clients = Sending::Clients {
             k: 8,
             seconds: args.seconds,
         };
@@ -327,10 +331,10 @@ pub async fn bench(
         return Ok(0);
     }
     for lang in langs {
-        let (shape, n) = if let Some(k) = args.burst {
+        let (sending, n) = if let Some(k) = args.burst {
             let pause = Duration::from_millis(args.pause_ms);
             (
-                Shape::Burst {
+                Sending::Burst {
                     k,
                     rounds: args.rounds,
                     pause,
@@ -339,21 +343,21 @@ pub async fn bench(
             )
         } else if let Some(k) = args.clients {
             (
-                Shape::Clients {
+                Sending::Clients {
                     k,
                     seconds: args.seconds,
                 },
                 1,
             )
         } else if args.back_to_back {
-            (Shape::BackToBack, args.n)
+            (Sending::BackToBack, args.n)
         } else if args.concurrency > 1 {
-            (Shape::Pipeline(args.concurrency), args.n)
+            (Sending::Pipeline(args.concurrency), args.n)
         } else {
             bench.latency_with_cache(lang, args.n).await?;
             continue;
         };
-        bench.compare(lang, shape, &hellos(lang, n)?).await?;
+        bench.compare(lang, sending, &hellos(lang, n)?).await?;
     }
     Ok(0)
 }

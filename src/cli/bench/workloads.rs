@@ -18,7 +18,7 @@ use crate::report::Status;
 
 /// How runs are sent.
 #[derive(Debug, Clone, Copy)]
-pub enum Shape {
+pub enum Sending {
     /// One client, each run sent as soon as the last one ended.
     BackToBack,
     /// All the programs, K at a time.
@@ -33,16 +33,16 @@ pub enum Shape {
     Clients { k: usize, seconds: f64 },
 }
 
-impl Shape {
+impl Sending {
     fn describe(&self, n: usize) -> String {
         match self {
-            Shape::BackToBack => format!("{n} runs back to back from one client"),
-            Shape::Pipeline(k) => format!("{n} runs, {k} at once"),
-            Shape::Burst { k, rounds, pause } => format!(
+            Sending::BackToBack => format!("{n} runs back to back from one client"),
+            Sending::Pipeline(k) => format!("{n} runs, {k} at once"),
+            Sending::Burst { k, rounds, pause } => format!(
                 "bursts of {k} at once, {rounds} rounds each way, {} ms apart",
                 pause.as_millis()
             ),
-            Shape::Clients { k, seconds } => {
+            Sending::Clients { k, seconds } => {
                 format!("{k} clients back to back, {seconds} s each way")
             }
         }
@@ -235,12 +235,12 @@ impl<'a> Bench<'a> {
         Ok(spread(ours.latencies).1)
     }
 
-    /// `programs` (name, code, expected to pass) both ways in `shape`, A B B A; returns
+    /// `programs` (name, code, expected to pass) both ways in `sending`, A B B A; returns
     /// codebox's median latency.
     pub async fn compare(
         &mut self,
         lang: &Language,
-        shape: Shape,
+        sending: Sending,
         programs: &[(String, String, bool)],
     ) -> anyhow::Result<f64> {
         let idle = self.idle().await;
@@ -266,7 +266,7 @@ impl<'a> Bench<'a> {
                 };
                 let ready0 = self.ready_runs();
                 let a = self.meter.snapshot();
-                self.block(way, lang, shape, programs, half, side).await;
+                self.block(way, lang, sending, programs, half, side).await;
                 if way == Way::Codebox {
                     settle(self.ctx.app, lang, self.pool).await;
                     side.ready += self.ready_runs() - ready0;
@@ -274,18 +274,18 @@ impl<'a> Bench<'a> {
                 side.cost.add(&self.meter.snapshot().since(&a));
             }
         }
-        let title = format!("{}: {}", lang.id, shape.describe(programs.len()));
-        let rated = !matches!(shape, Shape::BackToBack);
+        let title = format!("{}: {}", lang.id, sending.describe(programs.len()));
+        let rated = !matches!(sending, Sending::BackToBack);
         self.print(&title, &ours, &theirs, &idle, rated)?;
         Ok(spread(ours.latencies).1)
     }
 
-    /// Half `half` (0 or 1) of a shape's runs, one way.
+    /// Half `half` (0 or 1) of a sending's runs, one way.
     async fn block(
         &self,
         way: Way,
         lang: &Language,
-        shape: Shape,
+        sending: Sending,
         programs: &[(String, String, bool)],
         half: usize,
         side: &mut Side,
@@ -296,10 +296,10 @@ impl<'a> Bench<'a> {
             let (code, expected) = (p.1.clone(), p.2);
             async move { (ctx.timed(way, lang, &code, None).await, expected) }
         };
-        match shape {
-            Shape::BackToBack | Shape::Pipeline(_) => {
-                let k = match shape {
-                    Shape::Pipeline(k) => k.max(1),
+        match sending {
+            Sending::BackToBack | Sending::Pipeline(_) => {
+                let k = match sending {
+                    Sending::Pipeline(k) => k.max(1),
                     _ => 1,
                 };
                 let t = Instant::now();
@@ -313,7 +313,7 @@ impl<'a> Bench<'a> {
                     side.record(r, expected);
                 }
             }
-            Shape::Burst { rounds, pause, .. } => {
+            Sending::Burst { rounds, pause, .. } => {
                 for _ in halves(rounds) {
                     let t = Instant::now();
                     let results = futures_util::future::join_all(programs.iter().map(run)).await;
@@ -324,7 +324,7 @@ impl<'a> Bench<'a> {
                     tokio::time::sleep(pause).await;
                 }
             }
-            Shape::Clients { k, seconds } => {
+            Sending::Clients { k, seconds } => {
                 let t = Instant::now();
                 let until = t + Duration::from_secs_f64(seconds / 2.0);
                 let clients = (0..k).map(|_| async {

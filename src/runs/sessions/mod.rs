@@ -683,6 +683,22 @@ impl Sessions {
         })
     }
 
+    /// [`Sessions::close`], answered once the session's container is gone (or, if Docker is
+    /// slow to remove it, after `within`): a caller told "closed" finds nothing of it left.
+    pub async fn close_removed(
+        &self,
+        host: &dyn Host,
+        id: &str,
+        within: Duration,
+    ) -> Result<Closed, SessionError> {
+        let removed = self.lock().open.get(id).map(|s| s.container.removed());
+        let closed = self.close(host, id)?;
+        if let Some(removed) = removed {
+            let _ = tokio::time::timeout(within, removed).await;
+        }
+        Ok(closed)
+    }
+
     /// A file of a session's working directory (`offset`, at most `max_bytes`, within the
     /// output cap), or a folder's listing, without running anything: at once, or refused
     /// as busy while an execution runs. Symbolic links are not followed. The idle clock
