@@ -103,6 +103,35 @@ impl Drop for Index {
     }
 }
 
+/// Removes what a failing test's cache made (its volumes, its install network): a test that
+/// panics never reaches `close()`, and the reaper keeps what a live instance owns.
+struct RemovedIfFailed(Arc<codebox::packages::Packages>);
+
+impl Drop for RemovedIfFailed {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for v in self.0.volumes() {
+            let _ = Command::new("docker")
+                .args(["volume", "rm", "-f", &v])
+                .output();
+        }
+        // Its containers go first (in the background): try for a while.
+        for _ in 0..20 {
+            let gone = Command::new("docker")
+                .args(["network", "rm", &self.0.network_name()])
+                .output()
+                .map(|o| o.status.success() || !network_exists(&self.0.network_name()))
+                .unwrap_or(true);
+            if gone {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+}
+
 fn executor(index: &Index, tune: impl FnOnce(&mut Config)) -> Executor {
     let mut c = Config::default();
     c.packages.python.index_url = Some(index.url());
@@ -169,6 +198,7 @@ except OSError as e:
 async fn an_installed_package_imports_and_a_cached_one_needs_no_index() {
     let mut index = Index::start();
     let exec = executor(&index, |_| {});
+    let _cleanup = RemovedIfFailed(exec.packages().clone());
     let r = run(&exec, with_packages(OFFLINE_PROGRAM, &["tinypkg==1.0"])).await;
     assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
     let lines: Vec<&str> = r.stdout.lines().collect();
@@ -226,6 +256,7 @@ async fn an_installed_package_imports_and_a_cached_one_needs_no_index() {
 async fn an_sdist_setup_py_reaches_nothing_but_the_proxy() {
     let index = Index::start();
     let exec = executor(&index, |_| {});
+    let _cleanup = RemovedIfFailed(exec.packages().clone());
     let r = run(
         &exec,
         with_packages("import probe; print(probe.RESULTS)", &["probe==1.0"]),
@@ -261,6 +292,7 @@ async fn failed_installs_end_at_the_install_stage_naming_the_requirement() {
         c.packages.prefix_mb = 2;
         c.packages.install_timeout_seconds = 8.0;
     });
+    let _cleanup = RemovedIfFailed(exec.packages().clone());
     let cases = [
         (
             vec!["tinypkg==1.0", "nosuch==1.0"],
@@ -305,6 +337,7 @@ async fn failed_installs_end_at_the_install_stage_naming_the_requirement() {
 async fn concurrent_identical_requests_install_once_and_close_removes_the_prefixes() {
     let index = Index::start();
     let exec = Arc::new(executor(&index, |_| {}));
+    let _cleanup = RemovedIfFailed(exec.packages().clone());
     let runs = (0..3).map(|_| {
         let exec = exec.clone();
         async move {
@@ -346,6 +379,7 @@ async fn javascript_installs_with_npm_and_its_dependencies_resolve() {
         c.packages.install_runtime = Some("runc".into());
         c
     });
+    let _cleanup = RemovedIfFailed(exec.packages().clone());
     let code = r#"
 const pad = require("leftpadx");
 console.log(pad("x", 3));
@@ -441,6 +475,7 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
         },
         None,
     );
+    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
     // Through the run manager, as run_code and POST /v1/runs submit.
     let id = m
         .submit(with_packages(
