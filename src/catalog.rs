@@ -37,8 +37,11 @@ pub struct LanguageInfo {
     /// Toolchain version, recorded when the image was built; null if unknown.
     pub version: Option<String>,
     /// Libraries beyond the standard library that programs can use (for Python, the modules
-    /// to import). Nothing can be installed at run time: there is no network.
+    /// to import), shipped in the image. Programs have no network.
     pub packages: Vec<String>,
+    /// The host (and port) of the index `packages` of a request install from, when this
+    /// server installs packages for this language; null: a request with `packages` is refused.
+    pub package_index: Option<String>,
     /// What a session of this language keeps between executions: `stateful` (the
     /// interpreter's variables, imports and definitions, and the files) or `files`.
     pub session: SessionKind,
@@ -104,6 +107,12 @@ pub async fn catalog(
                     .cloned()
             }),
             packages: lang.packages.clone(),
+            package_index: lang
+                .install
+                .as_ref()
+                .and(config.packages.index_for(&lang.id))
+                .and_then(|(url, _)| crate::packages::proxy::Allowed::from_url(url))
+                .map(|a| format!("{}:{}", a.host, a.port)),
             session: if lang.is_stateful() {
                 SessionKind::Stateful
             } else {

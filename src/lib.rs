@@ -56,6 +56,7 @@ pub mod images;
 pub mod instance;
 pub mod live;
 pub mod mcp;
+pub mod packages;
 pub mod reaper;
 pub mod registry;
 pub mod report;

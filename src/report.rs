@@ -73,6 +73,8 @@ impl std::fmt::Display for Status {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
+    /// Installing the request's `packages` (SPEC 13).
+    Install,
     Compile,
     Run,
 }
@@ -80,6 +82,7 @@ pub enum Stage {
 impl Stage {
     pub fn as_str(self) -> &'static str {
         match self {
+            Stage::Install => "install",
             Stage::Compile => "compile",
             Stage::Run => "run",
         }
@@ -270,6 +273,29 @@ pub struct RunReport {
     /// True when `result` was longer than the cap and was cut.
     #[serde(default)]
     pub result_truncated: bool,
+    /// The request's `packages` and how they were installed; null for a run without any.
+    #[serde(default)]
+    pub packages: Option<PackagesReport>,
+}
+
+/// How a run's requested packages were installed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PackagesReport {
+    /// The requirements as requested, sorted.
+    pub requested: Vec<String>,
+    /// What the package manager installed (dependencies included).
+    pub installed: Vec<InstalledPackage>,
+    /// True when the prefix came from the cache: nothing was installed, no network reached.
+    pub cached: bool,
+    /// Time spent installing (0 on a cache hit), in milliseconds.
+    pub install_ms: u64,
+}
+
+/// One installed package.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct InstalledPackage {
+    pub name: String,
+    pub version: String,
 }
 
 impl RunReport {
@@ -307,6 +333,7 @@ impl RunReport {
             session: None,
             result: None,
             result_truncated: false,
+            packages: None,
         }
     }
 }

@@ -6,7 +6,7 @@ use super::*;
 
 /// Example values of the settings that are unset by default (written commented out), and of
 /// `data_dir`, whose default depends on the user.
-const EXAMPLES: [(&str, &str); 13] = [
+const EXAMPLES: [(&str, &str); 16] = [
     ("cluster.advertise_url", "\"http://10.0.0.2:8765\""),
     ("cluster.secret_file", "\"/etc/codebox/cluster-secret\""),
     ("data_dir", "\"/var/lib/codebox\""),
@@ -22,6 +22,9 @@ const EXAMPLES: [(&str, &str); 13] = [
         "\"postgres://codebox@db.internal/codebox?sslmode=verify-full&sslrootcert=/etc/codebox/pg-ca.pem\"",
     ),
     ("http.token_file", "\"/etc/codebox/token\""),
+    ("packages.install_runtime", "\"runc\""),
+    ("packages.javascript.registry_url", "\"https://registry.npmjs.org\""),
+    ("packages.python.index_url", "\"https://pypi.org/simple\""),
     ("sessions.memory_budget_mb", "4096"),
 ];
 
@@ -43,14 +46,22 @@ impl Config {
         // Top-level settings first: TOML puts every key after a header into that section.
         let mut ordered: Vec<&Setting> =
             settings.iter().filter(|s| !s.path.contains('.')).collect();
-        ordered.extend(settings.iter().filter(|s| s.path.contains('.')));
+        let mut nested: Vec<&Setting> = settings.iter().filter(|s| s.path.contains('.')).collect();
+        // A section's own keys, then its subsections' (`[packages]`, `[packages.python]`).
+        nested.sort_by_key(|s| s.path.rsplit_once('.').map_or("", |(h, _)| h));
+        ordered.extend(nested);
         for s in ordered {
             let (head, key) = s.path.rsplit_once('.').unwrap_or(("", &s.path));
             if head != section {
                 section = head.to_string();
-                let doc = root["properties"]
-                    .get(head)
-                    .map(|p| sources::resolve_ref(p, &defs))
+                let doc = head
+                    .split('.')
+                    .try_fold(root.clone(), |node, h| {
+                        node.get("properties")
+                            .and_then(|p| p.get(h))
+                            .map(|p| sources::resolve_ref(p, &defs).clone())
+                    })
+                    .as_ref()
                     .and_then(|p| {
                         p.get("description")
                             .and_then(|d| d.as_str())

@@ -45,6 +45,7 @@ mod cluster;
 mod defaults;
 mod docker;
 mod history;
+mod packages;
 mod postgres_tls;
 mod sections;
 mod sessions;
@@ -56,6 +57,7 @@ mod validate;
 pub use cluster::{check_advertise_url, ClusterSettings, MIN_LEASE_SECONDS};
 pub use docker::*;
 pub use history::*;
+pub use packages::{NpmRegistry, PackagesSettings, PythonIndex};
 pub use postgres_tls::{split_tls, SslMode, TlsParams};
 pub use sections::*;
 pub use sessions::SessionSettings;
@@ -91,6 +93,7 @@ section! {
         pub docker: DockerSettings = DockerSettings::default(),
         pub sessions: SessionSettings = SessionSettings::default(),
         pub cluster: ClusterSettings = ClusterSettings::default(),
+        pub packages: PackagesSettings = PackagesSettings::default(),
     }
 }
 

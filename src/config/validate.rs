@@ -243,6 +243,7 @@ impl Config {
             ));
         }
         self.cluster.validate(self)?;
-        self.sessions.validate(self)
+        self.sessions.validate(self)?;
+        self.packages.validate(self)
     }
 }

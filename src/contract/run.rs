@@ -111,6 +111,12 @@ pub struct RunRequest {
     /// With `session_id`: start a fresh interpreter (files kept) before running `code`.
     #[serde(default)]
     pub reset: Option<bool>,
+    /// Packages to install before the program runs (at most 32), each a requirement in the
+    /// package manager's own syntax (`requests==2.32.3`, `lodash@^4`). Only for languages
+    /// whose `list_supported_languages` entry names a package index; the program still has no
+    /// network.
+    #[serde(default)]
+    pub packages: Option<Vec<String>>,
     /// Lower compile-stage limits for this run (see [`CompileLimitsInput`]).
     #[serde(skip)]
     #[schemars(skip)]
@@ -157,6 +163,8 @@ pub struct ValidRequest {
     pub compare: Compare,
     /// The session it executes in, if any.
     pub session: Option<SessionTarget>,
+    /// Requirements to install first, sorted, without repeats (SPEC 13).
+    pub packages: Vec<String>,
 }
 
 impl ValidRequest {
@@ -228,6 +236,12 @@ impl ValidRequest {
                 ),
             );
         }
+        if req.packages.as_ref().is_some_and(|p| !p.is_empty()) {
+            return reject(
+                "packages",
+                "a session's packages are installed when it is created: give them to create_session (or run_code without session_id)",
+            );
+        }
         let target = SessionTarget {
             id: req.session_id.take().unwrap_or_default(),
             reset: req.reset.take().unwrap_or(false),
@@ -264,6 +278,7 @@ impl ValidRequest {
         }
         let stdin = check_stdin("stdin", req.stdin, config)?;
         let args = check_args("args", req.args, config)?;
+        let packages = check_packages(req.packages, &language, config)?;
         let tests = req.tests.unwrap_or_default();
         if !tests.is_empty() && (stdin.is_some() || !args.is_empty()) {
             return reject(
@@ -340,8 +355,73 @@ impl ValidRequest {
             tests: valid_tests,
             compare: req.compare.unwrap_or_default(),
             session: None,
+            packages,
         })
     }
+}
+
+/// Most requirements in one request's `packages`.
+pub const MAX_PACKAGES: usize = 32;
+
+/// A request's `packages`: allowed only where the operator named the language's index; each
+/// a requirement of at most 200 printable characters that is not an option of the package
+/// manager. Sorted, repeats dropped.
+pub(super) fn check_packages(
+    packages: Option<Vec<String>>,
+    language: &Language,
+    config: &Config,
+) -> Result<Vec<String>, RequestError> {
+    let packages = packages.unwrap_or_default();
+    if packages.is_empty() {
+        return Ok(packages);
+    }
+    if language.install.is_none() {
+        return reject(
+            "packages",
+            format!(
+                "{} takes no packages (its registry entry has no install step)",
+                language.id
+            ),
+        );
+    }
+    if config.packages.index_for(&language.id).is_none() {
+        let setting = crate::config::PackagesSettings::setting_for(&language.id)
+            .map(|s| format!(" (the operator enables them with {s})"))
+            .unwrap_or_default();
+        return reject(
+            "packages",
+            format!(
+                "packages are not enabled on this server for {}{setting}",
+                language.id
+            ),
+        );
+    }
+    if packages.len() > MAX_PACKAGES {
+        return reject(
+            "packages",
+            format!(
+                "has {} requirements; the maximum is {MAX_PACKAGES}",
+                packages.len()
+            ),
+        );
+    }
+    for (i, p) in packages.iter().enumerate() {
+        let ok = !p.is_empty()
+            && p.len() <= 200
+            && !p.starts_with('-')
+            && p.chars().all(|c| c.is_ascii_graphic())
+            && !p.contains("://");
+        if !ok {
+            return reject(
+                format!("packages[{i}]"),
+                format!("`{p}` is not a requirement: 1 to 200 printable ASCII characters, no spaces, not starting with `-`, no URL"),
+            );
+        }
+    }
+    let mut sorted = packages;
+    sorted.sort();
+    sorted.dedup();
+    Ok(sorted)
 }
 
 /// Apply a caller's lower compile-stage limits: each at most the operator's, never above.

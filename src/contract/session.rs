@@ -32,6 +32,10 @@ pub struct SessionRequest {
     /// End the session after this many seconds without a call naming it.
     #[serde(default)]
     pub idle_timeout_seconds: Option<f64>,
+    /// Packages installed before the session opens, kept for its life (at most 32; as for
+    /// `run_code`, only where `list_supported_languages` names a package index).
+    #[serde(default)]
+    pub packages: Option<Vec<String>>,
 }
 
 /// A session request that passed validation.
@@ -41,6 +45,8 @@ pub struct ValidSession {
     pub limits: RunLimits,
     pub files: Vec<(String, Bytes)>,
     pub idle_timeout: Duration,
+    /// Requirements to install first, sorted, without repeats.
+    pub packages: Vec<String>,
 }
 
 /// The most one session may ask for: a run's ceilings, with memory also within what all
@@ -81,6 +87,7 @@ impl ValidSession {
             language.source_file.as_str()
         };
         let files = check_files(req.files, source, ss.max_upload_bytes, config)?;
+        let packages = super::run::check_packages(req.packages, language, config)?;
         let ceilings = session_ceilings(config);
         let limits = check_limits(req.limits, config.limits.defaults(), ceilings).map_err(|e| {
             if e.field == "limits.memory_mb" && e.message.contains("the maximum is") {
@@ -100,6 +107,7 @@ impl ValidSession {
             limits,
             files,
             idle_timeout: Duration::from_secs_f64(idle),
+            packages,
         })
     }
 }

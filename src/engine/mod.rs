@@ -36,8 +36,10 @@ pub const LABEL_EXPIRES: &str = "codebox.expires";
 pub const LABEL_INIT_FEATURES: &str = "codebox.init.features";
 
 /// Everything about a container to create, engine-neutral. Built by [`posture::locked_down`],
-/// checked by [`posture::check`]. There is no field for mounts, devices or capabilities to
-/// add: a spec cannot express them.
+/// checked by [`posture::check`]. There is no field for host mounts, devices or capabilities
+/// to add: a spec cannot express them. The only mount beyond tmpfs is a named volume of
+/// codebox's own (an installed packages prefix, SPEC 13), read-only in every container that
+/// runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerSpec {
     /// Container name, chosen before create so that a create interrupted mid-flight can
@@ -73,6 +75,24 @@ pub struct ContainerSpec {
     pub open_stdin: bool,
     /// Docker's own init as PID 1. Off: `codebox-init` is PID 1.
     pub init: bool,
+    /// Named volumes of codebox's own (installed package prefixes).
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// A named volume mounted into a container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeMount {
+    pub volume: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// A network codebox created for its install containers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkInfo {
+    pub name: String,
+    /// The host's address on it (the bridge's gateway), where codebox's proxy listens.
+    pub gateway: std::net::IpAddr,
 }
 
 /// CPU accounting period of every container, in microseconds.
@@ -222,6 +242,12 @@ pub enum EngineError {
     RemoveContainer(#[source] Cause),
     #[error("removing the volume failed: {0}")]
     RemoveVolume(#[source] Cause),
+    #[error("creating the volume failed: {0}")]
+    CreateVolume(#[source] Cause),
+    #[error("copying files into the container failed: {0}")]
+    Upload(#[source] Cause),
+    #[error("setting up the install network failed: {0}")]
+    Network(#[source] Cause),
     #[error("listing managed objects failed: {0}")]
     List(#[source] Cause),
     #[error("inspecting the image failed: {0}")]
@@ -278,4 +304,35 @@ pub trait ContainerEngine: Send + Sync + 'static {
     async fn list_managed_volumes(&self) -> Result<Vec<Leftover>, EngineError>;
     /// Idempotent: removing a volume that does not exist is `Ok`.
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
+    /// Create a named volume with these labels (an existing one of that name is reused).
+    async fn create_volume(
+        &self,
+        _name: &str,
+        _labels: BTreeMap<String, String>,
+    ) -> Result<(), EngineError> {
+        Err(EngineError::CreateVolume(detail(
+            "this engine has no volumes",
+        )))
+    }
+    /// Unpack a tar into a created (not started) container at `path`.
+    async fn upload(&self, _id: &str, _path: &str, _tar: Vec<u8>) -> Result<(), EngineError> {
+        Err(EngineError::Upload(detail("this engine cannot copy files")))
+    }
+    /// Create (or find) the `internal` network `name`: containers on it reach the host's
+    /// address on it and nothing else.
+    async fn internal_network(
+        &self,
+        _name: &str,
+        _labels: BTreeMap<String, String>,
+    ) -> Result<NetworkInfo, EngineError> {
+        Err(EngineError::Network(detail("this engine has no networks")))
+    }
+    /// Idempotent.
+    async fn remove_network(&self, _name: &str) -> Result<(), EngineError> {
+        Ok(())
+    }
+    /// Networks carrying `codebox.managed=true` (install networks, SPEC 13).
+    async fn list_managed_networks(&self) -> Result<Vec<Leftover>, EngineError> {
+        Ok(Vec::new())
+    }
 }

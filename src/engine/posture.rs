@@ -122,6 +122,7 @@ pub fn locked_down(plan: &Plan, sandbox: &SandboxSettings) -> ContainerSpec {
         ],
         open_stdin: true,
         init: false,
+        volumes: Vec::new(),
     }
 }
 
@@ -138,10 +139,94 @@ fn tmpfs_size_mb(opts: &[&str]) -> Option<u64> {
         .and_then(|s| s.parse().ok())
 }
 
+/// Prefix of the names of the volumes holding installed packages (SPEC 13).
+pub const PACKAGES_VOLUME_PREFIX: &str = "codebox-pkg-";
+
+/// What a container is for, as far as the posture check cares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Role<'a> {
+    /// A run, compile or session container: no network; volumes only read-only prefixes.
+    Run,
+    /// An install container: the one install network, no volumes, its own runtime.
+    Install { network: &'a str, runtime: &'a str },
+    /// A container created only to copy an installed prefix into its volume, never started:
+    /// the prefix's volume writable.
+    Fill,
+}
+
+/// The install container's spec: the posture of every container, on the install network,
+/// under `runtime`.
+pub fn install(
+    plan: &Plan,
+    sandbox: &SandboxSettings,
+    network: &str,
+    runtime: &str,
+) -> ContainerSpec {
+    let mut spec = locked_down(plan, sandbox);
+    spec.network_mode = network.to_string();
+    spec.runtime = runtime.to_string();
+    spec
+}
+
+/// The spec of a container that only receives an installed prefix into `volume` (at
+/// `target`) and is removed without ever starting.
+pub fn filler(plan: &Plan, sandbox: &SandboxSettings, volume: &str, target: &str) -> ContainerSpec {
+    let mut spec = locked_down(plan, sandbox);
+    spec.open_stdin = false;
+    spec.volumes = vec![super::VolumeMount {
+        volume: volume.to_string(),
+        target: target.to_string(),
+        read_only: false,
+    }];
+    spec
+}
+
+/// Mount a packages prefix volume read-only into a run's spec.
+pub fn with_prefix(spec: &mut ContainerSpec, volume: &str, target: &str) {
+    spec.volumes.push(super::VolumeMount {
+        volume: volume.to_string(),
+        target: target.to_string(),
+        read_only: true,
+    });
+}
+
 /// Re-verify every critical flag of a spec against the operator's sandbox settings. Called
 /// right before each create and before a pre-started container serves a run.
 pub fn check(spec: &ContainerSpec, sandbox: &SandboxSettings) -> Result<(), PostureViolation> {
+    check_as(spec, sandbox, Role::Run)
+}
+
+/// [`check`] for a container of the given role.
+pub fn check_as(
+    spec: &ContainerSpec,
+    sandbox: &SandboxSettings,
+    role: Role<'_>,
+) -> Result<(), PostureViolation> {
     let fail = |m: String| Err(PostureViolation(m));
+    for v in &spec.volumes {
+        if !v.volume.starts_with(PACKAGES_VOLUME_PREFIX) || !v.target.starts_with("/opt/") {
+            return fail(format!(
+                "volume {} at {} is not an installed packages prefix under /opt",
+                v.volume, v.target
+            ));
+        }
+        match role {
+            Role::Run if !v.read_only => {
+                return fail(format!("the packages volume {} is writable", v.volume))
+            }
+            Role::Install { .. } => {
+                return fail("an install container gets no volume".into());
+            }
+            _ => {}
+        }
+    }
+    if role == Role::Fill && (spec.volumes.len() != 1 || spec.open_stdin) {
+        return fail("a filler has exactly one volume and no stdin".into());
+    }
+    let (network, runtime) = match role {
+        Role::Install { network, runtime } => (network, runtime),
+        _ => ("none", sandbox.runtime.as_str()),
+    };
     if spec.cmd != [INIT] {
         return fail(format!(
             "the command is {:?}, not codebox's waiting step {INIT}",
@@ -151,15 +236,15 @@ pub fn check(spec: &ContainerSpec, sandbox: &SandboxSettings) -> Result<(), Post
     if spec.init {
         return fail("another init would take PID 1 from codebox-init".into());
     }
-    if spec.runtime != sandbox.runtime {
+    if spec.runtime != runtime {
         return fail(format!(
-            "the runtime is `{}`, not the configured `{}`",
-            spec.runtime, sandbox.runtime
+            "the runtime is `{}`, not the configured `{runtime}`",
+            spec.runtime
         ));
     }
-    if spec.network_mode != "none" {
+    if spec.network_mode != network || network.is_empty() || network == "host" {
         return fail(format!(
-            "network mode is `{}`, not `none`",
+            "network mode is `{}`, not `{network}`",
             spec.network_mode
         ));
     }
@@ -386,6 +471,54 @@ mod tests {
                 "{name} was accepted"
             );
         }
+    }
+
+    #[test]
+    fn only_a_read_only_prefix_volume_and_only_the_install_network_pass() {
+        let sandbox = SandboxSettings::default();
+        let mut run = spec();
+        with_prefix(&mut run, "codebox-pkg-abc", "/opt/codebox/packages");
+        check(&run, &sandbox).unwrap();
+        run.volumes[0].read_only = false;
+        assert!(check(&run, &sandbox).is_err(), "a writable prefix ran");
+        let mut other = spec();
+        with_prefix(&mut other, "somebody-else", "/opt/x");
+        assert!(check(&other, &sandbox).is_err());
+        let mut etc = spec();
+        with_prefix(&mut etc, "codebox-pkg-abc", "/etc");
+        assert!(check(&etc, &sandbox).is_err());
+
+        let net = "codebox-install-x";
+        let role = Role::Install {
+            network: net,
+            runtime: "runc",
+        };
+        let inst = install(&plan(), &sandbox, net, "runc");
+        check_as(&inst, &sandbox, role).unwrap();
+        let mut other_runtime = inst.clone();
+        other_runtime.runtime = "weird".into();
+        assert!(check_as(&other_runtime, &sandbox, role).is_err());
+        assert!(
+            check(&inst, &sandbox).is_err(),
+            "a run container got a network"
+        );
+        for wrong in ["bridge", "host", ""] {
+            let mut s = inst.clone();
+            s.network_mode = wrong.into();
+            assert!(check_as(&s, &sandbox, role).is_err());
+        }
+        let mut with_vol = inst.clone();
+        with_prefix(&mut with_vol, "codebox-pkg-abc", "/opt/codebox/packages");
+        assert!(check_as(&with_vol, &sandbox, role).is_err());
+
+        let fill = filler(
+            &plan(),
+            &sandbox,
+            "codebox-pkg-abc",
+            "/opt/codebox/packages",
+        );
+        check_as(&fill, &sandbox, Role::Fill).unwrap();
+        assert!(check(&fill, &sandbox).is_err());
     }
 
     #[test]

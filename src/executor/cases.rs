@@ -128,9 +128,10 @@ pub(super) async fn run(
 ) -> Result<Ended, Halt> {
     let lang = &req.language;
     let limit = program.limit();
+    let prefix = known.prefix.clone();
     let case = |i: usize, container: Option<Acquired>, check: bool| {
         let t = &req.tests[i];
-        let want = containers.run_want(run_id, req, &format!("t{}", i + 1));
+        let want = containers.run_want(run_id, req, &format!("t{}", i + 1), prefix.as_ref());
         let p = program.payload(
             req,
             &containers.config,

@@ -162,6 +162,7 @@ async fn compile(
         },
         workspace_mb: limits.workspace_mb,
         labels: containers.run_labels(run_id, Executor::budget(req)),
+        prefix: None,
     };
     let container = containers.acquire(&want, bound).await?;
     let payload = Payload {

@@ -38,6 +38,8 @@ pub(super) struct Want {
     pub limits: Limits,
     pub workspace_mb: u64,
     pub labels: BTreeMap<String, String>,
+    /// An installed packages prefix to mount read-only (never from the pool, then).
+    pub prefix: Option<crate::packages::Prefix>,
 }
 
 /// A container for one stage: created only, or started ahead of time (taken from the pool).
@@ -55,7 +57,7 @@ pub struct Containers {
     pub(super) engine: Arc<dyn ContainerEngine>,
     pub(super) config: Arc<Config>,
     pub(super) instance: String,
-    uids: Arc<UidPool>,
+    pub(super) uids: Arc<UidPool>,
     pub(super) cleanup: Cleanup,
     pub(super) pool: Pool,
     images: Arc<ImageIds>,
@@ -101,7 +103,13 @@ impl Containers {
     }
 
     /// The container a run stage (or test case) gets: `suffix` names it.
-    pub(super) fn run_want(&self, run_id: &str, req: &ValidRequest, suffix: &str) -> Want {
+    pub(super) fn run_want(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        suffix: &str,
+        prefix: Option<&crate::packages::Prefix>,
+    ) -> Want {
         let lang = &req.language;
         let memory_mb = req.limits.memory_mb;
         Want {
@@ -113,7 +121,11 @@ impl Containers {
                 cpus: req.limits.cpus,
             },
             workspace_mb: run_workspace_mb(&self.config, memory_mb),
-            labels: self.run_labels(run_id, super::Executor::budget(req)),
+            labels: self.run_labels(
+                run_id,
+                super::Executor::budget_with_install(&self.config, req),
+            ),
+            prefix: prefix.cloned(),
         }
     }
 
@@ -130,7 +142,10 @@ impl Containers {
             workspace_mb: want.workspace_mb,
             labels: want.labels.clone(),
         };
-        let spec = posture::locked_down(&plan, &self.config.sandbox);
+        let mut spec = posture::locked_down(&plan, &self.config.sandbox);
+        if let Some(p) = &want.prefix {
+            posture::with_prefix(&mut spec, &p.volume, &p.target);
+        }
         posture::check(&spec, &self.config.sandbox)?;
         let mut guard = ContainerGuard::new(
             self.engine.clone(),
@@ -184,7 +199,11 @@ impl Containers {
     pub(super) async fn acquire(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
         let began = Instant::now();
         let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb);
-        let acquired = match self.pool.take(&shape).await {
+        let pooled = match want.prefix {
+            Some(_) => None,
+            None => self.pool.take(&shape).await,
+        };
+        let acquired = match pooled {
             Some(taken) => Ok(Acquired {
                 guard: taken.guard,
                 started: true,

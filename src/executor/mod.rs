@@ -41,8 +41,10 @@ use crate::engine::guard::Cleanup;
 use crate::engine::posture::PostureViolation;
 use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
 use crate::engine::{ContainerEngine, EngineError};
+use crate::packages::{InstallEnd, Packages, Prefix};
 use crate::report::{
-    fmt_num, CompileReport, FileReport, RunReport, SessionExecution, Stage, Status, TestReport,
+    fmt_num, CompileReport, FileReport, PackagesReport, RunReport, SessionExecution, Stage, Status,
+    TestReport,
 };
 pub use cases::parallelism;
 use compile::Compiler;
@@ -124,6 +126,7 @@ impl Halt {
 pub struct Executor {
     containers: Containers,
     compiler: Compiler,
+    packages: Arc<Packages>,
 }
 
 /// A new run id: 32 lowercase hex digits.
@@ -146,6 +149,9 @@ struct Known {
     stage: Option<Stage>,
     image_id: Option<String>,
     compile: Option<CompileReport>,
+    packages: Option<PackagesReport>,
+    /// The installed prefix the run's containers mount read-only.
+    prefix: Option<Prefix>,
 }
 
 /// How the compile stage or the syntax check ended a run.
@@ -173,14 +179,30 @@ enum Ended {
     /// Stopped before the program ran.
     Stopped,
     Failed(SandboxFailure),
+    /// Installing the request's packages failed.
+    AtInstall(InstallEnd),
 }
 
 impl Executor {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
+        let containers = Containers::new(engine, config, instance);
+        let packages = Arc::new(Packages::new(
+            containers.config.clone(),
+            containers.engine.clone(),
+            containers.cleanup.clone(),
+            containers.uids.clone(),
+            containers.instance.clone(),
+        ));
         Executor {
-            compiler: Compiler::new(config.cache.compile_mb),
-            containers: Containers::new(engine, config, instance),
+            compiler: Compiler::new(containers.config.cache.compile_mb),
+            containers,
+            packages,
         }
+    }
+
+    /// Packages on request: the install step and its cache.
+    pub fn packages(&self) -> &Arc<Packages> {
+        &self.packages
     }
 
     /// Where runs spend their time, phase by phase.
@@ -285,6 +307,18 @@ impl Executor {
         Duration::from_secs_f64(before + req.limits.timeout_seconds)
     }
 
+    /// [`Executor::budget`] plus the install step's limit when the run asks for packages.
+    pub(super) fn budget_with_install(config: &Config, req: &ValidRequest) -> Duration {
+        let install = if req.packages.is_empty() {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(config.packages.install_timeout_seconds)
+                + BACKSTOP_GRACE
+                + Duration::from_secs(30)
+        };
+        Executor::budget(req) + install
+    }
+
     /// Carry out one run. Never fails: a broken sandbox is reported as `sandbox_error`.
     /// Containers are removed in the background once the report is made (see [`Cleanup`]),
     /// or, if the future is dropped, right after. Every engine call ends at a stop or at the
@@ -299,7 +333,9 @@ impl Executor {
         let started = Instant::now();
         let bound = Bound {
             cancel: &cancel,
-            deadline: tokio::time::Instant::now() + Executor::budget(req) + BACKSTOP_GRACE,
+            deadline: tokio::time::Instant::now()
+                + Executor::budget_with_install(&self.containers.config, req)
+                + BACKSTOP_GRACE,
         };
         let mut known = Known::default();
         let ended = match self.stages(run_id, req, &mut known, bound).await {
@@ -325,7 +361,43 @@ impl Executor {
         r.stage = known.stage;
         r.image_id = known.image_id;
         r.compile = known.compile;
+        r.packages = known.packages;
         match ended {
+            Ended::AtInstall(InstallEnd::Failed {
+                status,
+                message,
+                exit_code,
+                stdout,
+                stderr,
+                usage,
+                install_ms,
+            }) => {
+                r.stage = Some(Stage::Install);
+                r.status = status;
+                r.message = message;
+                r.exit_code = exit_code;
+                r.stdout_bytes = stdout.len() as u64;
+                r.stderr_bytes = stderr.len() as u64;
+                r.stdout = stdout;
+                r.stderr = stderr;
+                r.usage = usage;
+                r.packages = Some(PackagesReport {
+                    requested: req.packages.clone(),
+                    installed: Vec::new(),
+                    cached: false,
+                    install_ms,
+                });
+            }
+            Ended::AtInstall(InstallEnd::Stopped) => {
+                r.stage = Some(Stage::Install);
+                r.status = Status::Stopped;
+                r.message = "stopped while the packages were being installed".into();
+            }
+            Ended::AtInstall(InstallEnd::Sandbox(m)) => {
+                r.stage = Some(Stage::Install);
+                r.status = Status::SandboxError;
+                r.message = format!("installing the packages failed: {m}");
+            }
             Ended::AtCompile(c) => {
                 r.stage = Some(Stage::Compile);
                 r.status = c.status;
@@ -393,10 +465,29 @@ impl Executor {
         known: &mut Known,
         bound: Bound<'_>,
     ) -> Result<Ended, Halt> {
-        let lang = &req.language;
         let containers = &self.containers;
-        let first_want =
-            containers.run_want(run_id, req, if req.tests.is_empty() { "run" } else { "t1" });
+        // With packages, the program's environment gains the prefix's variables.
+        let with_prefix;
+        let req = if req.packages.is_empty() {
+            req
+        } else {
+            if let Err(end) = self.install_packages(run_id, req, known, bound).await? {
+                return Ok(Ended::AtInstall(end));
+            }
+            let mut r = req.clone();
+            if let Some(p) = &known.prefix {
+                r.language.env.extend(p.env.clone());
+            }
+            with_prefix = r;
+            &with_prefix
+        };
+        let lang = &req.language;
+        let first_want = containers.run_want(
+            run_id,
+            req,
+            if req.tests.is_empty() { "run" } else { "t1" },
+            known.prefix.as_ref(),
+        );
         let prepare_run = containers.acquire(&first_want, bound);
         let (files, first) = if lang.is_compiled() {
             let compile = async {
@@ -490,6 +581,80 @@ impl Executor {
             files: outputs::report_files(&result.decoded.files),
             result: None,
         })
+    }
+}
+
+impl Executor {
+    /// Install the request's packages (or take them from the cache) before any stage: the
+    /// run's containers then mount the prefix read-only (`known.prefix`).
+    async fn install_packages(
+        &self,
+        run_id: &str,
+        req: &ValidRequest,
+        known: &mut Known,
+        bound: Bound<'_>,
+    ) -> Result<Result<(), InstallEnd>, Halt> {
+        let lang = &req.language;
+        let image = self
+            .containers
+            .image(&lang.image.tag, &lang.image.name, bound)
+            .await?;
+        known.stage = Some(Stage::Install);
+        match self
+            .packages
+            .prepare(run_id, lang, &image.id, &req.packages, bound)
+            .await
+        {
+            Ok((prefix, report)) => {
+                known.packages = Some(report);
+                known.prefix = Some(prefix);
+                Ok(Ok(()))
+            }
+            Err(end) => Ok(Err(end)),
+        }
+    }
+
+    /// Install (or take from the cache) the packages a session is created with; the error
+    /// says what failed, with the end of the package manager's output.
+    pub async fn packages_for_session(
+        &self,
+        session_id: &str,
+        lang: &crate::registry::Language,
+        packages: &[String],
+    ) -> Result<Prefix, String> {
+        let never = CancellationToken::new();
+        let bound = Bound {
+            cancel: &never,
+            deadline: tokio::time::Instant::now()
+                + Duration::from_secs_f64(self.containers.config.packages.install_timeout_seconds)
+                + Duration::from_secs(60),
+        };
+        let image = self
+            .containers
+            .image(&lang.image.tag, &lang.image.name, bound)
+            .await
+            .map_err(|h| match h {
+                Halt::Failed(f) => f.to_string(),
+                Halt::Stopped => "stopped".to_string(),
+            })?;
+        // Named after a prefix of the id only: the id is a secret of its holders.
+        let name = format!("session-{}", &session_id[..session_id.len().min(8)]);
+        match self
+            .packages
+            .prepare(&name, lang, &image.id, packages, bound)
+            .await
+        {
+            Ok((prefix, _)) => Ok(prefix),
+            Err(InstallEnd::Failed {
+                message, stderr, ..
+            }) => {
+                let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                Err(format!("{message}; it ended with: {}", tail.join(" / ")))
+            }
+            Err(InstallEnd::Stopped) => Err("stopped while installing the packages".into()),
+            Err(InstallEnd::Sandbox(m)) => Err(format!("installing the packages failed: {m}")),
+        }
     }
 }
 

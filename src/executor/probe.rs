@@ -40,6 +40,7 @@ pub(super) async fn run(
         },
         workspace_mb: containers.config.sandbox.workspace_mb,
         labels,
+        prefix: None,
     };
     let payload = Payload {
         run: Some(cmd),

@@ -68,6 +68,8 @@ pub struct SessionSpec<'a> {
     pub files: Files,
     /// The session's longest life: the container's expiry label.
     pub lifetime: Duration,
+    /// Installed packages, mounted read-only for the session's life.
+    pub prefix: Option<crate::packages::Prefix>,
 }
 
 /// One request for the session's conversation task.
@@ -102,6 +104,8 @@ pub struct SessionBox {
     /// Cancelled when the container is ended: the request being answered ends at once.
     ended: CancellationToken,
     _conversation: AbortOnDropHandle<()>,
+    /// The installed packages it mounts: not evicted while it lives.
+    _prefix: Option<crate::packages::Prefix>,
 }
 
 /// One execution in a session: its report, and whether the session's container broke.
@@ -156,6 +160,7 @@ impl SessionBox {
             asks,
             ended,
             _conversation: AbortOnDropHandle::new(tokio::spawn(conversation.run(queue))),
+            _prefix: None,
         }
     }
 
@@ -414,6 +419,7 @@ impl SessionBox {
                 &containers.instance,
                 spec.lifetime + start,
             ),
+            prefix: spec.prefix.clone(),
         };
         let never = CancellationToken::new();
         let bound = Bound {
@@ -440,15 +446,20 @@ impl SessionBox {
             )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
-        let sbox = SessionBox::new(
+        let mut sbox = SessionBox::new(
             containers.engine.clone(),
             guard,
             lang.is_stateful(),
             attached,
         );
+        let mut env = lang.env.clone();
+        if let Some(p) = &spec.prefix {
+            env.extend(p.env.clone());
+        }
+        sbox._prefix = spec.prefix;
         let open = Open {
             driver: lang.session_driver.clone(),
-            env: lang.env.clone(),
+            env,
             files: spec.files,
             start_timeout: start,
         };

@@ -314,6 +314,7 @@ fn history_row(r: &Row) -> HistoryRow {
             .and_then(|s| Status::parse(&s))
             .unwrap_or(Status::SandboxError),
         stage: r.text(10).and_then(|s| match s.as_str() {
+            "install" => Some(Stage::Install),
             "compile" => Some(Stage::Compile),
             "run" => Some(Stage::Run),
             _ => None,

@@ -114,7 +114,21 @@ pub struct Language {
     /// The session driver (a program in the image that keeps an interpreter's state between
     /// the executions of a session); `None`: sessions keep files only.
     pub session_driver: Option<Vec<String>>,
+    /// How requested packages are installed (SPEC 13); `None`: this language takes none.
+    pub install: Option<Install>,
     pub tests: Vec<Sample>,
+}
+
+/// How a language's package manager installs requested packages into a prefix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Install {
+    /// The command; `{prefix}` is where it installs, `{index}` the operator's index URL;
+    /// the requirements are appended.
+    pub command: Vec<String>,
+    /// The program's extra environment, pointing into `prefix`.
+    pub env: BTreeMap<String, String>,
+    /// Where the program's container mounts the installed prefix, read-only.
+    pub prefix: String,
 }
 
 impl Language {

@@ -86,8 +86,23 @@ pub struct RawLanguage {
     pub piston: Option<RawPiston>,
     /// How sessions keep state: `{ driver = [...] }`; without it, sessions keep files only.
     pub session: Option<RawSession>,
+    /// How its package manager installs requested packages into a prefix (SPEC 13).
+    pub install: Option<RawInstall>,
     #[serde(default)]
     pub tests: Vec<RawSample>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInstall {
+    /// The package manager's command; `{prefix}` and `{index}` are filled in, the
+    /// requirements appended.
+    pub command: Vec<String>,
+    /// What makes the program see the prefix (`PYTHONPATH`, `NODE_PATH`, ...).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Where the program's container sees the installed prefix (read-only).
+    pub prefix: String,
 }
 
 #[derive(Debug, Deserialize)]

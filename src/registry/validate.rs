@@ -151,6 +151,10 @@ pub(super) fn validate_language(
         Some(s) => Some(s.driver),
         None => None,
     };
+    let install = match raw.install {
+        Some(i) => Some(install(i).map_err(|(f, m)| (format!("install.{f}"), m))?),
+        None => None,
+    };
     for (k, v) in &raw.env {
         let ok_key = !k.is_empty()
             && !k.starts_with(|c: char| c.is_ascii_digit())
@@ -291,6 +295,49 @@ pub(super) fn validate_language(
         piston,
         session_driver,
         checked_run,
+        install,
         tests,
+    })
+}
+
+/// A language's `install`: a command, a prefix outside the image's own folders, and
+/// variables that only point into the prefix.
+fn install(raw: raw::RawInstall) -> Result<super::Install, (String, String)> {
+    if raw.command.is_empty() || raw.command[0].is_empty() {
+        return Err(("command".into(), "must be a non-empty command".into()));
+    }
+    if !raw.command.iter().any(|a| a.contains("{prefix}")) {
+        return Err((
+            "command".into(),
+            "must say where to install with `{prefix}`".into(),
+        ));
+    }
+    let p = &raw.prefix;
+    let ok = p.starts_with("/opt/")
+        && p.len() > 5
+        && p.split('/').skip(1).all(|c| {
+            !c.is_empty() && c != "." && c != ".." && c.chars().all(|ch| ch.is_ascii_graphic())
+        });
+    if !ok {
+        return Err((
+            "prefix".into(),
+            format!("`{p}` must be an absolute path under /opt/ (it is mounted there, read-only)"),
+        ));
+    }
+    for (k, v) in &raw.env {
+        let ok_key = !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok_key || v.contains('\0') {
+            return Err((
+                "env".into(),
+                format!("`{k}` is not a valid environment variable"),
+            ));
+        }
+    }
+    Ok(super::Install {
+        command: raw.command,
+        env: raw.env,
+        prefix: raw.prefix,
     })
 }

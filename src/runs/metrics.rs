@@ -282,6 +282,54 @@ impl Metrics {
                 "codebox_compile_cache_lookups_total{{result=\"{result}\"}} {n}"
             );
         }
+        let k = &stats.packages;
+        let _ = writeln!(
+            w,
+            "# HELP codebox_packages_lookups_total Packages-cache lookups: hit (the prefix was installed before: no install, no network), miss (installed now)."
+        );
+        let _ = writeln!(w, "# TYPE codebox_packages_lookups_total counter");
+        for (result, n) in [("hit", k.hits), ("miss", k.misses)] {
+            let _ = writeln!(
+                w,
+                "codebox_packages_lookups_total{{result=\"{result}\"}} {n}"
+            );
+        }
+        for (name, help, kind, n) in [
+            (
+                "codebox_packages_install_failures_total",
+                "Installs that failed, timed out or ran out of memory.",
+                "counter",
+                k.failures,
+            ),
+            (
+                "codebox_packages_installed_bytes_total",
+                "Bytes of package prefixes installed.",
+                "counter",
+                k.installed_bytes,
+            ),
+            (
+                "codebox_packages_downloaded_bytes_total",
+                "Bytes install steps downloaded through the egress proxy.",
+                "counter",
+                k.downloaded_bytes,
+            ),
+            (
+                "codebox_packages_cache_bytes",
+                "Bytes of installed prefixes the cache holds (packages.cache_mb caps it).",
+                "gauge",
+                k.cached_bytes,
+            ),
+            (
+                "codebox_packages_cache_prefixes",
+                "Installed prefixes the cache holds.",
+                "gauge",
+                k.cached_prefixes as u64,
+            ),
+        ] {
+            let _ = writeln!(w, "# HELP {name} {help}");
+            let _ = writeln!(w, "# TYPE {name} {kind}");
+            let _ = writeln!(w, "{name} {n}");
+        }
         let p = &stats.pool;
         let _ = writeln!(
             w,

@@ -667,6 +667,8 @@ impl RunManager {
         }
         // Sessions' containers (and those of the stopped runs) are removed in the background.
         self.inner.executor.cleanup().drain(grace).await;
+        // Then the installed prefixes they mounted, and the install network.
+        self.inner.executor.packages().close().await;
     }
 
     /// Drain (SIGTERM in a cluster): refuse new runs and sessions, let every queued and
@@ -1075,6 +1077,20 @@ impl RunManager {
             trimmed: load(&c.trimmed),
         };
         let (compile_cache_hits, compile_cache_misses) = executor.cache_counts();
+        let packages = {
+            let p = executor.packages();
+            let c = p.counters();
+            let (cached_bytes, cached_prefixes) = p.cached();
+            crate::runs::stats::PackagesSnapshot {
+                hits: load(&c.hits),
+                misses: load(&c.misses),
+                failures: load(&c.failures),
+                installed_bytes: load(&c.installed_bytes),
+                downloaded_bytes: load(&c.downloaded_bytes),
+                cached_bytes,
+                cached_prefixes,
+            }
+        };
         let (sessions_open, sessions_ready, sessions_memory_mb) = self.inner.sessions.counts();
         let st = self.lock();
         Stats {
@@ -1088,6 +1104,7 @@ impl RunManager {
             evicted: st.retention.evicted(),
             compile_cache_hits,
             compile_cache_misses,
+            packages,
             sessions_open,
             sessions_ready,
             sessions_memory_mb,

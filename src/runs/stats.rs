@@ -19,11 +19,26 @@ pub struct Stats {
     /// Compile-cache lookups that found a verdict, and those that did not.
     pub compile_cache_hits: u64,
     pub compile_cache_misses: u64,
+    /// Packages on request: cache hits, misses (installs), failed installs, bytes installed
+    /// and downloaded, and what the cache holds now (bytes, prefixes).
+    pub packages: PackagesSnapshot,
     /// Sessions open, those opened ahead of time (`sessions.ready`), and the memory all of
     /// them hold.
     pub sessions_open: usize,
     pub sessions_ready: usize,
     pub sessions_memory_mb: u64,
+}
+
+/// What the packages cache and install step have done.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PackagesSnapshot {
+    pub hits: u64,
+    pub misses: u64,
+    pub failures: u64,
+    pub installed_bytes: u64,
+    pub downloaded_bytes: u64,
+    pub cached_bytes: u64,
+    pub cached_prefixes: usize,
 }
 
 /// What the pool holds and has done.

@@ -26,6 +26,7 @@ mod mcp_load;
 mod mcp_stdio;
 mod mcp_support;
 mod mcp_tools;
+mod packages;
 mod pg_cluster;
 mod pool;
 mod postgres;

@@ -110,3 +110,55 @@ async fn containers_of_dead_or_expired_instances_are_reaped_and_live_ones_kept()
     );
     drop(alive);
 }
+
+#[tokio::test]
+async fn install_networks_of_dead_instances_are_reaped_and_live_ones_kept() {
+    let data = tempfile::tempdir().unwrap();
+    let engine = crate::common::docker_engine().unwrap();
+    let me = Instance::register(data.path());
+    let alive = Instance::register(data.path());
+    let dead_id = format!("deadnet{}", &uuid::Uuid::new_v4().simple().to_string()[..9]);
+    std::fs::write(
+        data.path()
+            .join("instances")
+            .join(format!("{dead_id}.lock")),
+        b"",
+    )
+    .unwrap();
+    let net = |instance: &str| {
+        let name = format!("codebox-install-{instance}-t");
+        let made = std::process::Command::new("docker")
+            .args([
+                "network",
+                "create",
+                "--internal",
+                "--label",
+                "codebox.managed=true",
+            ])
+            .args(["--label", &format!("codebox.instance={instance}")])
+            .args(["--label", &format!("codebox.expires={}", now() + 3600)])
+            .arg(&name)
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{made:?}");
+        name
+    };
+    let (dead, live) = (net(&dead_id), net(&alive.id));
+    let reaped = reap(&engine, &me.id, data.path()).await.unwrap();
+    let exists = |n: &str| {
+        std::process::Command::new("docker")
+            .args(["network", "inspect", n])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    let (dead_left, live_left) = (exists(&dead), exists(&live));
+    for n in [&dead, &live] {
+        engine.remove_network(n).await.unwrap();
+    }
+    assert!(!dead_left, "a dead instance's install network was kept");
+    assert!(live_left, "a live instance's install network was reaped");
+    assert!(reaped.networks >= 1);
+    drop(alive);
+}

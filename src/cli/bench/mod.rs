@@ -23,6 +23,7 @@
 mod calls;
 mod docker;
 mod host;
+mod packages;
 mod workloads;
 
 use std::collections::BTreeMap;
@@ -83,6 +84,12 @@ pub struct BenchArgs {
     /// of each), with the first language's image.
     #[arg(long)]
     pub calls: bool,
+    /// Packages on request, for python: a run importing MODULE with REQUIREMENT installed
+    /// cold (the cache emptied before each), with the cache hit, and the same program
+    /// importing a module the image ships (`json`), `--n` each, interleaved. Needs
+    /// `packages.python.index_url`.
+    #[arg(long, num_args = 2, value_names = ["REQUIREMENT", "MODULE"])]
+    pub packages: Option<Vec<String>>,
 }
 
 /// The languages a bench is about (for the pool it asks for).
@@ -254,6 +261,9 @@ pub async fn bench(
     }
     if args.calls {
         return calls::calls(app, langs[0], args.n, out).await;
+    }
+    if let Some(p) = &args.packages {
+        return packages::bench(app, &p[0], &p[1], args.n, out).await;
     }
     app.runs.start_pool();
     let docker = Arc::new(Docker::new(app)?);

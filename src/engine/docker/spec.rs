@@ -2,7 +2,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+};
 
 use crate::engine::{ContainerSpec, LABEL_MANAGED};
 
@@ -32,7 +34,22 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         cpu_period: Some(spec.cpu_period_us),
         tmpfs: Some(to_hash(&spec.tmpfs)),
         shm_size: Some(spec.shm_bytes),
-        mounts: Some(Vec::new()),
+        mounts: Some(
+            spec.volumes
+                .iter()
+                .map(|v| Mount {
+                    target: Some(v.target.clone()),
+                    source: Some(v.volume.clone()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(v.read_only),
+                    volume_options: Some(MountVolumeOptions {
+                        no_copy: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
         binds: Some(Vec::new()),
         devices: Some(Vec::new()),
         ulimits: Some(

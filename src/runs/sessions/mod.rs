@@ -393,7 +393,11 @@ impl Sessions {
             }
             let at = t.ready.iter().position(|r| r.language == valid.language.id);
             match at {
-                Some(i) if valid.files.is_empty() && default_limits => Some(t.ready.remove(i)),
+                Some(i)
+                    if valid.files.is_empty() && valid.packages.is_empty() && default_limits =>
+                {
+                    Some(t.ready.remove(i))
+                }
                 _ => None,
             }
         };
@@ -462,7 +466,20 @@ impl Sessions {
             .iter()
             .map(|(path, content)| Entry::file(path.clone(), 0o644, content.clone()))
             .collect();
+        let prefix = if valid.packages.is_empty() {
+            None
+        } else {
+            match self
+                .executor
+                .packages_for_session(&id, &valid.language, &valid.packages)
+                .await
+            {
+                Ok(p) => Some(p),
+                Err(why) => return Err(SessionError::Unavailable(why)),
+            }
+        };
         let spec = SessionSpec {
+            prefix,
             name: container_name(&id),
             language: &valid.language,
             limits: Limits {
@@ -862,6 +879,7 @@ impl Sessions {
                         lifetime: Duration::from_secs(
                             s.max_lifetime_seconds + sessions.config.pool.idle_seconds,
                         ),
+                        prefix: None,
                     };
                     let opened = sessions.executor.open_session(spec).await;
                     let mut t = sessions.lock();

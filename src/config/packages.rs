@@ -1,0 +1,163 @@
+//! The `[packages]` settings (SPEC 13): which indexes an install step may reach, per
+//! language, and what one install may take. Off by default: with no index set, a request
+//! with `packages` is refused.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Config, ConfigError};
+
+section! {
+    /// Python's package index (`pip install --index-url`).
+    pub struct PythonIndex {
+        /// The PEP 503 index pip installs from, e.g. `https://pypi.org/simple` or a mirror
+        /// (`http://127.0.0.1:3141/simple` on the host's loopback works). Unset: Python
+        /// takes no packages.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub index_url: Option<String> = None,
+        /// More `host` or `host:port` the index redirects to for files (PyPI serves them
+        /// from `files.pythonhosted.org`); port 443 when left out.
+        pub also_hosts: Vec<String> = Vec::new(),
+    }
+}
+
+section! {
+    /// JavaScript's npm registry (`npm install --registry`).
+    pub struct NpmRegistry {
+        /// The registry npm installs from, e.g. `https://registry.npmjs.org` or a mirror.
+        /// Unset: JavaScript takes no packages.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub registry_url: Option<String> = None,
+        /// More `host` or `host:port` the registry sends tarballs from; port 443 when left out.
+        pub also_hosts: Vec<String> = Vec::new(),
+    }
+}
+
+section! {
+    /// Packages on request: an install step in a container of its own whose only way out is
+    /// codebox's egress proxy, admitting the configured indexes only.
+    ///
+    /// # Security
+    /// Setting an index lets the packages it serves run their install scripts in an install
+    /// container (the posture of every run, plus one network that reaches only the proxy);
+    /// programs stay without a network and see the installed prefix read-only. See
+    /// SECURITY.md, "Packages on request".
+    pub struct PackagesSettings {
+        /// Installed prefixes kept for reuse, in MB in all (least recently used first out).
+        pub cache_mb: u64 = 2048,
+        /// Wall-clock limit of one install, in seconds.
+        pub install_timeout_seconds: f64 = 120.0,
+        /// Memory of the install container, in MB; the prefix being written (a tmpfs) counts
+        /// against it.
+        pub install_memory_mb: u64 = 1024,
+        /// Most bytes one install may download through the proxy, in MB.
+        pub max_download_mb: u64 = 256,
+        /// Largest installed prefix, in MB (at most half of `install_memory_mb`).
+        pub prefix_mb: u64 = 384,
+        /// The OCI runtime of install containers (default: `sandbox.runtime`). A gVisor
+        /// registered with `--network=none` (as Docker 20.10 needs for `network_mode=none`)
+        /// gives containers no network at all, so installs cannot reach the proxy under it:
+        /// set `runc` here, or register a second runsc without that flag and name it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub install_runtime: Option<String> = None,
+        pub python: PythonIndex = PythonIndex::default(),
+        pub javascript: NpmRegistry = NpmRegistry::default(),
+    }
+}
+
+impl PackagesSettings {
+    /// The index a language installs from and the other hosts it may reach, when the operator
+    /// enabled it.
+    pub fn index_for(&self, language: &str) -> Option<(&str, &[String])> {
+        match language {
+            "python" => self
+                .python
+                .index_url
+                .as_deref()
+                .map(|u| (u, self.python.also_hosts.as_slice())),
+            "javascript" => self
+                .javascript
+                .registry_url
+                .as_deref()
+                .map(|u| (u, self.javascript.also_hosts.as_slice())),
+            _ => None,
+        }
+    }
+
+    /// The setting that names a language's index (for messages).
+    pub fn setting_for(language: &str) -> Option<&'static str> {
+        match language {
+            "python" => Some("packages.python.index_url"),
+            "javascript" => Some("packages.javascript.registry_url"),
+            _ => None,
+        }
+    }
+
+    pub(super) fn validate(&self, _config: &Config) -> Result<(), ConfigError> {
+        let invalid = |setting: &str, value: String, reason: &str| {
+            Err(ConfigError::Invalid {
+                setting: setting.to_string(),
+                value,
+                reason: reason.to_string(),
+            })
+        };
+        if !(self.install_timeout_seconds.is_finite() && self.install_timeout_seconds >= 1.0) {
+            return invalid(
+                "packages.install_timeout_seconds",
+                self.install_timeout_seconds.to_string(),
+                "must be at least 1",
+            );
+        }
+        if self.install_memory_mb < 64 {
+            return invalid(
+                "packages.install_memory_mb",
+                self.install_memory_mb.to_string(),
+                "must be at least 64",
+            );
+        }
+        if self.prefix_mb == 0 || self.prefix_mb * 2 > self.install_memory_mb {
+            return invalid(
+                "packages.prefix_mb",
+                self.prefix_mb.to_string(),
+                "must be between 1 and half of packages.install_memory_mb (the prefix is written to memory)",
+            );
+        }
+        if self.max_download_mb == 0 {
+            return invalid("packages.max_download_mb", "0".into(), "must be positive");
+        }
+        for (setting, url, hosts) in [
+            (
+                "packages.python.index_url",
+                &self.python.index_url,
+                &self.python.also_hosts,
+            ),
+            (
+                "packages.javascript.registry_url",
+                &self.javascript.registry_url,
+                &self.javascript.also_hosts,
+            ),
+        ] {
+            if let Some(u) = url {
+                if crate::packages::proxy::Allowed::from_url(u).is_none() {
+                    return invalid(
+                        setting,
+                        u.clone(),
+                        "must be an http:// or https:// URL with a host name or address",
+                    );
+                }
+            }
+            for h in hosts {
+                if crate::packages::proxy::Allowed::from_host(h).is_none() {
+                    return invalid(
+                        &setting
+                            .replace(".index_url", ".also_hosts")
+                            .replace(".registry_url", ".also_hosts"),
+                        h.clone(),
+                        "must be `host` or `host:port`",
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,746 @@
+//! Packages on request (SPEC 13): an install step in a container of its own, whose only way
+//! out is an egress proxy admitting the operator's index hosts, and a cache of installed
+//! prefixes. The executor calls [`Packages::prepare`] once per run that asks for packages; it
+//! gets back a read-only volume to mount into the program's container (which keeps
+//! `network_mode=none`) and the report's `packages`.
+//!
+//! # Security
+//! Install scripts (an sdist's `setup.py`, npm's lifecycle scripts) run only in the install
+//! container: the posture of section 4 (read-only root, a sandbox user, no capabilities,
+//! seccomp, limits) except its network, an `internal` Docker network on which the host's
+//! gateway address, where this install's [`proxy::Proxy`] listens, is all there is (Docker's
+//! embedded DNS answers no outside name there). It writes only its working directory, a
+//! tmpfs capped at `packages.prefix_mb`, which codebox copies into a fresh volume through a
+//! container that never starts. Programs mount that volume read-only.
+
+pub mod cache;
+pub mod proxy;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::OnceCell;
+
+use crate::config::Config;
+use crate::engine::guard::{Cleanup, ContainerGuard};
+use crate::engine::posture::{self, Limits, Plan, Role, PACKAGES_VOLUME_PREFIX, WORKSPACE};
+use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
+use crate::engine::uids::UidPool;
+use crate::engine::{ContainerEngine, NetworkInfo};
+use crate::executor::labels;
+use crate::executor::outcome::classify;
+use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, StageRequest};
+use crate::registry::Language;
+use crate::report::{fmt_num, InstalledPackage, PackagesReport, Status, Usage};
+
+/// Label on a packages volume carrying its cache key.
+pub const LABEL_PACKAGES: &str = "codebox.packages";
+/// The host's grace beyond the install's own time limit.
+const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
+/// Most entries an installed prefix may have.
+const MAX_PREFIX_ENTRIES: usize = 200_000;
+
+/// What the cache and the install step counted (`/metrics`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub failures: AtomicU64,
+    /// Bytes of prefixes installed.
+    pub installed_bytes: AtomicU64,
+    /// Bytes downloaded through the proxy.
+    pub downloaded_bytes: AtomicU64,
+    /// Time installs spent in the install container (download and install), and copying
+    /// prefixes into their volumes, in ms.
+    pub install_container_ms: AtomicU64,
+    pub copy_ms: AtomicU64,
+}
+
+/// A prefix ready to mount; the run holds it (no eviction) until it is dropped.
+#[derive(Debug, Clone)]
+pub struct Prefix {
+    pub volume: String,
+    pub target: String,
+    /// What the program's environment gains (`PYTHONPATH`, ...).
+    pub env: BTreeMap<String, String>,
+    _held: Arc<cache::Entry>,
+}
+
+/// How an install ended a run.
+#[derive(Debug)]
+pub enum InstallEnd {
+    /// The install failed, timed out or ran out of memory: the run ends with this status
+    /// and `stage: "install"`.
+    Failed {
+        status: Status,
+        message: String,
+        exit_code: Option<i64>,
+        stdout: String,
+        stderr: String,
+        usage: Usage,
+        install_ms: u64,
+    },
+    Stopped,
+    /// codebox or Docker failed (`sandbox_error`).
+    Sandbox(String),
+}
+
+impl From<BoundError> for InstallEnd {
+    fn from(e: BoundError) -> InstallEnd {
+        match e {
+            BoundError::Interrupted(Interrupted::Stopped) => InstallEnd::Stopped,
+            other => InstallEnd::Sandbox(other.to_string()),
+        }
+    }
+}
+
+/// The install step and its cache, one per executor.
+pub struct Packages {
+    config: Arc<Config>,
+    engine: Arc<dyn ContainerEngine>,
+    cleanup: Cleanup,
+    uids: Arc<UidPool>,
+    instance: String,
+    network: OnceCell<NetworkInfo>,
+    /// Tells this cache's network from another's of the same server process.
+    id: String,
+    cache: Mutex<cache::Lru>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    counters: Counters,
+}
+
+/// The cache key: language, image, index and the exact sorted requirement list.
+pub fn key(language: &str, image_id: &str, index: &str, requirements: &[String]) -> String {
+    let mut h = Sha256::new();
+    for part in [language, image_id, index] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    for r in requirements {
+        h.update(r.as_bytes());
+        h.update([b'\n']);
+    }
+    format!("{:x}", h.finalize())
+}
+
+impl Packages {
+    pub fn new(
+        config: Arc<Config>,
+        engine: Arc<dyn ContainerEngine>,
+        cleanup: Cleanup,
+        uids: Arc<UidPool>,
+        instance: String,
+    ) -> Packages {
+        Packages {
+            config,
+            engine,
+            cleanup,
+            uids,
+            instance,
+            network: OnceCell::new(),
+            id: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+            cache: Mutex::new(cache::Lru::default()),
+            locks: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Bytes and entries the cache holds.
+    pub fn cached(&self) -> (u64, usize) {
+        let c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        (c.bytes(), c.len())
+    }
+
+    /// The volumes the cache holds now.
+    pub fn volumes(&self) -> Vec<String> {
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .volumes()
+    }
+
+    /// The name of this server's install network.
+    pub fn network_name(&self) -> String {
+        format!("codebox-install-{}-{}", self.instance, self.id)
+    }
+
+    /// A prefix with `requirements` installed for `lang` on image `image_id`: from the cache,
+    /// or installed now (once, whoever else asks for the same key meanwhile).
+    pub async fn prepare(
+        &self,
+        run_id: &str,
+        lang: &Language,
+        image_id: &str,
+        requirements: &[String],
+        bound: Bound<'_>,
+    ) -> Result<(Prefix, PackagesReport), InstallEnd> {
+        let Some(install) = &lang.install else {
+            return Err(InstallEnd::Sandbox(format!(
+                "{} has no install step",
+                lang.id
+            )));
+        };
+        let Some((index, _)) = self.config.packages.index_for(&lang.id) else {
+            return Err(InstallEnd::Sandbox(format!(
+                "packages are not enabled for {}",
+                lang.id
+            )));
+        };
+        let key = key(&lang.id, image_id, index, requirements);
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(key.clone()).or_default().clone()
+        };
+        let _guard = tokio::select! {
+            g = lock.lock() => g,
+            _ = bound.cancel.cancelled() => return Err(InstallEnd::Stopped),
+        };
+        let prefix = |entry: Arc<cache::Entry>| Prefix {
+            volume: entry.volume.clone(),
+            target: install.prefix.clone(),
+            env: install.env.clone(),
+            _held: entry,
+        };
+        let report = |entry: &cache::Entry, cached: bool, install_ms: u64| PackagesReport {
+            requested: requirements.to_vec(),
+            installed: entry.installed.clone(),
+            cached,
+            install_ms,
+        };
+        let hit = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key);
+        if let Some(entry) = hit {
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            let r = report(&entry, true, 0);
+            return Ok((prefix(entry), r));
+        }
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        let began = Instant::now();
+        let installed = self
+            .install(run_id, lang, index, &key, requirements, bound)
+            .await;
+        let install_ms = began.elapsed().as_millis() as u64;
+        let entry = match installed {
+            Ok(e) => Arc::new(e),
+            Err(mut end) => {
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                if let InstallEnd::Failed { install_ms: ms, .. } = &mut end {
+                    *ms = install_ms;
+                }
+                return Err(end);
+            }
+        };
+        self.counters
+            .installed_bytes
+            .fetch_add(entry.bytes, Ordering::Relaxed);
+        let evicted = {
+            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            c.insert(key.clone(), entry.clone());
+            c.evict(self.config.packages.cache_mb * 1024 * 1024)
+        };
+        for e in evicted {
+            self.remove_volume_later(e.volume.clone());
+        }
+        let r = report(&entry, false, install_ms);
+        Ok((prefix(entry), r))
+    }
+
+    /// Remove an evicted prefix's volume once no container holds it any more.
+    fn remove_volume_later(&self, volume: String) {
+        let engine = self.engine.clone();
+        self.cleanup.spawn(async move {
+            for _ in 0..30 {
+                if engine.remove_volume(&volume).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            tracing::warn!(%volume, "an evicted packages volume could not be removed");
+        });
+    }
+
+    /// The install network, made the first time it is needed.
+    async fn network(&self) -> Result<&NetworkInfo, InstallEnd> {
+        self.network
+            .get_or_try_init(|| async {
+                // Reaped once this instance is dead (never "expired" while it lives).
+                let labels = labels(
+                    "packages",
+                    &self.instance,
+                    Duration::from_secs(10 * 365 * 86400),
+                );
+                self.engine
+                    .internal_network(&self.network_name(), labels)
+                    .await
+            })
+            .await
+            .map_err(|e| InstallEnd::Sandbox(e.to_string()))
+    }
+
+    /// Install into a fresh container, copy the prefix into a new volume.
+    async fn install(
+        &self,
+        run_id: &str,
+        lang: &Language,
+        index: &str,
+        key: &str,
+        requirements: &[String],
+        bound: Bound<'_>,
+    ) -> Result<cache::Entry, InstallEnd> {
+        let p = &self.config.packages;
+        let install = lang.install.as_ref().expect("checked by prepare");
+        let (_, also) = p.index_for(&lang.id).unwrap_or((index, &[]));
+        let mut allowed: Vec<proxy::Allowed> =
+            proxy::Allowed::from_url(index).into_iter().collect();
+        allowed.extend(also.iter().filter_map(|h| proxy::Allowed::from_host(h)));
+        let network = self.network().await?;
+        let gate = proxy::Proxy::start(
+            network.gateway,
+            proxy::Policy { allowed },
+            p.max_download_mb * 1024 * 1024,
+        )
+        .await
+        .map_err(|e| {
+            InstallEnd::Sandbox(format!(
+                "the install proxy could not listen on {}: {e}",
+                network.gateway
+            ))
+        })?;
+        let proxy_url = format!("http://{}", gate.addr());
+        let timeout = Duration::from_secs_f64(p.install_timeout_seconds);
+        let image = self
+            .engine
+            .inspect_image(&lang.image.tag)
+            .await
+            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?
+            .ok_or_else(|| {
+                InstallEnd::Sandbox(format!(
+                    "image {} is not present: build it with `codebox images build {}`",
+                    lang.image.tag, lang.image.name
+                ))
+            })?;
+        let lease = self.uids.lease();
+        let name = format!("codebox-{run_id}-install");
+        let plan = Plan {
+            name: name.clone(),
+            image: image.id.clone(),
+            uid: lease.uid,
+            limits: Limits {
+                memory_mb: p.install_memory_mb,
+                cpus: 1.0,
+            },
+            workspace_mb: p.prefix_mb,
+            labels: labels(run_id, &self.instance, timeout + Duration::from_secs(600)),
+        };
+        let runtime = p
+            .install_runtime
+            .as_deref()
+            .unwrap_or(&self.config.sandbox.runtime);
+        let spec = posture::install(&plan, &self.config.sandbox, &network.name, runtime);
+        let role = Role::Install {
+            network: &network.name,
+            runtime,
+        };
+        posture::check_as(&spec, &self.config.sandbox, role)
+            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
+        bound
+            .call("creating the install container", guard.create(&spec))
+            .await?;
+        let mut run: Vec<String> = install
+            .command
+            .iter()
+            .map(|a| a.replace("{prefix}", WORKSPACE).replace("{index}", index))
+            .collect();
+        run.extend(requirements.iter().cloned());
+        let mut env = BTreeMap::new();
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.insert(k.to_string(), proxy_url.clone());
+        }
+        env.insert("npm_config_proxy".into(), proxy_url.clone());
+        env.insert("npm_config_https_proxy".into(), proxy_url.clone());
+        env.insert("PIP_BREAK_SYSTEM_PACKAGES".into(), "1".into());
+        let prefix_bytes = p.prefix_mb * 1024 * 1024;
+        let payload = Payload {
+            env,
+            run: Some(run),
+            timeout,
+            output_limit: self.config.sandbox.output_limit_bytes,
+            collect: Some(Collect::WorkspaceOnSuccess {
+                max_bytes: prefix_bytes,
+            }),
+            ..Default::default()
+        };
+        let request = StageRequest {
+            payload: payload.encode(),
+            backstop: timeout + BACKSTOP_GRACE,
+            run_backstop: None,
+            live: None,
+            limits: DecodeLimits {
+                output: self.config.sandbox.output_limit_bytes,
+                content: prefix_bytes,
+                entries: MAX_PREFIX_ENTRIES,
+            },
+        };
+        let began = Instant::now();
+        let answer = run_stage(self.engine.as_ref(), guard.name(), true, request, bound).await;
+        self.counters
+            .install_container_ms
+            .fetch_add(began.elapsed().as_millis() as u64, Ordering::Relaxed);
+        guard.remove_later();
+        let answer = answer?;
+        self.counters
+            .downloaded_bytes
+            .fetch_add(gate.downloaded(), Ordering::Relaxed);
+        let phase = answer.decoded.phase(PhaseName::Run);
+        let o = classify(phase, &answer);
+        let stdout = phase
+            .map(|p| String::from_utf8_lossy(&p.stdout).into_owned())
+            .unwrap_or_default();
+        let stderr = phase
+            .map(|p| String::from_utf8_lossy(&p.stderr).into_owned())
+            .unwrap_or_default();
+        if o.status != Status::Succeeded {
+            let message = match o.status {
+                Status::Stopped => return Err(InstallEnd::Stopped),
+                Status::SandboxError => {
+                    return Err(InstallEnd::Sandbox(o.problem.unwrap_or_else(|| {
+                        "the install container ended without a report".into()
+                    })))
+                }
+                Status::TimedOut => format!(
+                    "installing {} was killed at its {} s limit (packages.install_timeout_seconds)",
+                    requirements.join(", "),
+                    fmt_num(p.install_timeout_seconds)
+                ),
+                Status::OutOfMemory => format!(
+                    "installing {} was killed by the out-of-memory killer at its {} MB limit (packages.install_memory_mb; the prefix being written counts against it)",
+                    requirements.join(", "),
+                    p.install_memory_mb
+                ),
+                _ => failure_message(
+                    requirements,
+                    &stderr,
+                    o.exit_code,
+                    gate.over_cap().then_some(p.max_download_mb),
+                    p.prefix_mb,
+                    &gate.refusals(),
+                ),
+            };
+            return Err(InstallEnd::Failed {
+                status: o.status,
+                message,
+                exit_code: o.exit_code,
+                stdout,
+                stderr,
+                usage: o.usage,
+                install_ms: 0,
+            });
+        }
+        if let Some(fatal) = &answer.decoded.fatal {
+            return Err(InstallEnd::Sandbox(fatal.clone()));
+        }
+        let (tar, bytes, installed) =
+            prefix_tar(&answer.decoded.files).map_err(InstallEnd::Sandbox)?;
+        let copy_began = Instant::now();
+        let volume = format!("{PACKAGES_VOLUME_PREFIX}{}", &key[..32]);
+        self.fill(run_id, &volume, &install.prefix, &image.id, tar, bound)
+            .await?;
+        self.counters
+            .copy_ms
+            .fetch_add(copy_began.elapsed().as_millis() as u64, Ordering::Relaxed);
+        Ok(cache::Entry {
+            volume,
+            bytes,
+            installed,
+        })
+    }
+
+    /// Copy a prefix into a new volume through a container that is created, never started.
+    async fn fill(
+        &self,
+        run_id: &str,
+        volume: &str,
+        target: &str,
+        image_id: &str,
+        tar: Vec<u8>,
+        bound: Bound<'_>,
+    ) -> Result<(), InstallEnd> {
+        let sandbox = &self.config.sandbox;
+        // Not the run's: the volume outlives it (the cache), until eviction or shutdown.
+        let mut vlabels = labels(
+            "packages",
+            &self.instance,
+            Duration::from_secs(10 * 365 * 86400),
+        );
+        vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
+        let engine_error = |e: crate::engine::EngineError| InstallEnd::Sandbox(e.to_string());
+        // A volume of this name is left from an eviction in progress or a crash: start afresh.
+        let _ = self.engine.remove_volume(volume).await;
+        self.engine
+            .create_volume(volume, vlabels)
+            .await
+            .map_err(engine_error)?;
+        let lease = self.uids.lease();
+        let name = format!("codebox-{run_id}-fill");
+        let plan = Plan {
+            name: name.clone(),
+            image: image_id.to_string(),
+            uid: lease.uid,
+            limits: Limits {
+                memory_mb: 64,
+                cpus: 1.0,
+            },
+            workspace_mb: 1,
+            labels: labels(run_id, &self.instance, Duration::from_secs(600)),
+        };
+        let spec = posture::filler(&plan, sandbox, volume, target);
+        posture::check_as(&spec, sandbox, Role::Fill)
+            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
+        bound
+            .call(
+                "creating the container that fills the packages volume",
+                guard.create(&spec),
+            )
+            .await?;
+        let uploaded = bound
+            .call(
+                "copying the installed packages",
+                self.engine.upload(guard.name(), target, tar),
+            )
+            .await;
+        guard.remove_later();
+        if uploaded.is_err() {
+            let _ = self.engine.remove_volume(volume).await;
+        }
+        uploaded?;
+        Ok(())
+    }
+
+    /// Forget every cached prefix and remove its volume (`codebox bench` measures cold
+    /// installs so); the install network stays.
+    pub async fn evict_all(&self) {
+        let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
+        for e in entries {
+            let _ = self.engine.remove_volume(&e.volume).await;
+        }
+    }
+
+    /// Remove the cache's volumes and the install network (at shutdown).
+    pub async fn close(&self) {
+        let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
+        for e in entries {
+            let _ = self.engine.remove_volume(&e.volume).await;
+        }
+        if self.network.get().is_some() {
+            if let Err(e) = self.engine.remove_network(&self.network_name()).await {
+                tracing::warn!(error = %e, "the install network was not removed");
+            }
+        }
+    }
+}
+
+/// The message of a failed install: the requirement it names when the package manager's
+/// output names one.
+fn failure_message(
+    requirements: &[String],
+    stderr: &str,
+    exit_code: Option<i64>,
+    over_download: Option<u64>,
+    prefix_mb: u64,
+    refusals: &[String],
+) -> String {
+    if let Some(max) = over_download {
+        return format!(
+            "installing {} downloaded more than packages.max_download_mb ({max} MB); the download was cut",
+            requirements.join(", ")
+        );
+    }
+    if stderr.contains("No space left on device") || stderr.contains("ENOSPC") {
+        return format!(
+            "installing {} needs more than the {prefix_mb} MB prefix (packages.prefix_mb)",
+            requirements.join(", ")
+        );
+    }
+    let lower = stderr.to_ascii_lowercase();
+    let named = requirements.iter().find(|r| {
+        let name = requirement_name(r).to_ascii_lowercase();
+        lower
+            .lines()
+            .filter(|l| l.contains("error") || l.contains("404") || l.contains("not found"))
+            .any(|l| l.contains(&name) || l.contains(&name.replace('-', "_")))
+    });
+    let code = exit_code.map_or(String::new(), |c| format!(" (exit code {c})"));
+    let refused = if refusals.is_empty() {
+        String::new()
+    } else {
+        format!("; the proxy refused: {}", refusals.join("; "))
+    };
+    match named {
+        Some(r) => format!(
+            "installing `{r}` failed{code}: the package manager's output is in stderr{refused}"
+        ),
+        None => format!(
+            "installing {} failed{code}: the package manager's output is in stderr{refused}",
+            requirements.join(", ")
+        ),
+    }
+}
+
+/// The project name of a requirement (`requests==2.32.3` -> `requests`, `@scope/x@1` ->
+/// `@scope/x`).
+fn requirement_name(r: &str) -> &str {
+    let (head, rest) = match r.strip_prefix('@') {
+        Some(rest) => ("@", rest),
+        None => ("", r),
+    };
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')))
+        .unwrap_or(rest.len());
+    &r[..head.len() + end]
+}
+
+/// The prefix as a tar owned by root, world-readable (every sandbox user runs as its own
+/// uid), with its size and what it holds.
+fn prefix_tar(
+    files: &[crate::engine::protocol::FileEntry],
+) -> Result<(Vec<u8>, u64, Vec<InstalledPackage>), String> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut bytes = 0u64;
+    let mut installed = Vec::new();
+    for f in files {
+        if !safe_relative(&f.path) {
+            return Err(format!(
+                "the install step handed back a path outside its prefix: {:?}",
+                f.path
+            ));
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        match f.kind {
+            EntryKind::Dir => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                b.append_data(&mut h, &f.path, std::io::empty())
+                    .map_err(|e| e.to_string())?;
+                if let Some(dist) = f.path.strip_suffix(".dist-info") {
+                    if !dist.contains('/') {
+                        if let Some((name, version)) = dist.rsplit_once('-') {
+                            installed.push(InstalledPackage {
+                                name: name.to_string(),
+                                version: version.to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+            EntryKind::File => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(if f.mode & 0o111 != 0 { 0o755 } else { 0o644 });
+                h.set_size(f.content.len() as u64);
+                bytes += f.content.len() as u64;
+                b.append_data(&mut h, &f.path, &f.content[..])
+                    .map_err(|e| e.to_string())?;
+                if let Some(pkg) = npm_package(&f.path, &f.content) {
+                    installed.push(pkg);
+                }
+            }
+            EntryKind::Link => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_size(0);
+                b.append_link(&mut h, &f.path, &f.target)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        bytes += 512;
+    }
+    installed.sort_by(|a, b| {
+        a.name
+            .to_ascii_lowercase()
+            .cmp(&b.name.to_ascii_lowercase())
+    });
+    let tar = b.into_inner().map_err(|e| e.to_string())?;
+    Ok((tar, bytes, installed))
+}
+
+/// An npm package's name and version, from `node_modules/<name>/package.json`.
+fn npm_package(path: &str, content: &[u8]) -> Option<InstalledPackage> {
+    let rest = path
+        .strip_prefix("node_modules/")?
+        .strip_suffix("/package.json")?;
+    let depth = rest.split('/').count();
+    if rest.contains("node_modules") || depth > 2 || (depth == 2 && !rest.starts_with('@')) {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(content).ok()?;
+    Some(InstalledPackage {
+        name: v.get("name")?.as_str()?.to_string(),
+        version: v.get("version")?.as_str()?.to_string(),
+    })
+}
+
+fn safe_relative(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 4096
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_differ_for_different_lists_images_and_indexes() {
+        let a = key("python", "sha256:1", "http://i/simple", &["a==1".into()]);
+        assert_ne!(
+            a,
+            key("python", "sha256:1", "http://i/simple", &["a==2".into()])
+        );
+        assert_ne!(
+            a,
+            key("python", "sha256:2", "http://i/simple", &["a==1".into()])
+        );
+        assert_ne!(
+            a,
+            key("python", "sha256:1", "http://j/simple", &["a==1".into()])
+        );
+        assert_ne!(
+            key("python", "x", "i", &["ab".into(), "c".into()]),
+            key("python", "x", "i", &["a".into(), "bc".into()])
+        );
+        assert_eq!(
+            a,
+            key("python", "sha256:1", "http://i/simple", &["a==1".into()])
+        );
+    }
+
+    #[test]
+    fn a_failure_names_the_requirement_the_output_names() {
+        let reqs = vec!["good==1".to_string(), "no-such-pkg==9".to_string()];
+        let stderr = "ERROR: Could not find a version that satisfies the requirement no-such-pkg==9\nERROR: No matching distribution found for no-such-pkg==9\n";
+        let m = failure_message(&reqs, stderr, Some(1), None, 10, &[]);
+        assert!(m.contains("`no-such-pkg==9`"), "{m}");
+        let m = failure_message(&reqs, "boom", Some(1), Some(5), 10, &[]);
+        assert!(m.contains("packages.max_download_mb (5 MB)"), "{m}");
+        assert_eq!(requirement_name("requests>=2,<3"), "requests");
+        assert_eq!(requirement_name("@scope/pkg@^1"), "@scope/pkg");
+    }
+}
