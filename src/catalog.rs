@@ -111,7 +111,7 @@ pub async fn catalog(
                 .install
                 .as_ref()
                 .and(config.packages.index_for(&lang.id))
-                .and_then(|(url, _)| crate::packages::proxy::Allowed::from_url(url))
+                .and_then(|(url, _)| crate::config::Allowed::from_url(url))
                 .map(|a| format!("{}:{}", a.host, a.port)),
             session: if lang.is_stateful() {
                 SessionKind::Stateful

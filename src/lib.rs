@@ -28,7 +28,8 @@
 //!   stage gets, checks and runs its container) and the `Compiler` (`compile.rs`, with its
 //!   cache); test cases (`cases.rs`), a session's container (`SessionBox`, `session.rs`),
 //!   outcomes, and `exchange.rs`, the one client of codebox-init's protocol that one-shot
-//!   stages and session executions share; `pool/` keeps containers ready.
+//!   stages and session executions share; `pool/` keeps containers ready; `packages/` is
+//!   the install step (its container, the egress proxy, the prefix cache).
 //! - [`live`]: a run's live events (output as it comes, files, the report), which the
 //!   executor writes and `/v1/runs/{id}/events`, MCP progress and Piston's WebSocket read.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user),
@@ -56,7 +57,7 @@ pub mod images;
 pub mod instance;
 pub mod live;
 pub mod mcp;
-pub mod packages;
+
 pub mod reaper;
 pub mod registry;
 pub mod report;

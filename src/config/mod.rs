@@ -57,7 +57,7 @@ mod validate;
 pub use cluster::{check_advertise_url, ClusterSettings, MIN_LEASE_SECONDS};
 pub use docker::*;
 pub use history::*;
-pub use packages::{NpmRegistry, PackagesSettings, PythonIndex};
+pub use packages::{split_host_port, Allowed, NpmRegistry, PackagesSettings, PythonIndex};
 pub use postgres_tls::{split_tls, SslMode, TlsParams};
 pub use sections::*;
 pub use sessions::SessionSettings;

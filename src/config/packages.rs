@@ -138,7 +138,7 @@ impl PackagesSettings {
             ),
         ] {
             if let Some(u) = url {
-                if crate::packages::proxy::Allowed::from_url(u).is_none() {
+                if Allowed::from_url(u).is_none() {
                     return invalid(
                         setting,
                         u.clone(),
@@ -147,7 +147,7 @@ impl PackagesSettings {
                 }
             }
             for h in hosts {
-                if crate::packages::proxy::Allowed::from_host(h).is_none() {
+                if Allowed::from_host(h).is_none() {
                     return invalid(
                         &setting
                             .replace(".index_url", ".also_hosts")
@@ -159,5 +159,66 @@ impl PackagesSettings {
             }
         }
         Ok(())
+    }
+}
+
+/// One host and port the proxy admits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allowed {
+    /// Lowercase, without brackets.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Allowed {
+    /// The host and port of an `http://` or `https://` URL (the scheme's port when none).
+    pub fn from_url(url: &str) -> Option<Allowed> {
+        let (scheme, rest) = url.split_once("://")?;
+        let default = match scheme.to_ascii_lowercase().as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        let authority = rest.split(['/', '?', '#']).next()?;
+        if authority.contains('@') {
+            return None;
+        }
+        Allowed::parse(authority, default)
+    }
+
+    /// `host` or `host:port` (port 443 when left out).
+    pub fn from_host(h: &str) -> Option<Allowed> {
+        Allowed::parse(h, 443)
+    }
+
+    fn parse(authority: &str, default: u16) -> Option<Allowed> {
+        let (host, port) = split_host_port(authority, default)?;
+        let ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
+        ok.then(|| Allowed {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+}
+
+/// `host:port`, `[v6]:port` or a bare host.
+pub fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
+    if let Some(rest) = authority.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if after.is_empty() => default,
+            None => return None,
+        };
+        return Some((host.to_string(), port));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => Some((h.to_string(), p.parse().ok()?)),
+        Some(_) => None,
+        None => Some((authority.to_string(), default)),
     }
 }

@@ -39,7 +39,7 @@ pub(super) struct Want {
     pub workspace_mb: u64,
     pub labels: BTreeMap<String, String>,
     /// An installed packages prefix to mount read-only (never from the pool, then).
-    pub prefix: Option<crate::packages::Prefix>,
+    pub prefix: Option<crate::executor::packages::Prefix>,
 }
 
 /// A container for one stage: created only, or started ahead of time (taken from the pool).
@@ -108,7 +108,7 @@ impl Containers {
         run_id: &str,
         req: &ValidRequest,
         suffix: &str,
-        prefix: Option<&crate::packages::Prefix>,
+        prefix: Option<&crate::executor::packages::Prefix>,
     ) -> Want {
         let lang = &req.language;
         let memory_mb = req.limits.memory_mb;

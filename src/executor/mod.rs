@@ -23,6 +23,7 @@ pub mod images;
 mod labels;
 pub mod outcome;
 pub mod outputs;
+pub mod packages;
 pub mod pool;
 mod probe;
 pub mod session;
@@ -41,7 +42,7 @@ use crate::engine::guard::Cleanup;
 use crate::engine::posture::PostureViolation;
 use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
 use crate::engine::{ContainerEngine, EngineError};
-use crate::packages::{InstallEnd, Packages, Prefix};
+use crate::executor::packages::{InstallEnd, Packages, Prefix};
 use crate::report::{
     fmt_num, CompileReport, FileReport, PackagesReport, RunReport, SessionExecution, Stage, Status,
     TestReport,

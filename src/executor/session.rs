@@ -69,7 +69,7 @@ pub struct SessionSpec<'a> {
     /// The session's longest life: the container's expiry label.
     pub lifetime: Duration,
     /// Installed packages, mounted read-only for the session's life.
-    pub prefix: Option<crate::packages::Prefix>,
+    pub prefix: Option<crate::executor::packages::Prefix>,
 }
 
 /// One request for the session's conversation task.
@@ -105,7 +105,7 @@ pub struct SessionBox {
     ended: CancellationToken,
     _conversation: AbortOnDropHandle<()>,
     /// The installed packages it mounts: not evicted while it lives.
-    _prefix: Option<crate::packages::Prefix>,
+    _prefix: Option<crate::executor::packages::Prefix>,
 }
 
 /// One execution in a session: its report, and whether the session's container broke.

@@ -105,7 +105,7 @@ impl Drop for Index {
 
 /// Removes what a failing test's cache made (its volumes, its install network): a test that
 /// panics never reaches `close()`, and the reaper keeps what a live instance owns.
-struct RemovedIfFailed(Arc<codebox::packages::Packages>);
+struct RemovedIfFailed(Arc<codebox::executor::packages::Packages>);
 
 impl Drop for RemovedIfFailed {
     fn drop(&mut self) {

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::config::{split_host_port, Allowed};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -26,75 +27,13 @@ const MAX_HEAD: usize = 16 * 1024;
 /// How long a connection to an index may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One host and port the proxy admits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Allowed {
-    /// Lowercase, without brackets.
-    pub host: String,
-    pub port: u16,
-}
-
-impl Allowed {
-    /// The host and port of an `http://` or `https://` URL (the scheme's port when none).
-    pub fn from_url(url: &str) -> Option<Allowed> {
-        let (scheme, rest) = url.split_once("://")?;
-        let default = match scheme.to_ascii_lowercase().as_str() {
-            "http" => 80,
-            "https" => 443,
-            _ => return None,
-        };
-        let authority = rest.split(['/', '?', '#']).next()?;
-        if authority.contains('@') {
-            return None;
-        }
-        Allowed::parse(authority, default)
-    }
-
-    /// `host` or `host:port` (port 443 when left out).
-    pub fn from_host(h: &str) -> Option<Allowed> {
-        Allowed::parse(h, 443)
-    }
-
-    fn parse(authority: &str, default: u16) -> Option<Allowed> {
-        let (host, port) = split_host_port(authority, default)?;
-        let ok = !host.is_empty()
-            && host.len() <= 253
-            && host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
-        ok.then(|| Allowed {
-            host: host.to_ascii_lowercase(),
-            port,
-        })
-    }
-
-    /// The operator wrote a local or private address (or `localhost`) for this entry: it may
-    /// resolve to one.
-    fn local(&self) -> bool {
-        self.host == "localhost"
-            || self
-                .host
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| forbidden_kind(ip).is_some())
-    }
-}
-
-/// `host:port`, `[v6]:port` or a bare host.
-fn split_host_port(authority: &str, default: u16) -> Option<(String, u16)> {
-    if let Some(rest) = authority.strip_prefix('[') {
-        let (host, after) = rest.split_once(']')?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().ok()?,
-            None if after.is_empty() => default,
-            None => return None,
-        };
-        return Some((host.to_string(), port));
-    }
-    match authority.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => Some((h.to_string(), p.parse().ok()?)),
-        Some(_) => None,
-        None => Some((authority.to_string(), default)),
-    }
+/// The operator wrote a local or private address (or `localhost`) for this entry: it may
+/// resolve to one.
+fn local(a: &Allowed) -> bool {
+    a.host == "localhost"
+        || a.host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| forbidden_kind(ip).is_some())
 }
 
 /// Why the proxy refused a request.
@@ -228,7 +167,7 @@ fn checked(a: &Allowed, addrs: Vec<SocketAddr>) -> Result<Vec<SocketAddr>, Refus
     if addrs.is_empty() {
         return Err(Refusal::Unresolved(a.host.clone()));
     }
-    if !a.local() {
+    if !local(a) {
         for addr in &addrs {
             if let Some(kind) = forbidden_kind(addr.ip()) {
                 return Err(Refusal::Address {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
-use crate::config::Config;
+use crate::config::{Allowed, Config};
 use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{self, Limits, Plan, Role, PACKAGES_VOLUME_PREFIX, WORKSPACE};
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
@@ -300,9 +300,8 @@ impl Packages {
         let p = &self.config.packages;
         let install = lang.install.as_ref().expect("checked by prepare");
         let (_, also) = p.index_for(&lang.id).unwrap_or((index, &[]));
-        let mut allowed: Vec<proxy::Allowed> =
-            proxy::Allowed::from_url(index).into_iter().collect();
-        allowed.extend(also.iter().filter_map(|h| proxy::Allowed::from_host(h)));
+        let mut allowed: Vec<Allowed> = Allowed::from_url(index).into_iter().collect();
+        allowed.extend(also.iter().filter_map(|h| Allowed::from_host(h)));
         let network = self.network().await?;
         let gate = proxy::Proxy::start(
             network.gateway,
