@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::http_api::{start, Server, TOKEN};
-use crate::mcp_support::{connect, docker_manager};
+use crate::mcp_support::{connect, docker_manager, labelled, settle};
+use codebox::runs::RunManager;
 
 /// One Server-Sent Event.
 #[derive(Debug, Clone)]
@@ -97,6 +98,14 @@ fn stdout_of(events: &[Sse]) -> String {
         .collect()
 }
 
+/// Nothing of the run is left once its removals are done. A test that returns while one is
+/// under way leaves the container behind: the removal task ends with the test's runtime.
+async fn nothing_left(m: &RunManager, run_id: &str) {
+    settle(m).await;
+    let left = labelled(run_id);
+    assert!(left.is_empty(), "run {run_id} left {left:?}");
+}
+
 async fn live_readers(server: &Server) -> u64 {
     let text = reqwest::Client::new()
         .get(server.url("/metrics"))
@@ -156,6 +165,7 @@ async fn events_arrive_while_the_program_runs_in_order_and_end_with_the_report()
     assert_eq!(only.event, "report");
     assert_eq!(only.data["run_id"], report["run_id"]);
     assert!(again.next().await.is_none());
+    nothing_left(&m, &id).await;
 }
 
 #[tokio::test]
@@ -207,6 +217,7 @@ async fn last_event_id_resumes_and_a_client_that_goes_away_costs_nothing() {
     assert_eq!(stdout_of(&all), expected, "nothing lost, nothing twice");
     let report = &rest.last().unwrap().data;
     assert_eq!(report["status"], "succeeded", "{report}");
+    nothing_left(&m, &id).await;
 }
 
 #[tokio::test]
@@ -238,6 +249,7 @@ async fn a_session_execution_streams_its_output_too() {
     server
         .send("DELETE", &format!("/v1/sessions/{sid}"), None)
         .await;
+    nothing_left(&m, &id).await;
 }
 
 #[tokio::test]
@@ -267,6 +279,7 @@ async fn files_under_outputs_are_announced_and_stderr_is_its_own_stream() {
         .find(|e| e.event == "file")
         .expect("a file event");
     assert_eq!(file.data, json!({"path": "outputs/a.txt", "size_bytes": 5}));
+    nothing_left(&m, &id).await;
 }
 
 #[tokio::test]
@@ -290,6 +303,7 @@ async fn output_past_the_cap_ends_with_a_truncated_event() {
         .expect("a truncated event");
     assert_eq!(t.data["stream"], "stdout");
     assert_eq!(events.last().unwrap().data["stdout_truncated"], true);
+    nothing_left(&m, &id).await;
 }
 
 #[tokio::test]
@@ -315,4 +329,9 @@ async fn run_code_progress_carries_the_newest_output() {
         assert!(output.lines().count() <= 10, "{m}");
         assert!(output.len() <= 1024, "{m}");
     }
+    let run_id = res.structured_content.as_ref().unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    nothing_left(&m, &run_id).await;
 }
