@@ -21,54 +21,16 @@ SPEC_VALIDATOR=openapi-spec-validator==0.9.0
 WEBSOCKETS=websockets==15.0.1
 PISTON_CLIENT=piston-client@1.0.2
 
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$JUDGE0_SDK" "$SPEC_VALIDATOR" "$WEBSOCKETS"
+. "$root/tests/harness.sh"
+venv_with "$venv" "$JUDGE0_SDK" "$SPEC_VALIDATOR" "$WEBSOCKETS"
 mkdir -p "$node_dir"
 if [ ! -f "$node_dir/node_modules/piston-client/package.json" ] ||
    ! grep -q '"version": "1.0.2"' "$node_dir/node_modules/piston-client/package.json"; then
   npm install --prefix "$node_dir" --no-audit --no-fund --silent "$PISTON_CLIENT"
 fi
-if [ $# -eq 0 ]; then
-  (cd "$root" && cargo build --quiet)
-fi
+build_unless_given $#
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-# serve NAME FLAG [VAR=VALUE...]: start `codebox serve --transport http FLAG` on a free
-# loopback port with those variables; sets `url` to its base.
-serve() {
-  local name=$1 flag=$2
-  shift 2
-  mkdir -p "$work/$name"
-  env CODEBOX_DATA_DIR="$work/$name" "$@" "$binary" serve --transport http \
-    --listen 127.0.0.1:0 ${flag:+"$flag"} >"$work/$name.stdout" 2>"$work/$name.log" </dev/null &
-  pids+=($!)
-  for _ in $(seq 1 300); do
-    url=$(sed -n 's#^codebox: serving MCP at \(http://[0-9.:]*\)/mcp.*#\1#p' "$work/$name.log" | head -1)
-    if [ -n "$url" ]; then
-      return
-    fi
-    sleep 0.1
-  done
-  echo "the $name server did not start:" >&2
-  cat "$work/$name.log" >&2
-  return 1
-}
-
-token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+token=$(new_token)
 serve token "" CODEBOX_TOKEN="$token"
 with_token=$url
 # piston-client sends no authorization header: a --no-auth server, on loopback only.

@@ -19,43 +19,13 @@ mkdir -p "$shots"
 SELENIUM=selenium==4.50.0
 
 bash "$root/scripts/ensure-chromium.sh"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$SELENIUM"
-if [ $# -eq 0 ]; then
-  (cd "$root" && cargo build --quiet)
-fi
+. "$root/tests/harness.sh"
+venv_with "$venv" "$SELENIUM"
+build_unless_given $#
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-mkdir -p "$work/data" "$work/other"
-env CODEBOX_DATA_DIR="$work/data" CODEBOX_TOKEN="$token" "$binary" serve --transport http \
-  --listen 127.0.0.1:0 >"$work/server.stdout" 2>"$work/server.log" </dev/null &
-pids+=($!)
-url=""
-for _ in $(seq 1 300); do
-  url=$(sed -n 's#^codebox: serving MCP at \(http://[0-9.:]*\)/mcp.*#\1#p' "$work/server.log" | head -1)
-  [ -n "$url" ] && break
-  sleep 0.1
-done
-if [ -z "$url" ]; then
-  echo "the server did not start:" >&2
-  cat "$work/server.log" >&2
-  exit 1
-fi
+token=$(new_token)
+serve data "" CODEBOX_TOKEN="$token"
+mkdir -p "$work/other"
 echo '<!doctype html><title>another origin</title>' >"$work/other/index.html"
 "$venv/bin/python" -u -m http.server 0 --bind 127.0.0.1 --directory "$work/other" >"$work/other.log" 2>&1 &
 pids+=($!)
