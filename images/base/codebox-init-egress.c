@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 
 #define EGRESS_CONNS 64
@@ -91,9 +92,13 @@ static void conn_open(struct egress *e, int tcp)
     for (int i = 0; i < EGRESS_CONNS && !c; i++)
         if (e->conns[i].tcp < 0)
             c = &e->conns[i];
-    int uds = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (!c || uds < 0 ||
-        connect(uds, (const struct sockaddr *)&e->target, sizeof e->target) < 0) {
+    /* A blocking connect, for at most 5 s: a proxy whose listen backlog is full is waited
+     * for, not taken for gone. */
+    int uds = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct timeval limit = { .tv_sec = 5 };
+    if (!c || uds < 0 || setsockopt(uds, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) < 0 ||
+        connect(uds, (const struct sockaddr *)&e->target, sizeof e->target) < 0 ||
+        fcntl(uds, F_SETFL, O_NONBLOCK) < 0) {
         if (uds >= 0)
             close(uds);
         close(tcp);
