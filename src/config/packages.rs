@@ -191,6 +191,21 @@ impl Allowed {
         Allowed::parse(h, 443)
     }
 
+    /// A `sandbox.egress_hosts` entry: `host:port`, or `host` for HTTPS and HTTP (443, 80).
+    pub fn from_egress_host(h: &str) -> Vec<Allowed> {
+        match Allowed::parse(h, 0) {
+            Some(a) if a.port == 0 => [443, 80]
+                .into_iter()
+                .map(|port| Allowed {
+                    host: a.host.clone(),
+                    port,
+                })
+                .collect(),
+            Some(a) => vec![a],
+            None => Vec::new(),
+        }
+    }
+
     fn parse(authority: &str, default: u16) -> Option<Allowed> {
         let (host, port) = split_host_port(authority, default)?;
         let ok = !host.is_empty()

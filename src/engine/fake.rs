@@ -445,7 +445,7 @@ impl ContainerEngine for FakeEngine {
         } else {
             BTreeMap::from([(
                 super::LABEL_INIT_FEATURES.to_string(),
-                "check_in_run".to_string(),
+                "check_in_run egress".to_string(),
             )])
         };
         Ok(Some(ImageInfo {

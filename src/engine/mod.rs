@@ -37,9 +37,9 @@ pub const LABEL_INIT_FEATURES: &str = "codebox.init.features";
 
 /// Everything about a container to create, engine-neutral. Built by [`posture::locked_down`],
 /// checked by [`posture::check`]. There is no field for host mounts, devices or capabilities
-/// to add: a spec cannot express them. The only mount beyond tmpfs is a named volume of
+/// to add: a spec cannot express them. The only mounts beyond tmpfs are a named volume of
 /// codebox's own (an installed packages prefix, SPEC 13), read-only in every container that
-/// runs.
+/// runs, and the directory of an egress proxy's socket, always read-only.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerSpec {
     /// Container name, chosen before create so that a create interrupted mid-flight can
@@ -77,6 +77,10 @@ pub struct ContainerSpec {
     pub init: bool,
     /// Named volumes of codebox's own (installed package prefixes).
     pub volumes: Vec<VolumeMount>,
+    /// The host directory of an egress proxy's socket, mounted read-only at
+    /// [`posture::EGRESS_MOUNT`] (an install container, or a program under
+    /// `sandbox.egress_hosts`): the only host path a spec can name.
+    pub egress: Option<String>,
 }
 
 /// A named volume mounted into a container.
@@ -85,14 +89,6 @@ pub struct VolumeMount {
     pub volume: String,
     pub target: String,
     pub read_only: bool,
-}
-
-/// A network codebox created for its install containers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NetworkInfo {
-    pub name: String,
-    /// The host's address on it (the bridge's gateway), where codebox's proxy listens.
-    pub gateway: std::net::IpAddr,
 }
 
 /// CPU accounting period of every container, in microseconds.
@@ -246,8 +242,6 @@ pub enum EngineError {
     CreateVolume(#[source] Cause),
     #[error("copying files into the container failed: {0}")]
     Upload(#[source] Cause),
-    #[error("setting up the install network failed: {0}")]
-    Network(#[source] Cause),
     #[error("listing managed objects failed: {0}")]
     List(#[source] Cause),
     #[error("inspecting the image failed: {0}")]
@@ -317,22 +311,5 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// Unpack a tar into a created (not started) container at `path`.
     async fn upload(&self, _id: &str, _path: &str, _tar: Vec<u8>) -> Result<(), EngineError> {
         Err(EngineError::Upload(detail("this engine cannot copy files")))
-    }
-    /// Create (or find) the `internal` network `name`: containers on it reach the host's
-    /// address on it and nothing else.
-    async fn internal_network(
-        &self,
-        _name: &str,
-        _labels: BTreeMap<String, String>,
-    ) -> Result<NetworkInfo, EngineError> {
-        Err(EngineError::Network(detail("this engine has no networks")))
-    }
-    /// Idempotent.
-    async fn remove_network(&self, _name: &str) -> Result<(), EngineError> {
-        Ok(())
-    }
-    /// Networks carrying `codebox.managed=true` (install networks, SPEC 13).
-    async fn list_managed_networks(&self) -> Result<Vec<Leftover>, EngineError> {
-        Ok(Vec::new())
     }
 }
