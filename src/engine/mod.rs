@@ -157,13 +157,16 @@ pub struct Leftover {
 }
 
 /// What the engine says about itself.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct EngineInfo {
     pub address: String,
     pub version: String,
     pub api_version: String,
     /// OCI runtimes the daemon offers (`runc`, `runsc`, ...).
     pub runtimes: Vec<String>,
+    /// Each runtime's program and the arguments the daemon gives it, where the daemon says
+    /// (`runsc` -> (`/usr/bin/runsc`, [`--network=none`, ...])).
+    pub runtime_args: BTreeMap<String, (String, Vec<String>)>,
     /// The cgroup version of the daemon's host (1 or 2), when the daemon says.
     pub cgroup_version: Option<u8>,
     /// The daemon's security options as it lists them (`name=apparmor`, `name=rootless`,
@@ -171,6 +174,26 @@ pub struct EngineInfo {
     pub security_options: Vec<String>,
     /// Whether the daemon is Podman's Docker-compatible service rather than Docker.
     pub podman: bool,
+}
+
+impl EngineInfo {
+    /// Why containers under `runtime` cannot reach a host Unix socket (the egress proxy's):
+    /// a gVisor registered without `--host-uds=open` (or `all`) refuses to connect to one.
+    pub fn host_uds_problem(&self, runtime: &str) -> Option<String> {
+        let (path, args) = self.runtime_args.get(runtime)?;
+        let gvisor = runtime == "runsc" || path.ends_with("runsc");
+        let open = args.iter().any(|a| {
+            matches!(
+                a.trim_start_matches('-'),
+                "host-uds=open" | "host-uds=all" | "fsgofer-host-uds" | "fsgofer-host-uds=true"
+            )
+        });
+        (gvisor && !open).then(|| {
+            format!(
+                "the runtime `{runtime}` (gVisor) is registered without --host-uds=open, so its containers cannot reach codebox's egress proxy: add \"--host-uds=open\" to its runtimeArgs in the daemon's daemon.json (scripts/ensure-docker.sh --with-runsc does it) and reload the daemon"
+            )
+        })
+    }
 }
 
 /// What an engine call failed with, kept as the error's source.
@@ -311,5 +334,34 @@ pub trait ContainerEngine: Send + Sync + 'static {
     /// Unpack a tar into a created (not started) container at `path`.
     async fn upload(&self, _id: &str, _path: &str, _tar: Vec<u8>) -> Result<(), EngineError> {
         Err(EngineError::Upload(detail("this engine cannot copy files")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gvisor_without_host_uds_is_named_and_others_pass() {
+        let info = |args: &[&str]| EngineInfo {
+            runtime_args: BTreeMap::from([
+                ("runc".to_string(), ("runc".to_string(), Vec::new())),
+                (
+                    "runsc".to_string(),
+                    (
+                        "/usr/bin/runsc".to_string(),
+                        args.iter().map(|a| a.to_string()).collect(),
+                    ),
+                ),
+            ]),
+            ..Default::default()
+        };
+        let old = info(&["--network=none"]);
+        let problem = old.host_uds_problem("runsc").expect("refused");
+        assert!(problem.contains("--host-uds=open"), "{problem}");
+        assert_eq!(old.host_uds_problem("runc"), None);
+        assert_eq!(old.host_uds_problem("unknown"), None);
+        let new = info(&["--network=none", "--host-uds=open"]);
+        assert_eq!(new.host_uds_problem("runsc"), None);
     }
 }

@@ -248,7 +248,18 @@ impl ContainerEngine for DockerEngine {
             .info()
             .await
             .map_err(|e| self.unreachable(e))?;
-        let mut runtimes: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+        let offered = info.runtimes.unwrap_or_default();
+        let runtime_args = offered
+            .iter()
+            .map(|(name, r)| {
+                let path = r.path.clone().unwrap_or_default();
+                (
+                    name.clone(),
+                    (path, r.runtime_args.clone().unwrap_or_default()),
+                )
+            })
+            .collect();
+        let mut runtimes: Vec<String> = offered.into_keys().collect();
         runtimes.sort();
         let podman = version_is_podman(&v);
         Ok(EngineInfo {
@@ -256,6 +267,7 @@ impl ContainerEngine for DockerEngine {
             version: v.version.unwrap_or_default(),
             api_version: v.api_version.unwrap_or_default(),
             runtimes,
+            runtime_args,
             cgroup_version: info.cgroup_version.and_then(|c| c.to_string().parse().ok()),
             security_options: info.security_options.unwrap_or_default(),
             podman,

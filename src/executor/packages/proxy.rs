@@ -691,6 +691,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn its_socket_directory_is_private_to_it_and_goes_with_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("egress").join("run-1-install");
+        let p = Proxy::start(&dir, policy(&["http://127.0.0.1:1/"]), 1)
+            .await
+            .unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&tmp.path().join("egress")), 0o700);
+        assert_eq!(mode(&dir), 0o711);
+        assert_eq!(mode(&dir.join(SOCKET)), 0o666);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, [SOCKET]);
+        drop(p);
+        assert!(!dir.exists(), "the directory outlived its proxy");
+        let long = tmp.path().join("x".repeat(120));
+        let e = Proxy::start(&long, policy(&[]), 1)
+            .await
+            .err()
+            .expect("too long");
+        assert!(e.to_string().contains("set a shorter data_dir"), "{e}");
+    }
+
+    #[tokio::test]
     async fn the_download_cap_cuts_the_answer() {
         let (port, _seen) = upstream("0123456789012345678901234567890123456789").await;
         let tmp = tempfile::tempdir().unwrap();
