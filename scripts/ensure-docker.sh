@@ -8,7 +8,10 @@
 #
 # runsc is registered with `--network=none`: codebox containers have no network anyway, and
 # without it this runsc refuses containers whose network mode is none ("cannot run with
-# network enabled in root network namespace"). Not with `--oci-seccomp`: this runsc then
+# network enabled in root network namespace"). And with `--host-uds=open`: a container codebox
+# lets out (an install step, or programs under `sandbox.egress_hosts`) reaches codebox's egress
+# proxy only through a Unix socket in a host directory mounted into it, which gVisor refuses
+# to connect to without it (codebox mounts no other host path, so nothing else is opened). Not with `--oci-seccomp`: this runsc then
 # refuses every thread (codebox's `clone` rule, a masked comparison, never matches inside it),
 # so under runsc the program meets gVisor's own kernel instead of codebox's seccomp profile.
 set -euo pipefail
@@ -38,7 +41,7 @@ config = {}
 if os.path.exists(path) and os.path.getsize(path) > 0:
     with open(path) as f:
         config = json.load(f)
-want = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+want = {"path": sys.argv[1], "runtimeArgs": ["--network=none", "--host-uds=open"]}
 if config.get("runtimes", {}).get("runsc") == want:
     sys.exit(0)
 config.setdefault("runtimes", {})["runsc"] = want
@@ -57,7 +60,7 @@ fi
 
 if docker info >/dev/null 2>&1; then
   # The daemon's runtimes as loaded must match what daemon.json now says.
-  if [ "$with_runsc" = 1 ] && ! docker info --format '{{json .Runtimes.runsc}}' | grep -q -- '"--network=none"\]'; then
+  if [ "$with_runsc" = 1 ] && ! docker info --format '{{json .Runtimes.runsc}}' | grep -q -- '"--network=none","--host-uds=open"\]'; then
     pid=$(cat /var/run/docker.pid 2>/dev/null || true)
     if [ -z "$pid" ]; then
       echo "ensure-docker: runsc is registered in /etc/docker/daemon.json, but the daemon's pid is unknown: restart it to load runsc" >&2
@@ -66,7 +69,7 @@ if docker info >/dev/null 2>&1; then
     echo "ensure-docker: reloading the daemon's runtimes (SIGHUP to $pid)" >&2
     kill -HUP "$pid"
     for _ in $(seq 1 20); do
-      docker info --format '{{json .Runtimes.runsc}}' | grep -q -- '"--network=none"\]' && exit 0
+      docker info --format '{{json .Runtimes.runsc}}' | grep -q -- '"--network=none","--host-uds=open"\]' && exit 0
       sleep 0.5
     done
     echo "ensure-docker: the daemon did not pick up runsc; see its log" >&2

@@ -10,8 +10,6 @@ use crate::instance::{Instance, Liveness};
 pub struct Reaped {
     pub containers: usize,
     pub volumes: usize,
-    /// Install networks (SPEC 13).
-    pub networks: usize,
 }
 
 /// Each instance is judged once per sweep (one lock-file check per instance).
@@ -70,15 +68,6 @@ pub async fn reap(
             }
         }
     }
-    // Install networks last: their containers are gone by now.
-    for n in engine.list_managed_networks().await? {
-        if abandoned(&n, own_instance, data_dir, now, &mut seen) {
-            match engine.remove_network(&n.id).await {
-                Ok(()) => reaped.networks += 1,
-                Err(e) => tracing::debug!(network = %n.id, error = %e, "network not reaped"),
-            }
-        }
-    }
     // Only now that everything a dead instance left is gone may its lock file go: an
     // interrupted sweep (an error above) leaves it, so the next sweep still knows it is dead.
     for (id, liveness) in &seen {
@@ -90,7 +79,6 @@ pub async fn reap(
         tracing::info!(
             containers = reaped.containers,
             volumes = reaped.volumes,
-            networks = reaped.networks,
             "removed what earlier instances left behind"
         );
     }

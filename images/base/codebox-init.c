@@ -258,7 +258,7 @@ static void on_signal(int sig, siginfo_t *si, void *ctx)
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--selftest") == 0)
-        return selftest();
+        return selftest() || egress_selftest();
     if (argc != 1) {
         fputs("usage: codebox-init  (a payload on stdin, frames on stdout: see "
               "docs/sandbox-init.md)\n", stderr);
@@ -288,6 +288,9 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);
 
+    /* Before the payload: a run's program finds the relay listening when it starts. */
+    if (egress_start() < 0)
+        fatal("the egress relay (%s) cannot start: %s", EGRESS_ENV, err_text);
     read_payload();
     if (in_session)
         session_main(driver_argv, cfg.timeout_ms);

@@ -9,6 +9,7 @@
  *   codebox-init-files.c    files back: the F and B frames of outputs/ or the workspace
  *   codebox-init-session.c  session mode: the opening, requests, files-only executions, reads
  *   codebox-init-driver.c   session mode: the driver, its line protocol and the cells
+ *   codebox-init-egress.c   the egress relay: the container's loopback to codebox's proxy
  */
 #ifndef CODEBOX_INIT_H
 #define CODEBOX_INIT_H
@@ -45,6 +46,13 @@
 #define STR(x) STR_(x)
 #ifndef X_BYTES                 /* an X frame's text (tests/init/check.sh builds it smaller) */
 #define X_BYTES (MAX_PATH + 1024)
+/* ---- codebox-init-egress.c ---- */
+#define EGRESS_ENV "CODEBOX_EGRESS"
+/* Start the relay when EGRESS_ENV is set (and remove it from the environment); 0 when it is
+ * absent or the relay runs, -1 with err_text. */
+int egress_start(void);
+int egress_selftest(void);
+
 #endif
 
 extern char **environ;
@@ -171,5 +179,12 @@ int driver_check_idle(void);
 void driver_stop(void);
 void driver_run_cell(const struct cell *c, struct cell_outcome *o);
 int kill_others(pid_t keep, struct reaped *acc, int *keep_status, int *keep_done);
+
+/* ---- codebox-init-egress.c ---- */
+#define EGRESS_ENV "CODEBOX_EGRESS"
+/* Start the relay when EGRESS_ENV is set (and remove it from the environment); 0 when it is
+ * absent or the relay runs, -1 with err_text. */
+int egress_start(void);
+int egress_selftest(void);
 
 #endif

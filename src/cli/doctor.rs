@@ -299,6 +299,7 @@ mod tests {
             cgroup_version: cgroup,
             security_options: options.iter().map(|o| o.to_string()).collect(),
             podman: false,
+            ..Default::default()
         }
     }
 

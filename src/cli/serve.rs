@@ -63,9 +63,48 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
     };
     // Watch for signals before any container exists, so that none is left by one.
     let shutdown = transport::shutdown_signal();
+    egress_runtime_check(app).await?;
     app.reap().await;
     app.runs.start_pool();
     app.runs.start_ready_sessions();
     transport::serve(app.runs.clone(), &config, transport, shutdown).await?;
     Ok(0)
+}
+
+/// Refuse to start when a container codebox lets out (an install step, or programs under
+/// `sandbox.egress_hosts`) would run under a runtime that cannot reach the egress proxy's
+/// Unix socket. A daemon that does not answer is left to the first run to report.
+async fn egress_runtime_check(app: &App) -> anyhow::Result<()> {
+    let c = &app.config;
+    let mut uses = Vec::new();
+    if !c.sandbox.egress_hosts.is_empty() {
+        uses.push(("sandbox.egress_hosts", c.sandbox.runtime.as_str(), ""));
+    }
+    if ["python", "javascript"]
+        .iter()
+        .any(|l| c.packages.index_for(l).is_some())
+    {
+        let runtime = c
+            .packages
+            .install_runtime
+            .as_deref()
+            .unwrap_or(&c.sandbox.runtime);
+        uses.push((
+            "packages",
+            runtime,
+            "; or set packages.install_runtime = \"runc\"",
+        ));
+    }
+    if uses.is_empty() {
+        return Ok(());
+    }
+    let Ok(info) = app.engine.ping().await else {
+        return Ok(());
+    };
+    for (setting, runtime, or) in uses {
+        if let Some(problem) = info.host_uds_problem(runtime) {
+            anyhow::bail!("{setting} is set, but {problem}{or}");
+        }
+    }
+    Ok(())
 }

@@ -39,8 +39,8 @@ section! {
     ///
     /// # Security
     /// Setting an index lets the packages it serves run their install scripts in an install
-    /// container (the posture of every run, plus one network that reaches only the proxy);
-    /// programs stay without a network and see the installed prefix read-only. See
+    /// container (the posture of every run, no network: its one way out is the proxy's Unix
+    /// socket); programs stay without a network and see the installed prefix read-only. See
     /// SECURITY.md, "Packages on request".
     pub struct PackagesSettings {
         /// Installed prefixes kept for reuse, in MB in all (least recently used first out).
@@ -54,10 +54,10 @@ section! {
         pub max_download_mb: u64 = 256,
         /// Largest installed prefix, in MB (at most half of `install_memory_mb`).
         pub prefix_mb: u64 = 384,
-        /// The OCI runtime of install containers (default: `sandbox.runtime`). A gVisor
-        /// registered with `--network=none` (as Docker 20.10 needs for `network_mode=none`)
-        /// gives containers no network at all, so installs cannot reach the proxy under it:
-        /// set `runc` here, or register a second runsc without that flag and name it.
+        /// The OCI runtime of install containers (default: `sandbox.runtime`). Under gVisor
+        /// the install reaches the proxy's Unix socket only when runsc is registered with
+        /// `--host-uds=open` (`scripts/ensure-docker.sh --with-runsc` does it); with a runsc
+        /// registered without it, set `runc` here.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub install_runtime: Option<String> = None,
         pub python: PythonIndex = PythonIndex::default(),
@@ -189,6 +189,21 @@ impl Allowed {
     /// `host` or `host:port` (port 443 when left out).
     pub fn from_host(h: &str) -> Option<Allowed> {
         Allowed::parse(h, 443)
+    }
+
+    /// A `sandbox.egress_hosts` entry: `host:port`, or `host` for HTTPS and HTTP (443, 80).
+    pub fn from_egress_host(h: &str) -> Vec<Allowed> {
+        match Allowed::parse(h, 0) {
+            Some(a) if a.port == 0 => [443, 80]
+                .into_iter()
+                .map(|port| Allowed {
+                    host: a.host.clone(),
+                    port,
+                })
+                .collect(),
+            Some(a) => vec![a],
+            None => Vec::new(),
+        }
     }
 
     fn parse(authority: &str, default: u16) -> Option<Allowed> {

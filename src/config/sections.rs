@@ -100,6 +100,17 @@ section! {
         /// With `runc` every run shares the host's kernel, so a kernel exploit escapes the
         /// container; `runsc` puts gVisor between them at some cost in speed.
         pub runtime: String = "runc".to_string(),
+        /// Hosts programs may reach over HTTP(S), through codebox's egress proxy (SPEC 13):
+        /// `host` (ports 443 and 80) or `host:port`, e.g. `["api.example.com"]`. Empty (the
+        /// default): programs have no way out at all.
+        ///
+        /// # Security
+        /// Every run and session then talks to these hosts as the code it runs decides: data
+        /// in the run can leave to them, and what they answer comes in. Programs still have
+        /// no network of their own (`network_mode=none`); the proxy refuses other hosts, IP
+        /// literals and names resolving to loopback, private, link-local or metadata
+        /// addresses unless an entry is one. See SECURITY.md, "Programs' own egress".
+        pub egress_hosts: Vec<String> = Vec::new(),
     }
 }
 

@@ -76,6 +76,15 @@ impl Config {
                 "must name an OCI runtime registered with the daemon, e.g. runc or runsc",
             ));
         }
+        for h in &s.egress_hosts {
+            if super::Allowed::from_host(h).is_none() {
+                return Err(invalid(
+                    "sandbox.egress_hosts",
+                    format!("{h:?}"),
+                    "must be `host` or `host:port` (no scheme, path or credentials)",
+                ));
+            }
+        }
         // No check against the memory: each run's working directory is this, at most half
         // the run's memory, so lowering `limits.default_memory_mb` needs no second setting.
         if s.workspace_mb < 1 || s.workspace_mb > l.max_memory_mb {

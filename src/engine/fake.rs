@@ -432,6 +432,7 @@ impl ContainerEngine for FakeEngine {
             version: "fake".into(),
             api_version: "1.41".into(),
             runtimes: vec!["runc".into()],
+            runtime_args: BTreeMap::new(),
             cgroup_version: None,
             security_options: Vec::new(),
             podman: false,
@@ -445,7 +446,7 @@ impl ContainerEngine for FakeEngine {
         } else {
             BTreeMap::from([(
                 super::LABEL_INIT_FEATURES.to_string(),
-                "check_in_run".to_string(),
+                "check_in_run egress".to_string(),
             )])
         };
         Ok(Some(ImageInfo {

@@ -37,9 +37,9 @@ pub const LABEL_INIT_FEATURES: &str = "codebox.init.features";
 
 /// Everything about a container to create, engine-neutral. Built by [`posture::locked_down`],
 /// checked by [`posture::check`]. There is no field for host mounts, devices or capabilities
-/// to add: a spec cannot express them. The only mount beyond tmpfs is a named volume of
+/// to add: a spec cannot express them. The only mounts beyond tmpfs are a named volume of
 /// codebox's own (an installed packages prefix, SPEC 13), read-only in every container that
-/// runs.
+/// runs, and the directory of an egress proxy's socket, always read-only.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerSpec {
     /// Container name, chosen before create so that a create interrupted mid-flight can
@@ -77,6 +77,10 @@ pub struct ContainerSpec {
     pub init: bool,
     /// Named volumes of codebox's own (installed package prefixes).
     pub volumes: Vec<VolumeMount>,
+    /// The host directory of an egress proxy's socket, mounted read-only at
+    /// [`posture::EGRESS_MOUNT`] (an install container, or a program under
+    /// `sandbox.egress_hosts`): the only host path a spec can name.
+    pub egress: Option<String>,
 }
 
 /// A named volume mounted into a container.
@@ -85,14 +89,6 @@ pub struct VolumeMount {
     pub volume: String,
     pub target: String,
     pub read_only: bool,
-}
-
-/// A network codebox created for its install containers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NetworkInfo {
-    pub name: String,
-    /// The host's address on it (the bridge's gateway), where codebox's proxy listens.
-    pub gateway: std::net::IpAddr,
 }
 
 /// CPU accounting period of every container, in microseconds.
@@ -161,13 +157,16 @@ pub struct Leftover {
 }
 
 /// What the engine says about itself.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct EngineInfo {
     pub address: String,
     pub version: String,
     pub api_version: String,
     /// OCI runtimes the daemon offers (`runc`, `runsc`, ...).
     pub runtimes: Vec<String>,
+    /// Each runtime's program and the arguments the daemon gives it, where the daemon says
+    /// (`runsc` -> (`/usr/bin/runsc`, [`--network=none`, ...])).
+    pub runtime_args: BTreeMap<String, (String, Vec<String>)>,
     /// The cgroup version of the daemon's host (1 or 2), when the daemon says.
     pub cgroup_version: Option<u8>,
     /// The daemon's security options as it lists them (`name=apparmor`, `name=rootless`,
@@ -175,6 +174,26 @@ pub struct EngineInfo {
     pub security_options: Vec<String>,
     /// Whether the daemon is Podman's Docker-compatible service rather than Docker.
     pub podman: bool,
+}
+
+impl EngineInfo {
+    /// Why containers under `runtime` cannot reach a host Unix socket (the egress proxy's):
+    /// a gVisor registered without `--host-uds=open` (or `all`) refuses to connect to one.
+    pub fn host_uds_problem(&self, runtime: &str) -> Option<String> {
+        let (path, args) = self.runtime_args.get(runtime)?;
+        let gvisor = runtime == "runsc" || path.ends_with("runsc");
+        let open = args.iter().any(|a| {
+            matches!(
+                a.trim_start_matches('-'),
+                "host-uds=open" | "host-uds=all" | "fsgofer-host-uds" | "fsgofer-host-uds=true"
+            )
+        });
+        (gvisor && !open).then(|| {
+            format!(
+                "the runtime `{runtime}` (gVisor) is registered without --host-uds=open, so its containers cannot reach codebox's egress proxy: add \"--host-uds=open\" to its runtimeArgs in the daemon's daemon.json (scripts/ensure-docker.sh --with-runsc does it) and reload the daemon"
+            )
+        })
+    }
 }
 
 /// What an engine call failed with, kept as the error's source.
@@ -246,8 +265,6 @@ pub enum EngineError {
     CreateVolume(#[source] Cause),
     #[error("copying files into the container failed: {0}")]
     Upload(#[source] Cause),
-    #[error("setting up the install network failed: {0}")]
-    Network(#[source] Cause),
     #[error("listing managed objects failed: {0}")]
     List(#[source] Cause),
     #[error("inspecting the image failed: {0}")]
@@ -318,21 +335,33 @@ pub trait ContainerEngine: Send + Sync + 'static {
     async fn upload(&self, _id: &str, _path: &str, _tar: Vec<u8>) -> Result<(), EngineError> {
         Err(EngineError::Upload(detail("this engine cannot copy files")))
     }
-    /// Create (or find) the `internal` network `name`: containers on it reach the host's
-    /// address on it and nothing else.
-    async fn internal_network(
-        &self,
-        _name: &str,
-        _labels: BTreeMap<String, String>,
-    ) -> Result<NetworkInfo, EngineError> {
-        Err(EngineError::Network(detail("this engine has no networks")))
-    }
-    /// Idempotent.
-    async fn remove_network(&self, _name: &str) -> Result<(), EngineError> {
-        Ok(())
-    }
-    /// Networks carrying `codebox.managed=true` (install networks, SPEC 13).
-    async fn list_managed_networks(&self) -> Result<Vec<Leftover>, EngineError> {
-        Ok(Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gvisor_without_host_uds_is_named_and_others_pass() {
+        let info = |args: &[&str]| EngineInfo {
+            runtime_args: BTreeMap::from([
+                ("runc".to_string(), ("runc".to_string(), Vec::new())),
+                (
+                    "runsc".to_string(),
+                    (
+                        "/usr/bin/runsc".to_string(),
+                        args.iter().map(|a| a.to_string()).collect(),
+                    ),
+                ),
+            ]),
+            ..Default::default()
+        };
+        let old = info(&["--network=none"]);
+        let problem = old.host_uds_problem("runsc").expect("refused");
+        assert!(problem.contains("--host-uds=open"), "{problem}");
+        assert_eq!(old.host_uds_problem("runc"), None);
+        assert_eq!(old.host_uds_problem("unknown"), None);
+        let new = info(&["--network=none", "--host-uds=open"]);
+        assert_eq!(new.host_uds_problem("runsc"), None);
     }
 }

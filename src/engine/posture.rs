@@ -29,6 +29,18 @@ pub const SANDBOX_UIDS: u32 = 64;
 /// the payload (`docs/sandbox-init.md`).
 pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// Where a container codebox lets out finds the egress proxy's socket directory (mounted
+/// read-only); the relay in codebox-init carries the container's loopback connections there.
+pub const EGRESS_MOUNT: &str = "/run/codebox-egress";
+/// The container's own loopback address where the relay listens (`HTTP_PROXY` points here).
+pub const EGRESS_LISTEN: &str = "127.0.0.1:3128";
+/// The variable that starts codebox-init's relay (`images/base/codebox-init-egress.c`).
+pub const EGRESS_ENV: &str = "CODEBOX_EGRESS";
+/// The proxy as the container's programs see it.
+pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
+/// The proxy socket's name in its directory.
+pub const EGRESS_SOCKET: &str = "proxy.sock";
+
 /// Memory and CPU of one container.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
@@ -123,7 +135,65 @@ pub fn locked_down(plan: &Plan, sandbox: &SandboxSettings) -> ContainerSpec {
         open_stdin: true,
         init: false,
         volumes: Vec::new(),
+        egress: None,
     }
+}
+
+/// Give a container the way out through the egress proxy whose socket is in `dir`: the
+/// directory mounted read-only at [`EGRESS_MOUNT`], the relay started by [`EGRESS_ENV`], and
+/// the proxy variables curl, pip, npm, requests and urllib read. `no_proxy`: names the
+/// program reaches inside its own container without the proxy (`NO_PROXY`).
+pub fn with_egress(spec: &mut ContainerSpec, dir: &std::path::Path, no_proxy: Option<&str>) {
+    spec.egress = Some(dir.to_string_lossy().into_owned());
+    spec.env.insert(
+        EGRESS_ENV.to_string(),
+        format!("{EGRESS_LISTEN}={EGRESS_MOUNT}/{EGRESS_SOCKET}"),
+    );
+    for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        spec.env.insert(k.to_string(), EGRESS_PROXY_URL.to_string());
+    }
+    if let Some(n) = no_proxy {
+        spec.env.insert("NO_PROXY".to_string(), n.to_string());
+        spec.env.insert("no_proxy".to_string(), n.to_string());
+    }
+}
+
+/// The egress directory is one codebox made for a proxy: a real directory (no link), mode
+/// 0711, holding nothing but the proxy's socket.
+fn egress_dir_problem(dir: &str) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let path = std::path::Path::new(dir);
+    if !path.is_absolute()
+        || path.components().any(|c| {
+            !matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        })
+    {
+        return Some(format!(
+            "the egress directory {dir} is not an absolute, plain path"
+        ));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() && m.permissions().mode() & 0o7777 == 0o711 => {}
+        Ok(_) => return Some(format!("{dir} is not a directory of mode 0711")),
+        Err(e) => return Some(format!("the egress directory {dir}: {e}")),
+    }
+    let entries = match std::fs::read_dir(path) {
+        Ok(e) => e,
+        Err(e) => return Some(format!("the egress directory {dir}: {e}")),
+    };
+    for e in entries.flatten() {
+        let socket = e.file_type().is_ok_and(|t| t.is_socket());
+        if e.file_name() != EGRESS_SOCKET || !socket {
+            return Some(format!(
+                "the egress directory {dir} holds {:?}, not only the proxy's socket",
+                e.file_name()
+            ));
+        }
+    }
+    None
 }
 
 /// A guarantee a spec lost.
@@ -147,24 +217,24 @@ pub const PACKAGES_VOLUME_PREFIX: &str = "codebox-pkg-";
 pub enum Role<'a> {
     /// A run, compile or session container: no network; volumes only read-only prefixes.
     Run,
-    /// An install container: the one install network, no volumes, its own runtime.
-    Install { network: &'a str, runtime: &'a str },
+    /// An install container: no volume, its own runtime, the install's egress proxy.
+    Install { runtime: &'a str },
     /// A container created only to copy an installed prefix into its volume, never started:
     /// the prefix's volume writable.
     Fill,
 }
 
-/// The install container's spec: the posture of every container, on the install network,
-/// under `runtime`.
+/// The install container's spec: the posture of every container (no network), under
+/// `runtime`, its way out the install's egress proxy in `egress`.
 pub fn install(
     plan: &Plan,
     sandbox: &SandboxSettings,
-    network: &str,
     runtime: &str,
+    egress: &std::path::Path,
 ) -> ContainerSpec {
     let mut spec = locked_down(plan, sandbox);
-    spec.network_mode = network.to_string();
     spec.runtime = runtime.to_string();
+    with_egress(&mut spec, egress, None);
     spec
 }
 
@@ -223,10 +293,29 @@ pub fn check_as(
     if role == Role::Fill && (spec.volumes.len() != 1 || spec.open_stdin) {
         return fail("a filler has exactly one volume and no stdin".into());
     }
-    let (network, runtime) = match role {
-        Role::Install { network, runtime } => (network, runtime),
-        _ => ("none", sandbox.runtime.as_str()),
+    let runtime = match role {
+        Role::Install { runtime } => runtime,
+        _ => sandbox.runtime.as_str(),
     };
+    match (&spec.egress, role) {
+        (None, Role::Install { .. }) => {
+            return fail("an install container without its egress proxy".into())
+        }
+        (Some(_), Role::Fill) => return fail("a filler gets no egress".into()),
+        (Some(_), Role::Run) if sandbox.egress_hosts.is_empty() => {
+            return fail("an egress mount, but sandbox.egress_hosts is empty".into())
+        }
+        (Some(dir), _) => {
+            if let Some(problem) = egress_dir_problem(dir) {
+                return fail(problem);
+            }
+            let want = format!("{EGRESS_LISTEN}={EGRESS_MOUNT}/{EGRESS_SOCKET}");
+            if spec.env.get(EGRESS_ENV) != Some(&want) {
+                return fail(format!("{EGRESS_ENV} is not {want}"));
+            }
+        }
+        (None, _) => {}
+    }
     if spec.cmd != [INIT] {
         return fail(format!(
             "the command is {:?}, not codebox's waiting step {INIT}",
@@ -242,9 +331,9 @@ pub fn check_as(
             spec.runtime
         ));
     }
-    if spec.network_mode != network || network.is_empty() || network == "host" {
+    if spec.network_mode != "none" {
         return fail(format!(
-            "network mode is `{}`, not `{network}`",
+            "network mode is `{}`, not `none`",
             spec.network_mode
         ));
     }
@@ -474,7 +563,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_read_only_prefix_volume_and_only_the_install_network_pass() {
+    fn only_a_read_only_prefix_volume_and_no_network_pass() {
         let sandbox = SandboxSettings::default();
         let mut run = spec();
         with_prefix(&mut run, "codebox-pkg-abc", "/opt/codebox/packages");
@@ -488,25 +577,31 @@ mod tests {
         with_prefix(&mut etc, "codebox-pkg-abc", "/etc");
         assert!(check(&etc, &sandbox).is_err());
 
-        let net = "codebox-install-x";
-        let role = Role::Install {
-            network: net,
-            runtime: "runc",
-        };
-        let inst = install(&plan(), &sandbox, net, "runc");
+        let dir = egress_dir();
+        let role = Role::Install { runtime: "runc" };
+        let inst = install(&plan(), &sandbox, "runc", dir.path());
         check_as(&inst, &sandbox, role).unwrap();
+        assert_eq!(inst.network_mode, "none");
+        assert_eq!(
+            inst.env[EGRESS_ENV],
+            "127.0.0.1:3128=/run/codebox-egress/proxy.sock"
+        );
+        assert_eq!(inst.env["HTTPS_PROXY"], "http://127.0.0.1:3128");
         let mut other_runtime = inst.clone();
         other_runtime.runtime = "weird".into();
         assert!(check_as(&other_runtime, &sandbox, role).is_err());
         assert!(
             check(&inst, &sandbox).is_err(),
-            "a run container got a network"
+            "a run container got an egress without sandbox.egress_hosts"
         );
-        for wrong in ["bridge", "host", ""] {
+        for wrong in ["bridge", "host", "", "codebox-install-x"] {
             let mut s = inst.clone();
             s.network_mode = wrong.into();
-            assert!(check_as(&s, &sandbox, role).is_err());
+            assert!(check_as(&s, &sandbox, role).is_err(), "{wrong}");
         }
+        let mut no_egress = inst.clone();
+        no_egress.egress = None;
+        assert!(check_as(&no_egress, &sandbox, role).is_err());
         let mut with_vol = inst.clone();
         with_prefix(&mut with_vol, "codebox-pkg-abc", "/opt/codebox/packages");
         assert!(check_as(&with_vol, &sandbox, role).is_err());
@@ -519,6 +614,46 @@ mod tests {
         );
         check_as(&fill, &sandbox, Role::Fill).unwrap();
         assert!(check(&fill, &sandbox).is_err());
+    }
+
+    /// A directory as the proxy makes it: mode 0711, only a socket named proxy.sock.
+    fn egress_dir() -> tempfile::TempDir {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::os::unix::net::UnixListener::bind(d.path().join(EGRESS_SOCKET)).unwrap();
+        d
+    }
+
+    #[test]
+    fn an_egress_mount_is_only_a_proxy_socket_directory_and_only_with_egress_hosts() {
+        let mut sandbox = SandboxSettings::default();
+        let dir = egress_dir();
+        let mut run = spec();
+        with_egress(&mut run, dir.path(), Some("localhost"));
+        assert!(
+            check(&run, &sandbox).is_err(),
+            "egress without egress_hosts"
+        );
+        sandbox.egress_hosts = vec!["api.example".into()];
+        check(&run, &sandbox).unwrap();
+        assert!(check(&spec(), &sandbox).is_ok(), "egress is not required");
+        let mut env = run.clone();
+        env.env
+            .insert(EGRESS_ENV.into(), "127.0.0.1:3128=/etc/x".into());
+        assert!(check(&env, &sandbox).is_err(), "another socket path");
+        for bad in ["relative/dir", "/tmp/../etc", "/nonexistent/codebox-egress"] {
+            let mut s = run.clone();
+            s.egress = Some(bad.into());
+            assert!(check(&s, &sandbox).is_err(), "{bad}");
+        }
+        // A directory with anything else in it (a host folder, not the proxy's) is refused.
+        std::fs::write(dir.path().join("secret"), "x").unwrap();
+        assert!(check(&run, &sandbox).is_err(), "a folder with a file in it");
+        std::fs::remove_file(dir.path().join("secret")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(check(&run, &sandbox).is_err(), "a world-writable directory");
     }
 
     #[test]

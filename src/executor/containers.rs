@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use super::egress::{with_program_egress, ProgramEgress};
 use super::images::{ImageIds, ImageRef};
 use super::labels::labels;
 use super::pool::{run_workspace_mb, Pool, Shape};
@@ -62,6 +63,8 @@ pub struct Containers {
     pub(super) pool: Pool,
     images: Arc<ImageIds>,
     pub(super) timings: Arc<Timings>,
+    /// Programs' own egress (`sandbox.egress_hosts`), when the operator set it.
+    pub(super) egress: Option<Arc<ProgramEgress>>,
 }
 
 impl Containers {
@@ -77,6 +80,7 @@ impl Containers {
             Cleanup::observed(Arc::new(move |d| timings.record(Leg::Remove, d)))
         };
         let images = Arc::new(ImageIds::new(engine.clone()));
+        let egress = ProgramEgress::new(&config, &instance).map(Arc::new);
         let pool = Pool::new(
             engine.clone(),
             config.clone(),
@@ -84,6 +88,7 @@ impl Containers {
             uids.clone(),
             images.clone(),
             cleanup.clone(),
+            egress.clone(),
         );
         Containers {
             engine,
@@ -94,6 +99,7 @@ impl Containers {
             pool,
             images,
             timings,
+            egress,
         }
     }
 
@@ -145,6 +151,11 @@ impl Containers {
         let mut spec = posture::locked_down(&plan, &self.config.sandbox);
         if let Some(p) = &want.prefix {
             posture::with_prefix(&mut spec, &p.volume, &p.target);
+        }
+        if let Some(e) = &self.egress {
+            with_program_egress(&mut spec, e, &image, &want.image_name)
+                .await
+                .map_err(|m| Halt::Failed(SandboxFailure::Reported(m)))?;
         }
         posture::check(&spec, &self.config.sandbox)?;
         let mut guard = ContainerGuard::new(

@@ -21,6 +21,8 @@ pub struct ImageRef {
     pub id: String,
     /// Its `codebox-init` takes `check_in_run` (an image built before it does not).
     pub check_in_run: bool,
+    /// Its `codebox-init` has the egress relay (`CODEBOX_EGRESS`).
+    pub egress: bool,
 }
 
 /// Images by tag, shared by the executor and its pool.
@@ -53,10 +55,12 @@ impl ImageIds {
             return Ok(None);
         };
         let features = info.labels.get(LABEL_INIT_FEATURES);
+        let has =
+            |feature: &str| features.is_some_and(|f| f.split_whitespace().any(|x| x == feature));
         let image = ImageRef {
             id: info.id,
-            check_in_run: features
-                .is_some_and(|f| f.split_whitespace().any(|x| x == "check_in_run")),
+            check_in_run: has("check_in_run"),
+            egress: has("egress"),
         };
         self.known()
             .insert(tag.to_string(), (image.clone(), Instant::now()));

@@ -18,6 +18,7 @@ pub mod cache;
 mod cases;
 mod compile;
 mod containers;
+pub mod egress;
 pub mod exchange;
 pub mod images;
 mod labels;

@@ -667,7 +667,7 @@ impl RunManager {
         }
         // Sessions' containers (and those of the stopped runs) are removed in the background.
         self.inner.executor.cleanup().drain(grace).await;
-        // Then the installed prefixes they mounted, and the install network.
+        // Then the installed prefixes they mounted.
         self.inner.executor.packages().close().await;
     }
 

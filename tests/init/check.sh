@@ -22,8 +22,10 @@ failed=0
 containers=()
 only=("$@")
 
+egress_server_pid=
 cleanup() {
   for c in "${containers[@]}"; do docker rm -f "$c" >/dev/null 2>&1; done
+  [[ -n $egress_server_pid ]] && kill "$egress_server_pid" 2>/dev/null
   docker rmi -f "$image" >/dev/null 2>&1
   rm -rf "$work"
 }
@@ -1211,6 +1213,130 @@ a = s.exec(cell="'x' in globals()")
 assert a.state == "new" and a.result == b"False", a
 EOF
 
+# ---- the egress relay (codebox-init-egress.c) ----
+# A stand-in for codebox's proxy on the host: a Unix socket server in a folder of its own that
+# answers each connection, once the client's end of file came, with what it got; the folder is
+# mounted read-only where codebox mounts it. The relay runs only when CODEBOX_EGRESS says so.
+egress=$work/egress
+mkdir -m 0711 "$egress"
+python3 - "$egress/proxy.sock" <<'PY' &
+import os, socketserver, sys
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        got = b""
+        while chunk := self.request.recv(65536):
+            got += chunk
+        self.request.sendall(b"proxy got %d bytes: " % len(got) + got[:40])
+socketserver.ThreadingUnixStreamServer.daemon_threads = True
+socketserver.ThreadingUnixStreamServer.request_queue_size = 16
+server = socketserver.ThreadingUnixStreamServer(sys.argv[1], Echo)
+os.chmod(sys.argv[1], 0o666)
+server.serve_forever()
+PY
+egress_server_pid=$!
+for _ in $(seq 50); do [[ -S $egress/proxy.sock ]] && break; sleep 0.1; done
+relay_on=(-v "$egress:/run/codebox-egress:ro" -e CODEBOX_EGRESS=127.0.0.1:3128=/run/codebox-egress/proxy.sock)
+
+egress_relay_case() {
+  cat <<'EOF'
+# Each connection to the container's 127.0.0.1:3128 reaches the Unix socket, both ways, with a
+# half-close passed on (the answer comes after the client's end of file); more connections
+# at once than the relay's 64 slots all get through; 1 MB goes up. The helper's records, exit
+# status and processes are as without it, and the program does not see CODEBOX_EGRESS.
+run = ["python3", "-c", """
+import os, socket, sys
+def ask(data):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while chunk := s.recv(65536):
+        got += chunk
+    s.close()
+    return got
+print(ask(b"hello relay").decode())
+print(ask(b"x" * 1000000)[:30].decode())
+conns = []
+for i in range(100):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(b"conn %d" % i)
+    s.shutdown(socket.SHUT_WR)
+    conns.append(s)
+answers = []
+for s in conns:
+    got = b""
+    while chunk := s.recv(65536):
+        got += chunk
+    answers.append(got)
+print(sum(a == b"proxy got %d bytes: conn %d" % (len(b"conn %d" % i), i) for i, a in enumerate(answers)))
+print("CODEBOX_EGRESS" in os.environ, sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()))
+print(len(os.listdir("/proc/1/task")))
+sys.exit(3)
+"""]
+timeout_ms = 60000
+---
+out = res.run.stdout.decode().splitlines()
+assert len(out) == 5 and out[0] == "proxy got 11 bytes: hello relay", (out, res.run.stderr[-1500:])
+assert out[1] == "proxy got 1000000 bytes: xxxxx", out
+assert out[2] == "100", (out, res.run.stderr)
+assert out[3] == "False [1]", out
+assert out[4] == "2", out
+assert res.run.end == "exited" and res.run.code == 3, res.run
+# (gVisor hides the memory cgroup: its two warnings say so; none is the relay's.)
+assert not [w for w in res.warnings if "cgroup" not in w], res.warnings
+EOF
+}
+run_case egress-relay "${relay_on[@]}" < <(egress_relay_case)
+
+run_case egress-relay-off-without-the-variable -v "$egress:/run/codebox-egress:ro" <<'EOF'
+run = ["python3", "-c", """
+import os, socket
+try:
+    socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    print("connected")
+except OSError as e:
+    print(type(e).__name__)
+print(len(os.listdir("/proc/1/task")))
+"""]
+---
+assert res.run.stdout == b"ConnectionRefusedError\n1\n", res.run
+EOF
+
+# The proxy not there: each connection is ended at once; the run goes on.
+run_case egress-relay-proxy-missing -e CODEBOX_EGRESS=127.0.0.1:3128=/run/nothing/proxy.sock <<'EOF'
+run = ["python3", "-c", """
+import socket
+for _ in range(3):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    try:
+        s.sendall(b"GET / HTTP/1.1\\r\\n\\r\\n")
+        print(repr(s.recv(100)))
+    except OSError as e:
+        print(type(e).__name__)
+"""]
+timeout_ms = 20000
+---
+lines = res.run.stdout.splitlines()
+assert res.run.code == 0 and len(lines) == 3, res.run
+assert all(l in (b"b''", b"ConnectionResetError", b"BrokenPipeError") for l in lines), res.run
+EOF
+
+run_case egress-relay-malformed -e CODEBOX_EGRESS=localhost:3128 <<'EOF'
+run = ["true"]
+---
+assert res.fatal is not None and res.fatal.startswith("the egress relay (CODEBOX_EGRESS) cannot start:"), res.fatal
+assert res.run is None
+EOF
+
+# A session's driver and cells reach it the same way.
+session_case egress-relay-session "${relay_on[@]}" <<'EOF'
+s.open(driver=DRIVER)
+a = s.exec(cell="import socket\ns = socket.create_connection(('127.0.0.1', 3128), timeout=10)\ns.sendall(b'cell')\ns.shutdown(socket.SHUT_WR)\ns.recv(100)")
+assert a.result == b"b'proxy got 4 bytes: cell'", a
+a = s.exec(cell="import os\nlen(os.listdir('/proc/1/task'))")
+assert a.result == b"2", a
+EOF
+
 # ---- under gVisor (runsc), where the daemon has it ----
 # gVisor (release 20221219) follows a symbolic link to a directory opened with O_DIRECTORY |
 # O_NOFOLLOW; these check that no link is followed there either. Its sentry's own threads count
@@ -1219,6 +1345,12 @@ EOF
 if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
   run_case payload-link-cannot-redirect-runsc --runtime runsc < <(link_redirect_case)
   session_case session-read-runsc --runtime runsc --pids-limit 256 < <(read_case)
+  # gVisor reaches a host Unix socket only when runsc runs with --host-uds=open (or all).
+  if docker info --format '{{json .Runtimes.runsc}}' | grep -q -- '--host-uds=\(open\|all\)'; then
+    run_case egress-relay-runsc --runtime runsc --pids-limit 256 "${relay_on[@]}" < <(egress_relay_case)
+  else
+    echo "skip egress-relay-runsc: runsc is not registered with --host-uds=open"
+  fi
   session_case session-state-runsc --runtime runsc --pids-limit 256 <<'EOF'
 # Where the high-water mark cannot be reset (no clear_refs), peak_kb is left out.
 s.open(driver=DRIVER)

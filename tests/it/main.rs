@@ -9,6 +9,7 @@ mod cluster;
 mod common;
 mod console;
 mod docker_runs;
+mod egress;
 mod fake_engine;
 mod faults;
 mod fuzz_gen;

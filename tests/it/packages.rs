@@ -3,7 +3,8 @@
 //! installs import, a cached second request works with the index stopped, the program stays
 //! offline with the prefix read-only, an sdist's setup.py reaches nothing but the proxy,
 //! failures end as `stage: "install"` naming the requirement, concurrent identical requests
-//! install once, and closing removes every volume and the install network.
+//! install once, and closing removes every volume. The install container has no network
+//! (only `lo`): its way out is the proxy's Unix socket, through codebox-init's relay.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -28,8 +29,14 @@ struct Index {
 impl Index {
     /// A PEP 503 index (`make_index.py`).
     fn start() -> Index {
+        Index::probing("{\"addrs\": [], \"port\": 9}")
+    }
+
+    /// A PEP 503 index whose probe sdist tries `probe` (JSON: the host's addresses and a port
+    /// listening on 0.0.0.0).
+    fn probing(probe: &str) -> Index {
         let index = Index::serve();
-        index.make("make_index.py", &[]);
+        index.make("make_index.py", &[probe]);
         index
     }
 
@@ -103,8 +110,8 @@ impl Drop for Index {
     }
 }
 
-/// Removes what a failing test's cache made (its volumes, its install network): a test that
-/// panics never reaches `close()`, and the reaper keeps what a live instance owns.
+/// Removes what a failing test's cache made (its volumes): a test that panics never reaches
+/// `close()`, and the reaper keeps what a live instance owns.
 struct RemovedIfFailed(Arc<codebox::executor::packages::Packages>);
 
 impl Drop for RemovedIfFailed {
@@ -117,18 +124,6 @@ impl Drop for RemovedIfFailed {
                 .args(["volume", "rm", "-f", &v])
                 .output();
         }
-        // Its containers go first (in the background): try for a while.
-        for _ in 0..20 {
-            let gone = Command::new("docker")
-                .args(["network", "rm", &self.0.network_name()])
-                .output()
-                .map(|o| o.status.success() || !network_exists(&self.0.network_name()))
-                .unwrap_or(true);
-            if gone {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(500));
-        }
     }
 }
 
@@ -136,9 +131,6 @@ fn executor(index: &Index, tune: impl FnOnce(&mut Config)) -> Executor {
     let mut c = Config::default();
     c.packages.python.index_url = Some(index.url());
     c.packages.install_timeout_seconds = 60.0;
-    // Under the tests' gVisor (registered with --network=none) installs run under runc; the
-    // program still runs under the test runtime.
-    c.packages.install_runtime = Some("runc".into());
     tune(&mut c);
     common::docker_executor_with(c)
 }
@@ -168,14 +160,32 @@ fn existing(volumes: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn network_exists(name: &str) -> bool {
-    Command::new("docker")
-        .args(["network", "inspect", name])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success()
+/// What is left in the executor's egress folder (a proxy's directory outlived its install).
+fn egress_left(exec: &Executor) -> Vec<String> {
+    std::fs::read_dir(exec.config().data_dir.join("egress"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The host's IPv4 addresses other than loopback (docker0's among them).
+fn host_addresses() -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .expect("ip");
+    let addrs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|a| a.split('/').next())
+        .filter(|a| !a.starts_with("127."))
+        .map(str::to_string)
+        .collect();
+    assert!(!addrs.is_empty(), "no host address to try");
+    addrs
 }
 
 const OFFLINE_PROGRAM: &str = r#"
@@ -243,18 +253,29 @@ async fn an_installed_package_imports_and_a_cached_one_needs_no_index() {
     assert_eq!(other.status, Status::Failed, "{}", other.message);
     assert_eq!(other.stage, Some(Stage::Install));
 
-    let network = exec.packages().network_name();
-    assert!(network_exists(&network));
     let volumes = exec.packages().volumes();
     assert_eq!(existing(&volumes).len(), 1, "{volumes:?}");
+    assert_eq!(
+        egress_left(&exec),
+        Vec::<String>::new(),
+        "a proxy's directory was left"
+    );
     exec.packages().close().await;
-    assert!(!network_exists(&network), "the install network was left");
     assert!(existing(&volumes).is_empty(), "volumes left after close");
 }
 
 #[tokio::test]
 async fn an_sdist_setup_py_reaches_nothing_but_the_proxy() {
-    let index = Index::start();
+    // A service of the host's listening on every address: the install container must not
+    // reach it on any of them (docker0's included).
+    let host_service = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    host_service.set_nonblocking(true).unwrap();
+    let addrs = host_addresses();
+    let probe = serde_json::json!({
+        "addrs": addrs,
+        "port": host_service.local_addr().unwrap().port(),
+    });
+    let index = Index::probing(&probe.to_string());
     let exec = executor(&index, |_| {});
     let _cleanup = RemovedIfFailed(exec.packages().clone());
     let r = run(
@@ -263,9 +284,12 @@ async fn an_sdist_setup_py_reaches_nothing_but_the_proxy() {
     )
     .await;
     assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    let none_of = format!("'host_addresses': 'reached: none of {}'", addrs.len());
     for (what, expect) in [
+        ("'interfaces': 'reached: lo'", "only the loopback interface"),
         ("'dns': 'failed", "DNS of an outside name"),
         ("'outside': 'failed", "a direct connection out"),
+        (none_of.as_str(), "a connection to the host's own addresses"),
         (
             "'proxied_other': 'failed: HTTPError",
             "another host through the proxy",
@@ -274,6 +298,14 @@ async fn an_sdist_setup_py_reaches_nothing_but_the_proxy() {
             "'proxied_metadata': 'failed: HTTPError",
             "the metadata address through the proxy",
         ),
+        (
+            "'proxied_loopback': 'failed: HTTPError",
+            "the index's address on another port through the proxy",
+        ),
+        (
+            "'proxied_connect_other_port': 'failed: URLError",
+            "CONNECT to another port",
+        ),
     ] {
         assert!(
             r.stdout.contains(what),
@@ -281,6 +313,10 @@ async fn an_sdist_setup_py_reaches_nothing_but_the_proxy() {
             r.stdout
         );
     }
+    assert!(
+        host_service.accept().is_err(),
+        "the host's service was reached"
+    );
     exec.packages().close().await;
 }
 
@@ -376,7 +412,6 @@ async fn javascript_installs_with_npm_and_its_dependencies_resolve() {
     let exec = common::docker_executor_with({
         let mut c = Config::default();
         c.packages.javascript.registry_url = Some(url);
-        c.packages.install_runtime = Some("runc".into());
         c
     });
     let _cleanup = RemovedIfFailed(exec.packages().clone());
@@ -470,7 +505,6 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
     let m = crate::mcp_support::docker_manager(
         |c| {
             c.packages.python.index_url = Some(url);
-            c.packages.install_runtime = Some("runc".into());
             c.sessions.ready.clear();
         },
         None,
@@ -538,12 +572,10 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
     );
     let volumes = m.executor().packages().volumes();
     assert_eq!(existing(&volumes).len(), 2, "{volumes:?}");
-    let network = m.executor().packages().network_name();
     m.close_session(&s.session_id).unwrap();
     m.shutdown(std::time::Duration::from_secs(20)).await;
     let left = existing(&volumes);
     assert!(left.is_empty(), "left: {left:?}");
-    assert!(!network_exists(&network), "the install network was left");
     let ps = Command::new("docker")
         .args(["ps", "-aq", "--filter", &format!("name={container}")])
         .output()

@@ -108,7 +108,7 @@ pub async fn bench(
     )?;
     writeln!(
         out,
-        "  cold install_ms median {si:.0}: install container (fetch + install) {sc:.0} ms, copy into the volume {sp:.0} ms, the rest (network, proxy, volume, lock) {:.0} ms",
+        "  cold install_ms median {si:.0}: install container (fetch + install) {sc:.0} ms, copy into the volume {sp:.0} ms, the rest (proxy, volume, lock) {:.0} ms",
         (si - sc - sp).max(0.0)
     )?;
     packages.evict_all().await;

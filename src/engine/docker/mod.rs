@@ -31,7 +31,7 @@ use crate::config::DockerSettings;
 
 use super::{
     detail, Attached, BuildProgress, Cause, ContainerEngine, ContainerSpec, ContainerState,
-    EngineError, EngineInfo, ImageInfo, Leftover, NetworkInfo, Output, Resources, Signal,
+    EngineError, EngineInfo, ImageInfo, Leftover, Output, Resources, Signal,
 };
 
 pub use crate::config::DEFAULT_DOCKER_HOST;
@@ -248,7 +248,18 @@ impl ContainerEngine for DockerEngine {
             .info()
             .await
             .map_err(|e| self.unreachable(e))?;
-        let mut runtimes: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+        let offered = info.runtimes.unwrap_or_default();
+        let runtime_args = offered
+            .iter()
+            .map(|(name, r)| {
+                let path = r.path.clone().unwrap_or_default();
+                (
+                    name.clone(),
+                    (path, r.runtime_args.clone().unwrap_or_default()),
+                )
+            })
+            .collect();
+        let mut runtimes: Vec<String> = offered.into_keys().collect();
         runtimes.sort();
         let podman = version_is_podman(&v);
         Ok(EngineInfo {
@@ -256,6 +267,7 @@ impl ContainerEngine for DockerEngine {
             version: v.version.unwrap_or_default(),
             api_version: v.api_version.unwrap_or_default(),
             runtimes,
+            runtime_args,
             cgroup_version: info.cgroup_version.and_then(|c| c.to_string().parse().ok()),
             security_options: info.security_options.unwrap_or_default(),
             podman,
@@ -557,84 +569,5 @@ impl ContainerEngine for DockerEngine {
             .upload_to_container(id, Some(options), bollard::body_full(tar.into()))
             .await
             .map_err(|e| self.fail(EngineError::Upload, e))
-    }
-
-    async fn internal_network(
-        &self,
-        name: &str,
-        labels: BTreeMap<String, String>,
-    ) -> Result<NetworkInfo, EngineError> {
-        let docker = self.docker()?;
-        let inspected = match docker.inspect_network(name, None).await {
-            Ok(n) => n,
-            Err(e) if is_status(&e, 404) => {
-                let body = bollard::models::NetworkCreateRequest {
-                    name: name.to_string(),
-                    driver: Some("bridge".to_string()),
-                    internal: Some(true),
-                    labels: Some(spec::to_hash(&labels)),
-                    options: Some(std::collections::HashMap::from([(
-                        "com.docker.network.bridge.enable_icc".to_string(),
-                        "false".to_string(),
-                    )])),
-                    ..Default::default()
-                };
-                match docker.create_network(body).await {
-                    Ok(_) => {}
-                    // Another codebox of this instance made it meanwhile.
-                    Err(e) if is_status(&e, 409) => {}
-                    Err(e) => return Err(self.fail(EngineError::Network, e)),
-                }
-                docker
-                    .inspect_network(name, None)
-                    .await
-                    .map_err(|e| self.fail(EngineError::Network, e))?
-            }
-            Err(e) => return Err(self.fail(EngineError::Network, e)),
-        };
-        if inspected.internal != Some(true) {
-            return Err(EngineError::Network(detail(format!(
-                "network {name} exists and is not internal; remove it"
-            ))));
-        }
-        let gateway = inspected
-            .ipam
-            .and_then(|i| i.config)
-            .and_then(|c| c.into_iter().find_map(|c| c.gateway))
-            .and_then(|g| g.parse().ok())
-            .ok_or_else(|| {
-                EngineError::Network(detail(format!("network {name} has no gateway address")))
-            })?;
-        Ok(NetworkInfo {
-            name: name.to_string(),
-            gateway,
-        })
-    }
-
-    async fn list_managed_networks(&self) -> Result<Vec<Leftover>, EngineError> {
-        let options = bollard::query_parameters::ListNetworksOptionsBuilder::new()
-            .filters(&managed_filter())
-            .build();
-        let list = self
-            .docker()?
-            .list_networks(Some(options))
-            .await
-            .map_err(|e| self.fail(EngineError::List, e))?;
-        Ok(list
-            .into_iter()
-            .filter_map(|n| {
-                Some(Leftover {
-                    id: n.name?,
-                    labels: n.labels.unwrap_or_default().into_iter().collect(),
-                })
-            })
-            .collect())
-    }
-
-    async fn remove_network(&self, name: &str) -> Result<(), EngineError> {
-        match self.docker()?.remove_network(name).await {
-            Err(e) if is_status(&e, 404) => Ok(()),
-            other => other.map_err(|e| self.fail(EngineError::Network, e)),
-        }
     }
 }

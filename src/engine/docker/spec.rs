@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+    ContainerCreateBody, HostConfig, Mount, MountBindOptions, MountBindOptionsPropagationEnum,
+    MountType, MountVolumeOptions, ResourcesUlimits,
 };
 
 use crate::engine::{ContainerSpec, LABEL_MANAGED};
@@ -48,6 +49,17 @@ pub(super) fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
                     }),
                     ..Default::default()
                 })
+                .chain(spec.egress.iter().map(|dir| Mount {
+                    target: Some(crate::engine::posture::EGRESS_MOUNT.to_string()),
+                    source: Some(dir.clone()),
+                    typ: Some(MountType::BIND),
+                    read_only: Some(true),
+                    bind_options: Some(MountBindOptions {
+                        propagation: Some(MountBindOptionsPropagationEnum::RPRIVATE),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }))
                 .collect(),
         ),
         binds: Some(Vec::new()),

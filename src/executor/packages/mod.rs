@@ -6,10 +6,11 @@
 //!
 //! # Security
 //! Install scripts (an sdist's `setup.py`, npm's lifecycle scripts) run only in the install
-//! container: the posture of section 4 (read-only root, a sandbox user, no capabilities,
-//! seccomp, limits) except its network, an `internal` Docker network on which the host's
-//! gateway address, where this install's [`proxy::Proxy`] listens, is all there is (Docker's
-//! embedded DNS answers no outside name there). It writes only its working directory, a
+//! container: exactly the posture of section 4 (no network, read-only root, a sandbox user,
+//! no capabilities, seccomp, limits). Its one way out is this install's [`proxy::Proxy`],
+//! listening on a Unix socket in a directory of its own that the container gets read-only;
+//! codebox-init's relay carries `127.0.0.1:3128` inside the container there. With no network
+//! there is no DNS, no route and no other address, the host's included. It writes only its working directory, a
 //! tmpfs capped at `packages.prefix_mb`, which codebox copies into a fresh volume through a
 //! container that never starts. Programs mount that volume read-only.
 
@@ -21,20 +22,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-use tokio::sync::OnceCell;
-
 use crate::config::{Allowed, Config};
 use crate::engine::guard::{Cleanup, ContainerGuard};
-use crate::engine::posture::{self, Limits, Plan, Role, PACKAGES_VOLUME_PREFIX, WORKSPACE};
+use crate::engine::posture::{
+    self, Limits, Plan, Role, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE,
+};
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
 use crate::engine::uids::UidPool;
-use crate::engine::{ContainerEngine, NetworkInfo};
+use crate::engine::{ContainerEngine, LABEL_INIT_FEATURES};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
 use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, StageRequest};
 use crate::registry::Language;
 use crate::report::{fmt_num, InstalledPackage, PackagesReport, Status, Usage};
+use sha2::{Digest, Sha256};
 
 /// Label on a packages volume carrying its cache key.
 pub const LABEL_PACKAGES: &str = "codebox.packages";
@@ -104,9 +105,6 @@ pub struct Packages {
     cleanup: Cleanup,
     uids: Arc<UidPool>,
     instance: String,
-    network: OnceCell<NetworkInfo>,
-    /// Tells this cache's network from another's of the same server process.
-    id: String,
     cache: Mutex<cache::Lru>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     counters: Counters,
@@ -140,8 +138,6 @@ impl Packages {
             cleanup,
             uids,
             instance,
-            network: OnceCell::new(),
-            id: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             cache: Mutex::new(cache::Lru::default()),
             locks: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -164,11 +160,6 @@ impl Packages {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .volumes()
-    }
-
-    /// The name of this server's install network.
-    pub fn network_name(&self) -> String {
-        format!("codebox-install-{}-{}", self.instance, self.id)
     }
 
     /// A prefix with `requirements` installed for `lang` on image `image_id`: from the cache,
@@ -269,24 +260,6 @@ impl Packages {
         });
     }
 
-    /// The install network, made the first time it is needed.
-    async fn network(&self) -> Result<&NetworkInfo, InstallEnd> {
-        self.network
-            .get_or_try_init(|| async {
-                // Reaped once this instance is dead (never "expired" while it lives).
-                let labels = labels(
-                    "packages",
-                    &self.instance,
-                    Duration::from_secs(10 * 365 * 86400),
-                );
-                self.engine
-                    .internal_network(&self.network_name(), labels)
-                    .await
-            })
-            .await
-            .map_err(|e| InstallEnd::Sandbox(e.to_string()))
-    }
-
     /// Install into a fresh container, copy the prefix into a new volume.
     async fn install(
         &self,
@@ -302,20 +275,6 @@ impl Packages {
         let (_, also) = p.index_for(&lang.id).unwrap_or((index, &[]));
         let mut allowed: Vec<Allowed> = Allowed::from_url(index).into_iter().collect();
         allowed.extend(also.iter().filter_map(|h| Allowed::from_host(h)));
-        let network = self.network().await?;
-        let gate = proxy::Proxy::start(
-            network.gateway,
-            proxy::Policy { allowed },
-            p.max_download_mb * 1024 * 1024,
-        )
-        .await
-        .map_err(|e| {
-            InstallEnd::Sandbox(format!(
-                "the install proxy could not listen on {}: {e}",
-                network.gateway
-            ))
-        })?;
-        let proxy_url = format!("http://{}", gate.addr());
         let timeout = Duration::from_secs_f64(p.install_timeout_seconds);
         let image = self
             .engine
@@ -328,6 +287,33 @@ impl Packages {
                     lang.image.tag, lang.image.name
                 ))
             })?;
+        let relays = image
+            .labels
+            .get(LABEL_INIT_FEATURES)
+            .is_some_and(|f| f.split_whitespace().any(|x| x == "egress"));
+        if !relays {
+            return Err(InstallEnd::Sandbox(format!(
+                "image {} was built before codebox-init had its egress relay, which installs need: rebuild it with `codebox images build {}`",
+                lang.image.tag, lang.image.name
+            )));
+        }
+        let dir = self
+            .config
+            .data_dir
+            .join("egress")
+            .join(format!("{run_id}-install"));
+        let gate = proxy::Proxy::start(
+            &dir,
+            proxy::Policy { allowed },
+            p.max_download_mb * 1024 * 1024,
+        )
+        .await
+        .map_err(|e| {
+            InstallEnd::Sandbox(format!(
+                "the install proxy could not listen in {}: {e}",
+                dir.display()
+            ))
+        })?;
         let lease = self.uids.lease();
         let name = format!("codebox-{run_id}-install");
         let plan = Plan {
@@ -345,11 +331,8 @@ impl Packages {
             .install_runtime
             .as_deref()
             .unwrap_or(&self.config.sandbox.runtime);
-        let spec = posture::install(&plan, &self.config.sandbox, &network.name, runtime);
-        let role = Role::Install {
-            network: &network.name,
-            runtime,
-        };
+        let spec = posture::install(&plan, &self.config.sandbox, runtime, gate.dir());
+        let role = Role::Install { runtime };
         posture::check_as(&spec, &self.config.sandbox, role)
             .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
         let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
@@ -362,12 +345,10 @@ impl Packages {
             .map(|a| a.replace("{prefix}", WORKSPACE).replace("{index}", index))
             .collect();
         run.extend(requirements.iter().cloned());
+        // HTTP(S)_PROXY come with the container (posture::with_egress); npm reads its own.
         let mut env = BTreeMap::new();
-        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-            env.insert(k.to_string(), proxy_url.clone());
-        }
-        env.insert("npm_config_proxy".into(), proxy_url.clone());
-        env.insert("npm_config_https_proxy".into(), proxy_url.clone());
+        env.insert("npm_config_proxy".into(), EGRESS_PROXY_URL.into());
+        env.insert("npm_config_https_proxy".into(), EGRESS_PROXY_URL.into());
         env.insert("PIP_BREAK_SYSTEM_PACKAGES".into(), "1".into());
         let prefix_bytes = p.prefix_mb * 1024 * 1024;
         let payload = Payload {
@@ -528,7 +509,7 @@ impl Packages {
     }
 
     /// Forget every cached prefix and remove its volume (`codebox bench` measures cold
-    /// installs so); the install network stays.
+    /// installs so).
     pub async fn evict_all(&self) {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
@@ -536,16 +517,11 @@ impl Packages {
         }
     }
 
-    /// Remove the cache's volumes and the install network (at shutdown).
+    /// Remove the cache's volumes (at shutdown).
     pub async fn close(&self) {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
             let _ = self.engine.remove_volume(&e.volume).await;
-        }
-        if self.network.get().is_some() {
-            if let Err(e) = self.engine.remove_network(&self.network_name()).await {
-                tracing::warn!(error = %e, "the install network was not removed");
-            }
         }
     }
 }

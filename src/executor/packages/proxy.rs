@@ -1,9 +1,14 @@
-//! The egress proxy of the install step: HTTP `CONNECT` tunnels and plain-HTTP forwarding to
-//! the operator's index hosts only, resolved by codebox itself.
+//! The egress proxy: HTTP `CONNECT` tunnels and plain-HTTP forwarding to the operator's hosts
+//! only (an install's index hosts, or `sandbox.egress_hosts` for programs), resolved by
+//! codebox itself.
 //!
 //! # Security
-//! The install container's network reaches nothing but this proxy (a Docker network created
-//! `internal`, the proxy listening on its gateway address). The proxy admits a request only
+//! The containers it serves have no network (`network_mode=none`): the proxy listens on a Unix
+//! socket, `proxy.sock` in a directory of its own that the container gets read-only at
+//! `/run/codebox-egress` ([`crate::engine::posture::EGRESS_MOUNT`]), and codebox-init's relay (`images/base/codebox-init-egress.c`) carries
+//! the container's loopback connections to it. The directory is made for this proxy alone
+//! (mode 0711 under codebox's private `data_dir/egress`, 0700), the socket is 0666 so that
+//! every sandbox uid can connect, and both go when the proxy is dropped. The proxy admits a request only
 //! when its host and port are one of the [`Allowed`] pairs the operator configured; it
 //! refuses IP literals the operator did not write, and any name that resolves to a loopback,
 //! link-local, private, shared, multicast or metadata address unless the operator's own entry
@@ -17,8 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::{split_host_port, Allowed};
+use std::path::{Path, PathBuf};
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpStream, UnixListener};
+
+/// The socket's name in the proxy's directory.
+pub const SOCKET: &str = "proxy.sock";
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -189,19 +199,47 @@ struct Tally {
     refusals: Mutex<Vec<String>>,
 }
 
-/// A running proxy; dropping it ends it and every connection through it.
+/// A running proxy; dropping it ends it and every connection through it, and removes its
+/// directory.
 pub struct Proxy {
-    addr: SocketAddr,
+    dir: PathBuf,
     tally: Arc<Tally>,
     _task: AbortOnDropHandle<()>,
 }
 
+/// The longest socket path a Unix socket takes (`sun_path`, less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 impl Proxy {
-    /// Listen on `bind` (port chosen by the system) and serve `policy`, passing back at most
-    /// `max_download` bytes in all.
-    pub async fn start(bind: IpAddr, policy: Policy, max_download: u64) -> std::io::Result<Proxy> {
-        let listener = TcpListener::bind(SocketAddr::new(bind, 0)).await?;
-        let addr = listener.local_addr()?;
+    /// Make the directory `dir` (its parent is made 0700 if missing), listen on
+    /// `dir/proxy.sock` and serve `policy`, passing back at most `max_download` bytes in all.
+    pub async fn start(dir: &Path, policy: Policy, max_download: u64) -> std::io::Result<Proxy> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let socket = dir.join(SOCKET);
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(std::io::Error::other(format!(
+                "the socket path {} is longer than a Unix socket takes ({MAX_SOCKET_PATH} bytes): set a shorter data_dir",
+                socket.display()
+            )));
+        }
+        if let Some(parent) = dir.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
+        }
+        // A directory left by a crash under this name: start afresh.
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::DirBuilder::new().mode(0o711).create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+        let listener = match UnixListener::bind(&socket) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(dir);
+                return Err(e);
+            }
+        };
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
         let tally = Arc::new(Tally::default());
         let policy = Arc::new(policy);
         let t = tally.clone();
@@ -218,14 +256,15 @@ impl Proxy {
             }
         });
         Ok(Proxy {
-            addr,
+            dir: dir.to_path_buf(),
             tally,
             _task: AbortOnDropHandle::new(task),
         })
     }
 
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The directory holding the socket, mounted read-only into the containers it serves.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Bytes passed back so far.
@@ -248,8 +287,18 @@ impl Proxy {
     }
 }
 
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A client connection (the relay's, on the Unix socket; tests may use any stream).
+trait Client: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Client for T {}
+
 /// One client connection: read the request head, check it, then tunnel or forward.
-async fn serve(mut client: TcpStream, policy: Arc<Policy>, tally: Arc<Tally>, max: u64) {
+async fn serve(mut client: impl Client, policy: Arc<Policy>, tally: Arc<Tally>, max: u64) {
     let (head, rest) = match read_head(&mut client).await {
         Ok(h) => h,
         Err(m) => return refuse(&mut client, &tally, Refusal::Malformed(m)).await,
@@ -343,7 +392,7 @@ async fn serve(mut client: TcpStream, policy: Arc<Policy>, tally: Arc<Tally>, ma
     if !rest.is_empty() && upstream.write_all(&rest).await.is_err() {
         return;
     }
-    let (mut cr, mut cw) = client.into_split();
+    let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = upstream.into_split();
     let up = async {
         let _ = tokio::io::copy(&mut cr, &mut uw).await;
@@ -379,7 +428,7 @@ async fn counted_copy(
 }
 
 /// The request head (up to the blank line) and whatever came after it.
-async fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), String> {
+async fn read_head(client: &mut impl Client) -> Result<(Vec<u8>, Vec<u8>), String> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     loop {
@@ -402,7 +451,7 @@ async fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), String>
     }
 }
 
-async fn refuse(client: &mut TcpStream, tally: &Tally, why: Refusal) {
+async fn refuse(client: &mut impl Client, tally: &Tally, why: Refusal) {
     let text = why.to_string();
     tracing::info!(refused = %text, "package install proxy");
     if let Ok(mut r) = tally.refusals.lock() {
@@ -436,7 +485,7 @@ mod tests {
 
     /// A one-answer HTTP server on loopback: what it was asked, and its port.
     async fn upstream(body: &'static str) -> (u16, tokio::task::JoinHandle<String>) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let h = tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
@@ -452,8 +501,10 @@ mod tests {
         (port, h)
     }
 
-    async fn ask(proxy: SocketAddr, request: String) -> String {
-        let mut s = TcpStream::connect(proxy).await.unwrap();
+    async fn ask(proxy: &Proxy, request: String) -> String {
+        let mut s = tokio::net::UnixStream::connect(proxy.dir().join(SOCKET))
+            .await
+            .unwrap();
         s.write_all(request.as_bytes()).await.unwrap();
         let mut out = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
@@ -500,15 +551,16 @@ mod tests {
     #[tokio::test]
     async fn an_admitted_index_is_forwarded_and_counted() {
         let (port, seen) = upstream("index").await;
+        let tmp = tempfile::tempdir().unwrap();
         let p = Proxy::start(
-            "127.0.0.1".parse().unwrap(),
+            &tmp.path().join("egress"),
             policy(&[&format!("http://127.0.0.1:{port}/simple")]),
             1 << 20,
         )
         .await
         .unwrap();
         let answer = ask(
-            p.addr(),
+            &p,
             format!("GET http://127.0.0.1:{port}/simple/x/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Connection: keep-alive\r\n\r\n"),
         )
         .await;
@@ -526,15 +578,16 @@ mod tests {
     #[tokio::test]
     async fn a_tunnel_to_the_index_port_opens() {
         let (port, seen) = upstream("tunnelled").await;
+        let tmp = tempfile::tempdir().unwrap();
         let p = Proxy::start(
-            "127.0.0.1".parse().unwrap(),
+            &tmp.path().join("egress"),
             policy(&[&format!("https://127.0.0.1:{port}/")]),
             1 << 20,
         )
         .await
         .unwrap();
         let answer = ask(
-            p.addr(),
+            &p,
             format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\nGET / HTTP/1.1\r\n\r\n"),
         )
         .await;
@@ -549,8 +602,9 @@ mod tests {
     #[tokio::test]
     async fn everything_else_is_refused_with_a_reason() {
         let (port, _seen) = upstream("never").await;
+        let tmp = tempfile::tempdir().unwrap();
         let p = Proxy::start(
-            "127.0.0.1".parse().unwrap(),
+            &tmp.path().join("egress"),
             policy(&[
                 &format!("http://127.0.0.1:{port}/simple"),
                 "https://pypi.example/simple",
@@ -602,7 +656,7 @@ mod tests {
             ),
         ];
         for (request, reason) in &cases {
-            let answer = ask(p.addr(), request.clone()).await;
+            let answer = ask(&p, request.clone()).await;
             assert!(answer.starts_with("HTTP/1.1 403"), "{request:?}: {answer}");
             assert!(answer.contains(reason), "{request:?}: {answer}");
         }
@@ -637,20 +691,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn its_socket_directory_is_private_to_it_and_goes_with_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("egress").join("run-1-install");
+        let p = Proxy::start(&dir, policy(&["http://127.0.0.1:1/"]), 1)
+            .await
+            .unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&tmp.path().join("egress")), 0o700);
+        assert_eq!(mode(&dir), 0o711);
+        assert_eq!(mode(&dir.join(SOCKET)), 0o666);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, [SOCKET]);
+        drop(p);
+        assert!(!dir.exists(), "the directory outlived its proxy");
+        let long = tmp.path().join("x".repeat(120));
+        let e = Proxy::start(&long, policy(&[]), 1)
+            .await
+            .err()
+            .expect("too long");
+        assert!(e.to_string().contains("set a shorter data_dir"), "{e}");
+    }
+
+    #[tokio::test]
     async fn the_download_cap_cuts_the_answer() {
         let (port, _seen) = upstream("0123456789012345678901234567890123456789").await;
+        let tmp = tempfile::tempdir().unwrap();
         let p = Proxy::start(
-            "127.0.0.1".parse().unwrap(),
+            &tmp.path().join("egress"),
             policy(&[&format!("http://127.0.0.1:{port}/")]),
             20,
         )
         .await
         .unwrap();
-        let answer = ask(
-            p.addr(),
-            format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n"),
-        )
-        .await;
+        let answer = ask(&p, format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n")).await;
         assert!(
             !answer.contains("0123456789012345678901234567890123456789"),
             "{answer}"

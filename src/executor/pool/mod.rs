@@ -41,6 +41,7 @@ use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{self, Plan, PostureViolation};
 use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, ContainerSpec, EngineError};
+use crate::executor::egress::{with_program_egress, ProgramEgress};
 use crate::registry::Language;
 
 /// Containers started at once to fill the pool (filling competes with runs for the CPU).
@@ -137,6 +138,8 @@ struct Inner {
     uids: Arc<UidPool>,
     images: Arc<ImageIds>,
     cleanup: Cleanup,
+    /// Programs' own egress: ready containers get it as every run's does.
+    egress: Option<Arc<ProgramEgress>>,
     state: Mutex<State>,
     counters: PoolCounters,
     /// Set when the runtime refused to change a started container's limits (runsc cannot):
@@ -169,6 +172,8 @@ pub enum FillError {
     Posture(#[from] PostureViolation),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error("{0}")]
+    Egress(String),
 }
 
 /// The pool of one process. Cheap to clone.
@@ -185,6 +190,7 @@ impl Pool {
         uids: Arc<UidPool>,
         images: Arc<ImageIds>,
         cleanup: Cleanup,
+        egress: Option<Arc<ProgramEgress>>,
     ) -> Pool {
         Pool {
             inner: Arc::new(Inner {
@@ -194,6 +200,7 @@ impl Pool {
                 uids,
                 images,
                 cleanup,
+                egress,
                 state: Mutex::new(State::default()),
                 counters: PoolCounters::default(),
                 no_updates: AtomicBool::new(false),
@@ -387,7 +394,13 @@ impl Pool {
             workspace_mb: shape.workspace_mb,
             labels,
         };
-        let spec = posture::locked_down(&plan, &c.sandbox);
+        let mut spec = posture::locked_down(&plan, &c.sandbox);
+        // Ready containers get the programs' egress as every run's container does.
+        if let Some(e) = &i.egress {
+            with_program_egress(&mut spec, e, &image, &shape.image)
+                .await
+                .map_err(FillError::Egress)?;
+        }
         posture::check(&spec, &c.sandbox)?;
         let mut guard = ContainerGuard::new(i.engine.clone(), i.cleanup.clone(), name, lease);
         if let Err(e) = guard.create(&spec).await {
