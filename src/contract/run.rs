@@ -236,12 +236,6 @@ impl ValidRequest {
                 ),
             );
         }
-        if req.packages.as_ref().is_some_and(|p| !p.is_empty()) {
-            return reject(
-                "packages",
-                "a session's packages are installed when it is created: give them to create_session (or run_code without session_id)",
-            );
-        }
         let target = SessionTarget {
             id: req.session_id.take().unwrap_or_default(),
             reset: req.reset.take().unwrap_or(false),

@@ -39,7 +39,14 @@ pub(super) struct Want {
     pub workspace_mb: u64,
     pub labels: BTreeMap<String, String>,
     /// An installed packages prefix to mount read-only (never from the pool, then).
-    pub prefix: Option<crate::executor::packages::Prefix>,
+    pub prefix: Option<Mount>,
+}
+
+/// A packages volume and where the program sees it (read-only).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct Mount {
+    pub volume: String,
+    pub target: String,
 }
 
 /// A container for one stage: created only, or started ahead of time (taken from the pool).
@@ -125,7 +132,10 @@ impl Containers {
                 run_id,
                 super::Executor::budget_with_install(&self.config, req),
             ),
-            prefix: prefix.cloned(),
+            prefix: prefix.map(|p| Mount {
+                volume: p.volume.clone(),
+                target: p.target.clone(),
+            }),
         }
     }
 
