@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::images::{ImageIds, ImageRef};
 use super::labels::labels;
+pub(super) use super::pool::Mount;
 use super::pool::{run_workspace_mb, Pool, Shape};
 use super::stage::{run_stage, Answer, Bound, LiveStage, StageRequest};
 use super::timings::{Leg, Timings};
@@ -38,16 +39,10 @@ pub(super) struct Want {
     pub limits: Limits,
     pub workspace_mb: u64,
     pub labels: BTreeMap<String, String>,
-    /// An installed packages prefix to mount read-only (never from the pool, then).
+    /// An installed packages prefix to mount read-only (from the pool only with that prefix).
     pub prefix: Option<Mount>,
 }
 
-/// A packages volume and where the program sees it (read-only).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) struct Mount {
-    pub volume: String,
-    pub target: String,
-}
 
 /// A container for one stage: created only, or started ahead of time (taken from the pool).
 pub(super) struct Acquired {
@@ -208,11 +203,9 @@ impl Containers {
     /// A container for a stage: a ready one from the pool, else a new one (created only).
     pub(super) async fn acquire(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
         let began = Instant::now();
-        let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb);
-        let pooled = match want.prefix {
-            Some(_) => None,
-            None => self.pool.take(&shape).await,
-        };
+        let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb)
+            .with_packages(want.prefix.clone());
+        let pooled = self.pool.take(&shape).await;
         let acquired = match pooled {
             Some(taken) => Ok(Acquired {
                 guard: taken.guard,

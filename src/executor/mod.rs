@@ -53,7 +53,7 @@ use compile::Compiler;
 use containers::Containers;
 pub use labels::labels;
 use outcome::{classify, Outcome, Streams};
-use pool::Pool;
+use pool::{Pool, Shape};
 pub use probe::ProbeOutput;
 use session::{FileRead, ReadError, SessionBox, SessionRun, SessionSpec};
 use stage::{Bound, BoundError, Interrupted};
@@ -532,6 +532,18 @@ impl Executor {
             if req.tests.is_empty() { "run" } else { "t1" },
             known.prefix.as_ref(),
         );
+        // The pool learns that runs mount this prefix: it may keep containers ready with it.
+        let _asked = known.prefix.as_ref().map(|p| {
+            let shape = Shape::new(&lang.image.tag, first_want.limits, first_want.workspace_mb)
+                .with_packages(first_want.prefix.clone());
+            let n = if req.tests.is_empty() {
+                1
+            } else {
+                parallelism(req, &containers.config)
+            };
+            containers.pool.asked_with_prefix(lang, &shape, n, p);
+            pool::Asked::new(containers.pool.clone(), vec![(shape, n)])
+        });
         let prepare_run = containers.acquire(&first_want, bound);
         let (files, first) = if lang.is_compiled() {
             let compile = async {

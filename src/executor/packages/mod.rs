@@ -33,9 +33,11 @@ use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, NetworkInfo};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
-use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, StageRequest};
+use crate::executor::stage::{
+    run_stage, Bound, BoundError, Interrupted, LiveStage, StageRequest,
+};
 use crate::registry::Language;
-use crate::report::{fmt_num, InstalledPackage, PackagesReport, Status, Usage};
+use crate::report::{fmt_num, InstalledPackage, PackagesReport, Stage, Status, Usage};
 
 /// Label on a packages volume carrying its cache key.
 pub const LABEL_PACKAGES: &str = "codebox.packages";
@@ -391,7 +393,11 @@ impl Packages {
             payload: payload.encode(),
             backstop: timeout + BACKSTOP_GRACE,
             run_backstop: None,
-            live: None,
+            // Watchers see the install begin and the package manager's output.
+            live: crate::live::current().map(|feed| LiveStage {
+                feed,
+                stage: Stage::Install,
+            }),
             limits: DecodeLimits {
                 output: self.config.sandbox.output_limit_bytes,
                 content: prefix_bytes,
