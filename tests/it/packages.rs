@@ -663,7 +663,7 @@ async fn packages_installed_in_a_running_session_keep_its_state_and_go_at_close(
     // Failures end at the install stage and leave the session and its packages as they were.
     for (packages, says) in [
         (vec!["nosuch==1.0"], "`nosuch==1.0`"),
-        (vec!["tinypkg==2.0"], "change tinypkg 1.0 to 2.0"),
+        (vec!["tinypkg==2.0"], "a session's packages only grow"),
     ] {
         let r = in_session(&m, &sid, "print('never')", &packages).await;
         assert_eq!(r.status, Status::Failed, "{packages:?}: {}", r.message);
