@@ -43,7 +43,6 @@ pub(super) struct Want {
     pub prefix: Option<Mount>,
 }
 
-
 /// A container for one stage: created only, or started ahead of time (taken from the pool).
 pub(super) struct Acquired {
     pub guard: ContainerGuard,

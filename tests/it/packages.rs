@@ -647,7 +647,10 @@ async fn packages_installed_in_a_running_session_keep_its_state_and_go_at_close(
     )
     .await;
     assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
-    assert_eq!(r.stdout, "tiny one 42\n", "the interpreter's state was lost");
+    assert_eq!(
+        r.stdout, "tiny one 42\n",
+        "the interpreter's state was lost"
+    );
     let p = r.packages.clone().expect("packages report");
     assert_eq!(p.requested, ["tinypkg==1.0"]);
     assert!(!p.cached);
@@ -702,7 +705,10 @@ except OSError:
     let volumes = session_volumes(&sid);
     m.close_session(&sid).unwrap();
     let left = gone_within(|| session_volumes(&sid), 30).await;
-    assert!(left.is_empty(), "the session's packages volume is left: {volumes:?}");
+    assert!(
+        left.is_empty(),
+        "the session's packages volume is left: {volumes:?}"
+    );
     m.shutdown(std::time::Duration::from_secs(20)).await;
 }
 
@@ -753,6 +759,100 @@ async fn a_javascript_session_resolves_packages_installed_after_it_started() {
     assert_eq!(names, [("leftpadx", "1.0.0"), ("tinydep", "1.2.0")]);
     m.close_session(&sid).unwrap();
     let left = gone_within(|| session_volumes(&sid), 30).await;
-    assert!(left.is_empty(), "the session's packages volume is left: {left:?}");
+    assert!(
+        left.is_empty(),
+        "the session's packages volume is left: {left:?}"
+    );
     m.shutdown(std::time::Duration::from_secs(20)).await;
+}
+
+/// Containers of the pool that mount `volume`.
+fn pooled_with(volume: &str) -> usize {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("volume={volume}"),
+            "--filter",
+            "label=codebox.run=pool",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[tokio::test]
+async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_else_does() {
+    let index = Index::start();
+    let url = index.url();
+    let m = crate::mcp_support::docker_manager(
+        |c| {
+            c.packages.python.index_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
+            c.pool.sizes = [("python".to_string(), 1)].into_iter().collect();
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    m.start_pool();
+    let submit = |code: &str, packages: &[&str]| {
+        let req = if packages.is_empty() {
+            py(code)
+        } else {
+            with_packages(code, packages)
+        };
+        m.submit(req).expect("accepted").run_id
+    };
+    let wait = |id: String| {
+        let m = &m;
+        async move {
+            m.wait(&id, std::time::Duration::from_secs(120))
+                .await
+                .unwrap()
+        }
+    };
+    // Installed, then hit twice: runs that mount this prefix are now a demand of their own.
+    for _ in 0..2 {
+        let r = wait(submit("import tinypkg", &["tinypkg==1.0"])).await;
+        assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    }
+    let volume = m
+        .executor()
+        .packages()
+        .volumes()
+        .pop()
+        .expect("a cached prefix");
+    // Ready: the pool follows this demand as any other (how many, by its own rules).
+    crate::mcp_support::eventually(60, "a container mounting the prefix is ready", || {
+        let s = m.stats().pool.stats;
+        pooled_with(&volume) >= 1 && s.filling == 0 && s.idle.values().sum::<usize>() >= 2
+    })
+    .await;
+    let ready = pooled_with(&volume);
+    // A run without packages never takes one.
+    let r = wait(submit("print('plain')", &[])).await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    assert_eq!(
+        pooled_with(&volume),
+        ready,
+        "a run without packages took one"
+    );
+    let hits = m.stats().pool.hits;
+    let r = wait(submit(OFFLINE_PROGRAM, &["tinypkg==1.0"])).await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    assert!(r.packages.as_ref().is_some_and(|p| p.cached));
+    assert_eq!(m.stats().pool.hits, hits + 1, "the hit did not take it");
+    // The same posture as a fresh container: only lo, the prefix read-only.
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[..2], ["tiny one", "['lo']"], "{}", r.stdout);
+    assert!(lines[2].starts_with("no network"), "{}", r.stdout);
+    assert!(lines[3].starts_with("prefix read-only"), "{}", r.stdout);
+    m.shutdown(std::time::Duration::from_secs(20)).await;
+    assert_eq!(pooled_with(&volume), 0, "a ready container is left");
+    assert!(
+        existing(&[volume]).is_empty(),
+        "the prefix's volume is left"
+    );
 }

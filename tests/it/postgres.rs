@@ -384,7 +384,13 @@ async fn packages_are_read_back(history: &History) {
         CodePolicy::Preview,
         "p",
     ));
-    let mut r = RunReport::new("pk1", "python", Status::Succeeded, limits, "exited with code 0");
+    let mut r = RunReport::new(
+        "pk1",
+        "python",
+        Status::Succeeded,
+        limits,
+        "exited with code 0",
+    );
     let packages = PackagesReport {
         requested: vec!["tinypkg==1.0".into()],
         installed: vec![InstalledPackage {

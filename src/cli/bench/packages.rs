@@ -114,6 +114,14 @@ pub async fn bench(
         "  cold install_ms median {si:.0}: install container (fetch + install) {sc:.0} ms, copy into the volume {sp:.0} ms, the rest (network, proxy, volume, lock) {:.0} ms",
         (si - sc - sp).max(0.0)
     )?;
+    let pc = app.executor.pool().counters();
+    writeln!(
+        out,
+        "  pool: {} hits, {} misses over all runs",
+        pc.hits.load(Ordering::Relaxed) + pc.updated_hits.load(Ordering::Relaxed),
+        pc.misses.load(Ordering::Relaxed)
+    )?;
+    app.executor.pool().forget_packages();
     packages.evict_all().await;
     Ok(0)
 }

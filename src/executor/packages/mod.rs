@@ -33,9 +33,7 @@ use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, NetworkInfo};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
-use crate::executor::stage::{
-    run_stage, Bound, BoundError, Interrupted, LiveStage, StageRequest,
-};
+use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, LiveStage, StageRequest};
 use crate::registry::Language;
 use crate::report::{fmt_num, InstalledPackage, PackagesReport, Stage, Status, Usage};
 

@@ -296,8 +296,7 @@ impl Pool {
             if !st.started || st.closed {
                 return;
             }
-            st.prefixes
-                .insert(prefix.volume.clone(), prefix.clone());
+            st.prefixes.insert(prefix.volume.clone(), prefix.clone());
         }
         self.asked(lang, &[(shape.clone(), n)]);
     }
@@ -307,10 +306,8 @@ impl Pool {
     pub fn forget_packages(&self) {
         let mut st = self.state();
         st.prefixes.clear();
-        let (gone, keep): (Vec<Idle>, Vec<Idle>) = st
-            .idle
-            .drain(..)
-            .partition(|i| i.shape.packages.is_some());
+        let (gone, keep): (Vec<Idle>, Vec<Idle>) =
+            st.idle.drain(..).partition(|i| i.shape.packages.is_some());
         st.idle = keep;
         drop(st);
         for idle in gone {
