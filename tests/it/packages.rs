@@ -856,3 +856,69 @@ async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_el
         "the prefix's volume is left"
     );
 }
+
+#[tokio::test]
+async fn post_v1_runs_in_a_session_installs_and_its_events_show_the_install_stage() {
+    use crate::http_api::{start, TOKEN};
+    use crate::live::{start_run, Events};
+    let index = Index::start();
+    let url = index.url();
+    let m = crate::mcp_support::docker_manager(
+        |c| {
+            c.packages.python.index_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    let server = start(m.clone(), Some(TOKEN)).await;
+    let (status, session) = server
+        .send("POST", "/v1/sessions", Some(r#"{"language": "python"}"#))
+        .await;
+    assert_eq!(status, 200, "{session}");
+    let sid = session["session_id"].as_str().unwrap().to_string();
+    let id = start_run(
+        &server,
+        serde_json::json!({"session_id": sid, "packages": ["other==1.0"],
+            "code": "import other\nprint(other.VALUE)", "wait": false}),
+    )
+    .await;
+    let mut stream = Events::open(&server, &id, None).await;
+    let mut events = Vec::new();
+    while let Some(e) = stream.next().await {
+        events.push(e);
+    }
+    let names: Vec<String> = events
+        .iter()
+        .map(|e| match e.event.as_str() {
+            "started" => format!("started {}", e.data["stage"].as_str().unwrap()),
+            other => other.to_string(),
+        })
+        .collect();
+    let install = names.iter().position(|n| n == "started install");
+    let run = names.iter().position(|n| n == "started run");
+    assert!(install.is_some() && install < run, "{names:?}");
+    let install_output: String = events[install.unwrap()..run.unwrap()]
+        .iter()
+        .filter_map(|e| e.data["data"].as_str())
+        .collect();
+    assert!(
+        install_output.contains("other"),
+        "the install's output was not shown: {install_output:?}"
+    );
+    let report = &events.last().unwrap().data;
+    assert_eq!(report["status"], "succeeded", "{report}");
+    assert_eq!(report["stdout"], "other one\n");
+    assert_eq!(report["packages"]["requested"][0], "other==1.0");
+    assert_eq!(report["session"]["session_id"], sid.as_str());
+    server
+        .send("DELETE", &format!("/v1/sessions/{sid}"), None)
+        .await;
+    let left = gone_within(|| session_volumes(&sid), 30).await;
+    assert!(
+        left.is_empty(),
+        "the session's packages volume is left: {left:?}"
+    );
+    m.shutdown(std::time::Duration::from_secs(20)).await;
+}
