@@ -114,6 +114,15 @@ impl Drop for RemovedIfFailed {
             return;
         }
         for v in self.0.volumes() {
+            // Containers that mount it first (a pool's, a session's the test left).
+            let users = Command::new("docker")
+                .args(["ps", "-aq", "--filter", &format!("volume={v}")])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for c in users.lines() {
+                let _ = Command::new("docker").args(["rm", "-f", c]).output();
+            }
             let _ = Command::new("docker")
                 .args(["volume", "rm", "-f", &v])
                 .output();

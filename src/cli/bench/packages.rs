@@ -53,7 +53,10 @@ pub async fn bench(
     for _ in 0..n {
         // Cold: the pool lets go of the prefix (and its ready containers) first.
         app.executor.pool().forget_packages();
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        app.executor
+            .cleanup()
+            .drain(std::time::Duration::from_secs(10))
+            .await;
         packages.evict_all().await;
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let c = packages.counters();
@@ -122,6 +125,10 @@ pub async fn bench(
         pc.misses.load(Ordering::Relaxed)
     )?;
     app.executor.pool().forget_packages();
+    app.executor
+        .cleanup()
+        .drain(std::time::Duration::from_secs(10))
+        .await;
     packages.evict_all().await;
     Ok(0)
 }

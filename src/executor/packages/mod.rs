@@ -609,7 +609,10 @@ impl Packages {
     pub async fn evict_all(&self) {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
-            let _ = self.engine.remove_volume(&e.volume).await;
+            // A container that mounted it may still be being removed: try again then.
+            if self.engine.remove_volume(&e.volume).await.is_err() {
+                self.remove_volume_later(e.volume.clone());
+            }
         }
     }
 
