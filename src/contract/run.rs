@@ -114,7 +114,8 @@ pub struct RunRequest {
     /// Packages to install before the program runs (at most 32), each a requirement in the
     /// package manager's own syntax (`requests==2.32.3`, `lodash@^4`). Only for languages
     /// whose `list_supported_languages` entry names a package index; the program still has no
-    /// network.
+    /// network. With `session_id`: installed into that session (kept for its life, its state
+    /// kept); a session's packages only grow.
     #[serde(default)]
     pub packages: Option<Vec<String>>,
     /// Lower compile-stage limits for this run (see [`CompileLimitsInput`]).
@@ -234,12 +235,6 @@ impl ValidRequest {
                     "a `{}` session keeps an interpreter running; there is no program to pass arguments to",
                     language.id
                 ),
-            );
-        }
-        if req.packages.as_ref().is_some_and(|p| !p.is_empty()) {
-            return reject(
-                "packages",
-                "a session's packages are installed when it is created: give them to create_session (or run_code without session_id)",
             );
         }
         let target = SessionTarget {

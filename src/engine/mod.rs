@@ -265,6 +265,8 @@ pub enum EngineError {
     CreateVolume(#[source] Cause),
     #[error("copying files into the container failed: {0}")]
     Upload(#[source] Cause),
+    #[error("copying files out of the container failed: {0}")]
+    Download(#[source] Cause),
     #[error("listing managed objects failed: {0}")]
     List(#[source] Cause),
     #[error("inspecting the image failed: {0}")]
@@ -329,6 +331,17 @@ pub trait ContainerEngine: Send + Sync + 'static {
     ) -> Result<(), EngineError> {
         Err(EngineError::CreateVolume(detail(
             "this engine has no volumes",
+        )))
+    }
+    /// A tar of `path` in a created (not started) container, at most `max_bytes` of it.
+    async fn download(
+        &self,
+        _id: &str,
+        _path: &str,
+        _max_bytes: u64,
+    ) -> Result<Vec<u8>, EngineError> {
+        Err(EngineError::Download(detail(
+            "this engine cannot copy files",
         )))
     }
     /// Unpack a tar into a created (not started) container at `path`.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::egress::{with_program_egress, ProgramEgress};
 use super::images::{ImageIds, ImageRef};
 use super::labels::labels;
+pub(super) use super::pool::Mount;
 use super::pool::{run_workspace_mb, Pool, Shape};
 use super::stage::{run_stage, Answer, Bound, LiveStage, StageRequest};
 use super::timings::{Leg, Timings};
@@ -39,8 +40,8 @@ pub(super) struct Want {
     pub limits: Limits,
     pub workspace_mb: u64,
     pub labels: BTreeMap<String, String>,
-    /// An installed packages prefix to mount read-only (never from the pool, then).
-    pub prefix: Option<crate::executor::packages::Prefix>,
+    /// An installed packages prefix to mount read-only (from the pool only with that prefix).
+    pub prefix: Option<Mount>,
 }
 
 /// A container for one stage: created only, or started ahead of time (taken from the pool).
@@ -131,7 +132,10 @@ impl Containers {
                 run_id,
                 super::Executor::budget_with_install(&self.config, req),
             ),
-            prefix: prefix.cloned(),
+            prefix: prefix.map(|p| Mount {
+                volume: p.volume.clone(),
+                target: p.target.clone(),
+            }),
         }
     }
 
@@ -209,11 +213,9 @@ impl Containers {
     /// A container for a stage: a ready one from the pool, else a new one (created only).
     pub(super) async fn acquire(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
         let began = Instant::now();
-        let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb);
-        let pooled = match want.prefix {
-            Some(_) => None,
-            None => self.pool.take(&shape).await,
-        };
+        let shape = Shape::new(&want.image_tag, want.limits, want.workspace_mb)
+            .with_packages(want.prefix.clone());
+        let pooled = self.pool.take(&shape).await;
         let acquired = match pooled {
             Some(taken) => Ok(Acquired {
                 guard: taken.guard,

@@ -43,6 +43,7 @@ use crate::engine::guard::Cleanup;
 use crate::engine::posture::PostureViolation;
 use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
 use crate::engine::{ContainerEngine, EngineError};
+use crate::executor::packages::session::SessionPrefix;
 use crate::executor::packages::{InstallEnd, Packages, Prefix};
 use crate::report::{
     fmt_num, CompileReport, FileReport, PackagesReport, RunReport, SessionExecution, Stage, Status,
@@ -53,7 +54,7 @@ use compile::Compiler;
 use containers::Containers;
 pub use labels::labels;
 use outcome::{classify, Outcome, Streams};
-use pool::Pool;
+use pool::{Pool, Shape};
 pub use probe::ProbeOutput;
 use session::{FileRead, ReadError, SessionBox, SessionRun, SessionSpec};
 use stage::{Bound, BoundError, Interrupted};
@@ -252,8 +253,49 @@ impl Executor {
 
     /// Create, start and open a session's container; the driver (if any) is ready when this
     /// returns.
+    /// A session of a language that takes packages gets a packages volume of its own
+    /// (`packages::session`), with `spec.packages` installed before it opens.
     pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, SandboxFailure> {
-        SessionBox::open(&self.containers, spec).await
+        let lang = spec.language;
+        if !self.packages.takes(lang) {
+            return SessionBox::open(&self.containers, spec, None).await;
+        }
+        let prefix = SessionPrefix::create(&self.packages, lang, &spec.name, spec.lifetime)
+            .await
+            .map_err(|e| SandboxFailure::Reported(install_failure(e)))?;
+        if !spec.packages.is_empty() {
+            let never = CancellationToken::new();
+            let bound = Bound {
+                cancel: &never,
+                deadline: tokio::time::Instant::now()
+                    + Duration::from_secs_f64(
+                        self.containers.config.packages.install_timeout_seconds,
+                    )
+                    + Duration::from_secs(60),
+            };
+            let image = self
+                .containers
+                .image(&lang.image.tag, &lang.image.name, bound)
+                .await
+                .map_err(|h| match h {
+                    Halt::Failed(f) => f,
+                    Halt::Stopped => SandboxFailure::Reported("stopped".into()),
+                })?;
+            // Named after the container's name (a prefix of the id only).
+            let name = spec.name.trim_start_matches("codebox-").to_string();
+            prefix
+                .add(
+                    &self.packages,
+                    &name,
+                    lang,
+                    &image.id,
+                    &spec.packages,
+                    bound,
+                )
+                .await
+                .map_err(|e| SandboxFailure::Reported(install_failure(e)))?;
+        }
+        SessionBox::open(&self.containers, spec, Some(prefix)).await
     }
 
     /// Carry out one execution of a session. Never fails: the report says what happened, and
@@ -270,6 +312,7 @@ impl Executor {
         let stages = session::Stages {
             containers: &self.containers,
             compiler: &self.compiler,
+            packages: &self.packages,
         };
         sbox.execute(stages, session, run_id, req, queued_ms, cancel)
             .await
@@ -490,6 +533,18 @@ impl Executor {
             if req.tests.is_empty() { "run" } else { "t1" },
             known.prefix.as_ref(),
         );
+        // The pool learns that runs mount this prefix: it may keep containers ready with it.
+        let _asked = known.prefix.as_ref().map(|p| {
+            let shape = Shape::new(&lang.image.tag, first_want.limits, first_want.workspace_mb)
+                .with_packages(first_want.prefix.clone());
+            let n = if req.tests.is_empty() {
+                1
+            } else {
+                parallelism(req, &containers.config)
+            };
+            containers.pool.asked_with_prefix(lang, &shape, n, p);
+            pool::Asked::new(containers.pool.clone(), vec![(shape, n)])
+        });
         let prepare_run = containers.acquire(&first_want, bound);
         let (files, first) = if lang.is_compiled() {
             let compile = async {
@@ -615,48 +670,25 @@ impl Executor {
             Err(end) => Ok(Err(end)),
         }
     }
+}
 
-    /// Install (or take from the cache) the packages a session is created with; the error
-    /// says what failed, with the end of the package manager's output.
-    pub async fn packages_for_session(
-        &self,
-        session_id: &str,
-        lang: &crate::registry::Language,
-        packages: &[String],
-    ) -> Result<Prefix, String> {
-        let never = CancellationToken::new();
-        let bound = Bound {
-            cancel: &never,
-            deadline: tokio::time::Instant::now()
-                + Duration::from_secs_f64(self.containers.config.packages.install_timeout_seconds)
-                + Duration::from_secs(60),
-        };
-        let image = self
-            .containers
-            .image(&lang.image.tag, &lang.image.name, bound)
-            .await
-            .map_err(|h| match h {
-                Halt::Failed(f) => f.to_string(),
-                Halt::Stopped => "stopped".to_string(),
-            })?;
-        // Named after a prefix of the id only: the id is a secret of its holders.
-        let name = format!("session-{}", &session_id[..session_id.len().min(8)]);
-        match self
-            .packages
-            .prepare(&name, lang, &image.id, packages, bound)
-            .await
-        {
-            Ok((prefix, _)) => Ok(prefix),
-            Err(InstallEnd::Failed {
-                message, stderr, ..
-            }) => {
-                let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                Err(format!("{message}; it ended with: {}", tail.join(" / ")))
+/// What a session is told when installing its packages at creation failed: the message and
+/// the end of the package manager's output.
+fn install_failure(end: InstallEnd) -> String {
+    match end {
+        InstallEnd::Failed {
+            message, stderr, ..
+        } => {
+            let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            if tail.is_empty() {
+                message
+            } else {
+                format!("{message}; it ended with: {}", tail.join(" / "))
             }
-            Err(InstallEnd::Stopped) => Err("stopped while installing the packages".into()),
-            Err(InstallEnd::Sandbox(m)) => Err(format!("installing the packages failed: {m}")),
         }
+        InstallEnd::Stopped => "stopped while installing the packages".into(),
+        InstallEnd::Sandbox(m) => format!("installing the packages failed: {m}"),
     }
 }
 

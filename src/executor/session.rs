@@ -21,10 +21,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::compile::{check_failed, Compiler};
-use super::containers::{Containers, Want};
+use super::containers::{Containers, Mount, Want};
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
 use super::labels::labels;
 use super::outcome::classify;
+use super::packages::session::SessionPrefix;
+use super::packages::{InstallEnd, Packages};
 use super::stage::{Answer, Bound, StageTimes};
 use super::{Ended, Executor, Halt, Known, SandboxFailure, Streams, BACKSTOP_GRACE};
 use crate::config::Config;
@@ -68,8 +70,8 @@ pub struct SessionSpec<'a> {
     pub files: Files,
     /// The session's longest life: the container's expiry label.
     pub lifetime: Duration,
-    /// Installed packages, mounted read-only for the session's life.
-    pub prefix: Option<crate::executor::packages::Prefix>,
+    /// Packages to install before it opens (its language must take packages).
+    pub packages: Vec<String>,
 }
 
 /// One request for the session's conversation task.
@@ -104,8 +106,10 @@ pub struct SessionBox {
     /// Cancelled when the container is ended: the request being answered ends at once.
     ended: CancellationToken,
     _conversation: AbortOnDropHandle<()>,
-    /// The installed packages it mounts: not evicted while it lives.
-    _prefix: Option<crate::executor::packages::Prefix>,
+    /// Its own packages volume, mounted read-only (languages that take packages).
+    packages: Option<SessionPrefix>,
+    /// The image its container was created from (what its packages install for).
+    image_id: String,
 }
 
 /// One execution in a session: its report, and whether the session's container broke.
@@ -140,6 +144,8 @@ impl SessionBox {
         guard: ContainerGuard,
         stateful: bool,
         attached: Attached,
+        packages: Option<SessionPrefix>,
+        image_id: String,
     ) -> SessionBox {
         let name = guard.name().to_string();
         let (asks, queue) = mpsc::unbounded_channel();
@@ -160,7 +166,8 @@ impl SessionBox {
             asks,
             ended,
             _conversation: AbortOnDropHandle::new(tokio::spawn(conversation.run(queue))),
-            _prefix: None,
+            packages,
+            image_id,
         }
     }
 
@@ -181,6 +188,9 @@ impl SessionBox {
         if let Some(g) = guard {
             g.remove_later();
         }
+        if let Some(p) = &self.packages {
+            p.remove_after(self.container_removed());
+        }
     }
 
     /// Remove the container: [`SessionBox::end_now`].
@@ -188,12 +198,29 @@ impl SessionBox {
         self.end_now();
     }
 
-    /// Ends when the container's removal has ended (started by [`SessionBox::end_now`]).
+    /// Ends when the container's removal, and its packages volume's, have ended (started
+    /// by [`SessionBox::end_now`]).
     pub fn removed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let container = self.container_removed();
+        let volume = self.packages.as_ref().map(|p| p.removed());
+        async move {
+            container.await;
+            if let Some(v) = volume {
+                v.await;
+            }
+        }
+    }
+
+    fn container_removed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut removed = self.removed.clone();
         async move {
             let _ = removed.wait_for(|done| *done).await;
         }
+    }
+
+    /// The packages volume this session mounts, if its language takes packages.
+    pub fn packages_volume(&self) -> Option<&str> {
+        self.packages.as_ref().map(|p| p.volume())
     }
 
     /// Have the conversation task carry out one request: its answer, or why the container is
@@ -397,6 +424,7 @@ impl Conversation {
 pub(super) struct Stages<'a> {
     pub containers: &'a Containers,
     pub compiler: &'a Compiler,
+    pub packages: &'a Packages,
 }
 
 impl SessionBox {
@@ -405,6 +433,7 @@ impl SessionBox {
     pub(super) async fn open(
         containers: &Containers,
         spec: SessionSpec<'_>,
+        packages: Option<SessionPrefix>,
     ) -> Result<SessionBox, SandboxFailure> {
         let lang = spec.language;
         let start = SESSION_TIMES.driver_start;
@@ -419,7 +448,10 @@ impl SessionBox {
                 &containers.instance,
                 spec.lifetime + start,
             ),
-            prefix: spec.prefix.clone(),
+            prefix: packages.as_ref().map(|p| Mount {
+                volume: p.volume().to_string(),
+                target: p.target().to_string(),
+            }),
         };
         let never = CancellationToken::new();
         let bound = Bound {
@@ -431,6 +463,7 @@ impl SessionBox {
             Halt::Stopped => SandboxFailure::Reported("stopped while opening".into()),
         };
         let acquired = containers.create(&want, bound).await.map_err(halted)?;
+        let image_id = acquired.image.id.clone();
         let guard = acquired.guard;
         let attached = bound
             .call(
@@ -446,17 +479,18 @@ impl SessionBox {
             )
             .await
             .map_err(|e| halted(Halt::bound(e)))?;
-        let mut sbox = SessionBox::new(
+        let mut env = lang.env.clone();
+        if let Some(p) = &packages {
+            env.extend(p.env().clone());
+        }
+        let sbox = SessionBox::new(
             containers.engine.clone(),
             guard,
             lang.is_stateful(),
             attached,
+            packages,
+            image_id,
         );
-        let mut env = lang.env.clone();
-        if let Some(p) = &spec.prefix {
-            env.extend(p.env.clone());
-        }
-        sbox._prefix = spec.prefix;
         let open = Open {
             driver: lang.session_driver.clone(),
             env,
@@ -500,86 +534,107 @@ impl SessionBox {
         let started = Instant::now();
         let bound = Bound {
             cancel: &cancel,
-            deadline: tokio::time::Instant::now() + Executor::budget(req) + BACKSTOP_GRACE,
+            deadline: tokio::time::Instant::now()
+                + Executor::budget_with_install(&stages.containers.config, req)
+                + BACKSTOP_GRACE,
         };
         let mut known = Known::default();
         let mut broken = None;
         let mut workspace_bytes = None;
         let mut state = (InterpreterState::Kept, None);
-        let ended = match prepare_execution(
-            stages,
-            run_id,
-            req,
-            session.execution_count,
-            &mut known,
-            bound,
-        )
-        .await
-        {
-            Err(Halt::Stopped) => Ended::Stopped,
-            Err(Halt::Failed(f)) => Ended::Failed(f),
-            Ok(Err(end)) => Ended::AtCompile(end),
-            Ok(Ok(exec)) => {
-                known.stage = Some(Stage::Run);
-                let backstop =
-                    SESSION_TIMES.exec_answer(exec.check_timeout, exec.timeout) + BACKSTOP_GRACE;
-                let s = &stages.containers.config.sandbox;
-                let limits = DecodeLimits {
-                    output: s.output_limit_bytes,
-                    content: s.max_output_bytes,
-                    entries: super::containers::MAX_OUTPUT_ENTRIES,
-                };
-                let live = crate::live::current();
-                if let Some(feed) = &live {
-                    feed.started(Stage::Run);
-                }
-                match self
-                    .ask(exec.encode(), limits, backstop, Some(&cancel), live)
-                    .await
-                {
-                    Ok(x) if x.closed => {
-                        state = (InterpreterState::Reset, Some(ResetReason::Stopped));
-                        session_ended(req, &mut known, x, Done::default())
-                    }
-                    Ok(x) => {
-                        let done = x.decoded.done.clone().unwrap_or_default();
-                        workspace_bytes = done.workspace_bytes;
-                        if let Some(s) = done.state {
-                            state = (s, done.reason);
-                        }
-                        session_ended(req, &mut known, x, done)
-                    }
-                    Err(b) => {
-                        state = (
-                            InterpreterState::Reset,
-                            Some(if b == Broken::OutOfMemory {
-                                ResetReason::OutOfMemory
-                            } else {
-                                ResetReason::DriverExited
-                            }),
-                        );
-                        let ended = match &b {
-                            Broken::OutOfMemory => Ended::Ran {
-                                outcome: super::outcome::Outcome {
-                                    status: Status::OutOfMemory,
-                                    exit_code: None,
-                                    signal: Some("SIGKILL".into()),
-                                    problem: None,
-                                    usage: Default::default(),
-                                },
-                                streams: Streams::of(None),
-                                files: Vec::new(),
-                                result: None,
-                            },
-                            Broken::Failed(why) => Ended::Failed(SandboxFailure::Reported(
-                                format!("the session ended: its sandbox failed: {why}"),
-                            )),
-                        };
-                        broken = Some(b);
-                        ended
-                    }
-                }
+        // Packages first: the program then sees them where its environment points.
+        let with_env;
+        let req = match &self.packages {
+            Some(p) => {
+                let mut r = req.clone();
+                r.language.env.extend(p.env().clone());
+                with_env = r;
+                &with_env
             }
+            None => req,
+        };
+        let installed = if req.packages.is_empty() {
+            Ok(())
+        } else {
+            self.install(stages, run_id, req, &mut known, bound).await
+        };
+        let ended = match installed {
+            Err(end) => Ended::AtInstall(end),
+            Ok(()) => match prepare_execution(
+                stages,
+                run_id,
+                req,
+                session.execution_count,
+                &mut known,
+                bound,
+            )
+            .await
+            {
+                Err(Halt::Stopped) => Ended::Stopped,
+                Err(Halt::Failed(f)) => Ended::Failed(f),
+                Ok(Err(end)) => Ended::AtCompile(end),
+                Ok(Ok(exec)) => {
+                    known.stage = Some(Stage::Run);
+                    let backstop = SESSION_TIMES.exec_answer(exec.check_timeout, exec.timeout)
+                        + BACKSTOP_GRACE;
+                    let s = &stages.containers.config.sandbox;
+                    let limits = DecodeLimits {
+                        output: s.output_limit_bytes,
+                        content: s.max_output_bytes,
+                        entries: super::containers::MAX_OUTPUT_ENTRIES,
+                    };
+                    let live = crate::live::current();
+                    if let Some(feed) = &live {
+                        feed.started(Stage::Run);
+                    }
+                    match self
+                        .ask(exec.encode(), limits, backstop, Some(&cancel), live)
+                        .await
+                    {
+                        Ok(x) if x.closed => {
+                            state = (InterpreterState::Reset, Some(ResetReason::Stopped));
+                            session_ended(req, &mut known, x, Done::default())
+                        }
+                        Ok(x) => {
+                            let done = x.decoded.done.clone().unwrap_or_default();
+                            workspace_bytes = done.workspace_bytes;
+                            if let Some(s) = done.state {
+                                state = (s, done.reason);
+                            }
+                            session_ended(req, &mut known, x, done)
+                        }
+                        Err(b) => {
+                            state = (
+                                InterpreterState::Reset,
+                                Some(if b == Broken::OutOfMemory {
+                                    ResetReason::OutOfMemory
+                                } else {
+                                    ResetReason::DriverExited
+                                }),
+                            );
+                            let ended = match &b {
+                                Broken::OutOfMemory => Ended::Ran {
+                                    outcome: super::outcome::Outcome {
+                                        status: Status::OutOfMemory,
+                                        exit_code: None,
+                                        signal: Some("SIGKILL".into()),
+                                        problem: None,
+                                        usage: Default::default(),
+                                    },
+                                    streams: Streams::of(None),
+                                    files: Vec::new(),
+                                    result: None,
+                                },
+                                Broken::Failed(why) => Ended::Failed(SandboxFailure::Reported(
+                                    format!("the session ended: its sandbox failed: {why}"),
+                                )),
+                            };
+                            broken = Some(b);
+                            ended
+                        }
+                    }
+                }
+            },
         };
         let mut report = Executor::report(run_id, req, known, ended);
         report.queued_ms = queued_ms;
@@ -598,6 +653,36 @@ impl SessionBox {
             broken,
             workspace_bytes,
         }
+    }
+
+    /// Install `req.packages` into the session's volume (SPEC 13) before its execution.
+    async fn install(
+        &self,
+        stages: Stages<'_>,
+        run_id: &str,
+        req: &ValidRequest,
+        known: &mut Known,
+        bound: Bound<'_>,
+    ) -> Result<(), InstallEnd> {
+        known.stage = Some(Stage::Install);
+        let Some(p) = &self.packages else {
+            return Err(InstallEnd::Sandbox(format!(
+                "this {} session has no packages volume",
+                req.language.id
+            )));
+        };
+        let report = p
+            .add(
+                stages.packages,
+                run_id,
+                &req.language,
+                &self.image_id,
+                &req.packages,
+                bound,
+            )
+            .await?;
+        known.packages = Some(report);
+        Ok(())
     }
 
     /// Read a file or folder of the session's working directory without running anything.

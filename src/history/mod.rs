@@ -127,6 +127,10 @@ pub struct HistoryRow {
     /// Its place among the session's executions (1-based); null outside sessions.
     #[serde(default)]
     pub execution_count: Option<u64>,
+    /// The packages it asked for and how they were installed (the report's `packages`); null
+    /// for a run without any, or one still in progress.
+    #[serde(default)]
+    pub packages: Option<crate::report::PackagesReport>,
 }
 
 /// Result of `get_execution_history` and `codebox history --json`.

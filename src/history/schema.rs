@@ -73,6 +73,9 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 5: several servers as one (SPEC section 15): how the others reach each instance.
     "ALTER TABLE instances ADD COLUMN advertise_url TEXT;",
+    // 6: packages on request (SPEC 13): what a run asked for and how it was installed (the
+    // report's `packages`, JSON), kept past the report's retention like the other columns.
+    "ALTER TABLE runs ADD COLUMN packages TEXT;",
 ];
 
 /// The schema version this codebox writes.

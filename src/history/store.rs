@@ -225,7 +225,7 @@ pub fn finish(db: &mut dyn Database, r: &RunReport, at_ms: i64) -> Result<(), Db
         "UPDATE runs SET status = ?2, stage = ?3, exit_code = ?4, signal = ?5, image_id = ?6,
             duration_ms = ?7, queued_ms = ?8, compile_duration_ms = ?9,
             stdout_bytes = ?10, stderr_bytes = ?11, stdout_truncated = ?12, stderr_truncated = ?13,
-            message = ?14, ended_at = ?15, report = ?16
+            message = ?14, ended_at = ?15, report = ?16, packages = ?17
          WHERE id = ?1",
         values![
             &r.run_id,
@@ -244,6 +244,9 @@ pub fn finish(db: &mut dyn Database, r: &RunReport, at_ms: i64) -> Result<(), Db
             &r.message,
             at_ms,
             json,
+            r.packages
+                .as_ref()
+                .and_then(|p| serde_json::to_string(p).ok()),
         ],
     )?;
     Ok(())
@@ -287,7 +290,7 @@ pub fn stored_report(
 const COLUMNS: &str = "id, created_at, started_at, ended_at, language, image_id, memory_mb, timeout_seconds,
     cpus, status, stage, exit_code, signal, duration_ms, queued_ms, compile_duration_ms, stdout_bytes,
     stderr_bytes, stdout_truncated, stderr_truncated, code_sha256, code_bytes, code_preview, message,
-    instance, session_id, execution_count";
+    instance, session_id, execution_count, packages";
 
 fn rfc3339(ms: i64) -> String {
     chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
@@ -335,6 +338,7 @@ fn history_row(r: &Row) -> HistoryRow {
         instance: r.text(24).unwrap_or_default(),
         session_id: r.text(25),
         execution_count: count(26),
+        packages: r.text(27).and_then(|j| serde_json::from_str(&j).ok()),
     }
 }
 

@@ -12,20 +12,20 @@ use codebox::runs::RunManager;
 
 /// One Server-Sent Event.
 #[derive(Debug, Clone)]
-struct Sse {
-    id: String,
-    event: String,
-    data: Value,
+pub struct Sse {
+    pub id: String,
+    pub event: String,
+    pub data: Value,
 }
 
 /// An open event stream, read as it comes.
-struct Events {
+pub struct Events {
     response: reqwest::Response,
     buf: String,
 }
 
 impl Events {
-    async fn open(server: &Server, run_id: &str, last: Option<&str>) -> Events {
+    pub async fn open(server: &Server, run_id: &str, last: Option<&str>) -> Events {
         let mut r = reqwest::Client::new()
             .get(server.url(&format!("/v1/runs/{run_id}/events")))
             .bearer_auth(TOKEN);
@@ -45,7 +45,7 @@ impl Events {
     }
 
     /// The next event; `None` when the stream ends.
-    async fn next(&mut self) -> Option<Sse> {
+    pub async fn next(&mut self) -> Option<Sse> {
         loop {
             if let Some(end) = self.buf.find("\n\n") {
                 let block: String = self.buf.drain(..end + 2).collect();
@@ -82,7 +82,7 @@ fn ticking(n: usize) -> String {
     format!("import time\nfor i in range({n}):\n    print(f'line {{i}}', flush=True)\n    time.sleep(1/3)\n")
 }
 
-async fn start_run(server: &Server, body: Value) -> String {
+pub async fn start_run(server: &Server, body: Value) -> String {
     let (status, accepted) = server
         .send("POST", "/v1/runs", Some(&body.to_string()))
         .await;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use codebox::config::Config;
 use codebox::contract::{RunRequest, ValidRequest};
 use codebox::executor::{new_run_id, Executor};
+use codebox::live::Event;
 use codebox::report::{RunReport, Stage, Status};
 use tokio_util::sync::CancellationToken;
 
@@ -120,6 +121,15 @@ impl Drop for RemovedIfFailed {
             return;
         }
         for v in self.0.volumes() {
+            // Containers that mount it first (a pool's, a session's the test left).
+            let users = Command::new("docker")
+                .args(["ps", "-aq", "--filter", &format!("volume={v}")])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for c in users.lines() {
+                let _ = Command::new("docker").args(["rm", "-f", c]).output();
+            }
             let _ = Command::new("docker")
                 .args(["volume", "rm", "-f", &v])
                 .output();
@@ -518,6 +528,7 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
         ))
         .expect("accepted")
         .run_id;
+    let feed = m.feed(&id).expect("the run's live events");
     let r = m
         .wait(&id, std::time::Duration::from_secs(120))
         .await
@@ -525,6 +536,27 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
     assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
     assert_eq!(r.stdout, "tiny two\n");
     assert_eq!(r.packages.as_ref().map(|p| p.cached), Some(false));
+    // The live events show the install stage, its output, then the program's.
+    let (events, _) = feed.after(0);
+    let mut seen = Vec::new();
+    for (_, e) in &events {
+        match e {
+            Event::Started { stage } => seen.push(format!("started {}", stage.as_str())),
+            Event::Output { data, .. } if data.contains("tinypkg") => {
+                seen.push(format!("output {}", data.trim()))
+            }
+            _ => {}
+        }
+    }
+    let install = seen.iter().position(|e| e == "started install");
+    let pip = seen
+        .iter()
+        .position(|e| e.starts_with("output") && !e.contains("tiny two"));
+    let run = seen.iter().position(|e| e == "started run");
+    assert!(
+        install.is_some() && install < pip && pip < run,
+        "no install stage with its output before the run: {seen:?}"
+    );
 
     let s = m
         .create_session(codebox::contract::SessionRequest {
@@ -559,17 +591,6 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
             assert_eq!(r.stdout, "other one other one\n");
         }
     }
-    // In a session, packages go to create_session.
-    let refused = m.submit(RunRequest {
-        code: "print(1)".into(),
-        session_id: Some(s.session_id.clone()),
-        packages: Some(vec!["tinypkg".into()]),
-        ..Default::default()
-    });
-    assert!(
-        refused.is_err_and(|e| e.to_string().contains("create_session")),
-        "packages in a session's run_code were not refused"
-    );
     let volumes = m.executor().packages().volumes();
     assert_eq!(existing(&volumes).len(), 2, "{volumes:?}");
     m.close_session(&s.session_id).unwrap();
@@ -581,4 +602,364 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
         .output()
         .unwrap();
     assert!(ps.stdout.is_empty(), "the session's container is left");
+}
+
+/// One execution in session `session`, with `packages` installed first when given.
+async fn in_session(
+    m: &codebox::runs::RunManager,
+    session: &str,
+    code: &str,
+    packages: &[&str],
+) -> RunReport {
+    let id = m
+        .submit(RunRequest {
+            code: code.into(),
+            session_id: Some(session.to_string()),
+            packages: (!packages.is_empty())
+                .then(|| packages.iter().map(|p| p.to_string()).collect()),
+            ..Default::default()
+        })
+        .expect("accepted")
+        .run_id;
+    m.wait(&id, std::time::Duration::from_secs(120))
+        .await
+        .unwrap()
+}
+
+/// The packages volumes of the session whose id is `session_id`.
+fn session_volumes(session_id: &str) -> Vec<String> {
+    let filter = format!("name=codebox-pkg-session-{}", &session_id[4..16]);
+    let out = Command::new("docker")
+        .args(["volume", "ls", "-q", "--filter", &filter])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+async fn gone_within(what: impl Fn() -> Vec<String>, seconds: u64) -> Vec<String> {
+    for _ in 0..seconds * 10 {
+        let left = what();
+        if left.is_empty() {
+            return left;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    what()
+}
+
+#[tokio::test]
+async fn packages_installed_in_a_running_session_keep_its_state_and_go_at_close() {
+    let index = Index::start();
+    let url = index.url();
+    let m = crate::mcp_support::docker_manager(
+        |c| {
+            c.packages.python.index_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
+            c.packages.prefix_mb = 2;
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    let s = m
+        .create_session(codebox::contract::SessionRequest {
+            language: "python".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("session");
+    let sid = s.session_id.clone();
+    assert_eq!(session_volumes(&sid).len(), 1, "no packages volume");
+    let r = in_session(&m, &sid, "x = 41", &[]).await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.stderr);
+    // A failed import first: the import system's caches must not hide what comes later.
+    let r = in_session(&m, &sid, "import tinypkg", &[]).await;
+    assert_eq!(r.status, Status::Failed);
+    assert!(r.stderr.contains("ModuleNotFoundError"), "{}", r.stderr);
+
+    let r = in_session(
+        &m,
+        &sid,
+        "import tinypkg\nprint(tinypkg.VALUE, x + 1)",
+        &["tinypkg==1.0"],
+    )
+    .await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    assert_eq!(
+        r.stdout, "tiny one 42\n",
+        "the interpreter's state was lost"
+    );
+    let p = r.packages.clone().expect("packages report");
+    assert_eq!(p.requested, ["tinypkg==1.0"]);
+    assert!(!p.cached);
+    assert!(p
+        .installed
+        .iter()
+        .any(|i| i.name == "tinypkg" && i.version == "1.0"));
+    assert_eq!(
+        r.session.as_ref().map(|s| s.state),
+        Some(codebox::report::InterpreterState::Kept)
+    );
+
+    // Failures end at the install stage and leave the session and its packages as they were.
+    for (packages, says) in [
+        (vec!["nosuch==1.0"], "`nosuch==1.0`"),
+        (vec!["tinypkg==2.0"], "a session's packages only grow"),
+    ] {
+        let r = in_session(&m, &sid, "print('never')", &packages).await;
+        assert_eq!(r.status, Status::Failed, "{packages:?}: {}", r.message);
+        assert_eq!(r.stage, Some(Stage::Install), "{packages:?}");
+        assert!(r.message.contains(says), "{packages:?}: {}", r.message);
+        assert!(!r.stdout.contains("never"), "the program ran");
+    }
+    // The prefix cap holds for what the session holds in all: 1.5 MB fits 2 MB, 3 MB not.
+    let r = in_session(&m, &sid, "import half1\nprint(x)", &["half1==1.0"]).await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    let r = in_session(&m, &sid, "print('never')", &["half2==1.0"]).await;
+    assert_eq!(r.stage, Some(Stage::Install), "{}", r.message);
+    assert!(
+        r.message.contains("2 MB prefix (packages.prefix_mb)"),
+        "{}",
+        r.message
+    );
+
+    let check = r#"
+print(tinypkg.VALUE, x)
+try:
+    open("/opt/codebox/packages/x", "w")
+    print("writable")
+except OSError:
+    print("read-only")
+"#;
+    let r = in_session(&m, &sid, check, &["tinypkg==1.0"]).await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    assert_eq!(r.stdout, "tiny one 41\nread-only\n");
+    let p = r.packages.expect("packages report");
+    assert!(p.cached, "a package the session holds was installed again");
+    assert_eq!(p.install_ms, 0);
+    let names: Vec<&str> = p.installed.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["half1", "tinypkg"]);
+
+    let volumes = session_volumes(&sid);
+    m.close_session(&sid).unwrap();
+    let left = gone_within(|| session_volumes(&sid), 30).await;
+    assert!(
+        left.is_empty(),
+        "the session's packages volume is left: {volumes:?}"
+    );
+    m.shutdown(std::time::Duration::from_secs(20)).await;
+}
+
+#[tokio::test]
+async fn a_javascript_session_resolves_packages_installed_after_it_started() {
+    let registry = Index::npm();
+    let url = format!("http://127.0.0.1:{}/", registry.port);
+    let m = crate::mcp_support::docker_manager(
+        |c| {
+            c.packages.javascript.registry_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    let s = m
+        .create_session(codebox::contract::SessionRequest {
+            language: "javascript".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("session");
+    let sid = s.session_id.clone();
+    let r = in_session(
+        &m,
+        &sid,
+        "let n = 2; try { require('leftpadx') } catch (e) { console.log(e.code) }",
+        &[],
+    )
+    .await;
+    assert_eq!(r.stdout, "MODULE_NOT_FOUND\n", "{}", r.stderr);
+    let r = in_session(
+        &m,
+        &sid,
+        "console.log(require('leftpadx')('x', 3), n)",
+        &["leftpadx@^1"],
+    )
+    .await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    assert_eq!(r.stdout, "  x:dep 2\n");
+    let p = r.packages.expect("packages report");
+    let names: Vec<(&str, &str)> = p
+        .installed
+        .iter()
+        .map(|i| (i.name.as_str(), i.version.as_str()))
+        .collect();
+    assert_eq!(names, [("leftpadx", "1.0.0"), ("tinydep", "1.2.0")]);
+    m.close_session(&sid).unwrap();
+    let left = gone_within(|| session_volumes(&sid), 30).await;
+    assert!(
+        left.is_empty(),
+        "the session's packages volume is left: {left:?}"
+    );
+    m.shutdown(std::time::Duration::from_secs(20)).await;
+}
+
+/// Containers of the pool that mount `volume`.
+fn pooled_with(volume: &str) -> usize {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("volume={volume}"),
+            "--filter",
+            "label=codebox.run=pool",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[tokio::test]
+async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_else_does() {
+    let index = Index::start();
+    let url = index.url();
+    let m = crate::mcp_support::docker_manager(
+        |c| {
+            c.packages.python.index_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
+            c.pool.sizes = [("python".to_string(), 1)].into_iter().collect();
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    m.start_pool();
+    let submit = |code: &str, packages: &[&str]| {
+        let req = if packages.is_empty() {
+            py(code)
+        } else {
+            with_packages(code, packages)
+        };
+        m.submit(req).expect("accepted").run_id
+    };
+    let wait = |id: String| {
+        let m = &m;
+        async move {
+            m.wait(&id, std::time::Duration::from_secs(120))
+                .await
+                .unwrap()
+        }
+    };
+    // Installed, then hit twice: runs that mount this prefix are now a demand of their own.
+    for _ in 0..2 {
+        let r = wait(submit("import tinypkg", &["tinypkg==1.0"])).await;
+        assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    }
+    let volume = m
+        .executor()
+        .packages()
+        .volumes()
+        .pop()
+        .expect("a cached prefix");
+    // Ready: the pool follows this demand as any other (how many, by its own rules).
+    crate::mcp_support::eventually(60, "a container mounting the prefix is ready", || {
+        let s = m.stats().pool.stats;
+        pooled_with(&volume) >= 1 && s.filling == 0 && s.idle.values().sum::<usize>() >= 2
+    })
+    .await;
+    let ready = pooled_with(&volume);
+    // A run without packages never takes one.
+    let r = wait(submit("print('plain')", &[])).await;
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    assert_eq!(
+        pooled_with(&volume),
+        ready,
+        "a run without packages took one"
+    );
+    let hits = m.stats().pool.hits;
+    let r = wait(submit(OFFLINE_PROGRAM, &["tinypkg==1.0"])).await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    assert!(r.packages.as_ref().is_some_and(|p| p.cached));
+    assert_eq!(m.stats().pool.hits, hits + 1, "the hit did not take it");
+    // The same posture as a fresh container: only lo, the prefix read-only.
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[..2], ["tiny one", "['lo']"], "{}", r.stdout);
+    assert!(lines[2].starts_with("no network"), "{}", r.stdout);
+    assert!(lines[3].starts_with("prefix read-only"), "{}", r.stdout);
+    m.shutdown(std::time::Duration::from_secs(20)).await;
+    assert_eq!(pooled_with(&volume), 0, "a ready container is left");
+    assert!(
+        existing(&[volume]).is_empty(),
+        "the prefix's volume is left"
+    );
+}
+
+#[tokio::test]
+async fn post_v1_runs_in_a_session_installs_and_its_events_show_the_install_stage() {
+    use crate::http_api::{start, TOKEN};
+    use crate::live::{start_run, Events};
+    let index = Index::start();
+    let url = index.url();
+    let m = crate::mcp_support::docker_manager(
+        |c| {
+            c.packages.python.index_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    let server = start(m.clone(), Some(TOKEN)).await;
+    let (status, session) = server
+        .send("POST", "/v1/sessions", Some(r#"{"language": "python"}"#))
+        .await;
+    assert_eq!(status, 200, "{session}");
+    let sid = session["session_id"].as_str().unwrap().to_string();
+    let id = start_run(
+        &server,
+        serde_json::json!({"session_id": sid, "packages": ["other==1.0"],
+            "code": "import other\nprint(other.VALUE)", "wait": false}),
+    )
+    .await;
+    let mut stream = Events::open(&server, &id, None).await;
+    let mut events = Vec::new();
+    while let Some(e) = stream.next().await {
+        events.push(e);
+    }
+    let names: Vec<String> = events
+        .iter()
+        .map(|e| match e.event.as_str() {
+            "started" => format!("started {}", e.data["stage"].as_str().unwrap()),
+            other => other.to_string(),
+        })
+        .collect();
+    let install = names.iter().position(|n| n == "started install");
+    let run = names.iter().position(|n| n == "started run");
+    assert!(install.is_some() && install < run, "{names:?}");
+    let install_output: String = events[install.unwrap()..run.unwrap()]
+        .iter()
+        .filter_map(|e| e.data["data"].as_str())
+        .collect();
+    assert!(
+        install_output.contains("other"),
+        "the install's output was not shown: {install_output:?}"
+    );
+    let report = &events.last().unwrap().data;
+    assert_eq!(report["status"], "succeeded", "{report}");
+    assert_eq!(report["stdout"], "other one\n");
+    assert_eq!(report["packages"]["requested"][0], "other==1.0");
+    assert_eq!(report["session"]["session_id"], sid.as_str());
+    server
+        .send("DELETE", &format!("/v1/sessions/{sid}"), None)
+        .await;
+    let left = gone_within(|| session_volumes(&sid), 30).await;
+    assert!(
+        left.is_empty(),
+        "the session's packages volume is left: {left:?}"
+    );
+    m.shutdown(std::time::Duration::from_secs(20)).await;
 }

@@ -366,3 +366,58 @@ async fn history_over_tls_follows_libpqs_sslmode_and_sslrootcert() {
         assert!(err.contains(words), "{host} {params}: {err}");
     }
 }
+
+/// A run with packages, finished and read back: its row keeps the report's `packages`, also
+/// once the full report is forgotten.
+async fn packages_are_read_back(history: &History) {
+    use codebox::report::{InstalledPackage, PackagesReport, RunReport};
+    let limits = RunLimits {
+        memory_mb: 256,
+        timeout_seconds: 10.0,
+        cpus: 1.0,
+    };
+    history.insert(NewRun::new(
+        "pk1",
+        "python",
+        limits,
+        "import tinypkg",
+        CodePolicy::Preview,
+        "p",
+    ));
+    let mut r = RunReport::new(
+        "pk1",
+        "python",
+        Status::Succeeded,
+        limits,
+        "exited with code 0",
+    );
+    let packages = PackagesReport {
+        requested: vec!["tinypkg==1.0".into()],
+        installed: vec![InstalledPackage {
+            name: "tinypkg".into(),
+            version: "1.0".into(),
+        }],
+        cached: false,
+        install_ms: 1234,
+    };
+    r.packages = Some(packages.clone());
+    history.finish(Arc::new(r));
+    let stored = history.report("pk1", None).await.unwrap().expect("stored");
+    assert_eq!(stored.packages.as_ref(), Some(&packages));
+    history.forget_reports(vec!["pk1".into()]);
+    assert_eq!(history.report("pk1", None).await.unwrap(), None);
+    let row = history.get("pk1").await.unwrap().expect("row");
+    assert_eq!(row.packages, Some(packages), "the row lost its packages");
+    let rows = history.query(Query::default()).await.unwrap();
+    assert_eq!(rows[0].packages, row.packages);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_packages_are_read_back_from_postgres_and_sqlite() {
+    let pg = PgCluster::start();
+    let url = pg.create_database("packages");
+    let dir = tempfile::tempdir().unwrap();
+    packages_are_read_back(&postgres(&url, "p", dir.path())).await;
+    let (sqlite, _sqlite_dir) = crate::mcp_support::temp_history();
+    packages_are_read_back(&sqlite).await;
+}

@@ -51,6 +51,12 @@ pub async fn bench(
     run(with_module.clone(), true).await?;
     let (mut cold, mut hit, mut floor, mut split) = (vec![], vec![], vec![], vec![]);
     for _ in 0..n {
+        // Cold: the pool lets go of the prefix (and its ready containers) first.
+        app.executor.pool().forget_packages();
+        app.executor
+            .cleanup()
+            .drain(std::time::Duration::from_secs(10))
+            .await;
         packages.evict_all().await;
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let c = packages.counters();
@@ -111,6 +117,18 @@ pub async fn bench(
         "  cold install_ms median {si:.0}: install container (fetch + install) {sc:.0} ms, copy into the volume {sp:.0} ms, the rest (proxy, volume, lock) {:.0} ms",
         (si - sc - sp).max(0.0)
     )?;
+    let pc = app.executor.pool().counters();
+    writeln!(
+        out,
+        "  pool: {} hits, {} misses over all runs",
+        pc.hits.load(Ordering::Relaxed) + pc.updated_hits.load(Ordering::Relaxed),
+        pc.misses.load(Ordering::Relaxed)
+    )?;
+    app.executor.pool().forget_packages();
+    app.executor
+        .cleanup()
+        .drain(std::time::Duration::from_secs(10))
+        .await;
     packages.evict_all().await;
     Ok(0)
 }

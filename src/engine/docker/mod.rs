@@ -561,6 +561,24 @@ impl ContainerEngine for DockerEngine {
             .map_err(|e| self.fail(EngineError::CreateVolume, e))
     }
 
+    async fn download(&self, id: &str, path: &str, max_bytes: u64) -> Result<Vec<u8>, EngineError> {
+        let options = bollard::query_parameters::DownloadFromContainerOptionsBuilder::new()
+            .path(path)
+            .build();
+        let mut stream = self.docker()?.download_from_container(id, Some(options));
+        let mut tar = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.fail(EngineError::Download, e))?;
+            if (tar.len() + chunk.len()) as u64 > max_bytes {
+                return Err(EngineError::Download(detail(format!(
+                    "{path} holds more than {max_bytes} bytes"
+                ))));
+            }
+            tar.extend_from_slice(&chunk);
+        }
+        Ok(tar)
+    }
+
     async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError> {
         let options = bollard::query_parameters::UploadToContainerOptionsBuilder::new()
             .path(path)

@@ -16,6 +16,7 @@
 
 pub mod cache;
 pub mod proxy;
+pub mod session;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,9 +33,9 @@ use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, LABEL_INIT_FEATURES};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
-use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, StageRequest};
+use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, LiveStage, StageRequest};
 use crate::registry::Language;
-use crate::report::{fmt_num, InstalledPackage, PackagesReport, Status, Usage};
+use crate::report::{fmt_num, InstalledPackage, PackagesReport, Stage, Status, Usage};
 use sha2::{Digest, Sha256};
 
 /// Label on a packages volume carrying its cache key.
@@ -160,6 +161,12 @@ impl Packages {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .volumes()
+    }
+
+    /// Whether `lang` takes packages here: its entry has an install step and the operator
+    /// named its index.
+    pub fn takes(&self, lang: &Language) -> bool {
+        lang.install.is_some() && self.config.packages.index_for(&lang.id).is_some()
     }
 
     /// A prefix with `requirements` installed for `lang` on image `image_id`: from the cache,
@@ -365,7 +372,11 @@ impl Packages {
             payload: payload.encode(),
             backstop: timeout + BACKSTOP_GRACE,
             run_backstop: None,
-            live: None,
+            // Watchers see the install begin and the package manager's output.
+            live: crate::live::current().map(|feed| LiveStage {
+                feed,
+                stage: Stage::Install,
+            }),
             limits: DecodeLimits {
                 output: self.config.sandbox.output_limit_bytes,
                 content: prefix_bytes,
@@ -456,7 +467,6 @@ impl Packages {
         tar: Vec<u8>,
         bound: Bound<'_>,
     ) -> Result<(), InstallEnd> {
-        let sandbox = &self.config.sandbox;
         // Not the run's: the volume outlives it (the cache), until eviction or shutdown.
         let mut vlabels = labels(
             "packages",
@@ -471,6 +481,27 @@ impl Packages {
             .create_volume(volume, vlabels)
             .await
             .map_err(engine_error)?;
+        let uploaded = self
+            .upload_into(run_id, volume, target, image_id, tar, bound)
+            .await;
+        if uploaded.is_err() {
+            let _ = self.engine.remove_volume(volume).await;
+        }
+        uploaded
+    }
+
+    /// Unpack a prefix's tar into `volume` (at `target`) through a container that is created,
+    /// never started, and removed.
+    pub(super) async fn upload_into(
+        &self,
+        run_id: &str,
+        volume: &str,
+        target: &str,
+        image_id: &str,
+        tar: Vec<u8>,
+        bound: Bound<'_>,
+    ) -> Result<(), InstallEnd> {
+        let sandbox = &self.config.sandbox;
         let lease = self.uids.lease();
         let name = format!("codebox-{run_id}-fill");
         let plan = Plan {
@@ -501,11 +532,57 @@ impl Packages {
             )
             .await;
         guard.remove_later();
-        if uploaded.is_err() {
-            let _ = self.engine.remove_volume(volume).await;
-        }
         uploaded?;
         Ok(())
+    }
+
+    /// The prefix in `volume` (mounted read-only at `target` in a container that is created,
+    /// never started, and removed) as a tar whose paths are relative to the prefix.
+    pub(super) async fn read_prefix(
+        &self,
+        run_id: &str,
+        volume: &str,
+        target: &str,
+        image_id: &str,
+        bound: Bound<'_>,
+    ) -> Result<Vec<u8>, InstallEnd> {
+        let sandbox = &self.config.sandbox;
+        let lease = self.uids.lease();
+        let name = format!("codebox-{run_id}-read");
+        let plan = Plan {
+            name: name.clone(),
+            image: image_id.to_string(),
+            uid: lease.uid,
+            limits: Limits {
+                memory_mb: 64,
+                cpus: 1.0,
+            },
+            workspace_mb: 1,
+            labels: labels(run_id, &self.instance, Duration::from_secs(600)),
+        };
+        let mut spec = posture::locked_down(&plan, sandbox);
+        spec.open_stdin = false;
+        posture::with_prefix(&mut spec, volume, target);
+        posture::check(&spec, sandbox).map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
+        bound
+            .call(
+                "creating the container that reads the packages volume",
+                guard.create(&spec),
+            )
+            .await?;
+        // The prefix's tar, its files' headers and the archive's own ending.
+        let max = (self.config.packages.prefix_mb * 1024 * 1024)
+            .saturating_mul(2)
+            .saturating_add(64 * 1024 * 1024);
+        let read = bound
+            .call(
+                "reading the installed packages",
+                self.engine.download(guard.name(), target, max),
+            )
+            .await;
+        guard.remove_later();
+        relative_tar(&read?).map_err(InstallEnd::Sandbox)
     }
 
     /// Forget every cached prefix and remove its volume (`codebox bench` measures cold
@@ -513,7 +590,10 @@ impl Packages {
     pub async fn evict_all(&self) {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
-            let _ = self.engine.remove_volume(&e.volume).await;
+            // A container that mounted it may still be being removed: try again then.
+            if self.engine.remove_volume(&e.volume).await.is_err() {
+                self.remove_volume_later(e.volume.clone());
+            }
         }
     }
 
@@ -651,6 +731,47 @@ fn prefix_tar(
     });
     let tar = b.into_inner().map_err(|e| e.to_string())?;
     Ok((tar, bytes, installed))
+}
+
+/// A tar the engine made of a folder (its entries under the folder's own name) with that
+/// first component taken off and the folder's own entry left out.
+fn relative_tar(tar: &[u8]) -> Result<Vec<u8>, String> {
+    let bad = |e: std::io::Error| format!("the packages volume's archive is unreadable: {e}");
+    let mut out = tar::Builder::new(Vec::new());
+    let mut archive = tar::Archive::new(tar);
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let path = entry.path().map_err(bad)?.to_string_lossy().into_owned();
+        let rest = match path.trim_end_matches('/').split_once('/') {
+            Some((_, rest)) if !rest.is_empty() => rest.to_string(),
+            _ => continue,
+        };
+        if !safe_relative(&rest) {
+            return Err(format!(
+                "the packages volume holds a path outside it: {rest:?}"
+            ));
+        }
+        let mut h = entry.header().clone();
+        match h.entry_type() {
+            tar::EntryType::Symlink | tar::EntryType::Link => {
+                let target = entry
+                    .link_name()
+                    .map_err(bad)?
+                    .map(|t| t.into_owned())
+                    .unwrap_or_default();
+                if h.entry_type() == tar::EntryType::Link {
+                    // Hard links name a path in the archive: under the same folder.
+                    let t = target.to_string_lossy().into_owned();
+                    let t = t.split_once('/').map(|(_, r)| r.to_string()).unwrap_or(t);
+                    out.append_link(&mut h, &rest, t).map_err(bad)?;
+                } else {
+                    out.append_link(&mut h, &rest, target).map_err(bad)?;
+                }
+            }
+            _ => out.append_data(&mut h, &rest, &mut entry).map_err(bad)?,
+        }
+    }
+    out.into_inner().map_err(bad)
 }
 
 /// An npm package's name and version, from `node_modules/<name>/package.json`.

@@ -33,9 +33,10 @@ mod shape;
 
 use demand::Demand;
 pub use demand::{CLASS_MIN_RUNS, DEMAND_WINDOW};
-pub use shape::{run_workspace_mb, Shape};
+pub use shape::{run_workspace_mb, Mount, Shape};
 
 use super::images::{ImageIds, ImageRef};
+use super::packages::Prefix;
 use crate::config::{Config, MAX_POOLED};
 use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{self, Plan, PostureViolation};
@@ -63,6 +64,8 @@ struct Idle {
     shape: Shape,
     image: ImageRef,
     since: Instant,
+    /// The cached prefix it mounts: not evicted from the cache while it waits.
+    _prefix: Option<Prefix>,
 }
 
 /// A container taken from the pool, started, ready for its payload.
@@ -85,6 +88,9 @@ struct State {
     closed: bool,
     /// Shapes whose fills failed lately: (failures in a row, no fill before).
     backoff: BTreeMap<Shape, (u32, Instant)>,
+    /// Cached prefixes (by volume) runs used lately: containers mounting them may be kept
+    /// ready, and the cache keeps them while they are here.
+    prefixes: BTreeMap<String, Prefix>,
 }
 
 impl State {
@@ -174,6 +180,26 @@ pub enum FillError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     Egress(String),
+    #[error("its packages prefix is no longer held")]
+    PrefixGone,
+}
+
+/// Demand told to the pool, taken back (`Pool::done`) when dropped.
+pub struct Asked {
+    pool: Pool,
+    shapes: Vec<(Shape, usize)>,
+}
+
+impl Asked {
+    pub fn new(pool: Pool, shapes: Vec<(Shape, usize)>) -> Asked {
+        Asked { pool, shapes }
+    }
+}
+
+impl Drop for Asked {
+    fn drop(&mut self) {
+        self.pool.done(&self.shapes);
+    }
 }
 
 /// The pool of one process. Cheap to clone.
@@ -268,6 +294,34 @@ impl Pool {
         }
     }
 
+    /// A run with packages asks for `n` containers of `shape` mounting `prefix` (its volume
+    /// is `shape.packages`) until [`Pool::done`]: as [`Pool::asked`], and the prefix is held
+    /// (never evicted from the cache) while containers mounting it may be kept.
+    pub fn asked_with_prefix(&self, lang: &Language, shape: &Shape, n: usize, prefix: &Prefix) {
+        {
+            let mut st = self.state();
+            if !st.started || st.closed {
+                return;
+            }
+            st.prefixes.insert(prefix.volume.clone(), prefix.clone());
+        }
+        self.asked(lang, &[(shape.clone(), n)]);
+    }
+
+    /// Remove the ready containers that mount a packages prefix and let go of the prefixes
+    /// (their volumes may be removed); what runs asked for is remembered.
+    pub fn forget_packages(&self) {
+        let mut st = self.state();
+        st.prefixes.clear();
+        let (gone, keep): (Vec<Idle>, Vec<Idle>) =
+            st.idle.drain(..).partition(|i| i.shape.packages.is_some());
+        st.idle = keep;
+        drop(st);
+        for idle in gone {
+            idle.guard.remove_later();
+        }
+    }
+
     /// The runs that asked for `shapes` ended.
     pub fn done(&self, shapes: &[(Shape, usize)]) {
         let mut st = self.state();
@@ -317,6 +371,12 @@ impl Pool {
                 st.backoff
                     .get(*shape)
                     .is_none_or(|(_, until)| *until <= now)
+            })
+            .filter(|shape| {
+                shape
+                    .packages
+                    .as_ref()
+                    .is_none_or(|m| st.prefixes.contains_key(&m.volume))
             })
             .find(|shape| st.held(shape) < st.target(shape))
             .cloned()
@@ -395,6 +455,17 @@ impl Pool {
             labels,
         };
         let mut spec = posture::locked_down(&plan, &c.sandbox);
+        let prefix = match &shape.packages {
+            None => None,
+            Some(m) => {
+                let held = self.state().prefixes.get(&m.volume).cloned();
+                let Some(p) = held else {
+                    return Err(FillError::PrefixGone);
+                };
+                posture::with_prefix(&mut spec, &m.volume, &m.target);
+                Some(p)
+            }
+        };
         // Ready containers get the programs' egress as every run's container does.
         if let Some(e) = &i.egress {
             with_program_egress(&mut spec, e, &image, &shape.image)
@@ -417,6 +488,7 @@ impl Pool {
             shape: shape.clone(),
             image,
             since: Instant::now(),
+            _prefix: prefix,
         })
     }
 
@@ -432,6 +504,7 @@ impl Pool {
                     updates
                         && i.shape.image == shape.image
                         && i.shape.workspace_mb == shape.workspace_mb
+                        && i.shape.packages == shape.packages
                 })
             };
             match exact
@@ -522,6 +595,13 @@ impl Pool {
             d.prune(now);
         }
         st.demand.retain(|_, d| !d.is_forgotten());
+        // A prefix no demand names any more is let go (its containers go below).
+        let named: std::collections::BTreeSet<String> = st
+            .demand
+            .keys()
+            .filter_map(|s| s.packages.as_ref().map(|m| m.volume.clone()))
+            .collect();
+        st.prefixes.retain(|v, _| named.contains(v));
         let (mut old, keep): (Vec<Idle>, Vec<Idle>) =
             st.idle.drain(..).partition(|i| i.since.elapsed() >= max);
         let expired = old.len();
@@ -559,6 +639,7 @@ impl Pool {
         st.closed = true;
         st.floors.clear();
         st.demand.clear();
+        st.prefixes.clear();
         for idle in st.idle.drain(..) {
             idle.guard.remove_later();
         }

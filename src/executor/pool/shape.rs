@@ -9,6 +9,13 @@ use crate::contract::ValidRequest;
 use crate::engine::posture::Limits;
 use crate::registry::{Language, Registry};
 
+/// A packages volume and where the program sees it (read-only).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Mount {
+    pub volume: String,
+    pub target: String,
+}
+
 /// What a container is, apart from its name, labels and uid.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Shape {
@@ -17,6 +24,8 @@ pub struct Shape {
     /// CPU quota in thousandths of a core.
     pub millicpus: u64,
     pub workspace_mb: u64,
+    /// The installed packages prefix it mounts read-only (a cached prefix's volume).
+    pub packages: Option<Mount>,
 }
 
 impl Shape {
@@ -26,7 +35,14 @@ impl Shape {
             memory_mb: limits.memory_mb,
             millicpus: (limits.cpus * 1000.0).round() as u64,
             workspace_mb,
+            packages: None,
         }
+    }
+
+    /// The same shape mounting `packages`.
+    pub fn with_packages(mut self, packages: Option<Mount>) -> Shape {
+        self.packages = packages;
+        self
     }
 
     pub fn limits(&self) -> Limits {
@@ -88,7 +104,9 @@ impl Pool {
     }
 
     /// The containers a run uses, by shape, and how many of each at once: its run stage's
-    /// (one per test case it runs at once), and its compile stage's.
+    /// (one per test case it runs at once), and its compile stage's. A run with packages
+    /// mounts a prefix known only once it is installed: the executor tells that shape's
+    /// demand itself ([`Pool::asked`] with the prefix).
     pub fn shapes_of(req: &ValidRequest, config: &Config, at_once: usize) -> Vec<(Shape, usize)> {
         let lang = &req.language;
         let limits = Limits {
@@ -96,7 +114,10 @@ impl Pool {
             cpus: req.limits.cpus,
         };
         let workspace = run_workspace_mb(config, limits.memory_mb);
-        let mut shapes = vec![(Shape::new(&lang.image.tag, limits, workspace), at_once)];
+        let mut shapes = Vec::new();
+        if req.packages.is_empty() {
+            shapes.push((Shape::new(&lang.image.tag, limits, workspace), at_once));
+        }
         shapes.extend(compile_shape(lang).map(|s| (s, 1)));
         shapes
     }

@@ -466,20 +466,8 @@ impl Sessions {
             .iter()
             .map(|(path, content)| Entry::file(path.clone(), 0o644, content.clone()))
             .collect();
-        let prefix = if valid.packages.is_empty() {
-            None
-        } else {
-            match self
-                .executor
-                .packages_for_session(&id, &valid.language, &valid.packages)
-                .await
-            {
-                Ok(p) => Some(p),
-                Err(why) => return Err(SessionError::Unavailable(why)),
-            }
-        };
         let spec = SessionSpec {
-            prefix,
+            packages: valid.packages.clone(),
             name: container_name(&id),
             language: &valid.language,
             limits: Limits {
@@ -879,7 +867,7 @@ impl Sessions {
                         lifetime: Duration::from_secs(
                             s.max_lifetime_seconds + sessions.config.pool.idle_seconds,
                         ),
-                        prefix: None,
+                        packages: Vec::new(),
                     };
                     let opened = sessions.executor.open_session(spec).await;
                     let mut t = sessions.lock();
