@@ -170,12 +170,14 @@ fn existing(volumes: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// What is left in the executor's egress folder (a proxy's directory outlived its install).
-fn egress_left(exec: &Executor) -> Vec<String> {
+/// The proxy directories of these runs still in the data directory (which the tests running
+/// beside this one share).
+fn egress_left(exec: &Executor, runs: &[&RunReport]) -> Vec<String> {
     std::fs::read_dir(exec.config().data_dir.join("egress"))
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| runs.iter().any(|r| name.starts_with(&r.run_id)))
                 .collect()
         })
         .unwrap_or_default()
@@ -251,7 +253,7 @@ async fn an_installed_package_imports_and_a_cached_one_needs_no_index() {
         again.stderr
     );
     assert_eq!(again.stdout, "tiny one\n");
-    let p = again.packages.expect("packages report");
+    let p = again.packages.clone().expect("packages report");
     assert!(p.cached, "the second request was not served from the cache");
     assert_eq!(p.install_ms, 0);
     let c = exec.packages().counters();
@@ -266,7 +268,7 @@ async fn an_installed_package_imports_and_a_cached_one_needs_no_index() {
     let volumes = exec.packages().volumes();
     assert_eq!(existing(&volumes).len(), 1, "{volumes:?}");
     assert_eq!(
-        egress_left(&exec),
+        egress_left(&exec, &[&r, &again, &other]),
         Vec::<String>::new(),
         "a proxy's directory was left"
     );
