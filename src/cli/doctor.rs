@@ -210,8 +210,11 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
         out,
         true,
         format!(
-            "reachable at {} (Docker {}, API {})",
-            info.address, info.version, info.api_version
+            "reachable at {} ({} {}, API {})",
+            info.address,
+            if info.podman { "Podman" } else { "Docker" },
+            info.version,
+            info.api_version
         ),
     )?;
     writeln!(out, "Host:")?;
