@@ -1,6 +1,24 @@
-# Every guest suite in one boot (`scripts/vm-host.sh --suite all`, what `scripts/test --hosts`
-# runs): rootful Docker (focused), then Podman and rootless Docker (daemons).
-rc=0
-bash /payload/hosts/focused.sh || rc=1
-bash /payload/hosts/daemons.sh || rc=1
-exit "$rc"
+# The whole guest suite, what `scripts/test --hosts` runs (`scripts/vm-host.sh --suite all`):
+# the focused suite's rootful part, then ten languages' smoke samples, three under gVisor,
+# the pool's limit classes, crun against runc, and the outcomes and a session through Podman
+# and rootless Docker. Its extra images are in all.images (rootful Docker only).
+. /payload/hosts/lib.sh
+rootful
+smoke rootful bash awk sql lua perl ruby tcl forth rexx pascal
+CODEBOX_SANDBOX_RUNTIME=runsc smoke runsc bash lua perl
+step "the pool's limit classes over /v1"
+serve_start --set 'pool.sizes={ bash = 1 }'
+python3 /payload/hosts/pool.py http://127.0.0.1:8765 && ok "pool: two limit classes" || bad "pool: two limit classes"
+serve_stop
+step "crun against runc (codebox bench)"
+for rt in runc crun runc crun; do
+  echo "     -- $rt"
+  CODEBOX_SANDBOX_RUNTIME=$rt codebox bench bash lua --n 10 2>&1 | tail -n 12 | sed 's/^/     /'
+done
+CODEBOX_SANDBOX_RUNTIME=crun codebox doctor 2>&1 | grep -v 'missing: run' | sed 's/^/     crun doctor: /'
+r=$(CODEBOX_SANDBOX_RUNTIME=crun run_json 'echo hello' bash); expect "crun hello" '.status == "succeeded"' "$r"
+CODEBOX_SANDBOX_RUNTIME=crun oom crun
+nothing_left rootful
+other_daemon podman full
+other_daemon rootless full
+finish
