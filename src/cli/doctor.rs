@@ -215,11 +215,7 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
             return Ok(1);
         }
     };
-    check(
-        out,
-        true,
-        reachable(&info),
-    )?;
+    check(out, true, reachable(&info))?;
     writeln!(out, "Host:")?;
     let local = info.address.starts_with("unix://") || info.address.starts_with('/');
     for (pass, what) in host_facts(&info, local.then(LocalAppArmor::read)) {
@@ -355,7 +351,11 @@ mod tests {
         let mut podman = info(Some(2), &["name=seccomp"]);
         podman.podman = true;
         podman.version = "4.3.1".into();
-        assert!(reachable(&podman).contains("(Podman 4.3.1,"), "{}", reachable(&podman));
+        assert!(
+            reachable(&podman).contains("(Podman 4.3.1,"),
+            "{}",
+            reachable(&podman)
+        );
         let facts = host_facts(&podman, None);
         assert!(facts.iter().any(|(_, s)| s.contains("Podman")), "{facts:?}");
         podman.podman = false;

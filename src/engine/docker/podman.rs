@@ -201,11 +201,23 @@ mod tests {
     fn the_working_directory_goes_to_the_sandbox_user_on_docker_by_uid_and_on_podman_by_u() {
         let spec = run_spec(10016);
         let docker = Dialect::docker().create_body(&spec).unwrap();
-        let mut d: Vec<String> = workspace_options(&docker).split(',').map(String::from).collect();
+        let mut d: Vec<String> = workspace_options(&docker)
+            .split(',')
+            .map(String::from)
+            .collect();
         d.sort();
         assert_eq!(
             d,
-            ["exec", "gid=10016", "mode=0755", "nodev", "nosuid", "rw", "size=64m", "uid=10016"]
+            [
+                "exec",
+                "gid=10016",
+                "mode=0755",
+                "nodev",
+                "nosuid",
+                "rw",
+                "size=64m",
+                "uid=10016"
+            ]
         );
         let podman = Dialect {
             podman: true,
@@ -213,22 +225,37 @@ mod tests {
         }
         .create_body(&spec)
         .unwrap();
-        let mut p: Vec<String> = workspace_options(&podman).split(',').map(String::from).collect();
+        let mut p: Vec<String> = workspace_options(&podman)
+            .split(',')
+            .map(String::from)
+            .collect();
         p.sort();
         // The same mount, owned by the container's user (10016:10016), said as Podman takes it.
         assert_eq!(
             p,
-            ["U", "exec", "mode=0755", "nodev", "nosuid", "rw", "size=64m"]
+            [
+                "U",
+                "exec",
+                "mode=0755",
+                "nodev",
+                "nosuid",
+                "rw",
+                "size=64m"
+            ]
         );
         let host = podman.host_config.as_ref().unwrap();
         assert_eq!(podman.user.as_deref(), Some("10016:10016"));
         assert_eq!(
             host.security_opt.as_ref().unwrap(),
-            &vec!["no-new-privileges".to_string(), "seccomp=/tmp/p.json".to_string()]
+            &vec![
+                "no-new-privileges".to_string(),
+                "seccomp=/tmp/p.json".to_string()
+            ]
         );
         // Everything else in the body is Docker's.
         let mut same = podman.clone();
-        same.host_config.as_mut().unwrap().tmpfs = docker.host_config.as_ref().unwrap().tmpfs.clone();
+        same.host_config.as_mut().unwrap().tmpfs =
+            docker.host_config.as_ref().unwrap().tmpfs.clone();
         same.host_config.as_mut().unwrap().security_opt =
             docker.host_config.as_ref().unwrap().security_opt.clone();
         assert_eq!(same, docker);
