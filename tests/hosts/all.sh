@@ -1,23 +1,31 @@
 # The whole guest suite, what `scripts/test --hosts` runs (`scripts/vm-host.sh --suite all`):
-# the focused suite's rootful part, then ten languages' smoke samples, three under gVisor,
-# the pool's limit classes, crun against runc, and the outcomes and a session through Podman
-# and rootless Docker. Its extra images are in all.images (rootful Docker only).
+# first what the focused suite checks (so its time can be read off this one), then ten
+# languages' smoke samples, three under gVisor, the pool's limit classes, crun against runc,
+# and the outcomes and a session through Podman and rootless Docker. Its extra images are in
+# all.images (rootful Docker only).
 . /payload/hosts/lib.sh
+focused_start=$(date +%s)
 rootful
+nothing_left rootful
+other_daemon podman smoke
+other_daemon rootless smoke
+echo "     the focused suite's checks took $(( $(date +%s) - focused_start )) s"
+
 smoke rootful bash awk sql lua perl ruby tcl forth rexx pascal
 CODEBOX_SANDBOX_RUNTIME=runsc smoke runsc bash lua perl
 step "the pool's limit classes over /v1"
 serve_start --set 'pool.sizes={ bash = 1 }'
 python3 /payload/hosts/pool.py http://127.0.0.1:8765 && ok "pool: two limit classes" || bad "pool: two limit classes"
 serve_stop
-step "crun against runc (codebox bench)"
-for rt in runc crun runc crun; do
-  echo "     -- $rt"
-  CODEBOX_SANDBOX_RUNTIME=$rt codebox bench bash lua --n 10 2>&1 | tail -n 12 | sed 's/^/     /'
-done
+step "crun: the posture and outcomes"
 CODEBOX_SANDBOX_RUNTIME=crun codebox doctor 2>&1 | grep -v 'missing: run' | sed 's/^/     crun doctor: /'
 r=$(CODEBOX_SANDBOX_RUNTIME=crun run_json 'echo hello' bash); expect "crun hello" '.status == "succeeded"' "$r"
 CODEBOX_SANDBOX_RUNTIME=crun oom crun
+step "crun against runc (codebox bench, alternating)"
+for rt in runc crun runc crun; do
+  echo "     -- $rt"
+  CODEBOX_SANDBOX_RUNTIME=$rt codebox bench bash lua --n 10 2>&1 | grep -v "^ *$" | sed 's/^/     /'
+done
 nothing_left rootful
 other_daemon podman full
 other_daemon rootless full
