@@ -58,14 +58,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 packages=systemd-sysv,udev,kmod,iproute2,docker.io,linux-image-amd64,procps,apparmor,python3,jq,dbus
 packages+=,rootlesskit,uidmap,dbus-user-session,slirp4netns,podman,crun,runsc,catatonit,e2fsprogs,ca-certificates
-# The images every daemon in the guest gets (rootful Docker, Podman, rootless Docker): the
-# focused suite's. A suite NAME may list more for rootful Docker in tests/hosts/NAME.images;
-# they go in a layer of their own over these. docker load under emulation is slow: keep few.
+# The images the guest's daemons get, loaded once into the cached images layer: every daemon
+# (rootful Docker, Podman, rootless Docker) the focused suite's, rootful Docker also those of
+# the whole suite's ten languages (bash's image has bash, awk, sql and jq; classic has forth,
+# rexx, icon and algol68). docker load under emulation is slow: keep them few and small.
 images=(codebox/base:bookworm codebox/bash:5.2)
-extra=()
-if [ -z "$command" ] && [ -f "$here/tests/hosts/$suite.images" ]; then
-  read -r -a extra < <(tr '\n' ' ' < "$here/tests/hosts/$suite.images")
-fi
+rootful_images=(codebox/lua:5.4 codebox/tcl:8.6 codebox/classic:bookworm)
 image_id() {
   docker image inspect --format '{{.Id}}' "$1" 2>/dev/null ||
     die "image $1 is not on the host's Docker: build it with \`codebox images build ${1#codebox/}\`"
@@ -73,8 +71,8 @@ image_id() {
 
 # Cached stages, each keyed by what went into it, so that a change costs only the stages
 # after it: the debootstrap tree (the packages), the guest's disk (the recipe, everything from
-# `recipe_begin` to `recipe_end`), a copy-on-write layer with the images loaded into every
-# daemon (their ids and the layer recipe), and over it a layer of a suite's extra images.
+# `recipe_begin` to `recipe_end`), and a copy-on-write layer with the images loaded into the
+# daemons (their ids, the layer recipe and tests/hosts/daemon.sh).
 recipe=$(sed -n '/^# recipe_begin/,/^# recipe_end/p' "$0")
 layer_recipe=$(sed -n '/^# layer_begin/,/^# layer_end/p' "$0"; cat "$here/tests/hosts/daemon.sh")
 pkey=$(printf '%s\n' "$packages" | sha256sum | cut -c1-16)
@@ -211,7 +209,8 @@ fi
 
 # layer_begin
 # The prepare boot's script: load the images given on the payload into the daemons it names
-# (all at once: each load is mostly one CPU's work, the guest has two).
+# (all at once: each load is mostly one CPU's work, the guest has two), rootful Docker's from
+# rootful.tar, the others' from common.tar.
 prepare_script() { # $@: daemons (rootful podman rootless)
   cat <<'EOF'
 set -e
@@ -220,7 +219,8 @@ echo "docker up at uptime $(cut -d' ' -f1 /proc/uptime)"
 load() { # $1: daemon
   local host= t; t=$(date +%s)
   [ "$1" = rootful ] || host=$(bash /payload/daemon.sh start "$1") || { echo "$1: the daemon did not start"; return 1; }
-  DOCKER_HOST=$host docker load -q -i /payload/images.tar >/dev/null || { echo "$1: docker load failed"; return 1; }
+  local tar=/payload/common.tar; [ "$1" = rootful ] && tar=/payload/rootful.tar
+  DOCKER_HOST=$host docker load -q -i "$tar" >/dev/null || { echo "$1: docker load failed"; return 1; }
   echo "docker load into $1 took $(( $(date +%s) - t )) s"
   DOCKER_HOST=$host docker info --format "$1: cgroup {{.CgroupVersion}} driver {{.CgroupDriver}} security {{.SecurityOptions}}"
   [ "$1" = rootful ] || bash /payload/daemon.sh stop "$1"
@@ -233,21 +233,21 @@ EOF
 }
 # layer_end
 
-# make_layer LAYER BACKING DAEMONS... -- IMAGES...: a boot that loads IMAGES into DAEMONS,
-# kept as the copy-on-write layer LAYER over BACKING.
-make_layer() {
-  local layer=$1 backing=$2; shift 2
-  local daemons=()
-  while [ "$1" != -- ]; do daemons+=("$1"); shift; done; shift
-  local fmt=raw; case "$backing" in *.qcow2) fmt=qcow2 ;; esac
-  rm -f "$layer" "$layer.ready"
-  qemu-img create -q -f qcow2 -b "$backing" -F "$fmt" "$layer" || die "qemu-img failed"
-  local p=$dir/prepare; rm -rf "$p"; mkdir -p "$p"
-  docker save "$@" -o "$p/images.tar" || die "docker save of $* failed"
-  prepare_script "${daemons[@]}" > "$p/run.sh"
+# Stage 3: a boot that loads the images into the daemons, kept as a copy-on-write layer.
+ids=(); for i in "${images[@]}" "${rootful_images[@]}"; do ids+=("$(image_id "$i")"); done
+ikey=$(printf '%s\n' "${ids[@]}" "$layer_recipe" | sha256sum | cut -c1-16)
+layer=$dir/images-$ikey.qcow2
+if [ ! -e "$layer.ready" ]; then
+  rm -f "$dir"/images-*
+  qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$layer" || die "qemu-img failed"
+  p=$dir/prepare; rm -rf "$p"; mkdir -p "$p"
+  docker save "${images[@]}" -o "$p/common.tar" || die "docker save of ${images[*]} failed"
+  docker save "${images[@]}" "${rootful_images[@]}" -o "$p/rootful.tar" ||
+    die "docker save of ${images[*]} ${rootful_images[*]} failed"
+  prepare_script rootful podman rootless > "$p/run.sh"
   cp "$here/tests/hosts/daemon.sh" "$p/daemon.sh"
   make_payload "$p" "$dir/prepare.img"; rm -rf "$p"
-  say "a boot to load $* into the guest's ${daemons[*]}"
+  say "a boot to load ${images[*]} into the guest's Docker, Podman and rootless Docker, and ${rootful_images[*]} into its Docker"
   qemu_boot "$layer" "$dir/prepare.img" "$dir/prepare.log" ||
     die "QEMU failed or timed out on the boot that loads the images (status $?); its console: $(tail -n 20 "$dir/prepare.log")"
   rm -f "$dir/prepare.img"
@@ -255,26 +255,7 @@ make_layer() {
   grep -q '^CODEBOX-GUEST-RC=0' "$dir/prepare.log" ||
     die "the boot that loads the images failed; its console: $(tail -n 30 "$dir/prepare.log")"
   touch "$layer.ready"
-}
-
-# Stage 3: the images every daemon gets; stage 4: a suite's extra images, rootful only.
-ids=(); for i in "${images[@]}"; do ids+=("$(image_id "$i")"); done
-ikey=$(printf '%s\n' "${ids[@]}" "$layer_recipe" | sha256sum | cut -c1-16)
-layer=$dir/images-$ikey.qcow2
-if [ ! -e "$layer.ready" ]; then
-  rm -f "$dir"/images-* "$dir"/extra-*
-  make_layer "$layer" "$dir/disk.img" rootful podman rootless -- "${images[@]}"
   say "guest $key with images $ikey ready"
-fi
-if [ ${#extra[@]} -gt 0 ]; then
-  ids=(); for i in "${extra[@]}"; do ids+=("$(image_id "$i")"); done
-  ekey=$(printf '%s\n' "$ikey" "${ids[@]}" | sha256sum | cut -c1-16)
-  if [ ! -e "$dir/extra-$ekey.qcow2.ready" ]; then
-    rm -f "$dir"/extra-*
-    make_layer "$dir/extra-$ekey.qcow2" "$layer" rootful -- "${extra[@]}"
-    say "guest $key with images $ikey and $suite's images $ekey ready"
-  fi
-  layer=$dir/extra-$ekey.qcow2
 fi
 
 if [ -n "$prepare_only" ]; then say "the guest is ready"; exit 0; fi

@@ -1,8 +1,7 @@
 # The whole guest suite, what `scripts/test --hosts` runs (`scripts/vm-host.sh --suite all`):
 # first what the focused suite checks (so its time can be read off this one), then ten
 # languages' smoke samples, three under gVisor, the pool's limit classes, crun against runc,
-# and the outcomes and a session through Podman and rootless Docker. Its extra images are in
-# all.images (rootful Docker only).
+# and the outcomes and a session through Podman and rootless Docker.
 . /payload/hosts/lib.sh
 focused_start=$(date +%s)
 rootful
@@ -11,8 +10,8 @@ other_daemon podman smoke
 other_daemon rootless smoke
 echo "     the focused suite's checks took $(( $(date +%s) - focused_start )) s"
 
-smoke rootful bash awk sql lua perl ruby tcl forth rexx pascal
-CODEBOX_SANDBOX_RUNTIME=runsc smoke runsc bash lua perl
+smoke rootful bash awk sql jq lua tcl forth rexx icon algol68
+CODEBOX_SANDBOX_RUNTIME=runsc smoke runsc bash lua tcl
 step "the pool's limit classes over /v1"
 serve_start --set 'pool.sizes={ bash = 1 }'
 python3 /payload/hosts/pool.py http://127.0.0.1:8765 && ok "pool: two limit classes" || bad "pool: two limit classes"
