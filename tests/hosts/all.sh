@@ -23,7 +23,7 @@ CODEBOX_SANDBOX_RUNTIME=crun oom crun
 step "crun against runc (codebox bench, alternating)"
 for rt in runc crun runc crun; do
   echo "     -- $rt"
-  CODEBOX_SANDBOX_RUNTIME=$rt codebox bench bash lua --n 10 2>&1 | grep -v "^ *$" | sed 's/^/     /'
+  CODEBOX_SANDBOX_RUNTIME=$rt codebox bench bash lua --n 5 2>&1 | grep -v "^ *$" | sed 's/^/     /'
 done
 nothing_left rootful
 other_daemon podman full
