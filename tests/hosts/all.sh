@@ -10,12 +10,7 @@ other_daemon podman smoke
 other_daemon rootless smoke
 echo "     the focused suite's checks took $(( $(date +%s) - focused_start )) s"
 
-smoke rootful bash awk sql jq lua tcl forth rexx icon algol68
 CODEBOX_SANDBOX_RUNTIME=runsc smoke runsc bash lua tcl
-step "the pool's limit classes over /v1"
-serve_start --set 'pool.sizes={ bash = 1 }'
-python3 /payload/hosts/pool.py http://127.0.0.1:8765 && ok "pool: two limit classes" || bad "pool: two limit classes"
-serve_stop
 step "crun: the posture and outcomes"
 CODEBOX_SANDBOX_RUNTIME=crun codebox doctor 2>&1 | grep -v 'missing: run' | sed 's/^/     crun doctor: /'
 r=$(CODEBOX_SANDBOX_RUNTIME=crun run_json 'echo hello' bash); expect "crun hello" '.status == "succeeded"' "$r"
@@ -25,6 +20,11 @@ for rt in runc crun runc crun; do
   echo "     -- $rt"
   CODEBOX_SANDBOX_RUNTIME=$rt codebox bench bash lua --n 5 2>&1 | grep -v "^ *$" | sed 's/^/     /'
 done
+smoke rootful bash awk sql jq lua tcl forth rexx icon algol68
+step "the pool's limit classes over /v1"
+serve_start --set 'pool.sizes={ bash = 1 }'
+python3 /payload/hosts/pool.py http://127.0.0.1:8765 && ok "pool: two limit classes" || bad "pool: two limit classes"
+serve_stop
 nothing_left rootful
 other_daemon podman full
 other_daemon rootless full

@@ -106,7 +106,7 @@ other_daemon() {
   local name=$1 depth=$2
   step "$name: starting it"
   local host
-  if ! host=$(bash /payload/daemon.sh start "$name" 2>/tmp/daemon.err); then
+  if ! host=$(bash /payload/hosts/daemon.sh start "$name" 2>/tmp/daemon.err); then
     bad "$name did not start: $(tail -n 15 /tmp/daemon.err)"; return
   fi
   export DOCKER_HOST=$host
@@ -126,14 +126,14 @@ other_daemon() {
   fi
   nothing_left "$name"
   unset DOCKER_HOST
-  bash /payload/daemon.sh stop "$name"
+  bash /payload/hosts/daemon.sh stop "$name"
 }
 
 # The rootful part both suites share: the host, the doctor, the outcomes, a session, gVisor.
 rootful() {
   host_facts
   step "runtimes: runsc and crun registered with Docker"
-  if bash /payload/daemon.sh runtimes 2>/tmp/daemon.err; then
+  if bash /payload/hosts/daemon.sh runtimes 2>/tmp/daemon.err; then
     ok "runsc and crun registered: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')"
   else
     bad "registering runsc and crun: $(cat /tmp/daemon.err)"
