@@ -238,7 +238,7 @@ ids=(); for i in "${images[@]}" "${rootful_images[@]}"; do ids+=("$(image_id "$i
 ikey=$(printf '%s\n' "${ids[@]}" "$layer_recipe" | sha256sum | cut -c1-16)
 layer=$dir/images-$ikey.qcow2
 if [ ! -e "$layer.ready" ]; then
-  rm -f "$dir"/images-*
+  rm -f "$layer"
   qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$layer" || die "qemu-img failed"
   p=$dir/prepare; rm -rf "$p"; mkdir -p "$p"
   docker save "${images[@]}" -o "$p/common.tar" || die "docker save of ${images[*]} failed"
@@ -255,6 +255,10 @@ if [ ! -e "$layer.ready" ]; then
   grep -q '^CODEBOX-GUEST-RC=0' "$dir/prepare.log" ||
     die "the boot that loads the images failed; its console: $(tail -n 30 "$dir/prepare.log")"
   touch "$layer.ready"
+  # Only now are layers of other images of no more use (a boot that failed kept them).
+  for old in "$dir"/images-*; do
+    case "$old" in "$layer"|"$layer.ready") ;; *) rm -f "$old" ;; esac
+  done
   say "guest $key with images $ikey ready"
 fi
 
