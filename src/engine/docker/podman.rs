@@ -9,7 +9,9 @@
 //! \"uid=10016\": invalid mount option") that give the working directory to the sandbox user.
 //! Its own option `U` does the same (libpod mounts the tmpfs with the uid and gid of the
 //! container's user), so a tmpfs given to exactly the container's user gets `U` instead; one
-//! given to anyone else cannot be said to Podman and is refused.
+//! given to anyone else cannot be said to Podman and is refused. Podman gets no memory
+//! swappiness (crun refuses it on cgroup v2); swap is off through the equal memory and
+//! memory+swap limits.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -63,6 +65,11 @@ impl Dialect {
             SeccompForm::Refused(why) => return Err(why.clone()),
         }
         if self.podman {
+            // Podman hands swappiness to the OCI runtime, and crun refuses to start a
+            // container with it on cgroup v2 ("cannot set memory swappiness with cgroupv2"),
+            // where Docker drops it with a warning. Swap stays off either way: the memory
+            // and memory+swap limits are equal.
+            host.memory_swappiness = None;
             let mut tmpfs = HashMap::new();
             for (path, options) in &spec.tmpfs {
                 tmpfs.insert(path.clone(), podman_tmpfs(path, options, &spec.user)?);
@@ -252,8 +259,14 @@ mod tests {
                 "seccomp=/tmp/p.json".to_string()
             ]
         );
+        // No swappiness for Podman, and still no swap: memory+swap equals memory.
+        assert_eq!(host.memory_swappiness, None);
+        assert_eq!(host.memory_swap, host.memory);
+        assert!(host.memory.is_some_and(|m| m > 0));
         // Everything else in the body is Docker's.
         let mut same = podman.clone();
+        same.host_config.as_mut().unwrap().memory_swappiness =
+            docker.host_config.as_ref().unwrap().memory_swappiness;
         same.host_config.as_mut().unwrap().tmpfs =
             docker.host_config.as_ref().unwrap().tmpfs.clone();
         same.host_config.as_mut().unwrap().security_opt =
