@@ -7,6 +7,7 @@
 #
 #   scripts/vm-host.sh [--suite NAME]   run tests/hosts/NAME.sh in the guest (default: focused)
 #   scripts/vm-host.sh --run 'CMD'      run one shell command in the guest (codebox on PATH)
+#   scripts/vm-host.sh --prepare        make (or check) the cached guest and its images, no run
 #   scripts/vm-host.sh --clean          remove the cached guest
 #
 # The guest's disk is made once and cached outside the checkout, in $CODEBOX_VM_CACHE
@@ -24,6 +25,8 @@ cache=${CODEBOX_VM_CACHE:-/var/cache/codebox-vm}
 suite=focused
 command=
 print_key=
+bootstrap_only=
+prepare_only=
 timeout_s=${CODEBOX_VM_TIMEOUT:-3600}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +34,8 @@ while [ $# -gt 0 ]; do
     --suite) suite=$2; shift 2 ;;
     --run) command=$2; shift 2 ;;
     --print-key) print_key=1; shift ;;
+    --bootstrap-only) bootstrap_only=1; shift ;;
+    --prepare) prepare_only=1; shift ;;
     *) echo "usage: $0 [--clean] [--suite NAME] [--run CMD]" >&2; exit 2 ;;
   esac
 done
@@ -52,25 +57,27 @@ if [ ${#missing[@]} -gt 0 ]; then
     die "could not install ${missing[*]} (apt-get failed)"
 fi
 packages=systemd-sysv,udev,kmod,iproute2,docker.io,linux-image-amd64,procps,apparmor,python3,jq,dbus
-packages+=,rootlesskit,uidmap,dbus-user-session,slirp4netns,podman,crun,e2fsprogs,ca-certificates
-# The images the guest's suites use (docker load under emulation runs at ~4 MB/s: keep few).
+packages+=,rootlesskit,uidmap,dbus-user-session,slirp4netns,podman,crun,runsc,catatonit,e2fsprogs,ca-certificates
+# The images the guest's daemons get, loaded once into the cached images layer: every daemon
+# (rootful Docker, Podman, rootless Docker) the focused suite's, rootful Docker also those of
+# the whole suite's ten languages (bash's image has bash, awk, sql and jq; classic has forth,
+# rexx, icon and algol68). docker load under emulation is slow: keep them few and small.
 images=(codebox/base:bookworm codebox/bash:5.2)
-image_ids=()
-for i in "${images[@]}"; do
-  id=$(docker image inspect --format '{{.Id}}' "$i" 2>/dev/null) ||
-    die "image $i is not on the host's Docker: build it with \`codebox images build ${i#codebox/}\`"
-  image_ids+=("$id")
-done
+rootful_images=(codebox/lua:5.4 codebox/tcl:8.6 codebox/classic:bookworm)
+image_id() {
+  docker image inspect --format '{{.Id}}' "$1" 2>/dev/null ||
+    die "image $1 is not on the host's Docker: build it with \`codebox images build ${1#codebox/}\`"
+}
 
-# Two cached layers: the guest's disk, keyed by the packages and the guest recipe (everything
-# from `recipe_begin` to `recipe_end`), and over it a copy-on-write layer with the images
-# loaded into its Docker, keyed by the images' ids: rebuilt images cost one boot, not a
-# debootstrap.
+# Cached stages, each keyed by what went into it, so that a change costs only the stages
+# after it: the debootstrap tree (the packages), the guest's disk (the recipe, everything from
+# `recipe_begin` to `recipe_end`), and a copy-on-write layer with the images loaded into the
+# daemons (their ids, the layer recipe and tests/hosts/daemon.sh).
 recipe=$(sed -n '/^# recipe_begin/,/^# recipe_end/p' "$0")
+layer_recipe=$(sed -n '/^# layer_begin/,/^# layer_end/p' "$0"; cat "$here/tests/hosts/daemon.sh")
+pkey=$(printf '%s\n' "$packages" | sha256sum | cut -c1-16)
 key=$(printf '%s\n' "$packages" "$recipe" | sha256sum | cut -c1-16)
-ikey=$(printf '%s\n' "${image_ids[@]}" | sha256sum | cut -c1-16)
 dir=$cache/$key
-layer=$dir/images-$ikey.qcow2
 if [ -n "$print_key" ]; then echo "$dir"; exit 0; fi
 mkdir -p "$cache"
 exec 9>"$cache/lock"
@@ -87,7 +94,7 @@ write_guest_files() { # $1: the guest's root
            podman-auto-update.timer podman-restart.service; do
     ln -sf /dev/null "$r/etc/systemd/system/$u"
   done
-  # A user for rootless Docker and rootless Podman, with subordinate ids.
+  # A user for rootless Docker, with subordinate ids.
   chroot "$r" useradd -m -u 1000 -s /bin/bash rootless 2>/dev/null || true
   echo 'rootless:100000:65536' > "$r/etc/subuid"
   echo 'rootless:100000:65536' > "$r/etc/subgid"
@@ -133,18 +140,27 @@ EOF
   # Podman's Docker-compatible API on a socket (started only by the suites that use it).
   rm -f "$r/etc/systemd/system/sockets.target.wants/podman.socket"
 }
+# recipe_end
 qemu_boot() { # $1: disk (raw or qcow2), $2: payload disk, $3: serial log
   local fmt=raw
   case "$1" in *.qcow2) fmt=qcow2 ;; esac
   local accel=(-accel tcg,thread=multi)
   if [ "${CODEBOX_VM_KVM:-0}" = 1 ] && [ -w /dev/kvm ]; then accel=(-accel kvm); fi
+  # In the background, so that a vm-host.sh that is stopped takes its QEMU with it.
   timeout --kill-after=10 "$timeout_s" nice -n 10 qemu-system-x86_64 "${accel[@]}" -smp 2 -m 4096 \
     -kernel "$dir/vmlinuz" -initrd "$dir/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 quiet loglevel=3 systemd.show_status=false systemd.unified_cgroup_hierarchy=1 apparmor=1 security=apparmor" \
     -drive "file=$1,format=$fmt,if=virtio" -drive "file=$2,format=raw,if=virtio,readonly=on" \
-    -display none -serial "file:$3" -monitor none -nic none -no-reboot
+    -display none -serial "file:$3" -monitor none -nic none -no-reboot &
+  qemu_pid=$!
+  local rc=0
+  wait "$qemu_pid" || rc=$?
+  qemu_pid=
+  return "$rc"
 }
-# recipe_end
+qemu_pid=
+stop_qemu() { [ -z "$qemu_pid" ] || kill "$qemu_pid" 2>/dev/null || true; }
+trap 'stop_qemu; exit 130' INT TERM HUP
 
 make_payload() { # $1: dir with run.sh etc., $2: image file
   local size
@@ -153,63 +169,104 @@ make_payload() { # $1: dir with run.sh etc., $2: image file
   mkfs.ext4 -q -F -L payload -d "$1" "$2" "${size}M" || die "mkfs.ext4 of the payload failed"
 }
 
-if [ ! -e "$dir/ready" ]; then
-  root=$dir/root
-  rm -f "$dir"/images-*
-  if [ ! -e "$dir/debootstrap.done" ]; then
-    rm -rf "$dir"; mkdir -p "$dir"
-    say "making the guest $key in $dir (debootstrap from Debian's mirror)"
-    # debootstrap's resolver does not follow every alternative (a package left unconfigured
-    # is re-tried by apt below); what matters is that dpkg ends with nothing half-installed.
-    debootstrap --variant=minbase --include="$packages" bookworm "$root" http://deb.debian.org/debian \
-      > "$dir/debootstrap.log" 2>&1 || echo "vm-host: debootstrap: $(tail -n 1 "$dir/debootstrap.log")"
-    [ -x "$root/usr/bin/apt-get" ] || die "debootstrap failed: $(tail -n 3 "$dir/debootstrap.log")"
-    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get -f install -y -qq >> "$dir/debootstrap.log" 2>&1 || true
-    [ -z "$(chroot "$root" dpkg --audit)" ] ||
-      die "packages left unconfigured in the guest: $(chroot "$root" dpkg --audit | head -n 5)"
-    touch "$dir/debootstrap.done"
-    say "debootstrap done"
-  fi
-  write_guest_files "$root"
-  cp "$(ls "$root"/boot/vmlinuz-* | sort -V | tail -n 1)" "$dir/vmlinuz"
-  cp "$(ls "$root"/boot/initrd.img-* | sort -V | tail -n 1)" "$dir/initrd.img" ||
-    die "the guest has no initrd in /boot"
-  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-  mkfs.ext4 -q -F -L root -d "$root" "$dir/disk.img" 8G || die "mkfs.ext4 of the guest's disk failed"
+# Stage 1: the debootstrap tree, kept so that a recipe change costs a mkfs, not a debootstrap.
+root=$cache/root-$pkey
+if [ ! -e "$root.done" ]; then
   rm -rf "$root"
+  say "debootstrap of the guest's packages into $root (from Debian's mirror)"
+  # debootstrap's resolver does not follow every alternative (a package left unconfigured
+  # is re-tried by apt below); what matters is that dpkg ends with nothing half-installed.
+  debootstrap --variant=minbase --include="$packages" bookworm "$root" http://deb.debian.org/debian \
+    > "$root.log" 2>&1 || echo "vm-host: debootstrap: $(tail -n 1 "$root.log")"
+  [ -x "$root/usr/bin/apt-get" ] || die "debootstrap failed: $(tail -n 3 "$root.log")"
+  DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get -f install -y -qq >> "$root.log" 2>&1 || true
+  [ -z "$(chroot "$root" dpkg --audit)" ] ||
+    die "packages left unconfigured in the guest: $(chroot "$root" dpkg --audit | head -n 5)"
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  touch "$root.done"
+  say "debootstrap done"
+fi
+if [ -n "$bootstrap_only" ]; then exit 0; fi
+
+# Stage 2: the guest's disk, made from a copy of the tree with the recipe's files.
+if [ ! -e "$dir/ready" ]; then
+  rm -rf "$dir"; mkdir -p "$dir"
+  tree=$dir/root
+  cp -a "$root" "$tree"
+  write_guest_files "$tree"
+  cp "$(ls "$tree"/boot/vmlinuz-* | sort -V | tail -n 1)" "$dir/vmlinuz"
+  cp "$(ls "$tree"/boot/initrd.img-* | sort -V | tail -n 1)" "$dir/initrd.img" ||
+    die "the guest has no initrd in /boot"
+  mkfs.ext4 -q -F -L root -d "$tree" "$dir/disk.img" 8G || die "mkfs.ext4 of the guest's disk failed"
+  rm -rf "$tree"
   touch "$dir/ready"
   say "disk made"
+  # Guests of other recipes and trees of other package lists are of no more use.
+  for old in "$cache"/*; do
+    case "$old" in "$dir"|"$root"|"$root.done"|"$root.log"|"$cache/lock"|"$cache/last-console.log") ;; *) rm -rf "$old" ;; esac
+  done
 fi
-if [ ! -e "$layer.ready" ]; then
-  # A boot that loads the images into the guest's Docker, kept in the images layer.
-  rm -f "$dir"/images-*
-  qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$layer" || die "qemu-img failed"
-  p=$dir/prepare; mkdir -p "$p"
-  docker save "${images[@]}" -o "$p/images.tar" || die "docker save of ${images[*]} failed"
-  cat > "$p/run.sh" <<'EOF'
+
+# layer_begin
+# The prepare boot's script: load the images given on the payload into the daemons it names
+# (all at once: each load is mostly one CPU's work, the guest has two), rootful Docker's from
+# rootful.tar, the others' from common.tar.
+prepare_script() { # $@: daemons (rootful podman rootless)
+  cat <<'EOF'
 set -e
 for i in $(seq 120); do docker info >/dev/null 2>&1 && break; sleep 1; done
 echo "docker up at uptime $(cut -d' ' -f1 /proc/uptime)"
-start=$(date +%s)
-docker load -q -i /payload/images.tar
-echo "docker load took $(( $(date +%s) - start )) s"
-docker info --format 'cgroup {{.CgroupVersion}} driver {{.CgroupDriver}} security {{.SecurityOptions}}'
+load() { # $1: daemon
+  local host= t; t=$(date +%s)
+  [ "$1" = rootful ] || host=$(bash /payload/daemon.sh start "$1") || { echo "$1: the daemon did not start"; return 1; }
+  local tar=/payload/common.tar; [ "$1" = rootful ] && tar=/payload/rootful.tar
+  DOCKER_HOST=$host docker load -q -i "$tar" >/dev/null || { echo "$1: docker load failed"; return 1; }
+  echo "docker load into $1 took $(( $(date +%s) - t )) s"
+  DOCKER_HOST=$host docker info --format "$1: cgroup {{.CgroupVersion}} driver {{.CgroupDriver}} security {{.SecurityOptions}}"
+  [ "$1" = rootful ] || bash /payload/daemon.sh stop "$1"
+}
+pids=()
 EOF
+  local d
+  for d in "$@"; do echo "load $d & pids+=(\$!)"; done
+  echo 'rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; sync; exit $rc'
+}
+# layer_end
+
+# Stage 3: a boot that loads the images into the daemons, kept as a copy-on-write layer.
+ids=(); for i in "${images[@]}" "${rootful_images[@]}"; do ids+=("$(image_id "$i")"); done
+ikey=$(printf '%s\n' "${ids[@]}" "$layer_recipe" | sha256sum | cut -c1-16)
+layer=$dir/images-$ikey.qcow2
+if [ ! -e "$layer.ready" ]; then
+  rm -f "$layer"
+  qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$layer" || die "qemu-img failed"
+  p=$dir/prepare; rm -rf "$p"; mkdir -p "$p"
+  docker save "${images[@]}" -o "$p/common.tar" || die "docker save of ${images[*]} failed"
+  docker save "${images[@]}" "${rootful_images[@]}" -o "$p/rootful.tar" ||
+    die "docker save of ${images[*]} ${rootful_images[*]} failed"
+  prepare_script rootful podman rootless > "$p/run.sh"
+  cp "$here/tests/hosts/daemon.sh" "$p/daemon.sh"
   make_payload "$p" "$dir/prepare.img"; rm -rf "$p"
-  say "a boot to load ${images[*]} into the guest's Docker"
+  say "a boot to load ${images[*]} into the guest's Docker, Podman and rootless Docker, and ${rootful_images[*]} into its Docker"
   qemu_boot "$layer" "$dir/prepare.img" "$dir/prepare.log" ||
-    die "QEMU failed or timed out on the first boot (status $?); its console: $(tail -n 20 "$dir/prepare.log")"
+    die "QEMU failed or timed out on the boot that loads the images (status $?); its console: $(tail -n 20 "$dir/prepare.log")"
   rm -f "$dir/prepare.img"
+  grep -E 'CODEBOX-GUEST-UP|docker up|docker load|cgroup|did not|failed' "$dir/prepare.log" | sed 's/^/vm-host: guest: /'
   grep -q '^CODEBOX-GUEST-RC=0' "$dir/prepare.log" ||
-    die "the first boot did not load the images; its console: $(tail -n 30 "$dir/prepare.log")"
-  grep -E 'CODEBOX-GUEST-UP|docker up|docker load took|^cgroup' "$dir/prepare.log" | sed 's/^/vm-host: guest: /'
+    die "the boot that loads the images failed; its console: $(tail -n 30 "$dir/prepare.log")"
   touch "$layer.ready"
+  # Only now are layers of other images of no more use (a boot that failed kept them).
+  for old in "$dir"/images-*; do
+    case "$old" in "$layer"|"$layer.ready") ;; *) rm -f "$old" ;; esac
+  done
   say "guest $key with images $ikey ready"
 fi
 
+if [ -n "$prepare_only" ]; then say "the guest is ready"; exit 0; fi
+
 # This run: codebox, the registry and the suite on a payload disk; an overlay of the disk.
 run=$(mktemp -d "$cache/run.XXXXXX")
-trap 'rm -rf "$run"' EXIT
+trap 'stop_qemu; rm -rf "$run"' EXIT
 mkdir -p "$run/payload/bin"
 bin=${CODEBOX_BIN:-$here/target/debug/codebox}
 [ -x "$bin" ] || die "no codebox binary at $bin (cargo build first)"
@@ -221,12 +278,6 @@ if [ -n "$command" ]; then
 else
   [ -f "$here/tests/hosts/$suite.sh" ] || { echo "vm-host: no suite tests/hosts/$suite.sh" >&2; exit 2; }
   echo "exec bash /payload/hosts/$suite.sh" > "$run/payload/run.sh"
-  # A suite that loads images into another daemon lists them in NAME.images.
-  if [ -f "$here/tests/hosts/$suite.images" ]; then
-    # shellcheck disable=SC2046
-    docker save $(cat "$here/tests/hosts/$suite.images") -o "$run/payload/images.tar" ||
-      die "docker save of $(cat "$here/tests/hosts/$suite.images") failed"
-  fi
 fi
 make_payload "$run/payload" "$run/payload.img"
 qemu-img create -q -f qcow2 -b "$layer" -F qcow2 "$run/overlay.qcow2" || die "qemu-img failed"

@@ -33,6 +33,15 @@ impl LocalAppArmor {
     }
 }
 
+/// The daemon, named as what it is (Podman answers Docker's API with its own version).
+pub fn reachable(info: &EngineInfo) -> String {
+    let daemon = if info.podman { "Podman" } else { "Docker" };
+    format!(
+        "reachable at {} ({daemon} {}, API {})",
+        info.address, info.version, info.api_version
+    )
+}
+
 /// What the doctor says about the daemon's host: cgroup version, rootful or rootless Docker
 /// or Podman, AppArmor's state (`local`: read on this host when the daemon is on it).
 /// (passed, what it says).
@@ -206,14 +215,7 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
             return Ok(1);
         }
     };
-    check(
-        out,
-        true,
-        format!(
-            "reachable at {} (Docker {}, API {})",
-            info.address, info.version, info.api_version
-        ),
-    )?;
+    check(out, true, reachable(&info))?;
     writeln!(out, "Host:")?;
     let local = info.address.starts_with("unix://") || info.address.starts_with('/');
     for (pass, what) in host_facts(&info, local.then(LocalAppArmor::read)) {
@@ -287,7 +289,7 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
 
 #[cfg(test)]
 mod tests {
-    use super::{host_facts, judge_probe, LocalAppArmor};
+    use super::{host_facts, judge_probe, reachable, LocalAppArmor};
     use crate::engine::EngineInfo;
 
     fn info(cgroup: Option<u8>, options: &[&str]) -> EngineInfo {
@@ -343,6 +345,22 @@ mod tests {
         for (_, s) in facts.iter().chain(&v1) {
             assert!(!s.contains("  "), "{s:?}");
         }
+    }
+
+    #[test]
+    fn the_doctor_names_podman_as_podman() {
+        let mut podman = info(Some(2), &["name=seccomp"]);
+        podman.podman = true;
+        podman.version = "4.3.1".into();
+        assert!(
+            reachable(&podman).contains("(Podman 4.3.1,"),
+            "{}",
+            reachable(&podman)
+        );
+        let facts = host_facts(&podman, None);
+        assert!(facts.iter().any(|(_, s)| s.contains("Podman")), "{facts:?}");
+        podman.podman = false;
+        assert!(reachable(&podman).contains("(Docker 4.3.1,"));
     }
 
     #[test]

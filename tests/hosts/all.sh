@@ -1,6 +1,31 @@
-# Every guest suite in one boot (`scripts/vm-host.sh --suite all`, what `scripts/test --hosts`
-# runs): rootful Docker (focused), then Podman and rootless Docker (daemons).
-rc=0
-bash /payload/hosts/focused.sh || rc=1
-bash /payload/hosts/daemons.sh || rc=1
-exit "$rc"
+# The whole guest suite, what `scripts/test --hosts` runs (`scripts/vm-host.sh --suite all`):
+# first what the focused suite checks (so its time can be read off this one), then ten
+# languages' smoke samples, three under gVisor, the pool's limit classes, crun against runc,
+# and the outcomes and a session through Podman and rootless Docker.
+. /payload/hosts/lib.sh
+focused_start=$(date +%s)
+rootful
+nothing_left rootful
+other_daemon podman smoke
+other_daemon rootless smoke
+echo "     the focused suite's checks took $(( $(date +%s) - focused_start )) s"
+
+CODEBOX_SANDBOX_RUNTIME=runsc smoke runsc bash lua tcl
+step "crun: the posture and outcomes"
+CODEBOX_SANDBOX_RUNTIME=crun codebox doctor 2>&1 | grep -v 'missing: run' | sed 's/^/     crun doctor: /'
+r=$(CODEBOX_SANDBOX_RUNTIME=crun run_json 'echo hello' bash); expect "crun hello" '.status == "succeeded"' "$r"
+CODEBOX_SANDBOX_RUNTIME=crun oom crun
+step "crun against runc (codebox bench, alternating)"
+for rt in runc crun runc crun; do
+  echo "     -- $rt"
+  CODEBOX_SANDBOX_RUNTIME=$rt codebox bench bash lua --n 5 2>&1 | grep -v "^ *$" | sed 's/^/     /'
+done
+smoke rootful bash awk sql jq lua tcl forth rexx icon algol68
+step "the pool's limit classes over /v1"
+serve_start --set 'pool.sizes={ bash = 1 }'
+python3 /payload/hosts/pool.py http://127.0.0.1:8765 && ok "pool: two limit classes" || bad "pool: two limit classes"
+serve_stop
+nothing_left rootful
+other_daemon podman full
+other_daemon rootless full
+finish

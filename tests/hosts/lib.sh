@@ -7,7 +7,7 @@ bad() { echo "FAIL $1"; failed=$((failed + 1)); }
 step() { local now; now=$(date +%s); echo "== $1 (at uptime $(cut -d' ' -f1 /proc/uptime) s, previous step $((now - step_start)) s)"; step_start=$now; }
 # expect NAME JQ-FILTER JSON: the filter must answer true.
 expect() {
-  if printf '%s' "$3" | jq -e "$2" >/dev/null 2>&1; then ok "$1"; else bad "$1: wanted $2, report: $(printf '%s' "$3" | head -c 1500)"; fi
+  if printf '%s' "$3" | jq -e "$2" >/dev/null 2>&1; then ok "$1"; else bad "$1: wanted $2, report: $(printf '%s' "$3" | head -c 1500) $(head -c 600 /tmp/run.err 2>/dev/null)"; fi
 }
 # run_json FILE-CONTENT LANGUAGE [codebox run flags...]: the report of `codebox run --json`.
 run_json() {
@@ -21,9 +21,36 @@ nothing_left() {
   if [ "$left" = 0 ]; then ok "$1: nothing left"; else bad "$1: $left labelled container(s)/volume(s) left: $(docker ps -a --filter label=codebox.managed=true --format '{{.Names}} {{.Status}}')"; fi
 }
 finish() { echo "$passed passed, $failed failed"; [ "$failed" = 0 ]; }
+wait_docker() { for i in $(seq 120); do docker info >/dev/null 2>&1 && return 0; sleep 1; done; return 1; }
+
+# The host: the unified hierarchy, when Docker answered, the controllers.
+host_facts() {
+  step "host facts"
+  local fs; fs=$(stat -fc %T /sys/fs/cgroup)
+  [ "$fs" = cgroup2fs ] && ok "cgroup v2 unified hierarchy" || bad "cgroup v2 unified hierarchy: /sys/fs/cgroup is $fs"
+  wait_docker
+  echo "     docker up at uptime $(cut -d' ' -f1 /proc/uptime) s: $(docker info --format 'Docker {{.ServerVersion}}, cgroup {{.CgroupVersion}} ({{.CgroupDriver}}), {{.SecurityOptions}}')"
+  echo "     controllers: $(cat /sys/fs/cgroup/cgroup.controllers); kernel $(uname -r); $(nproc) CPUs"
+}
+
+# doctor LABEL: every posture and host check passes (images not in the guest aside); the
+# doctor names the cgroup version and AppArmor's state.
+doctor() {
+  step "$1: codebox doctor"
+  local out; out=$(codebox doctor 2>&1)
+  echo "$out" | grep -v 'missing: run' | sed 's/^/     /'
+  echo "$out" | grep -q 'cgroup v2' && ok "$1 doctor names cgroup v2" || bad "$1 doctor names cgroup v2"
+  echo "$out" | grep -qi 'apparmor' && ok "$1 doctor names AppArmor's state" || bad "$1 doctor names AppArmor's state"
+  if echo "$out" | grep FAIL | grep -v 'missing: run' | grep -q .; then
+    bad "$1 doctor: a posture or host check failed"
+  else
+    ok "$1 doctor: every posture and host check passes (only images the guest lacks are missing)"
+  fi
+}
 
 # The outcomes and usage every host must give, through `codebox run` (bash's image).
 outcomes() { # $1: a label for the daemon
+  step "$1: outcomes and usage"
   local r
   r=$(run_json 'echo hello' bash)
   expect "$1 hello" '.status == "succeeded" and .stdout == "hello\n"' "$r"
@@ -31,12 +58,101 @@ outcomes() { # $1: a label for the daemon
   expect "$1 exit 3" '.status == "failed" and .exit_code == 3' "$r"
   r=$(run_json 'sleep 60' bash --timeout-seconds 2)
   expect "$1 timeout" '.status == "timed_out"' "$r"
-  # tail buffers /dev/zero's one endless line: under a 64 MB limit the memory cgroup kills it.
-  r=$(run_json 'tail /dev/zero' bash --memory-mb 64 --timeout-seconds 120)
-  expect "$1 OOM at 64 MB is out_of_memory" '.status == "out_of_memory"' "$r"
-  expect "$1 OOM peak within the limit" '(.usage.peak_memory_kb // 0) > 30000 and (.usage.peak_memory_kb // 0) <= 65536' "$r"
+  r=$(run_json 'kill -SEGV $$' bash)
+  expect "$1 a signal" '.status == "failed" and .signal == "SIGSEGV"' "$r"
+  oom "$1"
   # CPU: a busy loop; memory: a 40 MB file in the (memory-backed) working directory.
   r=$(run_json 'i=0; while [ $i -lt 50000 ]; do i=$((i+1)); done; head -c 40000000 /dev/zero > big; ls -s big' bash --memory-mb 256 --timeout-seconds 120)
   expect "$1 usage: CPU measured" '.status == "succeeded" and (.usage.cpu_time_ms // 0) > 100' "$r"
   expect "$1 usage: peak memory measured" '(.usage.peak_memory_kb // 0) > 40000' "$r"
+}
+oom() { # $1: label, then codebox run flags
+  local label=$1; shift
+  # tail buffers /dev/zero's one endless line: under a 64 MB limit the memory cgroup kills it.
+  local r; r=$(run_json 'tail /dev/zero' bash --memory-mb 64 --timeout-seconds 120 "$@")
+  expect "$label OOM at 64 MB is out_of_memory" '.status == "out_of_memory"' "$r"
+  expect "$label OOM peak within the limit" '(.usage.peak_memory_kb // 0) > 30000 and (.usage.peak_memory_kb // 0) <= 65536' "$r"
+}
+
+# serve_start / serve_stop: `codebox serve` over HTTP on loopback, with extra --set flags.
+serve_start() {
+  codebox serve --transport http --listen 127.0.0.1:8765 --no-auth "$@" >/tmp/serve.log 2>&1 &
+  serve=$!
+  for i in $(seq 90); do python3 -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:8765/v1/languages")' 2>/dev/null && return 0; sleep 1; done
+  echo "     serve did not answer: $(tail -n 5 /tmp/serve.log)"
+}
+serve_stop() { kill "$serve"; wait "$serve" 2>/dev/null; }
+
+session() { # $1: label
+  step "$1: a session over /v1"
+  serve_start
+  python3 /payload/hosts/session.py http://127.0.0.1:8765 "$1" && ok "$1 session" || bad "$1 session"
+  serve_stop
+}
+
+# smoke LABEL LANG...: `codebox smoke` of those languages, all passing.
+smoke() {
+  local label=$1; shift
+  step "$label: smoke samples of $*"
+  local out; out=$(codebox smoke "$@" 2>&1)
+  echo "$out" | grep -v '^ok' | tail -n 40 | sed 's/^/     /'
+  local summary; summary=$(echo "$out" | tail -n 1)
+  if echo "$summary" | grep -q ' 0 failed$'; then ok "$label smoke ($*): $summary"; else bad "$label smoke ($*): $summary"; fi
+}
+
+# The same checks through another daemon, reached with DOCKER_HOST and nothing else changed.
+# other_daemon NAME smoke|full
+other_daemon() {
+  local name=$1 depth=$2
+  step "$name: starting it"
+  local host
+  if ! host=$(bash /payload/hosts/daemon.sh start "$name" 2>/tmp/daemon.err); then
+    bad "$name did not start: $(tail -n 15 /tmp/daemon.err)"; return
+  fi
+  export DOCKER_HOST=$host
+  ok "$name up at $host: $(docker version --format '{{.Server.Version}}' 2>&1), $(docker info --format 'cgroup {{.CgroupVersion}} ({{.CgroupDriver}}) {{.SecurityOptions}}' 2>&1)"
+  doctor "$name"
+  if [ "$depth" = full ]; then
+    outcomes "$name"
+    session "$name"
+  else
+    step "$name: smoke"
+    local r
+    r=$(run_json 'echo hello' bash)
+    expect "$name hello" '.status == "succeeded" and .stdout == "hello\n"' "$r"
+    r=$(run_json 'echo out; exit 3' bash)
+    expect "$name exit 3" '.status == "failed" and .exit_code == 3' "$r"
+    oom "$name"
+  fi
+  nothing_left "$name"
+  unset DOCKER_HOST
+  bash /payload/hosts/daemon.sh stop "$name"
+}
+
+# The rootful part both suites share: the host, the doctor, the outcomes, a session, gVisor.
+rootful() {
+  host_facts
+  step "runtimes: runsc and crun registered with Docker"
+  if bash /payload/hosts/daemon.sh runtimes 2>/tmp/daemon.err; then
+    ok "runsc and crun registered: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')"
+  else
+    bad "registering runsc and crun: $(cat /tmp/daemon.err)"
+  fi
+  doctor rootful
+  outcomes rootful
+  session rootful
+  step "rootful under gVisor (runsc)"
+  local r
+  r=$(CODEBOX_SANDBOX_RUNTIME=runsc run_json 'echo hello' bash)
+  expect "runsc hello" '.status == "succeeded" and .stdout == "hello\n"' "$r"
+  if ! printf '%s' "$r" | jq -e '.status == "succeeded"' >/dev/null 2>&1; then
+    # Which part failed: runsc with cgroupfs paths instead of systemd's, and runsc by hand.
+    jq '.runtimes["runsc-cgroupfs"] = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}' \
+      /etc/docker/daemon.json > /tmp/daemon.json && cp /tmp/daemon.json /etc/docker/daemon.json
+    kill -HUP "$(cat /run/docker.pid)"; sleep 3
+    r=$(CODEBOX_SANDBOX_RUNTIME=runsc-cgroupfs run_json 'echo hello' bash)
+    echo "     runsc without --systemd-cgroup: $(printf '%s' "$r" | head -c 600) $(head -c 600 /tmp/run.err)"
+    echo "     docker run under runsc: $(docker run --rm --runtime runsc --network none codebox/bash:5.2 echo hi 2>&1 | tail -n 3)"
+  fi
+  CODEBOX_SANDBOX_RUNTIME=runsc oom runsc
 }

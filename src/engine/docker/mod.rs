@@ -6,9 +6,9 @@ mod podman;
 mod spec;
 mod tls;
 
-use podman::{is_podman, seccomp_form, with_profile_file, SeccompForm};
+use podman::{is_podman, seccomp_form, Dialect};
 
-use spec::{create_body, managed_filter, to_hash};
+use spec::{managed_filter, to_hash};
 use tls::{connection_detail, is_loopback, tcp_client, tls_error, TlsFiles};
 
 use std::collections::{BTreeMap, HashMap};
@@ -48,9 +48,9 @@ pub struct DockerEngine {
     tls: Option<TlsFiles>,
     /// The network of image builds' `RUN` steps (`docker.build_network`).
     build_network: Option<String>,
-    /// How this daemon takes the seccomp profile (Docker inline, Podman as a file), learnt
-    /// from its version answer at the first create.
-    seccomp: Arc<tokio::sync::OnceCell<SeccompForm>>,
+    /// How this daemon is spoken to (Docker, or Podman: the seccomp profile as a file, the
+    /// tmpfs owner as `U`), learnt from its version answer at the first create.
+    dialect: Arc<tokio::sync::OnceCell<Dialect>>,
 }
 
 /// The Engine API client, or why there is none.
@@ -108,7 +108,7 @@ impl DockerEngine {
             address,
             tls,
             build_network: settings.build_network.clone(),
-            seccomp: Arc::default(),
+            dialect: Arc::default(),
         })
     }
 
@@ -140,9 +140,9 @@ impl DockerEngine {
         &self.address
     }
 
-    /// How this daemon takes the seccomp profile; asks the daemon once.
-    async fn seccomp_form(&self) -> Result<&SeccompForm, EngineError> {
-        self.seccomp
+    /// How this daemon is spoken to; asks the daemon once.
+    async fn dialect(&self) -> Result<&Dialect, EngineError> {
+        self.dialect
             .get_or_try_init(|| async {
                 let v = self
                     .docker()?
@@ -153,12 +153,10 @@ impl DockerEngine {
                 let profile = crate::engine::seccomp::security_opt()
                     .strip_prefix("seccomp=")
                     .unwrap_or_default();
-                Ok(seccomp_form(
+                Ok(Dialect {
                     podman,
-                    &self.address,
-                    profile,
-                    &std::env::temp_dir(),
-                ))
+                    seccomp: seccomp_form(podman, &self.address, profile, &std::env::temp_dir()),
+                })
             })
             .await
     }
@@ -350,18 +348,11 @@ impl ContainerEngine for DockerEngine {
         let options = CreateContainerOptionsBuilder::new()
             .name(&spec.name)
             .build();
-        let mut body = create_body(spec);
-        match self.seccomp_form().await? {
-            SeccompForm::Inline => {}
-            SeccompForm::File(path) => {
-                if let Some(host) = body.host_config.as_mut() {
-                    host.security_opt = Some(with_profile_file(&spec.security_opt, path));
-                }
-            }
-            SeccompForm::Refused(why) => {
-                return Err(EngineError::CreateContainer(detail(why.clone())))
-            }
-        }
+        let body = self
+            .dialect()
+            .await?
+            .create_body(spec)
+            .map_err(|why| EngineError::CreateContainer(detail(why)))?;
         match self.docker()?.create_container(Some(options), body).await {
             Ok(r) => Ok(r.id),
             Err(e) if is_status(&e, 404) => Err(EngineError::ImageMissing {

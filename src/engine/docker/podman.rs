@@ -4,10 +4,23 @@
 //! every create with "opening seccomp profile failed: open {"archMap":...": no such file".
 //! So for Podman on a local socket the same profile is written once to a file that Podman can
 //! read, and the option names that file; for Podman on another host it is refused.
+//!
+//! Podman also refuses the tmpfs options `uid=` and `gid=` ("unknown mount option
+//! \"uid=10016\": invalid mount option") that give the working directory to the sandbox user.
+//! Its own option `U` does the same (libpod mounts the tmpfs with the uid and gid of the
+//! container's user), so a tmpfs given to exactly the container's user gets `U` instead; one
+//! given to anyone else cannot be said to Podman and is refused. Podman gets no memory
+//! swappiness (crun refuses it on cgroup v2); swap is off through the equal memory and
+//! memory+swap limits.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use bollard::models::ContainerCreateBody;
 use sha2::{Digest, Sha256};
+
+use super::spec::create_body;
+use crate::engine::ContainerSpec;
 
 /// How the daemon takes codebox's seccomp profile.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +31,83 @@ pub(super) enum SeccompForm {
     File(PathBuf),
     /// Podman elsewhere: no file codebox writes is on its host. The message says what to do.
     Refused(String),
+}
+
+/// How one daemon is spoken to, learnt from its version answer at the first create.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Dialect {
+    /// Podman's Docker-compatible service rather than Docker.
+    pub podman: bool,
+    pub seccomp: SeccompForm,
+}
+
+impl Dialect {
+    /// Docker's: the spec as it is.
+    #[cfg(test)]
+    pub fn docker() -> Dialect {
+        Dialect {
+            podman: false,
+            seccomp: SeccompForm::Inline,
+        }
+    }
+
+    /// The create body for `spec` in this dialect, or why the daemon cannot be given it.
+    pub fn create_body(&self, spec: &ContainerSpec) -> Result<ContainerCreateBody, String> {
+        let mut body = create_body(spec);
+        let Some(host) = body.host_config.as_mut() else {
+            return Ok(body);
+        };
+        match &self.seccomp {
+            SeccompForm::Inline => {}
+            SeccompForm::File(path) => {
+                host.security_opt = Some(with_profile_file(&spec.security_opt, path));
+            }
+            SeccompForm::Refused(why) => return Err(why.clone()),
+        }
+        if self.podman {
+            // Podman hands swappiness to the OCI runtime, and crun refuses to start a
+            // container with it on cgroup v2 ("cannot set memory swappiness with cgroupv2"),
+            // where Docker drops it with a warning. Swap stays off either way: the memory
+            // and memory+swap limits are equal.
+            host.memory_swappiness = None;
+            let mut tmpfs = HashMap::new();
+            for (path, options) in &spec.tmpfs {
+                tmpfs.insert(path.clone(), podman_tmpfs(path, options, &spec.user)?);
+            }
+            host.tmpfs = Some(tmpfs);
+        }
+        Ok(body)
+    }
+}
+
+/// Podman's spelling of a tmpfs's options: `uid=N,gid=M` becomes `U` when `N:M` is the
+/// container's user (`user`, as the spec has it: `uid:gid`). Anything else is unchanged.
+pub(super) fn podman_tmpfs(path: &str, options: &str, user: &str) -> Result<String, String> {
+    let (mut uid, mut gid) = (None, None);
+    let mut kept: Vec<&str> = Vec::new();
+    for o in options.split(',') {
+        if let Some(v) = o.strip_prefix("uid=") {
+            uid = Some(v);
+        } else if let Some(v) = o.strip_prefix("gid=") {
+            gid = Some(v);
+        } else {
+            kept.push(o);
+        }
+    }
+    if uid.is_none() && gid.is_none() {
+        return Ok(options.to_string());
+    }
+    let (user_uid, user_gid) = user.split_once(':').unwrap_or((user, user));
+    if uid.unwrap_or(user_uid) != user_uid || gid.unwrap_or(user_gid) != user_gid {
+        return Err(format!(
+            "the daemon is Podman, which cannot give the tmpfs at {path} to uid {} gid {} \
+             (it takes no uid= or gid= option, only U: the container's user, here {user})",
+            uid.unwrap_or("-"),
+            gid.unwrap_or("-")
+        ));
+    }
+    kept.push("U");
+    Ok(kept.join(","))
 }
 
 /// Whether a daemon's version answer is Podman's (its components name "Podman Engine").
@@ -78,7 +168,7 @@ fn write_profile(profile: &str, dir: &Path) -> std::io::Result<PathBuf> {
 }
 
 /// The security options with the inline seccomp profile replaced by `file`.
-pub(super) fn with_profile_file(options: &[String], file: &Path) -> Vec<String> {
+fn with_profile_file(options: &[String], file: &Path) -> Vec<String> {
     options
         .iter()
         .map(|o| match o.strip_prefix("seccomp=") {
@@ -91,6 +181,110 @@ pub(super) fn with_profile_file(options: &[String], file: &Path) -> Vec<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    /// The locked-down spec of a run container, as the executor builds it.
+    fn run_spec(uid: u32) -> ContainerSpec {
+        let plan = crate::engine::posture::Plan {
+            name: "codebox-r1-run".into(),
+            image: "codebox/bash:5.2".into(),
+            uid,
+            limits: crate::engine::posture::Limits {
+                memory_mb: 256,
+                cpus: 1.0,
+            },
+            workspace_mb: 64,
+            labels: BTreeMap::new(),
+        };
+        crate::engine::posture::locked_down(&plan, &crate::config::SandboxSettings::default())
+    }
+
+    fn workspace_options(body: &ContainerCreateBody) -> String {
+        let tmpfs = body.host_config.as_ref().unwrap().tmpfs.as_ref().unwrap();
+        tmpfs[crate::engine::posture::WORKSPACE].clone()
+    }
+
+    #[test]
+    fn the_working_directory_goes_to_the_sandbox_user_on_docker_by_uid_and_on_podman_by_u() {
+        let spec = run_spec(10016);
+        let docker = Dialect::docker().create_body(&spec).unwrap();
+        let mut d: Vec<String> = workspace_options(&docker)
+            .split(',')
+            .map(String::from)
+            .collect();
+        d.sort();
+        assert_eq!(
+            d,
+            [
+                "exec",
+                "gid=10016",
+                "mode=0755",
+                "nodev",
+                "nosuid",
+                "rw",
+                "size=64m",
+                "uid=10016"
+            ]
+        );
+        let podman = Dialect {
+            podman: true,
+            seccomp: SeccompForm::File("/tmp/p.json".into()),
+        }
+        .create_body(&spec)
+        .unwrap();
+        let mut p: Vec<String> = workspace_options(&podman)
+            .split(',')
+            .map(String::from)
+            .collect();
+        p.sort();
+        // The same mount, owned by the container's user (10016:10016), said as Podman takes it.
+        assert_eq!(
+            p,
+            [
+                "U",
+                "exec",
+                "mode=0755",
+                "nodev",
+                "nosuid",
+                "rw",
+                "size=64m"
+            ]
+        );
+        let host = podman.host_config.as_ref().unwrap();
+        assert_eq!(podman.user.as_deref(), Some("10016:10016"));
+        assert_eq!(
+            host.security_opt.as_ref().unwrap(),
+            &vec![
+                "no-new-privileges".to_string(),
+                "seccomp=/tmp/p.json".to_string()
+            ]
+        );
+        // No swappiness for Podman, and still no swap: memory+swap equals memory.
+        assert_eq!(host.memory_swappiness, None);
+        assert_eq!(host.memory_swap, host.memory);
+        assert!(host.memory.is_some_and(|m| m > 0));
+        // Everything else in the body is Docker's.
+        let mut same = podman.clone();
+        same.host_config.as_mut().unwrap().memory_swappiness =
+            docker.host_config.as_ref().unwrap().memory_swappiness;
+        same.host_config.as_mut().unwrap().tmpfs =
+            docker.host_config.as_ref().unwrap().tmpfs.clone();
+        same.host_config.as_mut().unwrap().security_opt =
+            docker.host_config.as_ref().unwrap().security_opt.clone();
+        assert_eq!(same, docker);
+    }
+
+    #[test]
+    fn a_tmpfs_for_another_user_than_the_containers_is_refused_on_podman() {
+        assert_eq!(
+            podman_tmpfs("/tmp", "rw,noexec,size=8m,mode=1777", "10001:10001").unwrap(),
+            "rw,noexec,size=8m,mode=1777"
+        );
+        let why = podman_tmpfs("/w", "rw,uid=0,gid=0", "10001:10001").unwrap_err();
+        assert!(why.contains("Podman") && why.contains("/w"), "{why}");
+        assert!(podman_tmpfs("/w", "rw,uid=10001", "10001:10002").is_ok());
+        assert!(podman_tmpfs("/w", "rw,gid=5", "10001:10002").is_err());
+    }
 
     #[test]
     fn podman_gets_the_same_profile_as_a_file_and_docker_gets_it_inline() {
