@@ -71,6 +71,12 @@ oom() { # $1: label, then codebox run flags
   # tail buffers /dev/zero's one endless line: under a 64 MB limit the memory cgroup kills it.
   local r; r=$(run_json 'tail /dev/zero' bash --memory-mb 64 --timeout-seconds 120 "$@")
   expect "$label OOM at 64 MB is out_of_memory" '.status == "out_of_memory"' "$r"
+  if [ "$label" = runsc ]; then
+    # gVisor's OOM kills the whole sandbox, codebox-init with it: no usage is reported (as on
+    # the cgroup v1 host); the outcome is what counts.
+    echo "     runsc OOM usage: $(printf '%s' "$r" | jq -c .usage)"
+    return
+  fi
   expect "$label OOM peak within the limit" '(.usage.peak_memory_kb // 0) > 30000 and (.usage.peak_memory_kb // 0) <= 65536' "$r"
 }
 
