@@ -30,6 +30,7 @@ mod actor;
 pub(crate) mod db;
 mod pg;
 mod pg_tls;
+mod queue;
 mod schema;
 mod sessions;
 mod sqlite;
@@ -48,6 +49,7 @@ use crate::config::{CodePolicy, HistoryStore, CODE_PREVIEW_CHARS};
 use crate::report::{RunLimits, RunReport, Stage, Status};
 use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
+pub use queue::{Claimed, QueueError, Room, SharedQueue, Submitted};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{
     SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED,
@@ -174,6 +176,8 @@ pub struct Whereabouts {
     pub last_seen_ms_ago: Option<i64>,
     /// How the other servers reach that instance (`cluster.advertise_url`), if it said.
     pub advertise_url: Option<String>,
+    /// Waiting in the shared queue, claimed by no server: no server holds it yet.
+    pub unclaimed: bool,
 }
 
 /// A history operation that failed.
