@@ -49,6 +49,9 @@ pub struct Submitted {
     pub base: String,
     pub slots: usize,
     pub charge_mb: u64,
+    /// The submitting server has room for it now: it claims it in the same transaction,
+    /// unless an older run that would fit it as well waits unclaimed.
+    pub claim_here: bool,
 }
 
 /// What a server has free, and the most it could ever take (a run larger than that is left
@@ -81,7 +84,7 @@ pub enum QueueError {
 type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
 
 enum Job {
-    Submit(Box<Submitted>, Reply<()>),
+    Submit(Box<Submitted>, Reply<bool>),
     Claim(Room, Reply<Vec<Claimed>>),
     Settle(String),
     HandBack(Vec<String>, Reply<u64>),
@@ -168,8 +171,8 @@ impl SharedQueue {
     }
 
     /// Put a run in the queue (and its history row, in the same transaction), and wake the
-    /// servers.
-    pub async fn submit(&self, run: Submitted) -> Result<(), QueueError> {
+    /// servers; `true` when this server claimed it at once ([`Submitted::claim_here`]).
+    pub async fn submit(&self, run: Submitted) -> Result<bool, QueueError> {
         self.ask(|r| Job::Submit(Box::new(run), r)).await
     }
 
@@ -320,14 +323,24 @@ impl Worker {
     }
 }
 
-fn submit(db: &mut dyn Database, run: &Submitted) -> Result<(), DbError> {
+fn submit(db: &mut dyn Database, run: &Submitted) -> Result<bool, DbError> {
     transaction(db, |db| {
         store::insert(db, &run.row)?;
+        let here = run.claim_here && {
+            let older = db.query(
+                "SELECT COUNT(*) FROM queue WHERE claimed_by IS NULL
+                 AND slots <= ?1 AND charge_mb <= ?2",
+                values![run.slots as i64, run.charge_mb],
+            )?;
+            older.first().and_then(|r| r.int(0)) == Some(0)
+        };
+        let claimer = here.then_some(run.row.instance.as_str());
         db.execute(
             &format!(
                 "INSERT INTO queue (run_id, seq, submitted_by, created_at, request, base, slots,
-                    charge_mb)
-                 VALUES (?1, {NOW_US}, ?2, {NOW_MS}, ?3, ?4, ?5, ?6)"
+                    charge_mb, claimed_by, claimed_at)
+                 VALUES (?1, {NOW_US}, ?2, {NOW_MS}, ?3, ?4, ?5, ?6, ?7,
+                    CASE WHEN ?7 IS NULL THEN NULL ELSE {NOW_MS} END)"
             ),
             values![
                 &run.row.run_id,
@@ -335,10 +348,14 @@ fn submit(db: &mut dyn Database, run: &Submitted) -> Result<(), DbError> {
                 &run.request,
                 &run.base,
                 run.slots as i64,
-                run.charge_mb
+                run.charge_mb,
+                claimer
             ],
         )?;
-        db.notify(QUEUE_CHANNEL, "")
+        if !here {
+            db.notify(QUEUE_CHANNEL, "")?;
+        }
+        Ok(here)
     })
 }
 

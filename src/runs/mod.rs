@@ -33,7 +33,7 @@ pub mod sessions;
 mod stats;
 mod submit;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
@@ -145,10 +145,24 @@ struct Live {
     shared: bool,
 }
 
+impl State {
+    /// What this server could start now: admission's room, less what runs submitted here a
+    /// moment ago reserved.
+    fn room(&self) -> (usize, u64) {
+        let (slots, mb) = self.admission.room();
+        let (rs, rm) = self
+            .pending
+            .values()
+            .fold((0, 0), |(s, m), (a, b)| (s + a, m + b));
+        (slots.saturating_sub(rs), mb.saturating_sub(rm))
+    }
+}
+
 struct State {
     live: HashMap<String, Live>,
-    /// Runs submitted here to the shared queue whose insert has not answered yet.
-    pending: HashSet<String>,
+    /// Runs submitted here to the shared queue whose insert has not answered yet, and the
+    /// slots and memory each reserved here (claimed at once when there was room).
+    pending: HashMap<String, (usize, u64)>,
     admission: Admission,
     retention: Retention,
 }
@@ -227,7 +241,7 @@ impl RunManager {
             sessions,
             state: Mutex::new(State {
                 live: HashMap::new(),
-                pending: HashSet::new(),
+                pending: HashMap::new(),
                 admission: Admission::new(policy),
                 retention: Retention::default(),
             }),
@@ -649,7 +663,7 @@ impl RunManager {
                     return Ok((**r).clone());
                 }
                 let rx = st.live.get(run_id).map(|r| r.done.subscribe());
-                (rx, st.pending.contains(run_id))
+                (rx, st.pending.contains_key(run_id))
             };
             if let Some(mut rx) = rx {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -720,7 +734,7 @@ impl RunManager {
     pub async fn stop(&self, run_id: &str) -> Result<RunReport, LookupError> {
         // A run submitted here to the shared queue a moment ago: its insert answers first.
         for _ in 0..100 {
-            if !self.lock().pending.contains(run_id) {
+            if !self.lock().pending.contains_key(run_id) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -967,10 +981,18 @@ impl RunManager {
         charge_mb: u64,
         feed: Arc<Feed>,
     ) -> Result<Accepted, SubmitError> {
-        if self.lock().admission.refuses_new() {
-            return Err(SubmitError::ShuttingDown);
-        }
         let run_id = new_run_id();
+        let claim_here = {
+            let mut st = self.lock();
+            if st.admission.refuses_new() {
+                return Err(SubmitError::ShuttingDown);
+            }
+            let (free_slots, free_mb) = st.room();
+            let here = slots <= free_slots && charge_mb <= free_mb;
+            let reserved = if here { (slots, charge_mb) } else { (0, 0) };
+            st.pending.insert(run_id.clone(), reserved);
+            here
+        };
         let limits = valid.limits;
         let base = Executor::blank_report(&run_id, &valid);
         let submitted = Submitted {
@@ -986,18 +1008,26 @@ impl RunManager {
             base: serde_json::to_string(&base).unwrap_or_default(),
             slots,
             charge_mb,
+            claim_here,
         };
-        self.lock().pending.insert(run_id.clone());
         let manager = self.clone();
         let id = run_id.clone();
         tokio::spawn(async move {
-            let outcome = queue.submit(submitted).await;
-            if let Err(e) = outcome {
-                tracing::warn!(run_id = id, error = %e, "the shared queue cannot take a run; it runs on this server");
-                let taken =
-                    manager.enqueue_as(id.clone(), Origin::Taken, valid, slots, charge_mb, None, feed);
+            let origin = match queue.submit(submitted).await {
+                Ok(true) => Some(Origin::Claimed { waited_ms: 0 }),
+                Ok(false) => None,
+                Err(e) => {
+                    tracing::warn!(run_id = id, error = %e, "the shared queue cannot take a run; it runs on this server");
+                    Some(Origin::Taken)
+                }
+            };
+            if let Some(origin) = origin {
+                let taken = manager.enqueue_as(id.clone(), origin, valid, slots, charge_mb, None, feed);
                 if let Err(e) = taken {
-                    tracing::error!(run_id = id, error = %e, "a run accepted for the shared queue could not be queued here either");
+                    tracing::error!(run_id = id, error = %e, "a run accepted for the shared queue could not be queued here");
+                    if origin != Origin::Taken {
+                        let _ = queue.hand_back(vec![id.clone()]).await;
+                    }
                 }
             }
             manager.lock().pending.remove(&id);
@@ -1403,7 +1433,7 @@ impl RunManager {
         let st = self.lock();
         st.live.contains_key(run_id)
             || st.retention.get(run_id).is_some()
-            || st.pending.contains(run_id)
+            || st.pending.contains_key(run_id)
     }
 
     /// Whether this server knows session `session_id` (open here, or ended here lately).
@@ -1569,7 +1599,7 @@ async fn claim_loop(inner: Weak<Inner>, queue: SharedQueue) {
             if st.admission.is_closed() {
                 return;
             }
-            let (slots, memory_mb) = st.admission.room();
+            let (slots, memory_mb) = st.room();
             let policy = st.admission.policy();
             Room {
                 slots,
