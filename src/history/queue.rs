@@ -267,7 +267,7 @@ impl Worker {
         match opened {
             Ok(db) => self.db = Some(db),
             Err(e) => {
-                self.last_error = e.to_string();
+                self.last_error = with_causes(&e);
                 self.retry_at = Instant::now() + RETRY;
             }
         }
@@ -288,8 +288,8 @@ impl Worker {
                     self.db = None;
                     self.retry_at = Instant::now();
                 }
-                self.last_error = e.to_string();
-                Err(QueueError::Unavailable(e.to_string()))
+                self.last_error = with_causes(&e);
+                Err(QueueError::Unavailable(self.last_error.clone()))
             }
         }
     }
@@ -323,6 +323,20 @@ impl Worker {
     }
 }
 
+/// An error and its causes, one line (PostgreSQL's errors say little at the top).
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn submit(db: &mut dyn Database, run: &Submitted) -> Result<bool, DbError> {
     transaction(db, |db| {
         store::insert(db, &run.row)?;
@@ -340,7 +354,7 @@ fn submit(db: &mut dyn Database, run: &Submitted) -> Result<bool, DbError> {
                 "INSERT INTO queue (run_id, seq, submitted_by, created_at, request, base, slots,
                     charge_mb, claimed_by, claimed_at)
                  VALUES (?1, {NOW_US}, ?2, {NOW_MS}, ?3, ?4, ?5, ?6, ?7,
-                    CASE WHEN ?7 IS NULL THEN NULL ELSE {NOW_MS} END)"
+                    CASE WHEN CAST(?7 AS TEXT) IS NULL THEN NULL ELSE {NOW_MS} END)"
             ),
             values![
                 &run.row.run_id,
