@@ -161,7 +161,8 @@ impl Cluster {
                 }
             }
         };
-        if w.status.is_terminal() {
+        // Ended, or waiting in the shared queue (no server holds it yet): this server answers.
+        if w.status.is_terminal() || w.unclaimed {
             return None;
         }
         self.peer(&w.instance, w.last_seen_ms_ago, w.advertise_url)
@@ -273,7 +274,8 @@ impl crate::runs::Peers for Cluster {
         timeout: Duration,
     ) -> futures_util::future::BoxFuture<'a, Option<crate::report::RunReport>> {
         Box::pin(async move {
-            let query = format!("?wait_seconds={}", timeout.as_secs());
+            let secs = timeout.as_secs_f64().min(crate::contract::params::MAX_WAIT_SECONDS);
+            let query = format!("?wait_seconds={secs:.3}");
             self.report_from_owner(
                 manager,
                 run_id,

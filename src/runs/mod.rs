@@ -656,6 +656,8 @@ impl RunManager {
         let start = Instant::now();
         let deadline = start + timeout;
         let grace = start + timeout.min(UNKNOWN_GRACE);
+        // What the server holding it said last (returned if the wait ends before the run).
+        let mut elsewhere: Option<RunReport> = None;
         loop {
             let (rx, pending) = {
                 let st = self.lock();
@@ -701,10 +703,14 @@ impl RunManager {
                                 if r.status.is_terminal() || Instant::now() >= deadline {
                                     return Ok(r);
                                 }
+                                elsewhere = Some(r);
                                 continue;
                             }
                         }
                         ELSEWHERE_POLL
+                    }
+                    Err(LookupError::Elsewhere { .. }) if elsewhere.is_some() => {
+                        return Ok(elsewhere.take().expect("checked"));
                     }
                     Err(LookupError::Unknown { .. })
                         if now < grace && self.inner.history.is_some() =>
@@ -1392,21 +1398,32 @@ impl RunManager {
                 return None;
             }
         };
-        if w.unclaimed && w.status == Status::Queued {
+        // Waiting in the shared queue; or claimed by this server a moment ago (the claim
+        // is committed, the run not queued here yet): its report as it stands.
+        let mine = w.instance == self.inner.executor.instance();
+        if (w.unclaimed || mine) && w.status == Status::Queued {
             let row = history.get(run_id).await.ok().flatten();
             let mut r = RunReport::new(
                 run_id,
                 row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
                 Status::Queued,
                 row.as_ref().map(|r| r.limits).unwrap_or(NO_LIMITS),
-                "waiting in the shared queue: no codebox server has room for it yet",
+                if mine {
+                    "claimed by this server from the shared queue; starting"
+                } else {
+                    "waiting in the shared queue: no codebox server has room for it yet"
+                },
             );
             if let Some(created) = row.and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.created_at).ok()) {
                 r.queued_ms = (now_ms() - created.timestamp_millis()).max(0) as u64;
             }
             return Some(Ok(r));
         }
-        if w.status.is_terminal() || w.instance == self.inner.executor.instance() {
+        if w.status.is_terminal() {
+            // It ended between the two looks (on another server): its report is stored now.
+            return history.report(run_id, None).await.ok().flatten().map(Ok);
+        }
+        if mine {
             return None;
         }
         let mut owner = format!("instance {}", w.instance);

@@ -838,7 +838,7 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
 
     // Many runs from 16 clients at once through nginx: each answered once, right.
     const CLIENTS: usize = 16;
-    const EACH: usize = 5;
+    const EACH: usize = 19;
     let t = Instant::now();
     let clients = (0..CLIENTS).map(|c| {
         let http = http.clone();
