@@ -1401,12 +1401,12 @@ impl RunManager {
         // Waiting in the shared queue; or claimed by this server a moment ago (the claim
         // is committed, the run not queued here yet): its report as it stands.
         let mine = w.instance == self.inner.executor.instance();
-        if (w.unclaimed || mine) && w.status == Status::Queued {
+        if (w.unclaimed && w.status == Status::Queued) || (mine && !w.status.is_terminal()) {
             let row = history.get(run_id).await.ok().flatten();
             let mut r = RunReport::new(
                 run_id,
                 row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
-                Status::Queued,
+                if mine { w.status } else { Status::Queued },
                 row.as_ref().map(|r| r.limits).unwrap_or(NO_LIMITS),
                 if mine {
                     "claimed by this server from the shared queue; starting"
@@ -1422,9 +1422,6 @@ impl RunManager {
         if w.status.is_terminal() {
             // It ended between the two looks (on another server): its report is stored now.
             return history.report(run_id, None).await.ok().flatten().map(Ok);
-        }
-        if mine {
-            return None;
         }
         let mut owner = format!("instance {}", w.instance);
         if let Some(host) = &w.host {
