@@ -252,7 +252,10 @@ impl Cluster {
     ) -> Option<crate::report::RunReport> {
         let peer = self.run_owner(manager, run_id).await?;
         let path = format!("/v1/runs/{run_id}{query}");
-        match self.call_json(&peer, method, &path, None, Some(timeout)).await {
+        match self
+            .call_json(&peer, method, &path, None, Some(timeout))
+            .await
+        {
             Ok(f) if f.status.is_success() => serde_json::from_value(f.body).ok(),
             Ok(f) => {
                 tracing::debug!(run_id, status = %f.status, "the server holding a run answered no report");
@@ -274,7 +277,9 @@ impl crate::runs::Peers for Cluster {
         timeout: Duration,
     ) -> futures_util::future::BoxFuture<'a, Option<crate::report::RunReport>> {
         Box::pin(async move {
-            let secs = timeout.as_secs_f64().min(crate::contract::params::MAX_WAIT_SECONDS);
+            let secs = timeout
+                .as_secs_f64()
+                .min(crate::contract::params::MAX_WAIT_SECONDS);
             let query = format!("?wait_seconds={secs:.3}");
             self.report_from_owner(
                 manager,
@@ -293,8 +298,14 @@ impl crate::runs::Peers for Cluster {
         run_id: &'a str,
     ) -> futures_util::future::BoxFuture<'a, Option<crate::report::RunReport>> {
         Box::pin(async move {
-            self.report_from_owner(manager, run_id, axum::http::Method::DELETE, "", STOP_TIMEOUT)
-                .await
+            self.report_from_owner(
+                manager,
+                run_id,
+                axum::http::Method::DELETE,
+                "",
+                STOP_TIMEOUT,
+            )
+            .await
         })
     }
 }

@@ -412,7 +412,9 @@ fn claim(db: &mut dyn Database, me: &str, room: Room) -> Result<Vec<Claimed>, Db
         }
         for c in &taken {
             db.execute(
-                &format!("UPDATE queue SET claimed_by = ?1, claimed_at = {NOW_MS} WHERE run_id = ?2"),
+                &format!(
+                    "UPDATE queue SET claimed_by = ?1, claimed_at = {NOW_MS} WHERE run_id = ?2"
+                ),
                 values![me, &c.run_id],
             )?;
             db.execute(
@@ -444,7 +446,11 @@ fn hand_back(db: &mut dyn Database, me: &str, run_ids: &[String]) -> Result<u64,
     })
 }
 
-fn withdraw(db: &mut dyn Database, run_id: &str, message: &str) -> Result<Option<RunReport>, DbError> {
+fn withdraw(
+    db: &mut dyn Database,
+    run_id: &str,
+    message: &str,
+) -> Result<Option<RunReport>, DbError> {
     transaction(db, |db| {
         let rows = db.query(
             &format!(
@@ -478,7 +484,8 @@ fn listen(
     let mut db: Option<pg::Postgres> = None;
     while !stop.load(Ordering::Relaxed) {
         let Some(conn) = db.as_mut() else {
-            match connect().and_then(|mut c| c.listen(&[QUEUE_CHANNEL, MOVED_CHANNEL]).map(|()| c)) {
+            match connect().and_then(|mut c| c.listen(&[QUEUE_CHANNEL, MOVED_CHANNEL]).map(|()| c))
+            {
                 Ok(c) => {
                     db = Some(c);
                     work.notify_one();

@@ -786,7 +786,9 @@ impl RunManager {
                     return Some(Ok(r));
                 }
                 Ok(None) => {}
-                Err(e) => tracing::warn!(run_id, error = %e, "cannot take a run out of the shared queue"),
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "cannot take a run out of the shared queue")
+                }
             }
             if self.holds_run(run_id) {
                 // This server claimed it meanwhile.
@@ -908,8 +910,13 @@ impl RunManager {
             return;
         }
         match queue.hand_back(ids).await {
-            Ok(n) => tracing::info!(runs = n, "gave the claimed runs that had not started back to the shared queue"),
-            Err(e) => tracing::warn!(error = %e, "cannot give claimed runs back to the shared queue; they go back once this server's lease lapses"),
+            Ok(n) => tracing::info!(
+                runs = n,
+                "gave the claimed runs that had not started back to the shared queue"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot give claimed runs back to the shared queue; they go back once this server's lease lapses")
+            }
         }
     }
 
@@ -1028,7 +1035,8 @@ impl RunManager {
                 }
             };
             if let Some(origin) = origin {
-                let taken = manager.enqueue_as(id.clone(), origin, valid, slots, charge_mb, None, feed);
+                let taken =
+                    manager.enqueue_as(id.clone(), origin, valid, slots, charge_mb, None, feed);
                 if let Err(e) = taken {
                     tracing::error!(run_id = id, error = %e, "a run accepted for the shared queue could not be queued here");
                     if origin != Origin::Taken {
@@ -1414,7 +1422,9 @@ impl RunManager {
                     "waiting in the shared queue: no codebox server has room for it yet"
                 },
             );
-            if let Some(created) = row.and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.created_at).ok()) {
+            if let Some(created) =
+                row.and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.created_at).ok())
+            {
                 r.queued_ms = (now_ms() - created.timestamp_millis()).max(0) as u64;
             }
             return Some(Ok(r));
@@ -1606,7 +1616,9 @@ async fn purge_loop(inner: Weak<Inner>) {
 /// or [`QUEUE_POLL`] has passed; nothing while draining.
 async fn claim_loop(inner: Weak<Inner>, queue: SharedQueue) {
     loop {
-        let Some(strong) = inner.upgrade() else { return };
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
         let manager = RunManager { inner: strong };
         let room = {
             let st = manager.lock();

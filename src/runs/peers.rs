@@ -22,6 +22,9 @@ pub trait Peers: Send + Sync {
     ) -> BoxFuture<'a, Option<RunReport>>;
 
     /// Stop `run_id` at the server that holds it; `None` as for [`Peers::wait`].
-    fn stop<'a>(&'a self, manager: &'a RunManager, run_id: &'a str)
-        -> BoxFuture<'a, Option<RunReport>>;
+    fn stop<'a>(
+        &'a self,
+        manager: &'a RunManager,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Option<RunReport>>;
 }

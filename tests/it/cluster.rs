@@ -1129,7 +1129,10 @@ fn room(slots: usize, memory_mb: u64) -> codebox::history::Room {
 }
 
 /// `(claimed_by, handed_back)` of each queue row, by run id.
-fn queue_rows(pg: &PgCluster, db: &str) -> std::collections::BTreeMap<String, (Option<String>, i64)> {
+fn queue_rows(
+    pg: &PgCluster,
+    db: &str,
+) -> std::collections::BTreeMap<String, (Option<String>, i64)> {
     pg.with_client(db, |c| {
         c.query("SELECT run_id, claimed_by, handed_back FROM queue", &[])
             .unwrap()
@@ -1163,9 +1166,16 @@ async fn the_shared_queue_claims_in_order_and_gives_a_dead_servers_claims_back_o
         },
     );
     let sqlite = codebox::config::HistoryStore::Sqlite("/nonexistent/h.db".into());
-    assert!(SharedQueue::connect(&sqlite, "x").is_none(), "SQLite has no shared queue");
+    assert!(
+        SharedQueue::connect(&sqlite, "x").is_none(),
+        "SQLite has no shared queue"
+    );
     let ids: Vec<String> = (0..6)
-        .map(|i| queued_run("qa", i, if i == 2 { 9000 } else { 300 }).row.run_id)
+        .map(|i| {
+            queued_run("qa", i, if i == 2 { 9000 } else { 300 })
+                .row
+                .run_id
+        })
         .collect();
     for i in 0..6 {
         let run = queued_run("qa", i, if i == 2 { 9000 } else { 300 });
@@ -1196,13 +1206,19 @@ async fn the_shared_queue_claims_in_order_and_gives_a_dead_servers_claims_back_o
     assert_eq!(owner, "qb");
     // Any server takes an unclaimed run out; a claimed one is not its to take.
     let stopped = qc
-        .withdraw(&ids[3], "stopped while waiting in the queue; it never started")
+        .withdraw(
+            &ids[3],
+            "stopped while waiting in the queue; it never started",
+        )
         .await
         .unwrap()
         .expect("withdrawn");
     assert_eq!(stopped.status, codebox::report::Status::Stopped);
     assert!(qc.withdraw(&ids[0], "x").await.unwrap().is_none());
-    assert!(qc.withdraw(&ids[3], "x").await.unwrap().is_none(), "only once");
+    assert!(
+        qc.withdraw(&ids[3], "x").await.unwrap().is_none(),
+        "only once"
+    );
     let status: String = pg.with_client("queue", |c| {
         c.query_one("SELECT status FROM runs WHERE id = $1", &[&ids[3]])
             .unwrap()
@@ -1243,7 +1259,10 @@ async fn the_shared_queue_claims_in_order_and_gives_a_dead_servers_claims_back_o
     assert_eq!(rows[&ids[0]], (None, 1), "given back exactly once");
     let (status, instance): (String, String) = pg.with_client("queue", |c| {
         let r = c
-            .query_one("SELECT status, instance FROM runs WHERE id = $1", &[&ids[0]])
+            .query_one(
+                "SELECT status, instance FROM runs WHERE id = $1",
+                &[&ids[0]],
+            )
             .unwrap();
         (r.get(0), r.get(1))
     });
@@ -1323,7 +1342,12 @@ async fn shared_queue_throughput() {
 /// `run_id`'s final report through `client`, however long it waits (each call waits 60 s).
 async fn final_report(client: &Client, run_id: &str) -> Value {
     for _ in 0..10 {
-        let r = ok(client, "get_result", json!({"run_id": run_id, "wait_seconds": 60})).await;
+        let r = ok(
+            client,
+            "get_result",
+            json!({"run_id": run_id, "wait_seconds": 60}),
+        )
+        .await;
         if !matches!(r["status"].as_str(), Some("queued" | "running")) {
             return r;
         }
@@ -1387,7 +1411,10 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
     let count = |name: &str| spread.iter().filter(|(i, _)| i == name).count();
     let counts = [count(&names[0]), count(&names[1]), count(&names[2])];
     assert_eq!(counts.iter().sum::<usize>(), 12, "{spread:?}");
-    assert!(counts[1] > 0 && counts[2] > 0, "B and C ran some: {counts:?}");
+    assert!(
+        counts[1] > 0 && counts[2] > 0,
+        "B and C ran some: {counts:?}"
+    );
     eprintln!(
         "12 runs of 1 s sent to a server with 1 slot: {:.1} s, run by A/B/C {counts:?}",
         busy.as_secs_f64()
@@ -1451,7 +1478,9 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
         "{after:?}"
     );
     let left: i64 = pg.with_client("busy", |c| {
-        c.query_one("SELECT COUNT(*) FROM queue", &[]).unwrap().get(0)
+        c.query_one("SELECT COUNT(*) FROM queue", &[])
+            .unwrap()
+            .get(0)
     });
     assert_eq!(left, 0, "nothing is left in the shared queue");
     eprintln!("whole test {:.1} s", t0.elapsed().as_secs_f64());
