@@ -6,7 +6,7 @@
 //! a slow poll behind it), and tells a server waiting on another's run that it moved.
 //!
 //! A claimed row stays until its run starts ([`SharedQueue::settle`]): if its server dies
-//! first, the lease judge (one server at a time, under [`JUDGE_LOCK`]) gives the row back
+//! first, the lease judge (one server at a time, under [`super::JUDGE_LOCK`]) gives the row back
 //! to the queue, once. A drained server gives back what it claimed and has not started.
 //!
 //! The queue has a connection of its own on a thread of its own (the history's thread must
@@ -20,17 +20,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 use super::db::{transaction, values, Database, DbError};
-use super::{pg, store, NewRun};
+use super::{pg, store, NewRun, MOVED_CHANNEL, QUEUE_CHANNEL};
 use crate::config::HistoryStore;
 use crate::report::{RunReport, Status};
 
-/// Notified when a run is added to the queue or given back to it.
-pub const QUEUE_CHANNEL: &str = "codebox_queue";
-/// Notified when a run changes hands (claimed) or ends: a server waiting on a run it does not
-/// hold looks again.
-pub const MOVED_CHANNEL: &str = "codebox_moved";
-/// The advisory lock held by the one server judging leases at a time.
-pub(crate) const JUDGE_LOCK: i64 = 0x0063_6f64_656a_7564; // "codejud"
 /// How long a connection that failed is left before the next try.
 const RETRY: Duration = Duration::from_secs(1);
 /// How long the listener waits for a notification before it looks whether it should stop.

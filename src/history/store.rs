@@ -103,7 +103,7 @@ pub fn mark_interrupted(
     judge_leases: bool,
 ) -> Result<u64, DbError> {
     transaction(db, |db| {
-        if !db.try_advisory_xact_lock(super::queue::JUDGE_LOCK)? {
+        if !db.try_advisory_xact_lock(super::JUDGE_LOCK)? {
             return Ok(0);
         }
         mark_interrupted_locked(db, owner, now, judge_leases)
@@ -149,7 +149,7 @@ fn mark_interrupted_locked(
             values![&instance],
         )?;
         if back > 0 {
-            db.notify(super::queue::QUEUE_CHANNEL, "")?;
+            db.notify(super::QUEUE_CHANNEL, "")?;
             tracing::warn!(
                 runs = back,
                 instance,
@@ -174,7 +174,7 @@ fn mark_interrupted_locked(
                 values![message, now_ms(), json, &report.run_id],
             )?;
             if changed > 0 {
-                db.notify(super::queue::MOVED_CHANNEL, &report.run_id)?;
+                db.notify(super::MOVED_CHANNEL, &report.run_id)?;
             }
             n += changed;
         }
@@ -293,7 +293,7 @@ pub fn finish(db: &mut dyn Database, r: &RunReport, at_ms: i64) -> Result<(), Db
         ],
     )?;
     // A server waiting on a run it does not hold looks again (PostgreSQL only).
-    db.notify(super::queue::MOVED_CHANNEL, &r.run_id)
+    db.notify(super::MOVED_CHANNEL, &r.run_id)
 }
 
 pub fn forget_reports(db: &mut dyn Database, run_ids: &[String]) -> Result<(), DbError> {
