@@ -712,6 +712,23 @@ impl RunManager {
                     Err(LookupError::Elsewhere { .. }) if elsewhere.is_some() => {
                         return Ok(elsewhere.take().expect("checked"));
                     }
+                    // In a cluster, a run another server holds is answered as it stands when
+                    // the wait ends (the caller asks again), as for one held here.
+                    Err(LookupError::Elsewhere { status, owner, .. })
+                        if self.inner.peers.get().is_some() =>
+                    {
+                        let row = match &self.inner.history {
+                            Some(h) => h.get(run_id).await.ok().flatten(),
+                            None => None,
+                        };
+                        return Ok(RunReport::new(
+                            run_id,
+                            row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
+                            *status,
+                            row.map(|r| r.limits).unwrap_or(NO_LIMITS),
+                            format!("{} on another codebox server ({owner})", status.as_str()),
+                        ));
+                    }
                     Err(LookupError::Unknown { .. })
                         if now < grace && self.inner.history.is_some() =>
                     {

@@ -1423,8 +1423,13 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
     // Every slot busy: two long runs each on B and C (sent to B), one on A.
     let mut long = Vec::new();
     for _ in 0..4 {
-        long.push(start(&cb, "import time\ntime.sleep(8)\nprint('long')").await);
+        long.push(start(&cb, "import time\ntime.sleep(15)\nprint('long')").await);
     }
+    // Once they run (claimed by B and C), A's own long run is A's: nothing older waits.
+    eventually(60, "the four long runs are running", || {
+        long.iter().all(|id| !leftovers(id).is_empty())
+    })
+    .await;
     let held = start(&ca, "import time\ntime.sleep(600)").await;
     eventually(60, "the five long runs are running", || {
         long.iter()
