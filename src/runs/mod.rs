@@ -1090,7 +1090,7 @@ impl RunManager {
                     "",
                     Status::SandboxError,
                     NO_LIMITS,
-                    &format!(
+                    format!(
                         "codebox server {} claimed this run from the shared queue and cannot run it: {why}; check that every server has the same languages.toml and limits",
                         self.inner.executor.instance()
                     ),
