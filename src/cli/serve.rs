@@ -65,6 +65,18 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
     let shutdown = transport::shutdown_signal();
     egress_runtime_check(app).await?;
     app.reap().await;
+    // In a cluster, one queue for all the servers (SPEC section 15).
+    if let Transport::Http {
+        cluster: Some(cluster),
+        ..
+    } = &transport
+    {
+        if let Some(queue) =
+            crate::history::SharedQueue::connect(&app.config.history_store(), &app.instance.id)
+        {
+            app.runs.share_queue(queue, cluster.clone());
+        }
+    }
     app.runs.start_pool();
     app.runs.start_ready_sessions();
     transport::serve(app.runs.clone(), &config, transport, shutdown).await?;

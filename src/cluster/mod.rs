@@ -161,7 +161,8 @@ impl Cluster {
                 }
             }
         };
-        if w.status.is_terminal() {
+        // Ended, or waiting in the shared queue (no server holds it yet): this server answers.
+        if w.status.is_terminal() || w.unclaimed {
             return None;
         }
         self.peer(&w.instance, w.last_seen_ms_ago, w.advertise_url)
@@ -229,6 +230,82 @@ impl Cluster {
         Some(Peer {
             instance: instance.to_string(),
             url: url?.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+/// How much longer than the wait itself a forwarded wait may take (the way there and back).
+const WAIT_SLACK: Duration = Duration::from_secs(30);
+/// How long a forwarded stop may take (the owner waits for the containers' removal).
+const STOP_TIMEOUT: Duration = Duration::from_secs(150);
+
+impl Cluster {
+    /// A run's report from the server holding it, by `/v1/runs/{id}`: `None` when no other
+    /// living server holds it, or it does not answer with a report.
+    async fn report_from_owner(
+        &self,
+        manager: &RunManager,
+        run_id: &str,
+        method: axum::http::Method,
+        query: &str,
+        timeout: Duration,
+    ) -> Option<crate::report::RunReport> {
+        let peer = self.run_owner(manager, run_id).await?;
+        let path = format!("/v1/runs/{run_id}{query}");
+        match self
+            .call_json(&peer, method, &path, None, Some(timeout))
+            .await
+        {
+            Ok(f) if f.status.is_success() => serde_json::from_value(f.body).ok(),
+            Ok(f) => {
+                tracing::debug!(run_id, status = %f.status, "the server holding a run answered no report");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(run_id, error = %e, "the server holding a run does not answer");
+                None
+            }
+        }
+    }
+}
+
+impl crate::runs::Peers for Cluster {
+    fn wait<'a>(
+        &'a self,
+        manager: &'a RunManager,
+        run_id: &'a str,
+        timeout: Duration,
+    ) -> futures_util::future::BoxFuture<'a, Option<crate::report::RunReport>> {
+        Box::pin(async move {
+            let secs = timeout
+                .as_secs_f64()
+                .min(crate::contract::params::MAX_WAIT_SECONDS);
+            let query = format!("?wait_seconds={secs:.3}");
+            self.report_from_owner(
+                manager,
+                run_id,
+                axum::http::Method::GET,
+                &query,
+                timeout + WAIT_SLACK,
+            )
+            .await
+        })
+    }
+
+    fn stop<'a>(
+        &'a self,
+        manager: &'a RunManager,
+        run_id: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Option<crate::report::RunReport>> {
+        Box::pin(async move {
+            self.report_from_owner(
+                manager,
+                run_id,
+                axum::http::Method::DELETE,
+                "",
+                STOP_TIMEOUT,
+            )
+            .await
         })
     }
 }

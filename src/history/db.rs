@@ -150,6 +150,17 @@ pub trait Database: Send {
     fn now_ms(&mut self) -> Result<i64, DbError>;
     /// Whether the connection is gone for good (the history thread then reconnects).
     fn is_broken(&self) -> bool;
+    /// Tell the servers listening on `channel` (PostgreSQL's `NOTIFY`, sent at commit);
+    /// nothing for SQLite, which one server alone uses.
+    fn notify(&mut self, _channel: &str, _payload: &str) -> Result<(), DbError> {
+        Ok(())
+    }
+    /// Take the transaction-scoped advisory lock `key` if nobody holds it (PostgreSQL's
+    /// `pg_try_advisory_xact_lock`): `false` when another server holds it. SQLite has one
+    /// writer, so always `true`.
+    fn try_advisory_xact_lock(&mut self, _key: i64) -> Result<bool, DbError> {
+        Ok(true)
+    }
 }
 
 /// Run `f` inside [`Database::begin_exclusive`]: committed if it succeeds, rolled back if not.

@@ -30,6 +30,7 @@ mod actor;
 pub(crate) mod db;
 mod pg;
 mod pg_tls;
+mod queue;
 mod schema;
 mod sessions;
 mod sqlite;
@@ -48,6 +49,7 @@ use crate::config::{CodePolicy, HistoryStore, CODE_PREVIEW_CHARS};
 use crate::report::{RunLimits, RunReport, Stage, Status};
 use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
+pub use queue::{Claimed, QueueError, Room, SharedQueue, Submitted};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{
     SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED,
@@ -67,6 +69,13 @@ pub const STOPPED_ANSWERING_MESSAGE: &str = "its server stopped answering";
 /// An instance whose last heartbeat is older than this (by the database's clock), and whose
 /// liveness no lock file in this data directory tells, is dead.
 pub const INSTANCE_EXPIRY: Duration = Duration::from_secs(10);
+/// The shared queue (`queue.rs`): notified when a run is added to the queue or given back to it.
+pub const QUEUE_CHANNEL: &str = "codebox_queue";
+/// Notified when a run changes hands (claimed) or ends: a server waiting on a run it does not
+/// hold looks again.
+pub const MOVED_CHANNEL: &str = "codebox_moved";
+/// The advisory lock held by the one server judging leases at a time.
+pub(crate) const JUDGE_LOCK: i64 = 0x0063_6f64_656a_7564; // "codejud"
 /// How often the history thread tries again to open a database it cannot reach.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -178,6 +187,8 @@ pub struct Whereabouts {
     pub last_seen_ms_ago: Option<i64>,
     /// How the other servers reach that instance (`cluster.advertise_url`), if it said.
     pub advertise_url: Option<String>,
+    /// Waiting in the shared queue, claimed by no server: no server holds it yet.
+    pub unclaimed: bool,
 }
 
 /// A history operation that failed.

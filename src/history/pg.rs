@@ -152,6 +152,44 @@ impl Database for Postgres {
     fn is_broken(&self) -> bool {
         self.client.is_closed()
     }
+
+    fn notify(&mut self, channel: &str, payload: &str) -> Result<(), DbError> {
+        self.execute(
+            "SELECT pg_notify(?1, ?2)",
+            &[Value::Text(channel.into()), Value::Text(payload.into())],
+        )
+        .map(|_| ())
+    }
+
+    fn try_advisory_xact_lock(&mut self, key: i64) -> Result<bool, DbError> {
+        let rows = self.query("SELECT pg_try_advisory_xact_lock(?1)", &[Value::Int(key)])?;
+        Ok(rows.first().and_then(|r| r.int(0)) == Some(1))
+    }
+}
+
+impl Postgres {
+    /// Listen on `channels` from now on (this connection then waits in
+    /// [`Postgres::notifications`]).
+    pub(super) fn listen(&mut self, channels: &[&str]) -> Result<(), DbError> {
+        let sql: String = channels.iter().map(|c| format!("LISTEN {c};")).collect();
+        self.client.batch_execute(&sql).map_err(err)
+    }
+
+    /// The channels notified, waiting at most `timeout` for the first one.
+    pub(super) fn notifications(&mut self, timeout: Duration) -> Result<Vec<String>, DbError> {
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut n = self.client.notifications();
+        let mut got = Vec::new();
+        let first = n.timeout_iter(timeout).next().map_err(err)?;
+        if let Some(first) = first {
+            got.push(first.channel().to_string());
+            let mut rest = n.iter();
+            while let Some(more) = rest.next().map_err(err)? {
+                got.push(more.channel().to_string());
+            }
+        }
+        Ok(got)
+    }
 }
 
 type BoxError = Box<dyn Error + Sync + Send>;

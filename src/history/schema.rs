@@ -76,6 +76,26 @@ const MIGRATIONS: &[&str] = &[
     // 6: packages on request (SPEC 13): what a run asked for and how it was installed (the
     // report's `packages`, JSON), kept past the report's retention like the other columns.
     "ALTER TABLE runs ADD COLUMN packages TEXT;",
+    // 7: one queue for the servers sharing a PostgreSQL history (SPEC section 15): a row per
+    // run submitted and not started yet, claimed in `seq` order (the database's clock, in
+    // microseconds) by the server that runs it. `request` is the run request (JSON), `base`
+    // the report it would have had it never started (JSON), `slots` and `charge_mb` what it
+    // takes of a server. Unused with SQLite.
+    "CREATE TABLE queue (
+        run_id       TEXT PRIMARY KEY,
+        seq          BIGINT NOT NULL,
+        submitted_by TEXT NOT NULL,
+        created_at   BIGINT NOT NULL,   -- Unix ms, the database's clock
+        request      TEXT NOT NULL,
+        base         TEXT NOT NULL,
+        slots        BIGINT NOT NULL,
+        charge_mb    BIGINT NOT NULL,
+        claimed_by   TEXT,
+        claimed_at   BIGINT,
+        handed_back  BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX queue_unclaimed ON queue (seq) WHERE claimed_by IS NULL;
+    CREATE INDEX queue_by_claimer ON queue (claimed_by);",
 ];
 
 /// The schema version this codebox writes.

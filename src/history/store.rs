@@ -91,7 +91,26 @@ fn is_dead(
 /// restart", or "its server stopped answering" when its lease lapsed) and end their sessions;
 /// the runs of living instances, on this host or another, are left alone. Without
 /// `judge_leases` only instances known dead by their lock files are.
+///
+/// Runs in the shared queue are not lost with a server: those a dead instance had claimed
+/// but not started go back to the queue (once: the row is unclaimed by whichever judge gets
+/// there first), and unclaimed ones are never marked. One server judges at a time (an
+/// advisory lock); the others skip the round.
 pub fn mark_interrupted(
+    db: &mut dyn Database,
+    owner: &Owner,
+    now: i64,
+    judge_leases: bool,
+) -> Result<u64, DbError> {
+    transaction(db, |db| {
+        if !db.try_advisory_xact_lock(super::JUDGE_LOCK)? {
+            return Ok(0);
+        }
+        mark_interrupted_locked(db, owner, now, judge_leases)
+    })
+}
+
+fn mark_interrupted_locked(
     db: &mut dyn Database,
     owner: &Owner,
     now: i64,
@@ -100,7 +119,8 @@ pub fn mark_interrupted(
     let instances: Vec<String> = db
         .query(
             "SELECT DISTINCT instance FROM runs WHERE status IN ('queued', 'running')
-             UNION SELECT DISTINCT instance FROM sessions WHERE ended_at IS NULL",
+             UNION SELECT DISTINCT instance FROM sessions WHERE ended_at IS NULL
+             UNION SELECT DISTINCT claimed_by FROM queue WHERE claimed_by IS NOT NULL",
             &[],
         )?
         .iter()
@@ -115,9 +135,31 @@ pub fn mark_interrupted(
             Gone::Restarted => INTERRUPTED_MESSAGE,
             Gone::Lapsed => STOPPED_ANSWERING_MESSAGE,
         };
+        // What it claimed: started (or ended) runs leave the queue and are judged below;
+        // the others go back to it.
+        db.execute(
+            "DELETE FROM queue WHERE claimed_by = ?1
+             AND run_id IN (SELECT id FROM runs WHERE status <> 'queued')",
+            values![&instance],
+        )?;
+        let back = db.execute(
+            "UPDATE queue SET claimed_by = NULL, claimed_at = NULL,
+                handed_back = handed_back + 1
+             WHERE claimed_by = ?1",
+            values![&instance],
+        )?;
+        if back > 0 {
+            db.notify(super::QUEUE_CHANNEL, "")?;
+            tracing::warn!(
+                runs = back,
+                instance,
+                "a server that is gone had claimed runs it had not started: they are back in the shared queue"
+            );
+        }
         let runs = db.query(
             "SELECT id, language, memory_mb, timeout_seconds, cpus, created_at, started_at
-             FROM runs WHERE instance = ?1 AND status IN ('queued', 'running')",
+             FROM runs WHERE instance = ?1 AND status IN ('queued', 'running')
+             AND id NOT IN (SELECT run_id FROM queue)",
             values![&instance],
         )?;
         let mut n = 0;
@@ -125,12 +167,16 @@ pub fn mark_interrupted(
             let report = interrupted_report(run, message);
             let json = serde_json::to_string(&report).ok();
             // Only if still unfinished: another server may be marking the same rows.
-            n += db.execute(
+            let changed = db.execute(
                 "UPDATE runs SET status = 'sandbox_error', message = ?1, ended_at = ?2,
                     report = ?3
                  WHERE id = ?4 AND status IN ('queued', 'running')",
                 values![message, now_ms(), json, &report.run_id],
             )?;
+            if changed > 0 {
+                db.notify(super::MOVED_CHANNEL, &report.run_id)?;
+            }
+            n += changed;
         }
         let reason = match gone {
             Gone::Restarted => super::sessions::RESTARTED,
@@ -249,7 +295,8 @@ pub fn finish(db: &mut dyn Database, r: &RunReport, at_ms: i64) -> Result<(), Db
                 .and_then(|p| serde_json::to_string(p).ok()),
         ],
     )?;
-    Ok(())
+    // A server waiting on a run it does not hold looks again (PostgreSQL only).
+    db.notify(super::MOVED_CHANNEL, &r.run_id)
 }
 
 pub fn forget_reports(db: &mut dyn Database, run_ids: &[String]) -> Result<(), DbError> {
@@ -376,8 +423,11 @@ pub fn whereabouts(db: &mut dyn Database, run_id: &str) -> Result<Option<Whereab
     let now = db.now_ms()?;
     let rows = db.query(
         "SELECT runs.status, runs.instance, instances.host, instances.heartbeat_at,
-                instances.advertise_url
+                instances.advertise_url,
+                CASE WHEN queue.run_id IS NOT NULL AND queue.claimed_by IS NULL
+                     THEN 1 ELSE 0 END
          FROM runs LEFT JOIN instances ON instances.id = runs.instance
+                   LEFT JOIN queue ON queue.run_id = runs.id
          WHERE runs.id = ?1",
         values![run_id],
     )?;
@@ -391,5 +441,6 @@ pub fn whereabouts(db: &mut dyn Database, run_id: &str) -> Result<Option<Whereab
         host: r.text(2),
         last_seen_ms_ago: r.int(3).map(|b| (now - b).max(0)),
         advertise_url: r.text(4),
+        unclaimed: r.int(5) == Some(1),
     }))
 }

@@ -108,6 +108,41 @@ impl Admission {
         Ok(())
     }
 
+    /// Queue a ticket whatever the queue holds, while draining too: a run this server
+    /// claimed from the shared queue, or one it took for it and could not give it. Refused
+    /// only once closed.
+    pub fn enqueue_taken(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+        if self.closed {
+            return Err(Refusal::Closed);
+        }
+        self.queue.push_back(ticket);
+        Ok(())
+    }
+
+    /// What this server could start now beyond what it runs and queues: free slots and
+    /// memory (what the pool's ready containers and sessions opened ahead of time hold counts as
+    /// free: they give it back).
+    /// Nothing while draining or closed.
+    pub fn room(&self) -> (usize, u64) {
+        if self.closed || self.draining {
+            return (0, 0);
+        }
+        let slots: usize = self.queue.iter().map(|t| t.slots).sum();
+        let mb: u64 = self.queue.iter().map(|t| t.charge_mb).sum();
+        (
+            self.policy
+                .max_concurrent_runs
+                .saturating_sub(self.active + slots),
+            self.policy
+                .memory_budget_mb
+                .saturating_sub(self.committed_mb() + mb),
+        )
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
     /// Memory admitted runs and open sessions hold.
     fn committed_mb(&self) -> u64 {
         self.active_memory_mb + self.held_mb

@@ -27,6 +27,7 @@ pub mod admission;
 mod budget;
 mod lookup;
 pub mod metrics;
+mod peers;
 pub mod retention;
 pub mod sessions;
 mod stats;
@@ -34,7 +35,7 @@ mod submit;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -47,7 +48,7 @@ use crate::contract::{RequestError, RunRequest, SessionRequest, SessionTerms, Va
 use crate::executor::pool::{Change, Pool, Shape};
 use crate::executor::session::{Broken, SessionBox};
 use crate::executor::{new_run_id, parallelism, Executor};
-use crate::history::{now_ms, History, NewRun};
+use crate::history::{now_ms, Claimed, History, NewRun, Room, SharedQueue, Submitted};
 use crate::live::Feed;
 use crate::registry::Registry;
 use crate::report::{InterpreterState, RunReport, SessionExecution, Status};
@@ -56,6 +57,7 @@ pub use budget::{check_budget, memory_charge, BudgetError};
 pub use lookup::LookupError;
 use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use metrics::Metrics;
+pub use peers::Peers;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
 use sessions::{
@@ -73,6 +75,29 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 const POOL_INTERVAL: Duration = Duration::from_millis(500);
 /// How long a door's `close_session` waits for the container's removal before it answers.
 const CLOSE_REMOVAL_WAIT: Duration = Duration::from_secs(10);
+/// The limits of a run whose request is not at hand.
+const NO_LIMITS: crate::report::RunLimits = crate::report::RunLimits {
+    memory_mb: 0,
+    timeout_seconds: 0.0,
+    cpus: 0.0,
+};
+/// The message of a run stopped before it left the queue.
+const QUEUED_STOP: &str = "stopped while waiting in the queue; it never started";
+/// How often an idle server looks at the shared queue when no notification came.
+const QUEUE_POLL: Duration = Duration::from_secs(2);
+/// How long a claimer that could not reach the shared queue waits before it tries again.
+const QUEUE_RETRY: Duration = Duration::from_secs(1);
+
+/// Where a run being queued comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Origin {
+    /// Submitted here, for this server's own queue.
+    New,
+    /// Submitted here for the shared queue, which could not take it: it runs here.
+    Taken,
+    /// Claimed from the shared queue (its history row exists), after waiting there.
+    Claimed { waited_ms: u64 },
+}
 
 /// Where an unfinished run stands, for progress notifications.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -116,10 +141,28 @@ struct Live {
     done: watch::Sender<Option<Arc<RunReport>>>,
     /// Its live events (output as it comes), ended with the report.
     feed: Arc<Feed>,
+    /// Claimed from the shared queue: its row leaves the queue when it starts.
+    shared: bool,
+}
+
+impl State {
+    /// What this server could start now: admission's room, less what runs submitted here a
+    /// moment ago reserved.
+    fn room(&self) -> (usize, u64) {
+        let (slots, mb) = self.admission.room();
+        let (rs, rm) = self
+            .pending
+            .values()
+            .fold((0, 0), |(s, m), (a, b)| (s + a, m + b));
+        (slots.saturating_sub(rs), mb.saturating_sub(rm))
+    }
 }
 
 struct State {
     live: HashMap<String, Live>,
+    /// Runs submitted here to the shared queue whose insert has not answered yet, and the
+    /// slots and memory each reserved here (claimed at once when there was room).
+    pending: HashMap<String, (usize, u64)>,
     admission: Admission,
     retention: Retention,
 }
@@ -153,6 +196,12 @@ struct Inner {
     /// The loops that keep the pool, the sessions and the retention (ended with the manager,
     /// and at shutdown).
     tasks: Mutex<Vec<AbortOnDropHandle<()>>>,
+    /// The queue shared with the other servers of a cluster (PostgreSQL), once joined.
+    shared: OnceLock<SharedQueue>,
+    /// The other servers of the cluster.
+    peers: OnceLock<Arc<dyn Peers>>,
+    /// A run this server did not hold came here (claimed), or a submission was answered.
+    changed: tokio::sync::Notify,
 }
 
 /// The run manager. Cheap to clone; all clones share the same runs.
@@ -192,10 +241,14 @@ impl RunManager {
             sessions,
             state: Mutex::new(State {
                 live: HashMap::new(),
+                pending: HashMap::new(),
                 admission: Admission::new(policy),
                 retention: Retention::default(),
             }),
             tasks: Mutex::new(Vec::new()),
+            shared: OnceLock::new(),
+            peers: OnceLock::new(),
+            changed: tokio::sync::Notify::new(),
         });
         let manager = RunManager { inner };
         let weak = Arc::downgrade(&manager.inner);
@@ -220,6 +273,22 @@ impl RunManager {
     fn own(&self, task: tokio::task::JoinHandle<()>) {
         let mut tasks = self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner());
         tasks.push(AbortOnDropHandle::new(task));
+    }
+
+    /// Join a cluster's shared queue (SPEC section 15): runs submitted here from now on go to
+    /// `queue`, and this server claims from it what fits its own slots and budget; `peers`
+    /// answers for the runs another server claimed. Sessions' executions stay on the
+    /// session's server. Called once, by `codebox serve` in a cluster.
+    pub fn share_queue(&self, queue: SharedQueue, peers: Arc<dyn Peers>) {
+        if self.inner.shared.set(queue.clone()).is_err() {
+            return;
+        }
+        let _ = self.inner.peers.set(peers);
+        self.own(tokio::spawn(claim_loop(Arc::downgrade(&self.inner), queue)));
+    }
+
+    fn shared(&self) -> Option<&SharedQueue> {
+        self.inner.shared.get()
     }
 
     /// This manager as the run manager sessions ask for budget and stops.
@@ -318,6 +387,11 @@ impl RunManager {
         }
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
+        }
+        if run.shared {
+            if let Some(q) = self.shared() {
+                q.settle(&run_id);
+            }
         }
         self.spawn(run_id, *request, queued_ms, cancel, session, feed);
     }
@@ -428,6 +502,13 @@ impl RunManager {
         };
         if matches!(run.state, RunState::Running { .. }) {
             st.admission.release(&run.ticket);
+        }
+        if let Some(q) = self.shared() {
+            if run.shared && matches!(run.state, RunState::Queued { .. }) {
+                q.settle(run_id);
+            }
+            // Room here grew: claim.
+            q.wake();
         }
         self.inner.executor.pool().done(&run.shapes);
         let session_state = report.session.as_ref().map(|x| x.state);
@@ -567,39 +648,135 @@ impl RunManager {
     }
 
     /// Wait up to `timeout` for the run to end, then return its report as it stands. A run
-    /// not in memory is looked up in the history database (see [`LookupError`]).
+    /// not in memory is looked up in the history database (see [`LookupError`]): one another
+    /// server holds is waited on there ([`Peers`]), or looked at again until it ends; one in
+    /// the shared queue is waited on until a server (perhaps this one) claims it. An id the
+    /// history does not know is looked for again during [`UNKNOWN_GRACE`] (within `timeout`).
     pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunReport, LookupError> {
-        let rx = {
-            let st = self.lock();
-            if let Some(r) = st.retention.get(run_id) {
-                return Ok((**r).clone());
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let grace = start + timeout.min(UNKNOWN_GRACE);
+        // What the server holding it said last (returned if the wait ends before the run).
+        let mut elsewhere: Option<RunReport> = None;
+        loop {
+            let (rx, pending) = {
+                let st = self.lock();
+                if let Some(r) = st.retention.get(run_id) {
+                    return Ok((**r).clone());
+                }
+                let rx = st.live.get(run_id).map(|r| r.done.subscribe());
+                (rx, st.pending.contains_key(run_id))
+            };
+            if let Some(mut rx) = rx {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    let gone = matches!(
+                        tokio::time::timeout(left, rx.wait_for(|r| r.is_some())).await,
+                        Ok(Err(_))
+                    );
+                    if gone && rx.borrow().is_none() {
+                        // It left without a report: given back to the shared queue.
+                        continue;
+                    }
+                }
+                // The final report, even if it has just been evicted from memory.
+                let finished = rx.borrow().clone();
+                if let Some(report) = finished {
+                    return Ok((*report).clone());
+                }
+                return match self.report(run_id) {
+                    Some(r) => Ok(r),
+                    None => self.stored_report(run_id).await,
+                };
             }
-            st.live.get(run_id).map(|r| r.done.subscribe())
-        };
-        let Some(mut rx) = rx else {
-            return self.wait_in_store(run_id, timeout).await;
-        };
-        if !timeout.is_zero() {
-            let _ = tokio::time::timeout(timeout, rx.wait_for(|r| r.is_some())).await;
-        }
-        // The final report, even if it has just been evicted from memory.
-        let finished = rx.borrow().clone();
-        if let Some(report) = finished {
-            return Ok((*report).clone());
-        }
-        match self.report(run_id) {
-            Some(r) => Ok(r),
-            None => self.stored_report(run_id).await,
+            let pause = if pending {
+                UNKNOWN_POLL
+            } else {
+                let outcome = self.stored_report(run_id).await;
+                let now = Instant::now();
+                match &outcome {
+                    // In the shared queue, claimed by nobody yet.
+                    Ok(r) if !r.status.is_terminal() && now < deadline => ELSEWHERE_POLL,
+                    Err(LookupError::Elsewhere { .. }) if now < deadline => {
+                        if let Some(peers) = self.inner.peers.get() {
+                            if let Some(r) = peers.wait(self, run_id, deadline - now).await {
+                                if r.status.is_terminal() || Instant::now() >= deadline {
+                                    return Ok(r);
+                                }
+                                elsewhere = Some(r);
+                                continue;
+                            }
+                        }
+                        ELSEWHERE_POLL
+                    }
+                    Err(LookupError::Elsewhere { .. }) if elsewhere.is_some() => {
+                        return Ok(elsewhere.take().expect("checked"));
+                    }
+                    // In a cluster, a run another server holds is answered as it stands when
+                    // the wait ends (the caller asks again), as for one held here.
+                    Err(LookupError::Elsewhere { status, owner, .. })
+                        if self.inner.peers.get().is_some() =>
+                    {
+                        let row = match &self.inner.history {
+                            Some(h) => h.get(run_id).await.ok().flatten(),
+                            None => None,
+                        };
+                        return Ok(RunReport::new(
+                            run_id,
+                            row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
+                            *status,
+                            row.map(|r| r.limits).unwrap_or(NO_LIMITS),
+                            format!("{} on another codebox server ({owner})", status.as_str()),
+                        ));
+                    }
+                    Err(LookupError::Unknown { .. })
+                        if now < grace && self.inner.history.is_some() =>
+                    {
+                        UNKNOWN_POLL
+                    }
+                    _ => return outcome,
+                }
+            };
+            let nap = pause.min(deadline.saturating_duration_since(Instant::now()));
+            let moved = self.shared().map(|q| q.moved().notified());
+            tokio::select! {
+                () = tokio::time::sleep(nap) => {}
+                () = self.inner.changed.notified() => {}
+                () = async {
+                    match moved {
+                        Some(m) => m.await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
         }
     }
 
     /// Stop a run: a queued one ends `stopped` at once; a running one is killed and its
     /// containers removed before this returns. A finished run keeps its final report.
     pub async fn stop(&self, run_id: &str) -> Result<RunReport, LookupError> {
+        // A run submitted here to the shared queue a moment ago: its insert answers first.
+        for _ in 0..100 {
+            if !self.lock().pending.contains_key(run_id) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for _ in 0..2 {
+            if let Some(r) = self.stop_once(run_id).await {
+                return r;
+            }
+        }
+        self.stored_report(run_id).await
+    }
+
+    /// [`RunManager::stop`]: `None` when the run came here while it looked (claimed from the
+    /// shared queue), so that it looks again.
+    async fn stop_once(&self, run_id: &str) -> Option<Result<RunReport, LookupError>> {
         let running = {
             let mut st = self.lock();
             if let Some(r) = st.retention.get(run_id) {
-                return Ok((**r).clone());
+                return Some(Ok((**r).clone()));
             }
             match st.live.get(run_id).map(|r| &r.state) {
                 None => false,
@@ -608,20 +785,39 @@ impl RunManager {
                     true
                 }
                 Some(RunState::Queued { .. }) => {
-                    let message = "stopped while waiting in the queue; it never started";
-                    if let Some(r) = self.stop_queued(&mut st, run_id, message) {
-                        return Ok(r);
+                    if let Some(r) = self.stop_queued(&mut st, run_id, QUEUED_STOP) {
+                        return Some(Ok(r));
                     }
                     false
                 }
             }
         };
         if running {
-            self.wait(run_id, STOP_WAIT).await
-        } else {
-            // Not this server's: evicted, finished by another, or held by another.
-            self.stored_report(run_id).await
+            return Some(self.wait(run_id, STOP_WAIT).await);
         }
+        // Not this server's: in the shared queue, held by another, evicted, or finished.
+        if let Some(q) = self.shared() {
+            match q.withdraw(run_id, QUEUED_STOP).await {
+                Ok(Some(r)) => {
+                    self.inner.metrics.record(&r);
+                    return Some(Ok(r));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "cannot take a run out of the shared queue")
+                }
+            }
+            if self.holds_run(run_id) {
+                // This server claimed it meanwhile.
+                return None;
+            }
+            if let Some(peers) = self.inner.peers.get() {
+                if let Some(r) = peers.stop(self, run_id).await {
+                    return Some(Ok(r));
+                }
+            }
+        }
+        Some(self.stored_report(run_id).await)
     }
 
     /// Forget finished runs whose retention passed, in memory and (their full reports; the
@@ -646,6 +842,7 @@ impl RunManager {
     /// session, and wait (up to `grace` for the stops, and as long again for the removals)
     /// until their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
+        self.hand_back_unstarted().await;
         self.inner.executor.pool().close();
         // Closed first: a session opened ahead of time that is ready from now on is dropped
         // (and removed), not kept for runs that will never come.
@@ -686,15 +883,57 @@ impl RunManager {
             runs = left,
             "draining: no new runs; waiting for the queued and running ones to finish"
         );
+        self.hand_back_unstarted().await;
         let deadline = Instant::now() + limit;
         loop {
-            if self.lock().live.is_empty() {
+            let idle = {
+                let st = self.lock();
+                st.live.is_empty() && st.pending.is_empty()
+            };
+            if idle {
                 return true;
             }
             if Instant::now() >= deadline {
                 return false;
             }
             tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
+    /// Give the runs claimed from the shared queue that have not started back to it (a drain
+    /// or a shutdown): another server runs them. If the database cannot be told, they go back
+    /// once this server's lease lapses.
+    async fn hand_back_unstarted(&self) {
+        let Some(queue) = self.shared().cloned() else {
+            return;
+        };
+        let ids: Vec<String> = {
+            let mut st = self.lock();
+            let ids: Vec<String> = st
+                .live
+                .iter()
+                .filter(|(_, r)| r.shared && matches!(r.state, RunState::Queued { .. }))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &ids {
+                st.admission.withdraw(id);
+                if let Some(run) = st.live.remove(id) {
+                    self.inner.executor.pool().done(&run.shapes);
+                }
+            }
+            ids
+        };
+        if ids.is_empty() {
+            return;
+        }
+        match queue.hand_back(ids).await {
+            Ok(n) => tracing::info!(
+                runs = n,
+                "gave the claimed runs that had not started back to the shared queue"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot give claimed runs back to the shared queue; they go back once this server's lease lapses")
+            }
         }
     }
 
@@ -708,7 +947,7 @@ impl RunManager {
     /// Validate a request and queue it. Returns at once; the run starts when admitted.
     pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
         let feed = Feed::new(self.feed_bytes());
-        self.submit_with(req, feed)
+        self.submit_with(req, feed, false)
     }
 
     /// [`RunManager::submit`], with the program's stdin given while it runs: what `stdin`
@@ -720,7 +959,7 @@ impl RunManager {
         stdin: tokio::sync::mpsc::Receiver<bytes::Bytes>,
     ) -> Result<(Accepted, Arc<Feed>), SubmitError> {
         let feed = Feed::with_stdin(self.feed_bytes(), stdin);
-        self.submit_with(req, feed.clone()).map(|a| (a, feed))
+        self.submit_with(req, feed.clone(), true).map(|a| (a, feed))
     }
 
     /// The output a run's live events keep in all: four times the cap of one stream.
@@ -729,10 +968,18 @@ impl RunManager {
         cap.saturating_mul(4)
     }
 
-    fn submit_with(&self, req: RunRequest, feed: Arc<Feed>) -> Result<Accepted, SubmitError> {
+    fn submit_with(
+        &self,
+        req: RunRequest,
+        feed: Arc<Feed>,
+        interactive: bool,
+    ) -> Result<Accepted, SubmitError> {
         if let Some(id) = req.session_id.clone() {
             return self.submit_in_session(&id, req, feed);
         }
+        // A run whose stdin comes while it runs stays here, where its client is.
+        let shared = self.shared().filter(|_| !interactive).cloned();
+        let original = shared.as_ref().map(|_| req.clone());
         let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
         let budget_mb = self.inner.config.runs.memory_budget_mb;
         let slots = parallelism(&valid, &self.inner.config);
@@ -746,7 +993,139 @@ impl RunManager {
                 ),
             }));
         }
+        if let (Some(queue), Some(request)) = (shared, original) {
+            return self.submit_shared(queue, request, valid, slots, charge_mb, feed);
+        }
         self.enqueue(valid, slots, charge_mb, None, feed)
+    }
+
+    /// Put a run in the shared queue (its insert answers on a task): whichever server has room
+    /// claims it, this one included. If the queue cannot take it (the database is down), it
+    /// runs here, as without a cluster: an accepted run is never lost.
+    fn submit_shared(
+        &self,
+        queue: SharedQueue,
+        request: RunRequest,
+        valid: ValidRequest,
+        slots: usize,
+        charge_mb: u64,
+        feed: Arc<Feed>,
+    ) -> Result<Accepted, SubmitError> {
+        let run_id = new_run_id();
+        let claim_here = {
+            let mut st = self.lock();
+            if st.admission.refuses_new() {
+                return Err(SubmitError::ShuttingDown);
+            }
+            let (free_slots, free_mb) = st.room();
+            let here = slots <= free_slots && charge_mb <= free_mb;
+            let reserved = if here { (slots, charge_mb) } else { (0, 0) };
+            st.pending.insert(run_id.clone(), reserved);
+            here
+        };
+        let limits = valid.limits;
+        let base = Executor::blank_report(&run_id, &valid);
+        let submitted = Submitted {
+            row: NewRun::new(
+                &run_id,
+                &valid.language.id,
+                limits,
+                &valid.code,
+                self.inner.config.history.code,
+                self.inner.executor.instance(),
+            ),
+            request: serde_json::to_string(&request).unwrap_or_default(),
+            base: serde_json::to_string(&base).unwrap_or_default(),
+            slots,
+            charge_mb,
+            claim_here,
+        };
+        let manager = self.clone();
+        let id = run_id.clone();
+        tokio::spawn(async move {
+            let origin = match queue.submit(submitted).await {
+                Ok(true) => Some(Origin::Claimed { waited_ms: 0 }),
+                Ok(false) => None,
+                Err(e) => {
+                    tracing::warn!(run_id = id, error = %e, "the shared queue cannot take a run; it runs on this server");
+                    Some(Origin::Taken)
+                }
+            };
+            if let Some(origin) = origin {
+                let taken =
+                    manager.enqueue_as(id.clone(), origin, valid, slots, charge_mb, None, feed);
+                if let Err(e) = taken {
+                    tracing::error!(run_id = id, error = %e, "a run accepted for the shared queue could not be queued here");
+                    if origin != Origin::Taken {
+                        let _ = queue.hand_back(vec![id.clone()]).await;
+                    }
+                }
+            }
+            manager.lock().pending.remove(&id);
+            manager.inner.changed.notify_waiters();
+            queue.wake();
+        });
+        Ok(Accepted {
+            run_id,
+            status: Status::Queued,
+            limits,
+        })
+    }
+
+    /// Queue a run claimed from the shared queue; one that cannot run here ends
+    /// `sandbox_error` saying why, one refused (shutting down) goes back.
+    fn take_claimed(&self, c: Claimed) {
+        let queue = self.shared().cloned();
+        let checked = serde_json::from_str::<RunRequest>(&c.request)
+            .map_err(|e| format!("its request is unreadable: {e}"))
+            .and_then(|req| {
+                ValidRequest::new(req, &self.inner.registry, &self.inner.config)
+                    .map_err(|e| e.to_string())
+            });
+        let valid = match checked {
+            Ok(v) => v,
+            Err(why) => {
+                let mut r = RunReport::new(
+                    &c.run_id,
+                    "",
+                    Status::SandboxError,
+                    NO_LIMITS,
+                    format!(
+                        "codebox server {} claimed this run from the shared queue and cannot run it: {why}; check that every server has the same languages.toml and limits",
+                        self.inner.executor.instance()
+                    ),
+                );
+                r.queued_ms = c.waited_ms;
+                if let Some(h) = &self.inner.history {
+                    h.finish(Arc::new(r));
+                }
+                if let Some(q) = &queue {
+                    q.settle(&c.run_id);
+                }
+                return;
+            }
+        };
+        let slots = parallelism(&valid, &self.inner.config);
+        let charge_mb = memory_charge(&valid.language, &valid.limits, slots);
+        let feed = Feed::new(self.feed_bytes());
+        let origin = Origin::Claimed {
+            waited_ms: c.waited_ms,
+        };
+        let queued = self.enqueue_as(
+            c.run_id.clone(),
+            origin,
+            valid,
+            slots,
+            charge_mb,
+            None,
+            feed,
+        );
+        self.inner.changed.notify_waiters();
+        if queued.is_err() {
+            if let Some(q) = queue {
+                tokio::spawn(async move { q.hand_back(vec![c.run_id]).await });
+            }
+        }
     }
 
     /// An execution in session `id`: the session's language, memory and CPU; one run slot,
@@ -807,11 +1186,35 @@ impl RunManager {
         session: Option<(LiveSession, SessionExecution)>,
         feed: Arc<Feed>,
     ) -> Result<Accepted, SubmitError> {
+        self.enqueue_as(
+            new_run_id(),
+            Origin::New,
+            valid,
+            slots,
+            charge_mb,
+            session,
+            feed,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue_as(
+        &self,
+        run_id: String,
+        origin: Origin,
+        valid: ValidRequest,
+        slots: usize,
+        charge_mb: u64,
+        session: Option<(LiveSession, SessionExecution)>,
+        feed: Arc<Feed>,
+    ) -> Result<Accepted, SubmitError> {
         self.purge_expired();
-        let run_id = new_run_id();
         let limits = valid.limits;
-        // The history row (its code hash) is made before the lock is taken.
-        let row = self.inner.history.as_ref().map(|_| {
+        let claimed = matches!(origin, Origin::Claimed { .. });
+        // The history row (its code hash) is made before the lock is taken; a claimed run's
+        // was made by the server that took it.
+        let history = self.inner.history.as_ref().filter(|_| !claimed);
+        let row = history.map(|_| {
             NewRun::new(
                 &run_id,
                 &valid.language.id,
@@ -842,7 +1245,11 @@ impl RunManager {
             charge_mb,
             session: session.as_ref().map(|s| s.id.clone()),
         };
-        if let Err(refusal) = st.admission.enqueue(ticket.clone()) {
+        let queued = match origin {
+            Origin::New => st.admission.enqueue(ticket.clone()),
+            Origin::Taken | Origin::Claimed { .. } => st.admission.enqueue_taken(ticket.clone()),
+        };
+        if let Err(refusal) = queued {
             if let Some(s) = &session {
                 let effects = self.inner.sessions.abandon(&s.id);
                 self.apply(&mut st, effects);
@@ -863,6 +1270,13 @@ impl RunManager {
         let ending = session
             .as_ref()
             .and_then(|s| self.inner.sessions.attach(&s.id, &run_id));
+        let now = Instant::now();
+        let accepted = match origin {
+            Origin::Claimed { waited_ms } => now
+                .checked_sub(Duration::from_millis(waited_ms))
+                .unwrap_or(now),
+            _ => now,
+        };
         st.live.insert(
             run_id.clone(),
             Live {
@@ -871,13 +1285,14 @@ impl RunManager {
                 shapes,
                 session,
                 budget,
-                accepted: Instant::now(),
+                accepted,
                 state: RunState::Queued {
                     request: Box::new(valid),
                 },
                 cancel: CancellationToken::new(),
                 done,
                 feed,
+                shared: claimed,
             },
         );
         if let Some(message) = ending {
@@ -949,32 +1364,6 @@ impl RunManager {
 
     // ---- reports not in memory
 
-    /// A run not in memory: its stored report; or, while another server holds it unfinished,
-    /// look again every [`ELSEWHERE_POLL`] until it has ended or `timeout` has passed. An id
-    /// the history does not know is looked for again during [`UNKNOWN_GRACE`] (within
-    /// `timeout`).
-    async fn wait_in_store(
-        &self,
-        run_id: &str,
-        timeout: Duration,
-    ) -> Result<RunReport, LookupError> {
-        let start = Instant::now();
-        let deadline = start + timeout;
-        let grace = start + timeout.min(UNKNOWN_GRACE);
-        loop {
-            let outcome = self.stored_report(run_id).await;
-            let now = Instant::now();
-            let pause = match &outcome {
-                Err(LookupError::Elsewhere { .. }) if now < deadline => ELSEWHERE_POLL,
-                Err(LookupError::Unknown { .. }) if now < grace && self.inner.history.is_some() => {
-                    UNKNOWN_POLL
-                }
-                _ => return outcome,
-            };
-            tokio::time::sleep(pause.min(deadline.saturating_duration_since(now))).await;
-        }
-    }
-
     /// The final report of a run that is not in memory: evicted (within the retention), or
     /// finished by an earlier server on the same history database. Either comes from the
     /// history while its retention lasts; anything else is unknown.
@@ -997,7 +1386,10 @@ impl RunManager {
                 let since = now_ms().saturating_sub(retention.as_millis() as i64);
                 match h.report(run_id, Some(since)).await {
                     Ok(Some(r)) => Ok(r),
-                    Ok(None) => Err(self.held_elsewhere(h, run_id).await.unwrap_or_else(unknown)),
+                    Ok(None) => self
+                        .held_elsewhere(h, run_id)
+                        .await
+                        .unwrap_or_else(|| Err(unknown())),
                     Err(e) => {
                         tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
                         Err(unknown())
@@ -1017,8 +1409,13 @@ impl RunManager {
     }
 
     /// [`LookupError::Elsewhere`] if the history says another instance holds the run
-    /// unfinished.
-    async fn held_elsewhere(&self, history: &History, run_id: &str) -> Option<LookupError> {
+    /// unfinished; its report as it stands (`queued`) while it waits in the shared queue,
+    /// claimed by no server.
+    async fn held_elsewhere(
+        &self,
+        history: &History,
+        run_id: &str,
+    ) -> Option<Result<RunReport, LookupError>> {
         let w = match history.whereabouts(run_id).await {
             Ok(w) => w?,
             Err(e) => {
@@ -1026,8 +1423,32 @@ impl RunManager {
                 return None;
             }
         };
-        if w.status.is_terminal() || w.instance == self.inner.executor.instance() {
-            return None;
+        // Waiting in the shared queue; or claimed by this server a moment ago (the claim
+        // is committed, the run not queued here yet): its report as it stands.
+        let mine = w.instance == self.inner.executor.instance();
+        if (w.unclaimed && w.status == Status::Queued) || (mine && !w.status.is_terminal()) {
+            let row = history.get(run_id).await.ok().flatten();
+            let mut r = RunReport::new(
+                run_id,
+                row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
+                if mine { w.status } else { Status::Queued },
+                row.as_ref().map(|r| r.limits).unwrap_or(NO_LIMITS),
+                if mine {
+                    "claimed by this server from the shared queue; starting"
+                } else {
+                    "waiting in the shared queue: no codebox server has room for it yet"
+                },
+            );
+            if let Some(created) =
+                row.and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.created_at).ok())
+            {
+                r.queued_ms = (now_ms() - created.timestamp_millis()).max(0) as u64;
+            }
+            return Some(Ok(r));
+        }
+        if w.status.is_terminal() {
+            // It ended between the two looks (on another server): its report is stored now.
+            return history.report(run_id, None).await.ok().flatten().map(Ok);
         }
         let mut owner = format!("instance {}", w.instance);
         if let Some(host) = &w.host {
@@ -1039,11 +1460,11 @@ impl RunManager {
                 ms as f64 / 1000.0
             ));
         }
-        Some(LookupError::Elsewhere {
+        Some(Err(LookupError::Elsewhere {
             run_id: run_id.to_string(),
             status: w.status,
             owner,
-        })
+        }))
     }
 
     // ---- whose is it (several servers as one: the cluster module asks)
@@ -1051,7 +1472,9 @@ impl RunManager {
     /// Whether this server holds run `run_id` (queued, running, or its report kept here).
     pub fn holds_run(&self, run_id: &str) -> bool {
         let st = self.lock();
-        st.live.contains_key(run_id) || st.retention.get(run_id).is_some()
+        st.live.contains_key(run_id)
+            || st.retention.get(run_id).is_some()
+            || st.pending.contains_key(run_id)
     }
 
     /// Whether this server knows session `session_id` (open here, or ended here lately).
@@ -1203,5 +1626,51 @@ async fn purge_loop(inner: Weak<Inner>) {
         let manager = RunManager { inner };
         manager.purge_expired();
         manager.sweep_history();
+    }
+}
+
+/// Claim from the shared queue what fits this server, whenever work arrives, room here grows,
+/// or [`QUEUE_POLL`] has passed; nothing while draining.
+async fn claim_loop(inner: Weak<Inner>, queue: SharedQueue) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let manager = RunManager { inner: strong };
+        let room = {
+            let st = manager.lock();
+            if st.admission.is_closed() {
+                return;
+            }
+            let (slots, memory_mb) = st.room();
+            let policy = st.admission.policy();
+            Room {
+                slots,
+                memory_mb,
+                max_slots: policy.max_concurrent_runs,
+                budget_mb: policy.memory_budget_mb,
+            }
+        };
+        let mut pause = QUEUE_POLL;
+        if room.slots > 0 && room.memory_mb > 0 {
+            match queue.claim(room).await {
+                Ok(claimed) if !claimed.is_empty() => {
+                    for c in claimed {
+                        manager.take_claimed(c);
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot claim from the shared queue; trying again");
+                    pause = QUEUE_RETRY;
+                }
+            }
+        }
+        drop(manager);
+        tokio::select! {
+            () = queue.work().notified() => {}
+            () = tokio::time::sleep(pause) => {}
+        }
     }
 }

@@ -89,6 +89,42 @@ async fn node(
     .await
 }
 
+/// A cluster for one test: a throwaway PostgreSQL with one database, the secret, and one
+/// server for each entry of `settings` (its own data directory and those settings), started
+/// at once.
+struct TestCluster {
+    pg: PgCluster,
+    url: String,
+    secret: std::path::PathBuf,
+    keys: tempfile::TempDir,
+    nodes: Vec<ServeChild>,
+}
+
+async fn start_cluster(db: &str, settings: &[&[&str]]) -> TestCluster {
+    let pg = PgCluster::start();
+    let url = pg.create_database(db);
+    let keys = tempfile::tempdir().unwrap();
+    let secret = secret_file(keys.path());
+    let starts = settings
+        .iter()
+        .map(|extra| node(tempfile::tempdir().unwrap(), &url, &secret, extra));
+    let nodes = futures_util::future::join_all(starts).await;
+    TestCluster {
+        pg,
+        url,
+        secret,
+        keys,
+        nodes,
+    }
+}
+
+/// The servers of a cluster of `N`, by name.
+fn servers<const N: usize>(nodes: Vec<ServeChild>) -> [ServeChild; N] {
+    nodes
+        .try_into()
+        .unwrap_or_else(|_| panic!("a cluster of {N}"))
+}
+
 fn secret_file(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("cluster.secret");
     std::fs::write(&path, format!("{SECRET}\n")).unwrap();
@@ -183,12 +219,13 @@ async fn a_shared_history_over_http_without_the_cluster_settings_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
     let t0 = Instant::now();
-    let pg = PgCluster::start();
-    let url = pg.create_database("forward");
-    let keys = tempfile::tempdir().unwrap();
-    let secret = secret_file(keys.path());
-    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
-    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
+    let TestCluster {
+        pg: _pg,
+        keys: _keys,
+        nodes,
+        ..
+    } = start_cluster("forward", &[&[], &[]]).await;
+    let [mut a, mut b] = servers(nodes);
     let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
     let http = reqwest::Client::new();
     eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
@@ -462,13 +499,15 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_lease() {
     let t0 = Instant::now();
-    let pg = PgCluster::start();
-    let url = pg.create_database("lease");
-    let keys = tempfile::tempdir().unwrap();
-    let secret = secret_file(keys.path());
-    let lease = ["cluster.lease_seconds=3"];
-    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
-    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let lease: &[&str] = &["cluster.lease_seconds=3"];
+    let TestCluster {
+        pg: _pg,
+        url,
+        secret,
+        keys: _keys,
+        nodes,
+    } = start_cluster("lease", &[lease, lease]).await;
+    let [mut a, mut b] = servers(nodes);
     let instance_a = a.instance().await;
     let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
 
@@ -535,7 +574,7 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
     // A's containers stay until its data directory gets a server again, which reaps them.
     let instance_filter = format!("label=codebox.instance={instance_a}");
     assert!(!labelled_objects(&instance_filter).is_empty());
-    let mut a2 = node(a.into_data(), &url, &secret, &lease).await;
+    let mut a2 = node(a.into_data(), &url, &secret, lease).await;
     eventually(60, "the killed server's containers are removed", || {
         labelled_objects(&instance_filter).is_empty()
     })
@@ -554,18 +593,13 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_a_server_finishing_what_it_holds_and_losing_nothing() {
     let t0 = Instant::now();
-    let pg = PgCluster::start();
-    let url = pg.create_database("drain");
-    let keys = tempfile::tempdir().unwrap();
-    let secret = secret_file(keys.path());
-    let mut a = node(
-        tempfile::tempdir().unwrap(),
-        &url,
-        &secret,
-        &["runs.max_concurrent_runs=2"],
-    )
-    .await;
-    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &[]).await;
+    let TestCluster {
+        pg: _pg,
+        keys: _keys,
+        nodes,
+        ..
+    } = start_cluster("drain", &[&["runs.max_concurrent_runs=2"], &[]]).await;
+    let [mut a, mut b] = servers(nodes);
     let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
     const RUNS: usize = 6;
     let mut ids = Vec::new();
@@ -766,15 +800,13 @@ fn mixed(i: usize) -> (Value, &'static str, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     let t0 = Instant::now();
-    let pg = PgCluster::start();
-    let url = pg.create_database("nginx");
-    let keys = tempfile::tempdir().unwrap();
-    let secret = secret_file(keys.path());
-    let slots = ["runs.max_concurrent_runs=2"];
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        nodes.push(node(tempfile::tempdir().unwrap(), &url, &secret, &slots).await);
-    }
+    let slots: &[&str] = &["runs.max_concurrent_runs=2"];
+    let TestCluster {
+        pg: _pg,
+        keys: _keys,
+        nodes,
+        ..
+    } = start_cluster("nginx", &[slots, slots, slots]).await;
     let mut instances = Vec::new();
     for n in &nodes {
         instances.push(n.instance().await);
@@ -806,7 +838,7 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
 
     // Many runs from 16 clients at once through nginx: each answered once, right.
     const CLIENTS: usize = 16;
-    const EACH: usize = 5;
+    const EACH: usize = 19;
     let t = Instant::now();
     let clients = (0..CLIENTS).map(|c| {
         let http = http.clone();
@@ -958,13 +990,14 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_database_outage_the_servers_do_not_take_each_other_for_dead() {
-    let mut pg = PgCluster::start();
-    let url = pg.create_database("outage");
-    let keys = tempfile::tempdir().unwrap();
-    let secret = secret_file(keys.path());
-    let lease = ["cluster.lease_seconds=3"];
-    let mut a = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
-    let mut b = node(tempfile::tempdir().unwrap(), &url, &secret, &lease).await;
+    let lease: &[&str] = &["cluster.lease_seconds=3"];
+    let TestCluster {
+        mut pg,
+        keys: _keys,
+        nodes,
+        ..
+    } = start_cluster("outage", &[lease, lease]).await;
+    let [mut a, mut b] = servers(nodes);
     let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
     // Each holds a session and a run: whichever reconnects first could take the other for
     // dead.
@@ -1048,4 +1081,429 @@ async fn after_a_database_outage_the_servers_do_not_take_each_other_for_dead() {
     for (_, run) in &held {
         assert!(leftovers(run).is_empty());
     }
+}
+
+// ---- the shared queue itself, on a throwaway PostgreSQL (no Docker)
+
+fn store_of(url: &str) -> codebox::config::HistoryStore {
+    codebox::config::HistoryStore::Postgres {
+        url: url.to_string(),
+        password_file: None,
+    }
+}
+
+/// A run for the queue, submitted by `instance`, taking one slot and `charge_mb`.
+fn queued_run(instance: &str, i: usize, charge_mb: u64) -> codebox::history::Submitted {
+    use codebox::report::{RunLimits, RunReport, Status};
+    let run_id = format!("run-q{i:04}-{instance}");
+    let limits = RunLimits {
+        memory_mb: 256,
+        timeout_seconds: 10.0,
+        cpus: 1.0,
+    };
+    let base = RunReport::new(&run_id, "python", Status::Queued, limits, "queued");
+    codebox::history::Submitted {
+        row: codebox::history::NewRun::new(
+            &run_id,
+            "python",
+            limits,
+            &format!("print({i})"),
+            codebox::config::CodePolicy::Preview,
+            instance,
+        ),
+        request: json!({"language": "python", "code": format!("print({i})")}).to_string(),
+        base: serde_json::to_string(&base).unwrap(),
+        slots: 1,
+        charge_mb,
+        claim_here: false,
+    }
+}
+
+fn room(slots: usize, memory_mb: u64) -> codebox::history::Room {
+    codebox::history::Room {
+        slots,
+        memory_mb,
+        max_slots: 4,
+        budget_mb: 4096,
+    }
+}
+
+/// `(claimed_by, handed_back)` of each queue row, by run id.
+fn queue_rows(
+    pg: &PgCluster,
+    db: &str,
+) -> std::collections::BTreeMap<String, (Option<String>, i64)> {
+    pg.with_client(db, |c| {
+        c.query("SELECT run_id, claimed_by, handed_back FROM queue", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2))))
+            .collect()
+    })
+}
+
+/// Claims in submission order within the room; a head too big for the room holds back what
+/// follows (as one server's queue does), one too big for the server ever is left to others;
+/// a queued run is withdrawn by any server; a dead server's unstarted claims go back to the
+/// queue exactly once, whoever judges, and its runs' rows are not failed for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_queue_claims_in_order_and_gives_a_dead_servers_claims_back_once() {
+    use codebox::history::{History, Owner, SharedQueue};
+    let pg = PgCluster::start();
+    let url = pg.create_database("queue");
+    let store = store_of(&url);
+    let qa = SharedQueue::connect(&store, "qa").expect("a queue for PostgreSQL");
+    let qb = SharedQueue::connect(&store, "qb").unwrap();
+    let qc = SharedQueue::connect(&store, "qc").unwrap();
+    // C is alive: it renews a lease (B never does).
+    let c_dir = tempfile::tempdir().unwrap();
+    let hc = History::connect(
+        &store,
+        Owner {
+            instance: "qc".into(),
+            data_dir: c_dir.path().to_path_buf(),
+            ..Default::default()
+        },
+    );
+    let sqlite = codebox::config::HistoryStore::Sqlite("/nonexistent/h.db".into());
+    assert!(
+        SharedQueue::connect(&sqlite, "x").is_none(),
+        "SQLite has no shared queue"
+    );
+    let ids: Vec<String> = (0..6)
+        .map(|i| {
+            queued_run("qa", i, if i == 2 { 9000 } else { 300 })
+                .row
+                .run_id
+        })
+        .collect();
+    for i in 0..6 {
+        let run = queued_run("qa", i, if i == 2 { 9000 } else { 300 });
+        // The first one may find the table missing while the queue's thread migrates.
+        let mut tries = 0;
+        while let Err(e) = qa.submit(run.clone()).await {
+            tries += 1;
+            assert!(tries < 50, "{e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // B has room for one run of 300 MB: the first in order.
+    let got = qb.claim(room(1, 400)).await.unwrap();
+    assert_eq!(got.iter().map(|c| &c.run_id).collect::<Vec<_>>(), [&ids[0]]);
+    // C: room for 3, but only 500 MB: run 1 fits, then run 2 (9000 MB) can never fit a
+    // 4096 MB budget and is skipped; run 3 does not fit the 200 MB left, and holds back 4.
+    let got = qc.claim(room(3, 500)).await.unwrap();
+    assert_eq!(got.iter().map(|c| &c.run_id).collect::<Vec<_>>(), [&ids[1]]);
+    let rows = queue_rows(&pg, "queue");
+    assert_eq!(rows[&ids[0]].0.as_deref(), Some("qb"));
+    assert_eq!(rows[&ids[2]].0, None);
+    // The history row follows its claimer (whom the others forward to).
+    let owner: String = pg.with_client("queue", |c| {
+        c.query_one("SELECT instance FROM runs WHERE id = $1", &[&ids[0]])
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(owner, "qb");
+    // Any server takes an unclaimed run out; a claimed one is not its to take.
+    let stopped = qc
+        .withdraw(
+            &ids[3],
+            "stopped while waiting in the queue; it never started",
+        )
+        .await
+        .unwrap()
+        .expect("withdrawn");
+    assert_eq!(stopped.status, codebox::report::Status::Stopped);
+    assert!(qc.withdraw(&ids[0], "x").await.unwrap().is_none());
+    assert!(
+        qc.withdraw(&ids[3], "x").await.unwrap().is_none(),
+        "only once"
+    );
+    let status: String = pg.with_client("queue", |c| {
+        c.query_one("SELECT status FROM runs WHERE id = $1", &[&ids[3]])
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(status, "stopped");
+    // C starts its run: it leaves the queue.
+    qc.settle(&ids[1]);
+    eventually(10, "a started run leaves the queue", || {
+        !queue_rows(&pg, "queue").contains_key(&ids[1])
+    })
+    .await;
+
+    // B dies (it never renews a lease). Two judges with a 1 s lease: B's claim goes back once,
+    // its run is queued again, not failed.
+    let judges: Vec<(History, tempfile::TempDir)> = ["judge1", "judge2"]
+        .iter()
+        .map(|name| {
+            let dir = tempfile::tempdir().unwrap();
+            let h = History::connect(
+                &store,
+                Owner {
+                    instance: name.to_string(),
+                    data_dir: dir.path().to_path_buf(),
+                    lease: Duration::from_secs(1),
+                    advertise_url: None,
+                },
+            );
+            (h, dir)
+        })
+        .collect();
+    eventually(30, "B's claim is back in the queue", || {
+        queue_rows(&pg, "queue")[&ids[0]].0.is_none()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rows = queue_rows(&pg, "queue");
+    assert_eq!(rows[&ids[0]], (None, 1), "given back exactly once");
+    let (status, instance): (String, String) = pg.with_client("queue", |c| {
+        let r = c
+            .query_one(
+                "SELECT status, instance FROM runs WHERE id = $1",
+                &[&ids[0]],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    });
+    assert_eq!(status, "queued", "a run given back is not failed");
+    assert_eq!(instance, "qb");
+    // The next claim takes it first, in order.
+    let got = qc.claim(room(2, 700)).await.unwrap();
+    assert_eq!(
+        got.iter().map(|c| &c.run_id).collect::<Vec<_>>(),
+        [&ids[0], &ids[4]]
+    );
+    // Handing back is this server's own claims only.
+    assert_eq!(qb.hand_back(vec![ids[4].clone()]).await.unwrap(), 0);
+    assert_eq!(qc.hand_back(vec![ids[4].clone()]).await.unwrap(), 1);
+    for (h, _) in &judges {
+        h.flush(Duration::from_secs(5)).await;
+    }
+    hc.flush(Duration::from_secs(5)).await;
+}
+
+/// The queue's own cost, without Docker (`--ignored`; figures in docs/PERFORMANCE.md):
+/// `N` runs submitted by three servers and claimed by three, one slot at a time as a busy
+/// cluster does, then settled. Prints claims per second and what a run pays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn shared_queue_throughput() {
+    use codebox::history::SharedQueue;
+    const N: usize = 600;
+    let pg = PgCluster::start();
+    let url = pg.create_database("bench");
+    let store = store_of(&url);
+    let queues: Vec<SharedQueue> = ["s1", "s2", "s3"]
+        .iter()
+        .map(|s| SharedQueue::connect(&store, s).unwrap())
+        .collect();
+    // Warm: the schema exists and the connections are open.
+    let mut warm = queued_run("s1", 99_999, 1);
+    warm.row.run_id = "warm".into();
+    while queues[0].submit(warm.clone()).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = queues[0].claim(room(1, 100)).await.unwrap();
+    let t = Instant::now();
+    let submits = queues.iter().enumerate().map(|(k, q)| async move {
+        for i in (k..N).step_by(3) {
+            q.submit(queued_run("s", i, 100)).await.unwrap();
+        }
+    });
+    futures_util::future::join_all(submits).await;
+    let submitted = t.elapsed();
+    let t = Instant::now();
+    let claims = queues.iter().map(|q| async move {
+        let mut got = 0;
+        loop {
+            let c = q.claim(room(1, 1000)).await.unwrap();
+            if c.is_empty() {
+                return got;
+            }
+            for c in c {
+                q.settle(&c.run_id);
+                got += 1;
+            }
+        }
+    });
+    let got: Vec<usize> = futures_util::future::join_all(claims).await;
+    let claimed = t.elapsed();
+    assert_eq!(got.iter().sum::<usize>(), N, "{got:?}");
+    eprintln!(
+        "shared queue, {N} runs, 3 servers: submit {:.2} ms a run ({:.0}/s), claim {:.2} ms a run ({:.0} claims/s), spread {got:?}",
+        submitted.as_secs_f64() * 1000.0 / N as f64,
+        N as f64 / submitted.as_secs_f64(),
+        claimed.as_secs_f64() * 1000.0 / N as f64,
+        N as f64 / claimed.as_secs_f64(),
+    );
+}
+
+/// `run_id`'s final report through `client`, however long it waits (each call waits 60 s).
+async fn final_report(client: &Client, run_id: &str) -> Value {
+    for _ in 0..10 {
+        let r = ok(
+            client,
+            "get_result",
+            json!({"run_id": run_id, "wait_seconds": 60}),
+        )
+        .await;
+        if !matches!(r["status"].as_str(), Some("queued" | "running")) {
+            return r;
+        }
+    }
+    panic!("run {run_id} never ended");
+}
+
+/// Which server ran each run, from the shared history (each run exactly one row).
+async fn ran_on(client: &Client, ids: &[String]) -> Vec<(String, String)> {
+    let rows = ok(client, "get_execution_history", json!({"limit": 1000})).await;
+    let rows = rows["runs"].as_array().unwrap();
+    ids.iter()
+        .map(|id| {
+            let mine: Vec<&Value> = rows.iter().filter(|r| r["run_id"] == id.as_str()).collect();
+            assert_eq!(mine.len(), 1, "run {id}: one history row");
+            (
+                mine[0]["instance"].as_str().unwrap().to_string(),
+                mine[0]["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// One queue for all (SPEC section 15), on real servers and Docker: 12 runs sent to a server
+/// with one slot are run by the others too; then, with every slot busy, a server killed
+/// outright: its running run is `sandbox_error`, the runs sent to it that waited in the
+/// shared queue run on the others, each reported once; nothing is left in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_lost() {
+    let t0 = Instant::now();
+    let one: &[&str] = &["runs.max_concurrent_runs=1", "cluster.lease_seconds=3"];
+    let two: &[&str] = &["runs.max_concurrent_runs=2", "cluster.lease_seconds=3"];
+    let TestCluster {
+        pg,
+        url,
+        secret,
+        keys: _keys,
+        nodes,
+    } = start_cluster("busy", &[one, two, two]).await;
+    let [mut a, mut b, mut c] = servers(nodes);
+    let names = [a.instance().await, b.instance().await, c.instance().await];
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+    eprintln!("set-up: {:.1} s", t0.elapsed().as_secs_f64());
+
+    // 12 runs to A, which has one slot.
+    let t = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        ids.push(start(&ca, &format!("import time\ntime.sleep(1)\nprint({i})")).await);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let r = final_report(&ca, id).await;
+        assert_eq!(
+            (r["status"].as_str(), r["stdout"].as_str()),
+            (Some("succeeded"), Some(format!("{i}\n").as_str())),
+            "{r}"
+        );
+    }
+    let busy = t.elapsed();
+    let spread = ran_on(&ca, &ids).await;
+    let count = |name: &str| spread.iter().filter(|(i, _)| i == name).count();
+    let counts = [count(&names[0]), count(&names[1]), count(&names[2])];
+    assert_eq!(counts.iter().sum::<usize>(), 12, "{spread:?}");
+    assert!(
+        counts[1] > 0 && counts[2] > 0,
+        "B and C ran some: {counts:?}"
+    );
+    eprintln!(
+        "12 runs of 1 s sent to a server with 1 slot: {:.1} s, run by A/B/C {counts:?}",
+        busy.as_secs_f64()
+    );
+
+    // Every slot busy: one long run on A (sent to A while it is idle: its own), then two
+    // each on B and C (sent to B).
+    let held = start(&ca, "import time\ntime.sleep(600)").await;
+    eventually(60, "A's long run is running", || {
+        !leftovers(&held).is_empty()
+    })
+    .await;
+    let mut long = Vec::new();
+    for _ in 0..4 {
+        long.push(start(&cb, "import time\ntime.sleep(15)\nprint('long')").await);
+    }
+    eventually(60, "the four long runs are running", || {
+        long.iter().all(|id| !leftovers(id).is_empty())
+    })
+    .await;
+    // Six more to A: no server has room, they wait in the shared queue.
+    let mut queued = Vec::new();
+    for i in 0..6 {
+        queued.push(start(&ca, &format!("print('queued {i}')")).await);
+    }
+    for id in &queued {
+        let r = ok(&cb, "get_result", json!({"run_id": id})).await;
+        assert_eq!(r["status"], "queued", "{r}");
+    }
+    drop(ca);
+    a.signal_and_wait(libc::SIGKILL).await;
+    for (i, id) in queued.iter().enumerate() {
+        let r = final_report(&cb, id).await;
+        assert_eq!(
+            (r["status"].as_str(), r["stdout"].as_str()),
+            (Some("succeeded"), Some(format!("queued {i}\n").as_str())),
+            "{r}"
+        );
+    }
+    let mut last = Value::Null;
+    for _ in 0..300 {
+        let res = call(&cb, "get_result", json!({"run_id": held})).await;
+        if res.is_error != Some(true) {
+            last = res.structured_content.expect("structured content");
+            if last["status"] == "sandbox_error" {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (last["status"].as_str(), last["message"].as_str()),
+        (Some("sandbox_error"), Some("its server stopped answering")),
+        "{last}"
+    );
+    for id in &long {
+        assert_eq!(final_report(&cb, id).await["status"], "succeeded");
+    }
+    // The history row trails the answer by a moment (its server writes it after answering).
+    let mut after = ran_on(&cb, &queued).await;
+    for _ in 0..100 {
+        if after.iter().all(|(_, s)| s == "succeeded") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = ran_on(&cb, &queued).await;
+    }
+    assert!(
+        after
+            .iter()
+            .all(|(i, s)| i != &names[0] && s == "succeeded"),
+        "{after:?}"
+    );
+    let left: i64 = pg.with_client("busy", |c| {
+        c.query_one("SELECT COUNT(*) FROM queue", &[])
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(left, 0, "nothing is left in the shared queue");
+    eprintln!("whole test {:.1} s", t0.elapsed().as_secs_f64());
+    drop(cb);
+    // A's containers are reaped when its data directory next gets a server.
+    let instance_filter = format!("label=codebox.instance={}", names[0]);
+    let mut a2 = node(a.into_data(), &url, &secret, one).await;
+    eventually(60, "the killed server's containers are removed", || {
+        labelled_objects(&instance_filter).is_empty()
+    })
+    .await;
+    a2.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+    c.signal_and_wait(libc::SIGTERM).await;
 }

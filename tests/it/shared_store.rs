@@ -153,10 +153,13 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
             .unwrap()
             .to_string()
     };
-    let (instance_a, instance_b) = (instance_of(&ids_a[0]), instance_of(&ids_b[0]));
+    let (instance_a, instance_b) = (a.instance().await, b.instance().await);
     assert_ne!(instance_a, instance_b);
-    assert!(ids_a.iter().all(|id| instance_of(id) == instance_a));
-    assert!(ids_b.iter().all(|id| instance_of(id) == instance_b));
+    // One queue for both (SPEC section 15): each run ran on whichever server had room.
+    assert!(ids_a.iter().chain(&ids_b).all(|id| {
+        let by = instance_of(id);
+        by == instance_a || by == instance_b
+    }));
 
     // get_result on the server that did not run it answers from the store.
     let mut across = Vec::new();
@@ -302,8 +305,7 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
         waited_for.as_secs_f64(),
         t0.elapsed().as_secs_f64(),
     );
-    assert_eq!(count(&instance_a), EACH + 3);
-    assert_eq!(count(&instance_b), EACH + 1);
+    assert_eq!(count(&instance_a) + count(&instance_b), 2 * EACH + 4);
 
     drop((ca, cb2));
     a.signal_and_wait(libc::SIGTERM).await;
