@@ -999,6 +999,18 @@ impl RunManager {
         self.enqueue(valid, slots, charge_mb, None, feed)
     }
 
+    /// A run's history row, as this server records it.
+    fn history_row(&self, run_id: &str, valid: &ValidRequest) -> NewRun {
+        NewRun::new(
+            run_id,
+            &valid.language.id,
+            valid.limits,
+            &valid.code,
+            self.inner.config.history.code,
+            self.inner.executor.instance(),
+        )
+    }
+
     /// Put a run in the shared queue (its insert answers on a task): whichever server has room
     /// claims it, this one included. If the queue cannot take it (the database is down), it
     /// runs here, as without a cluster: an accepted run is never lost.
@@ -1026,14 +1038,7 @@ impl RunManager {
         let limits = valid.limits;
         let base = Executor::blank_report(&run_id, &valid);
         let submitted = Submitted {
-            row: NewRun::new(
-                &run_id,
-                &valid.language.id,
-                limits,
-                &valid.code,
-                self.inner.config.history.code,
-                self.inner.executor.instance(),
-            ),
+            row: self.history_row(&run_id, &valid),
             request: serde_json::to_string(&request).unwrap_or_default(),
             base: serde_json::to_string(&base).unwrap_or_default(),
             slots,
@@ -1214,16 +1219,7 @@ impl RunManager {
         // The history row (its code hash) is made before the lock is taken; a claimed run's
         // was made by the server that took it.
         let history = self.inner.history.as_ref().filter(|_| !claimed);
-        let row = history.map(|_| {
-            NewRun::new(
-                &run_id,
-                &valid.language.id,
-                limits,
-                &valid.code,
-                self.inner.config.history.code,
-                self.inner.executor.instance(),
-            )
-        });
+        let row = history.map(|_| self.history_row(&run_id, &valid));
         let mut base = Executor::blank_report(&run_id, &valid);
         let budget = Executor::budget(&valid);
         // The pool follows what runs ask for (a session's execution runs in its own container).

@@ -29,7 +29,7 @@ use crate::engine::posture::{
     self, Limits, Plan, Role, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE,
 };
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
-use crate::engine::uids::UidPool;
+use crate::engine::uids::{UidLease, UidPool};
 use crate::engine::{ContainerEngine, LABEL_INIT_FEATURES};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
@@ -490,6 +490,24 @@ impl Packages {
         uploaded
     }
 
+    /// The plan of a container that is created to copy files in or out, never started, and
+    /// removed: named after the run and what it does, with a uid of its own.
+    fn created_only(&self, run_id: &str, what: &str, image_id: &str) -> (Plan, UidLease) {
+        let lease = self.uids.lease();
+        let plan = Plan {
+            name: format!("codebox-{run_id}-{what}"),
+            image: image_id.to_string(),
+            uid: lease.uid,
+            limits: Limits {
+                memory_mb: 64,
+                cpus: 1.0,
+            },
+            workspace_mb: 1,
+            labels: labels(run_id, &self.instance, Duration::from_secs(600)),
+        };
+        (plan, lease)
+    }
+
     /// Unpack a prefix's tar into `volume` (at `target`) through a container that is created,
     /// never started, and removed.
     pub(super) async fn upload_into(
@@ -502,19 +520,8 @@ impl Packages {
         bound: Bound<'_>,
     ) -> Result<(), InstallEnd> {
         let sandbox = &self.config.sandbox;
-        let lease = self.uids.lease();
-        let name = format!("codebox-{run_id}-fill");
-        let plan = Plan {
-            name: name.clone(),
-            image: image_id.to_string(),
-            uid: lease.uid,
-            limits: Limits {
-                memory_mb: 64,
-                cpus: 1.0,
-            },
-            workspace_mb: 1,
-            labels: labels(run_id, &self.instance, Duration::from_secs(600)),
-        };
+        let (plan, lease) = self.created_only(run_id, "fill", image_id);
+        let name = plan.name.clone();
         let spec = posture::filler(&plan, sandbox, volume, target);
         posture::check_as(&spec, sandbox, Role::Fill)
             .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
@@ -547,19 +554,8 @@ impl Packages {
         bound: Bound<'_>,
     ) -> Result<Vec<u8>, InstallEnd> {
         let sandbox = &self.config.sandbox;
-        let lease = self.uids.lease();
-        let name = format!("codebox-{run_id}-read");
-        let plan = Plan {
-            name: name.clone(),
-            image: image_id.to_string(),
-            uid: lease.uid,
-            limits: Limits {
-                memory_mb: 64,
-                cpus: 1.0,
-            },
-            workspace_mb: 1,
-            labels: labels(run_id, &self.instance, Duration::from_secs(600)),
-        };
+        let (plan, lease) = self.created_only(run_id, "read", image_id);
+        let name = plan.name.clone();
         let mut spec = posture::locked_down(&plan, sandbox);
         spec.open_stdin = false;
         posture::with_prefix(&mut spec, volume, target);

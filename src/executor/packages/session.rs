@@ -162,47 +162,30 @@ impl SessionPrefix {
             .await;
         let (prefix, report) = match prepared {
             Ok(p) => p,
-            Err(InstallEnd::Failed {
-                status,
-                message,
-                exit_code,
-                stdout,
-                stderr,
-                usage,
-                install_ms,
-            }) => {
+            Err(mut end) => {
                 // What the session holds took part: say so when a request names it again.
-                let clash: Vec<&String> = held
-                    .requirements
-                    .iter()
-                    .filter(|h| {
-                        requested.iter().any(|r| {
-                            r != *h
-                                && super::requirement_name(r)
-                                    .eq_ignore_ascii_case(super::requirement_name(h))
+                if let InstallEnd::Failed { message, .. } = &mut end {
+                    let clash: Vec<&str> = held
+                        .requirements
+                        .iter()
+                        .filter(|h| {
+                            requested.iter().any(|r| {
+                                r != *h
+                                    && super::requirement_name(r)
+                                        .eq_ignore_ascii_case(super::requirement_name(h))
+                            })
                         })
-                    })
-                    .collect();
-                let message = if clash.is_empty() {
-                    message
-                } else {
-                    let held: Vec<&str> = clash.iter().map(|s| s.as_str()).collect();
-                    format!(
-                        "{message}; it was installed with what this session holds ({}), and a session's packages only grow: create a new session for other versions",
-                        held.join(", ")
-                    )
-                };
-                return Err(InstallEnd::Failed {
-                    status,
-                    message,
-                    exit_code,
-                    stdout,
-                    stderr,
-                    usage,
-                    install_ms,
-                });
+                        .map(|h| h.as_str())
+                        .collect();
+                    if !clash.is_empty() {
+                        *message = format!(
+                            "{message}; it was installed with what this session holds ({}), and a session's packages only grow: create a new session for other versions",
+                            clash.join(", ")
+                        );
+                    }
+                }
+                return Err(end);
             }
-            Err(other) => return Err(other),
         };
         if let Some(changed) = changed(&held.installed, &report.installed) {
             return Err(refuse(format!(
