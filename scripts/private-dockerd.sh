@@ -18,7 +18,11 @@
 # codebox's files there (the repository, the programs, the data directories), as a daemon
 # on another machine could not.
 #
-#   private-dockerd.sh start DIR [--tls PORT] [--data-mb N] [--load IMAGE]... [--hide PATH]...
+#   private-dockerd.sh start DIR [--tls PORT] [--data-mb N] [--load IMAGE]...
+#                                [--load-archive FILE]... [--hide PATH]...
+#                                      --load: `docker save IMAGE` from the machine's daemon;
+#                                      --load-archive: a `docker save` archive made once for
+#                                      several daemons (each image's layers read once)
 #   private-dockerd.sh restart DIR     start the daemon again on the same folders
 #   private-dockerd.sh stop DIR        stop it (by PID), unmount and remove DIR; idempotent
 #   private-dockerd.sh keep DIR PID    stop DIR once process PID has ended (run it detached);
@@ -176,12 +180,13 @@ case "$cmd" in
   start)
     [ -d "$dir" ] || die "$dir does not exist (mktemp -d /tmp/cbd.XXXXXX)"
     command -v dockerd >/dev/null || die "dockerd is missing (scripts/ensure-docker.sh installs it)"
-    port=""; data_mb=1536; load=(); : > "$dir/hide"
+    port=""; data_mb=1536; load=(); archives=(); : > "$dir/hide"
     while [ $# -gt 0 ]; do
       case "$1" in
         --tls) port=$2; shift 2 ;;
         --data-mb) data_mb=$2; shift 2 ;;
         --load) load+=("$2"); shift 2 ;;
+        --load-archive) archives+=("$2"); shift 2 ;;
         --hide) echo "$2" >> "$dir/hide"; shift 2 ;;
         *) die "unknown option $1" ;;
       esac
@@ -195,6 +200,9 @@ case "$cmd" in
     launch || exit 1
     for image in "${load[@]}"; do
       docker save "$image" | docker -H "$(sock)" load >/dev/null
+    done
+    for archive in "${archives[@]}"; do
+      docker -H "$(sock)" load -i "$archive" >/dev/null
     done
     ;;
   restart)

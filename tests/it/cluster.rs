@@ -1,6 +1,11 @@
 //! Several servers as one (SPEC section 15): real `codebox serve` processes over HTTP, one
-//! throwaway PostgreSQL history, the cluster secret, one Docker daemon. Each server has a data
-//! directory of its own, as separate hosts would, so each judges the others by their leases.
+//! throwaway PostgreSQL history, the cluster secret. Each server has a data directory of its
+//! own, as separate hosts would, so each judges the others by their leases. The tests the
+//! issue names (300 runs through nginx, a server killed mid-load, a server killed with a
+//! session) give each server a Docker host of its own: a private daemon in network and mount
+//! namespaces of its own ([`private_hosts`], images base, bash and lua), and check on each
+//! daemon's event log that a run's containers were made on its server's daemon and no other;
+//! the others share the machine's daemon.
 //! - servers that share a history without `cluster.advertise_url` / `cluster.secret_file`
 //!   refuse to start, naming what is missing;
 //! - a call about a run or a session another server holds is forwarded to it, over MCP and
@@ -21,6 +26,7 @@ use serde_json::{json, Value};
 use crate::common::{codebox_bin, labelled_objects, leftovers, root};
 use crate::mcp_support::{eventually, params, text, TOKEN};
 use crate::pg_cluster::PgCluster;
+use crate::private_daemon::{created_since, now, private_hosts, OwnedDaemon, PrivateDaemon};
 use crate::serve_child::{Options, ServeChild};
 
 type Client = RunningService<RoleClient, ()>;
@@ -59,12 +65,16 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One server of the cluster, in `dir`, with the secret at `secret` and `extra` settings.
-async fn node(
+/// One server of the cluster, in `dir`, with the secret at `secret` and `extra` settings: on
+/// the machine's Docker daemon, or on a private daemon of its own when `host` is given (its
+/// socket, and the registry of the languages its images hold; no ready sessions, whose
+/// Python it lacks).
+async fn node_on(
     dir: tempfile::TempDir,
     history_url: &str,
     secret: &Path,
     extra: &[&str],
+    host: Option<&PrivateDaemon>,
 ) -> ServeChild {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -74,9 +84,15 @@ async fn node(
         format!("cluster.secret_file={}", secret.display()),
         "pool.sizes={}".to_string(),
     ];
+    let mut env = Vec::new();
+    if let Some(host) = host {
+        sets.push("sessions.ready={}".to_string());
+        env.push(("DOCKER_HOST", host.socket()));
+        env.push(("CODEBOX_LANGUAGES", host.registry.display().to_string()));
+    }
     sets.extend(extra.iter().map(|s| s.to_string()));
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-    ServeChild::start_in(
+    ServeChild::start_with_env(
         dir,
         Options {
             http_token: Some(TOKEN),
@@ -85,6 +101,7 @@ async fn node(
             echo_stderr: true,
             listen: Some(&listen),
         },
+        &env,
     )
     .await
 }
@@ -101,13 +118,20 @@ struct TestCluster {
 }
 
 async fn start_cluster(db: &str, settings: &[&[&str]]) -> TestCluster {
+    start_cluster_on(db, settings, &[]).await
+}
+
+/// [`start_cluster`] with server `i` on `hosts[i]` (none: the machine's daemon for all).
+async fn start_cluster_on(db: &str, settings: &[&[&str]], hosts: &[OwnedDaemon]) -> TestCluster {
+    assert!(hosts.is_empty() || hosts.len() >= settings.len());
     let pg = PgCluster::start();
     let url = pg.create_database(db);
     let keys = tempfile::tempdir().unwrap();
     let secret = secret_file(keys.path());
-    let starts = settings
-        .iter()
-        .map(|extra| node(tempfile::tempdir().unwrap(), &url, &secret, extra));
+    let starts = settings.iter().enumerate().map(|(i, extra)| {
+        let host = hosts.get(i).map(|h| &**h);
+        node_on(tempfile::tempdir().unwrap(), &url, &secret, extra, host)
+    });
     let nodes = futures_util::future::join_all(starts).await;
     TestCluster {
         pg,
@@ -150,15 +174,67 @@ async fn known(client: &Client, run_id: &str) {
 }
 
 async fn start(client: &Client, code: &str) -> String {
+    start_lang(client, "python", code).await
+}
+
+async fn start_lang(client: &Client, language: &str, code: &str) -> String {
     ok(
         client,
         "start_run",
-        json!({"language": "python", "code": code}),
+        json!({"language": language, "code": code}),
     )
     .await["run_id"]
         .as_str()
         .unwrap()
         .to_string()
+}
+
+/// Containers and volumes matching a label filter on any of `hosts`.
+fn on_hosts(hosts: &[OwnedDaemon], filter: &str) -> Vec<String> {
+    hosts.iter().flat_map(|h| h.labelled(filter)).collect()
+}
+
+/// What a run left on any of `hosts`.
+fn left_on_hosts(hosts: &[OwnedDaemon], run_id: &str) -> Vec<String> {
+    on_hosts(hosts, &format!("label=codebox.run={run_id}"))
+}
+
+/// Which host made each run's containers, from the daemons' event logs since `since`:
+/// `instances[k]` is the server on `hosts[k]`. Asserts that each daemon made containers for
+/// its own server only, that each run's containers came from one daemon, that every run of
+/// `ids` made some, and that the machine's own daemon made none for these servers.
+fn hosts_of(
+    hosts: &[OwnedDaemon],
+    instances: &[String],
+    since: u64,
+    ids: &[String],
+) -> std::collections::BTreeMap<String, usize> {
+    let mut made_on = std::collections::BTreeMap::new();
+    for (k, host) in hosts.iter().enumerate().take(instances.len()) {
+        for (run, instance) in host.created_since(since) {
+            assert_eq!(
+                instance, instances[k],
+                "host {k} made a container (run {run}) for another server"
+            );
+            if run.is_empty() {
+                continue;
+            }
+            let first = *made_on.entry(run.clone()).or_insert(k);
+            assert_eq!(first, k, "run {run}: containers on hosts {first} and {k}");
+        }
+    }
+    for id in ids {
+        assert!(made_on.contains_key(id), "run {id}: no daemon made its containers");
+    }
+    let machine: Vec<(String, String)> = created_since(&[], since)
+        .into_iter()
+        .filter(|(_, instance)| instances.contains(instance))
+        .collect();
+    assert!(
+        machine.is_empty(),
+        "the machine's daemon made containers for the private hosts' servers: {machine:?}"
+    );
+    made_on
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,6 +575,7 @@ async fn any_server_answers_for_the_runs_and_sessions_another_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_lease() {
     let t0 = Instant::now();
+    let (_hosts_alone, hosts) = private_hosts().await;
     let lease: &[&str] = &["cluster.lease_seconds=3"];
     let TestCluster {
         pg: _pg,
@@ -506,17 +583,17 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
         secret,
         keys: _keys,
         nodes,
-    } = start_cluster("lease", &[lease, lease]).await;
+    } = start_cluster_on("lease", &[lease, lease], hosts).await;
     let [mut a, mut b] = servers(nodes);
     let instance_a = a.instance().await;
     let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
 
-    let long = start(&ca, "import time\ntime.sleep(600)").await;
-    let info = ok(&ca, "create_session", json!({"language": "python"})).await;
+    let long = start_lang(&ca, "bash", "sleep 600").await;
+    let info = ok(&ca, "create_session", json!({"language": "bash"})).await;
     let sid = info["session_id"].as_str().unwrap().to_string();
     known(&cb, &long).await;
-    eventually(60, "the long run's containers exist", || {
-        !leftovers(&long).is_empty()
+    eventually(60, "the long run's containers exist on A's host", || {
+        !hosts[0].labelled(&format!("label=codebox.run={long}")).is_empty()
     })
     .await;
     // While A answers, B forwards: the run is running there.
@@ -558,7 +635,7 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
     let ended = tool_error(
         &cb,
         "run_code",
-        json!({"language": "python", "session_id": sid, "code": "print(1)"}),
+        json!({"language": "bash", "session_id": sid, "code": "echo 1"}),
     )
     .await;
     assert!(ended.contains("the server that held it stopped"), "{ended}");
@@ -566,17 +643,20 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
     let r = ok(
         &cb,
         "run_code",
-        json!({"language": "python", "code": "print('still')"}),
+        json!({"language": "bash", "code": "echo still"}),
     )
     .await;
     assert_eq!(r["stdout"], "still\n", "{r}");
 
-    // A's containers stay until its data directory gets a server again, which reaps them.
+    // A's containers (its run's, its session's) stay on A's host, the only one that has
+    // any, until that host gets a server again (on A's data directory), which reaps them.
     let instance_filter = format!("label=codebox.instance={instance_a}");
-    assert!(!labelled_objects(&instance_filter).is_empty());
-    let mut a2 = node(a.into_data(), &url, &secret, lease).await;
+    assert!(!hosts[0].labelled(&instance_filter).is_empty());
+    assert!(hosts[1].labelled(&instance_filter).is_empty());
+    assert!(labelled_objects(&instance_filter).is_empty(), "none on the machine's daemon");
+    let mut a2 = node_on(a.into_data(), &url, &secret, lease, Some(&hosts[0])).await;
     eventually(60, "the killed server's containers are removed", || {
-        labelled_objects(&instance_filter).is_empty()
+        hosts[0].labelled(&instance_filter).is_empty()
     })
     .await;
     eprintln!(
@@ -766,11 +846,12 @@ impl Drop for Nginx {
     }
 }
 
-/// One run of the mixed load: its request and what its report must say.
+/// One run of the mixed load, in the languages the private hosts have (Bash, AWK, Lua): its
+/// request and what its report must say (status, stdout).
 fn mixed(i: usize) -> (Value, &'static str, String) {
-    match i % 5 {
+    match i % 6 {
         0 => (
-            json!({"language": "python", "code": format!("print({i} * 2)")}),
+            json!({"language": "bash", "code": format!("echo $(( {i} * 2 ))")}),
             "succeeded",
             format!("{}\n", i * 2),
         ),
@@ -785,9 +866,14 @@ fn mixed(i: usize) -> (Value, &'static str, String) {
             format!("l{i}\n"),
         ),
         3 => (
-            json!({"language": "python", "code": "import sys\nprint(sys.stdin.read().upper(), end='')", "stdin": format!("in{i}")}),
+            json!({"language": "awk", "code": "{ printf \"%s\", toupper($0) }", "stdin": format!("in{i}")}),
             "succeeded",
             format!("IN{i}"),
+        ),
+        4 => (
+            json!({"language": "lua", "code": format!("print('unclosed {i}'")}),
+            "compile_error",
+            String::new(),
         ),
         _ => (
             json!({"language": "bash", "code": format!("echo e{i} >&2; echo o{i}")}),
@@ -800,13 +886,15 @@ fn mixed(i: usize) -> (Value, &'static str, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     let t0 = Instant::now();
+    let (_hosts_alone, hosts) = private_hosts().await;
+    let since = now();
     let slots: &[&str] = &["runs.max_concurrent_runs=2"];
     let TestCluster {
         pg: _pg,
         keys: _keys,
         nodes,
         ..
-    } = start_cluster("nginx", &[slots, slots, slots]).await;
+    } = start_cluster_on("nginx", &[slots, slots, slots], hosts).await;
     let mut instances = Vec::new();
     for n in &nodes {
         instances.push(n.instance().await);
@@ -909,13 +997,24 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     );
     let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "each run one id");
+    // And over the three hosts: each run's containers were made by the daemon of the server
+    // its history row names, and by no other.
+    let made_on = hosts_of(hosts, &instances, since, &ids);
+    let mut per_host = [0usize; 3];
+    for id in &ids {
+        let row = rows.iter().find(|r| r["run_id"] == id.as_str()).unwrap();
+        let k = made_on[id];
+        assert_eq!(row["instance"], instances[k].as_str(), "run {id} ran on host {k}");
+        per_host[k] += 1;
+    }
+    assert!(per_host.iter().all(|&n| n > 0), "runs on each host: {per_host:?}");
 
     // A session through nginx, round robin: each call lands on the next server, and all
-    // reach the one that holds it.
+    // reach the one that holds it (one shell, its variables kept).
     let created: Value = http
         .post(nginx.url("/v1/sessions"))
         .bearer_auth(TOKEN)
-        .json(&json!({"language": "python"}))
+        .json(&json!({"language": "bash"}))
         .send()
         .await
         .unwrap()
@@ -930,14 +1029,14 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     const STEPS: usize = 6;
     for k in 0..STEPS {
         let code = if k == 0 {
-            "n = 0\nprint(n)".to_string()
+            "n=0; echo $n"
         } else {
-            "n += 1\nprint(n)".to_string()
+            "n=$((n + 1)); echo $n"
         };
         let r: Value = http
             .post(nginx.url("/v1/runs"))
             .bearer_auth(TOKEN)
-            .json(&json!({"language": "python", "session_id": sid, "code": code}))
+            .json(&json!({"language": "bash", "session_id": sid, "code": code}))
             .send()
             .await
             .unwrap()
@@ -970,12 +1069,12 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     );
 
     eprintln!(
-        "three servers behind nginx: {} mixed runs from {CLIENTS} clients in {:.1} s, per \
-         server {:?}; a session's {STEPS} steps round robin (two in three forwarded) in \
-         {:.2} s; whole test {:.1} s",
+        "three servers behind nginx, a private Docker host each: {} mixed runs from {CLIENTS} \
+         clients in {:.1} s ({:.1} runs/s), per host {per_host:?}; a session's {STEPS} steps \
+         round robin (two in three forwarded) in {:.2} s; whole test {:.1} s",
         ids.len(),
         burst.as_secs_f64(),
-        per_instance.values().collect::<Vec<_>>(),
+        ids.len() as f64 / burst.as_secs_f64(),
         steps.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
@@ -984,8 +1083,9 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
         n.signal_and_wait(libc::SIGTERM).await;
     }
     for id in &ids {
-        assert!(leftovers(id).is_empty(), "run {id} left containers");
+        assert!(left_on_hosts(hosts, id).is_empty(), "run {id} left containers");
     }
+    assert!(on_hosts(hosts, "label=codebox.managed=true").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1371,13 +1471,15 @@ async fn ran_on(client: &Client, ids: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// One queue for all (SPEC section 15), on real servers and Docker: 12 runs sent to a server
-/// with one slot are run by the others too; then, with every slot busy, a server killed
+/// One queue for all (SPEC section 15), on real servers, each on a Docker host of its own:
+/// 12 runs sent to a server with one slot are run by the others too, on their hosts; then, with every slot busy, a server killed
 /// outright: its running run is `sandbox_error`, the runs sent to it that waited in the
 /// shared queue run on the others, each reported once; nothing is left in the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_lost() {
     let t0 = Instant::now();
+    let (_hosts_alone, hosts) = private_hosts().await;
+    let since = now();
     let one: &[&str] = &["runs.max_concurrent_runs=1", "cluster.lease_seconds=3"];
     let two: &[&str] = &["runs.max_concurrent_runs=2", "cluster.lease_seconds=3"];
     let TestCluster {
@@ -1386,7 +1488,7 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
         secret,
         keys: _keys,
         nodes,
-    } = start_cluster("busy", &[one, two, two]).await;
+    } = start_cluster_on("busy", &[one, two, two], hosts).await;
     let [mut a, mut b, mut c] = servers(nodes);
     let names = [a.instance().await, b.instance().await, c.instance().await];
     let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
@@ -1396,7 +1498,7 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
     let t = Instant::now();
     let mut ids = Vec::new();
     for i in 0..12 {
-        ids.push(start(&ca, &format!("import time\ntime.sleep(1)\nprint({i})")).await);
+        ids.push(start_lang(&ca, "bash", &format!("sleep 1; echo {i}")).await);
     }
     for (i, id) in ids.iter().enumerate() {
         let r = final_report(&ca, id).await;
@@ -1415,6 +1517,11 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
         counts[1] > 0 && counts[2] > 0,
         "B and C ran some: {counts:?}"
     );
+    // On their own hosts: each run's containers were made by its server's daemon only.
+    let made_on = hosts_of(hosts, &names, since, &ids);
+    for (id, (instance, _)) in ids.iter().zip(&spread) {
+        assert_eq!(instance, &names[made_on[id]], "run {id}");
+    }
     eprintln!(
         "12 runs of 1 s sent to a server with 1 slot: {:.1} s, run by A/B/C {counts:?}",
         busy.as_secs_f64()
@@ -1422,23 +1529,23 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
 
     // Every slot busy: one long run on A (sent to A while it is idle: its own), then two
     // each on B and C (sent to B).
-    let held = start(&ca, "import time\ntime.sleep(600)").await;
-    eventually(60, "A's long run is running", || {
-        !leftovers(&held).is_empty()
+    let held = start_lang(&ca, "bash", "sleep 600").await;
+    eventually(60, "A's long run is running on A's host", || {
+        !hosts[0].labelled(&format!("label=codebox.run={held}")).is_empty()
     })
     .await;
     let mut long = Vec::new();
     for _ in 0..4 {
-        long.push(start(&cb, "import time\ntime.sleep(15)\nprint('long')").await);
+        long.push(start_lang(&cb, "bash", "sleep 15; echo long").await);
     }
     eventually(60, "the four long runs are running", || {
-        long.iter().all(|id| !leftovers(id).is_empty())
+        long.iter().all(|id| !left_on_hosts(hosts, id).is_empty())
     })
     .await;
     // Six more to A: no server has room, they wait in the shared queue.
     let mut queued = Vec::new();
     for i in 0..6 {
-        queued.push(start(&ca, &format!("print('queued {i}')")).await);
+        queued.push(start_lang(&ca, "bash", &format!("echo 'queued {i}'")).await);
     }
     for id in &queued {
         let r = ok(&cb, "get_result", json!({"run_id": id})).await;
@@ -1495,15 +1602,23 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
     });
     assert_eq!(left, 0, "nothing is left in the shared queue");
     eprintln!("whole test {:.1} s", t0.elapsed().as_secs_f64());
+    // The queued runs ran on B's and C's hosts.
+    let made_on = hosts_of(hosts, &names, since, &queued);
+    assert!(queued.iter().all(|id| made_on[id] != 0), "{made_on:?}");
     drop(cb);
-    // A's containers are reaped when its data directory next gets a server.
+    // A's containers stay on A's host, and only there (B and C reap only what their own
+    // daemons hold), until that host next gets a server on A's data directory.
     let instance_filter = format!("label=codebox.instance={}", names[0]);
-    let mut a2 = node(a.into_data(), &url, &secret, one).await;
+    assert!(!hosts[0].labelled(&instance_filter).is_empty());
+    assert!(on_hosts(&hosts[1..], &instance_filter).is_empty());
+    assert!(labelled_objects(&instance_filter).is_empty(), "none on the machine's daemon");
+    let mut a2 = node_on(a.into_data(), &url, &secret, one, Some(&hosts[0])).await;
     eventually(60, "the killed server's containers are removed", || {
-        labelled_objects(&instance_filter).is_empty()
+        hosts[0].labelled(&instance_filter).is_empty()
     })
     .await;
     a2.signal_and_wait(libc::SIGTERM).await;
     b.signal_and_wait(libc::SIGTERM).await;
     c.signal_and_wait(libc::SIGTERM).await;
+    assert!(on_hosts(hosts, "label=codebox.managed=true").is_empty());
 }

@@ -18,11 +18,18 @@
 //!
 //! It is stopped by PID, and its mounts and folder removed, when this process exits
 //! (`atexit`), and by a detached keeper process if this process is killed instead.
+//!
+//! [`owned_daemons`] starts further daemons the same way, each independent and its holder's
+//! own ([`OwnedDaemon`]: stopped when dropped, at exit, or by its keeper), listening on their
+//! unix socket only, with images loaded from the machine's daemon (one `docker save`
+//! archive for all of them) instead of built. [`private_hosts`] keeps three of them for the
+//! cluster tests: one Docker host per server.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -38,8 +45,10 @@ pub const IMAGES: [&str; 2] = ["base", "bash"];
 pub struct PrivateDaemon {
     /// The daemon's own folder (under `/run`).
     pub dir: PathBuf,
+    /// Its TLS port on the host's `127.0.0.1`; 0 for an [`OwnedDaemon`] (socket only).
     pub port: u16,
-    /// A `languages.toml` with bash only (and its two images), beside a link to `images/`.
+    /// A `languages.toml` with only the languages on its images (bash for the shared one),
+    /// beside a link to `images/`.
     pub registry: PathBuf,
 }
 
@@ -55,6 +64,9 @@ pub enum Via {
 static LOCK: Mutex<()> = Mutex::const_new(());
 static DAEMON: OnceLock<PrivateDaemon> = OnceLock::new();
 static STOP_DIR: OnceLock<PathBuf> = OnceLock::new();
+/// Every daemon of this process still to stop at exit (the shared one, the owned ones).
+static AT_EXIT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+static AT_EXIT_REGISTERED: std::sync::Once = std::sync::Once::new();
 
 fn script() -> PathBuf {
     root().join("scripts/private-dockerd.sh")
@@ -75,15 +87,86 @@ fn script_run(args: &[&str]) -> Output {
     out
 }
 
+/// Stop every daemon still running, all at once.
 extern "C" fn stop_at_exit() {
-    if let Some(dir) = STOP_DIR.get() {
-        let _ = Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .status();
+    let dirs = AT_EXIT.lock().map(|d| d.clone()).unwrap_or_default();
+    let stops: Vec<_> = dirs
+        .iter()
+        .filter_map(|dir| {
+            Command::new("bash")
+                .arg(script())
+                .arg("stop")
+                .arg(dir)
+                .stdin(Stdio::null())
+                .spawn()
+                .ok()
+        })
+        .collect();
+    for mut stop in stops {
+        let _ = stop.wait();
     }
+}
+
+/// Folders for a new daemon: its own (short: its unix sockets live under it; under `/run`,
+/// outside what it cannot see), and this process's files for it (hidden from it, removed with
+/// it). From now on it is stopped at this process's exit, and by a detached keeper if this
+/// process is killed.
+fn new_daemon_dirs() -> (PathBuf, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("cbd.")
+        .tempdir_in("/run")
+        .expect("temp dir")
+        .keep();
+    let files = tempfile::Builder::new()
+        .prefix("cbd-files.")
+        .tempdir()
+        .expect("temp dir")
+        .keep();
+    std::fs::write(
+        dir.join("also-remove"),
+        files.as_os_str().as_encoded_bytes(),
+    )
+    .unwrap();
+    AT_EXIT.lock().unwrap().push(dir.clone());
+    // SAFETY: registering a plain function to run at exit.
+    AT_EXIT_REGISTERED.call_once(|| unsafe {
+        libc::atexit(stop_at_exit);
+    });
+    // Detached (`--fork`: setsid returns at once), so that it outlives this process.
+    Command::new("setsid")
+        .arg("--fork")
+        .arg("bash")
+        .arg(script())
+        .arg("keep")
+        .arg(&dir)
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("the keeper");
+    (dir, files)
+}
+
+/// `private-dockerd.sh start DIR ARGS...`, hiding the temp folder and the repository from the
+/// daemon; the host's network interfaces must be the same after.
+fn start_daemon(dir: &Path, args: &[&str]) {
+    let interfaces = host_interfaces();
+    let (tmp, repo) = (std::env::temp_dir(), root());
+    let mut all = vec!["start", dir.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.extend([
+        "--hide",
+        tmp.to_str().unwrap(),
+        "--hide",
+        repo.to_str().unwrap(),
+    ]);
+    script_run(&all);
+    assert_eq!(
+        host_interfaces(),
+        interfaces,
+        "starting a private daemon changed the host's network interfaces"
+    );
 }
 
 fn free_port() -> u16 {
@@ -105,19 +188,22 @@ fn host_interfaces() -> Vec<String> {
     names
 }
 
-/// The shipped registry cut to bash and its images, in `dir`, with `images/` linked.
-fn bash_registry(dir: &Path) -> PathBuf {
-    let shipped: toml::Table =
-        toml::from_str(&std::fs::read_to_string(root().join("languages.toml")).unwrap()).unwrap();
-    let mut images = toml::Table::new();
-    for name in IMAGES {
-        images.insert(name.into(), shipped["images"][name].clone());
-    }
-    let mut languages = toml::Table::new();
-    languages.insert("bash".into(), shipped["languages"]["bash"].clone());
+fn shipped_registry() -> toml::Table {
+    toml::from_str(&std::fs::read_to_string(root().join("languages.toml")).unwrap()).unwrap()
+}
+
+/// The shipped registry cut to `languages` and `images`, in `dir`, with `images/` linked.
+fn registry(dir: &Path, images: &[&str], languages: &[&str]) -> PathBuf {
+    let shipped = shipped_registry();
+    let cut = |section: &str, names: &[&str]| -> toml::Table {
+        names
+            .iter()
+            .map(|n| (n.to_string(), shipped[section][*n].clone()))
+            .collect()
+    };
     let mut table = toml::Table::new();
-    table.insert("images".into(), images.into());
-    table.insert("languages".into(), languages.into());
+    table.insert("images".into(), cut("images", images).into());
+    table.insert("languages".into(), cut("languages", languages).into());
     std::fs::create_dir_all(dir).unwrap();
     std::os::unix::fs::symlink(root().join("images"), dir.join("images")).unwrap();
     let path = dir.join("languages.toml");
@@ -134,84 +220,21 @@ impl PrivateDaemon {
             STOP_DIR.get().is_none(),
             "the private daemon failed to start in an earlier test"
         );
-        // Short (the daemon's unix sockets live under it), and outside what it cannot see.
-        let dir = tempfile::Builder::new()
-            .prefix("cbd.")
-            .tempdir_in("/run")
-            .expect("temp dir")
-            .keep();
-        // This process's own files for it, hidden from it, removed with it.
-        let files = tempfile::Builder::new()
-            .prefix("cbd-files.")
-            .tempdir()
-            .expect("temp dir")
-            .keep();
-        std::fs::write(
-            dir.join("also-remove"),
-            files.as_os_str().as_encoded_bytes(),
-        )
-        .unwrap();
+        let (dir, files) = new_daemon_dirs();
         STOP_DIR.set(dir.clone()).expect("one private daemon");
-        // SAFETY: registering a plain function to run at exit.
-        unsafe { libc::atexit(stop_at_exit) };
-        // Detached (`--fork`: setsid returns at once), so that it outlives this process.
-        Command::new("setsid")
-            .arg("--fork")
-            .arg("bash")
-            .arg(script())
-            .arg("keep")
-            .arg(&dir)
-            .arg(std::process::id().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("the keeper");
         let port = free_port();
         let port_text = port.to_string();
-        let interfaces = host_interfaces();
-        script_run(&[
-            "start",
-            dir.to_str().unwrap(),
-            "--tls",
-            &port_text,
-            "--load",
-            "debian:bookworm-slim",
-            "--hide",
-            std::env::temp_dir().to_str().unwrap(),
-            "--hide",
-            root().to_str().unwrap(),
-        ]);
-        assert_eq!(
-            host_interfaces(),
-            interfaces,
-            "starting the private daemon changed the host's network interfaces"
+        start_daemon(
+            &dir,
+            &["--tls", &port_text, "--load", "debian:bookworm-slim"],
         );
-        let registry = bash_registry(&files.join("registry"));
+        let registry = registry(&files.join("registry"), &IMAGES, &["bash"]);
         let daemon = PrivateDaemon {
             dir,
             port,
             registry,
         };
-        // The daemon's view of the filesystem, through /proc: codebox's files are not there.
-        let seen = PathBuf::from(format!("/proc/{}/root", daemon.pid()));
-        assert!(
-            seen.join("usr/bin").exists(),
-            "the daemon's filesystem is readable through /proc"
-        );
-        // The repository may lie under the hidden temp folder (a clone in /tmp): then it is
-        // not there at all, which hides it just as well.
-        let hidden_root = seen.join(root().strip_prefix("/").unwrap());
-        assert!(
-            !hidden_root.join("languages.toml").exists(),
-            "the daemon sees the repository"
-        );
-        let tmp = seen.join(std::env::temp_dir().strip_prefix("/").unwrap());
-        assert_eq!(
-            std::fs::read_dir(&tmp).map(|d| d.count()).ok(),
-            Some(0),
-            "the daemon sees /tmp"
-        );
+        daemon.assert_hidden();
         let started = began.elapsed();
         let build = daemon
             .codebox(Via::Tls, &files.join("build-data"))
@@ -232,6 +255,28 @@ impl PrivateDaemon {
             (began.elapsed() - started).as_secs_f64()
         );
         daemon
+    }
+
+    /// The daemon's view of the filesystem, through /proc: codebox's files are not there.
+    fn assert_hidden(&self) {
+        let seen = PathBuf::from(format!("/proc/{}/root", self.pid()));
+        assert!(
+            seen.join("usr/bin").exists(),
+            "the daemon's filesystem is readable through /proc"
+        );
+        // The repository may lie under the hidden temp folder (a clone in /tmp): then it is
+        // not there at all, which hides it just as well.
+        let hidden_root = seen.join(root().strip_prefix("/").unwrap());
+        assert!(
+            !hidden_root.join("languages.toml").exists(),
+            "the daemon sees the repository"
+        );
+        let tmp = seen.join(std::env::temp_dir().strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read_dir(&tmp).map(|d| d.count()).ok(),
+            Some(0),
+            "the daemon sees /tmp"
+        );
     }
 
     pub fn socket(&self) -> String {
@@ -383,6 +428,26 @@ impl PrivateDaemon {
             .collect()
     }
 
+    /// Containers and volumes matching a `docker` label filter, as
+    /// [`crate::common::labelled_objects`] finds them on the machine's daemon.
+    pub fn labelled(&self, filter: &str) -> Vec<String> {
+        let mut found = self.containers(filter);
+        let out = self.docker(&["volume", "ls", "-q", "--filter", filter]);
+        assert!(
+            out.status.success(),
+            "docker volume ls: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        found.extend(String::from_utf8_lossy(&out.stdout).lines().map(str::to_string));
+        found
+    }
+
+    /// `(run, instance)` labels of every managed container this daemon created from `since`
+    /// (seconds since the epoch) until now, from its event log.
+    pub fn created_since(&self, since: u64) -> Vec<(String, String)> {
+        created_since(&["-H", &self.socket()], since)
+    }
+
     /// One label of a container.
     pub fn label(&self, container: &str, label: &str) -> String {
         let format = format!("{{{{index .Config.Labels \"{label}\"}}}}");
@@ -474,4 +539,179 @@ pub fn lock_files(data_dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(data_dir.join("instances"))
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
         .unwrap_or_default()
+}
+
+/// `(run, instance)` labels of every managed container a daemon (`docker` CLI with `args`)
+/// created from `since` until now, from its event log.
+pub fn created_since(args: &[&str], since: u64) -> Vec<(String, String)> {
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let (since, until) = (since.to_string(), format!("{:.3}", until.as_secs_f64()));
+    let out = Command::new("docker")
+        .args(args)
+        .args(["events", "--since", &since, "--until", &until])
+        .args(["--filter", "type=container", "--filter", "event=create"])
+        .args(["--filter", "label=codebox.managed=true"])
+        .args([
+            "--format",
+            r#"{{index .Actor.Attributes "codebox.run"}} {{index .Actor.Attributes "codebox.instance"}}"#,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("docker CLI");
+    assert!(
+        out.status.success(),
+        "docker events: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(run, instance)| (run.to_string(), instance.to_string()))
+        .collect()
+}
+
+/// An independent private daemon, its holder's own: stopped (by PID, its mounts and folders
+/// removed) when dropped, at this process's exit, or by its keeper if this process is killed.
+pub struct OwnedDaemon(PrivateDaemon);
+
+impl std::ops::Deref for OwnedDaemon {
+    type Target = PrivateDaemon;
+    fn deref(&self) -> &PrivateDaemon {
+        &self.0
+    }
+}
+
+impl Drop for OwnedDaemon {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.0.dir)
+            .stdin(Stdio::null())
+            .status();
+        AT_EXIT.lock().unwrap().retain(|d| d != &self.0.dir);
+    }
+}
+
+/// `n` independent private daemons (each in network and mount namespaces of its own, as
+/// the shared one, listening on its unix socket only), started at once, each with `images`
+/// (names in `languages.toml`) loaded from the machine's daemon (one `docker save` archive
+/// for all) and a registry of `languages` on them. Prints what the start took.
+pub fn owned_daemons(n: usize, images: &[&str], languages: &[&str]) -> Vec<OwnedDaemon> {
+    let began = Instant::now();
+    let shipped = shipped_registry();
+    let tags: Vec<String> = images
+        .iter()
+        .map(|name| {
+            shipped["images"][*name]["tag"]
+                .as_str()
+                .expect("an image's tag")
+                .to_string()
+        })
+        .collect();
+    for tag in &tags {
+        let inspect = Command::new("docker")
+            .args(["image", "inspect", "--format", "{{.Id}}", tag])
+            .output()
+            .expect("docker CLI");
+        assert!(
+            inspect.status.success(),
+            "image {tag} is not on the machine's daemon (codebox images build {})",
+            images.join(" ")
+        );
+    }
+    let archive = tempfile::Builder::new()
+        .prefix("cbd-images.")
+        .suffix(".tar")
+        .tempfile()
+        .expect("temp file");
+    let save = Command::new("docker")
+        .arg("save")
+        .arg("-o")
+        .arg(archive.path())
+        .args(&tags)
+        .output()
+        .expect("docker CLI");
+    assert!(
+        save.status.success(),
+        "docker save {tags:?}: {}",
+        String::from_utf8_lossy(&save.stderr)
+    );
+    let saved = began.elapsed();
+    let archive_path = archive.path().to_str().unwrap().to_string();
+    let daemons: Vec<OwnedDaemon> = std::thread::scope(|scope| {
+        let starts: Vec<_> = (0..n)
+            .map(|_| {
+                let archive = archive_path.as_str();
+                scope.spawn(move || {
+                    let (dir, files) = new_daemon_dirs();
+                    // Owned from here: a failed start below stops it on the way out.
+                    let daemon = OwnedDaemon(PrivateDaemon {
+                        registry: registry(&files.join("registry"), images, languages),
+                        dir,
+                        port: 0,
+                    });
+                    start_daemon(&daemon.dir, &["--data-mb", "1024", "--load-archive", archive]);
+                    daemon.assert_hidden();
+                    daemon
+                })
+            })
+            .collect();
+        starts
+            .into_iter()
+            .map(|s| s.join().expect("a private daemon starts"))
+            .collect()
+    });
+    eprintln!(
+        "{n} private daemons with {tags:?}: images saved in {:.1} s, daemons started and \
+         loaded in {:.1} s",
+        saved.as_secs_f64(),
+        (began.elapsed() - saved).as_secs_f64()
+    );
+    daemons
+}
+
+/// The images and languages of [`private_hosts`]: Bash and AWK (the bash image), Lua.
+pub const HOST_IMAGES: [&str; 3] = ["base", "bash", "lua"];
+pub const HOST_LANGUAGES: [&str; 3] = ["bash", "awk", "lua"];
+
+static HOSTS_LOCK: Mutex<()> = Mutex::const_new(());
+static HOSTS: OnceLock<Vec<OwnedDaemon>> = OnceLock::new();
+static HOSTS_TRIED: AtomicBool = AtomicBool::new(false);
+
+/// Three private daemons ([`owned_daemons`] with [`HOST_IMAGES`]), one Docker host per
+/// server for the cluster tests: started on first use, kept for every test of this process
+/// that asks (one at a time: the guard), stopped at exit. Each is handed out with nothing
+/// managed on it.
+pub async fn private_hosts() -> (MutexGuard<'static, ()>, &'static [OwnedDaemon]) {
+    let guard = HOSTS_LOCK.lock().await;
+    let hosts = match HOSTS.get() {
+        Some(h) => h,
+        None => {
+            // One attempt per test process, as for the shared daemon.
+            assert!(
+                !HOSTS_TRIED.swap(true, Ordering::SeqCst),
+                "the private hosts failed to start in an earlier test"
+            );
+            let h = tokio::task::spawn_blocking(|| {
+                owned_daemons(3, &HOST_IMAGES, &HOST_LANGUAGES)
+            })
+            .await
+            .expect("the private hosts start");
+            HOSTS.get_or_init(|| h)
+        }
+    };
+    for host in hosts {
+        let left = host.containers("label=codebox.managed=true");
+        if !left.is_empty() {
+            let mut args = vec!["rm", "-f", "-v"];
+            args.extend(left.iter().map(String::as_str));
+            host.docker(&args);
+        }
+        let out = host.docker(&["volume", "prune", "-f", "--filter", "label=codebox.managed=true"]);
+        assert!(out.status.success(), "docker volume prune");
+    }
+    (guard, hosts.as_slice())
 }

@@ -74,6 +74,16 @@ impl ServeChild {
 
     /// Start it with the given data directory (e.g. one an earlier child used).
     pub async fn start_in(data: tempfile::TempDir, opts: Options<'_>) -> ServeChild {
+        ServeChild::start_with_env(data, opts, &[]).await
+    }
+
+    /// [`ServeChild::start_in`] with these environment variables set over the defaults (a
+    /// private daemon's `DOCKER_HOST` and its `CODEBOX_LANGUAGES`, say).
+    pub async fn start_with_env(
+        data: tempfile::TempDir,
+        opts: Options<'_>,
+        env: &[(&str, String)],
+    ) -> ServeChild {
         let mut cmd = Command::new(codebox_bin());
         cmd.arg("serve");
         if opts.http_token.is_some() {
@@ -98,6 +108,9 @@ impl ServeChild {
             .kill_on_drop(true);
         if let Some(token) = opts.http_token {
             cmd.env("CODEBOX_TOKEN", token);
+        }
+        for (key, value) in env {
+            cmd.env(key, value);
         }
         let mut child = cmd.spawn().expect("spawn codebox serve");
         let mut lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
