@@ -442,10 +442,9 @@ impl PrivateDaemon {
         found
     }
 
-    /// `(run, instance)` labels of every managed container this daemon created from `since`
-    /// (seconds since the epoch) until now, from its event log.
-    pub fn created_since(&self, since: u64) -> Vec<(String, String)> {
-        created_since(&["-H", &self.socket()], since)
+    /// Watch this daemon for the managed containers it creates from now on.
+    pub fn watch_creations(&self) -> Creations {
+        watch_creations(&["-H", &self.socket()])
     }
 
     /// One label of a container.
@@ -541,16 +540,26 @@ pub fn lock_files(data_dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// `(run, instance)` labels of every managed container a daemon (`docker` CLI with `args`)
-/// created from `since` until now, from its event log.
-pub fn created_since(args: &[&str], since: u64) -> Vec<(String, String)> {
-    let until = std::time::SystemTime::now()
+/// The managed containers a daemon creates, as its event stream tells them: `(run,
+/// instance)` labels, from the moment of [`watch_creations`] (a daemon keeps only its last
+/// 256 events, so a busy one's log read afterwards has lost the first). The `docker events`
+/// child is stopped (by its PID) when this is dropped.
+pub struct Creations {
+    child: std::process::Child,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+}
+
+/// Watch a daemon (`docker` CLI with `args`: none for the machine's) for managed containers
+/// created from now on.
+pub fn watch_creations(args: &[&str]) -> Creations {
+    let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
-    let (since, until) = (since.to_string(), format!("{:.3}", until.as_secs_f64()));
-    let out = Command::new("docker")
+    let mut child = Command::new("docker")
         .args(args)
-        .args(["events", "--since", &since, "--until", &until])
+        // From this instant, replayed from the daemon's log: nothing is missed while the
+        // stream connects.
+        .args(["events", "--since", &format!("{:.3}", since.as_secs_f64())])
         .args(["--filter", "type=container", "--filter", "event=create"])
         .args(["--filter", "label=codebox.managed=true"])
         .args([
@@ -558,18 +567,39 @@ pub fn created_since(args: &[&str], since: u64) -> Vec<(String, String)> {
             r#"{{index .Actor.Attributes "codebox.run"}} {{index .Actor.Attributes "codebox.instance"}}"#,
         ])
         .stdin(Stdio::null())
-        .output()
-        .expect("docker CLI");
-    assert!(
-        out.status.success(),
-        "docker events: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(run, instance)| (run.to_string(), instance.to_string()))
-        .collect()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("docker events");
+    let stdout = child.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let into = seen.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some((run, instance)) = line.split_once(' ') {
+                into.lock()
+                    .unwrap()
+                    .push((run.to_string(), instance.to_string()));
+            }
+        }
+    });
+    Creations { child, seen }
+}
+
+impl Creations {
+    /// What was created so far (waits a moment for the stream to catch up).
+    pub fn so_far(&self) -> Vec<(String, String)> {
+        std::thread::sleep(Duration::from_millis(500));
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Creations {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// An independent private daemon, its holder's own: stopped (by PID, its mounts and folders
