@@ -1638,3 +1638,132 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
     c.signal_and_wait(libc::SIGTERM).await;
     assert!(on_hosts(hosts, "label=codebox.managed=true").is_empty());
 }
+
+/// Throughput through nginx with 1, 2 and 3 servers, each on a private Docker host of its
+/// own (`--ignored`; figures in docs/PERFORMANCE.md): the same 120 short Bash runs from 16
+/// clients each time, after a few to warm up; then one server with the three servers' slots
+/// (12), to tell more slots from more servers. Prints runs per second and the spread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn throughput_through_nginx_with_one_two_and_three_servers() {
+    const RUNS: usize = 120;
+    const CLIENTS: usize = 16;
+    let (_hosts_alone, hosts) = private_hosts().await;
+    let mut lines = Vec::new();
+    let default_slots: &[&str] = &[];
+    let twelve_slots: &[&str] = &["runs.max_concurrent_runs=12"];
+    for (servers, extra) in [
+        (1, default_slots),
+        (2, default_slots),
+        (3, default_slots),
+        (1, twelve_slots),
+    ] {
+        let settings = vec![extra; servers];
+        let TestCluster {
+            pg: _pg,
+            keys: _keys,
+            nodes,
+            ..
+        } = start_cluster_on(&format!("bench{}", lines.len()), &settings, hosts).await;
+        let mut instances = Vec::new();
+        for n in &nodes {
+            instances.push(n.instance().await);
+        }
+        let nginx = Nginx::start(
+            &nodes
+                .iter()
+                .map(|n| n.addr.clone().unwrap())
+                .collect::<Vec<_>>(),
+        );
+        let http = reqwest::Client::new();
+        let url = nginx.url("/v1/runs");
+        let run = |i: usize| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let r: Value = http
+                    .post(&url)
+                    .bearer_auth(TOKEN)
+                    .json(&json!({"language": "bash", "code": format!("echo {i}")}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    (r["status"].as_str(), r["stdout"].as_str()),
+                    (Some("succeeded"), Some(format!("{i}\n").as_str())),
+                    "{r}"
+                );
+                r["run_id"].as_str().unwrap().to_string()
+            }
+        };
+        for i in 0..2 * servers {
+            run(100_000 + i).await;
+        }
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let t = Instant::now();
+        let clients = (0..CLIENTS).map(|_| {
+            let next = next.clone();
+            async move {
+                let mut ids = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= RUNS {
+                        return ids;
+                    }
+                    ids.push(run(i).await);
+                }
+            }
+        });
+        let ids: Vec<String> = futures_util::future::join_all(clients)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let took = t.elapsed();
+        assert_eq!(ids.len(), RUNS);
+        for n in &nodes {
+            http.get(n.http_url("/v1/history?limit=1"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap();
+        }
+        let rows: Value = http
+            .get(nginx.url("/v1/history?limit=1000"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let spread: Vec<usize> = instances
+            .iter()
+            .map(|i| {
+                rows["runs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|r| r["instance"] == i.as_str() && ids.contains(&r["run_id"].as_str().unwrap().to_string()))
+                    .count()
+            })
+            .collect();
+        let slots = if extra.is_empty() { 4 } else { 12 };
+        lines.push(format!(
+            "{servers} server(s) of {slots} slots, a private Docker host each, through nginx: \
+             {RUNS} Bash runs from {CLIENTS} clients in {:.1} s = {:.1} runs/s, spread {spread:?}",
+            took.as_secs_f64(),
+            RUNS as f64 / took.as_secs_f64()
+        ));
+        eprintln!("{}", lines.last().unwrap());
+        drop(nginx);
+        for mut n in nodes {
+            n.signal_and_wait(libc::SIGTERM).await;
+        }
+    }
+    for line in &lines {
+        eprintln!("{line}");
+    }
+}
