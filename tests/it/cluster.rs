@@ -1641,8 +1641,9 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
 
 /// Throughput through nginx with 1, 2 and 3 servers, each on a private Docker host of its
 /// own (`--ignored`; figures in docs/PERFORMANCE.md): the same 120 short Bash runs from 16
-/// clients each time, after a few to warm up; then one server with the three servers' slots
-/// (12), to tell more slots from more servers. Prints runs per second and the spread.
+/// clients each time, after a few to warm up; and one server with the three servers' slots
+/// (12), to tell more slots from more servers. Twice, the second time in reverse order (the
+/// machine's other load drifts). Prints runs per second and the spread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn throughput_through_nginx_with_one_two_and_three_servers() {
@@ -1652,12 +1653,13 @@ async fn throughput_through_nginx_with_one_two_and_three_servers() {
     let mut lines = Vec::new();
     let default_slots: &[&str] = &[];
     let twelve_slots: &[&str] = &["runs.max_concurrent_runs=12"];
-    for (servers, extra) in [
+    let configs = [
         (1, default_slots),
         (2, default_slots),
         (3, default_slots),
         (1, twelve_slots),
-    ] {
+    ];
+    for (servers, extra) in configs.iter().chain(configs.iter().rev()).copied() {
         let settings = vec![extra; servers];
         let TestCluster {
             pg: _pg,
