@@ -26,7 +26,9 @@ use serde_json::{json, Value};
 use crate::common::{codebox_bin, labelled_objects, leftovers, root};
 use crate::mcp_support::{eventually, params, text, TOKEN};
 use crate::pg_cluster::PgCluster;
-use crate::private_daemon::{private_hosts, watch_creations, Creations, OwnedDaemon, PrivateDaemon};
+use crate::private_daemon::{
+    private_hosts, watch_creations, Creations, OwnedDaemon, PrivateDaemon,
+};
 use crate::serve_child::{Options, ServeChild};
 
 type Client = RunningService<RoleClient, ()>;
@@ -237,7 +239,10 @@ impl Watch {
             }
         }
         for id in ids {
-            assert!(made_on.contains_key(id), "run {id}: no daemon made its containers");
+            assert!(
+                made_on.contains_key(id),
+                "run {id}: no daemon made its containers"
+            );
         }
         let machine: Vec<(String, String)> = self
             .machine
@@ -609,7 +614,9 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
     let sid = info["session_id"].as_str().unwrap().to_string();
     known(&cb, &long).await;
     eventually(60, "the long run's containers exist on A's host", || {
-        !hosts[0].labelled(&format!("label=codebox.run={long}")).is_empty()
+        !hosts[0]
+            .labelled(&format!("label=codebox.run={long}"))
+            .is_empty()
     })
     .await;
     // While A answers, B forwards: the run is running there.
@@ -669,7 +676,10 @@ async fn a_server_that_stops_answering_loses_its_runs_and_sessions_within_its_le
     let instance_filter = format!("label=codebox.instance={instance_a}");
     assert!(!hosts[0].labelled(&instance_filter).is_empty());
     assert!(hosts[1].labelled(&instance_filter).is_empty());
-    assert!(labelled_objects(&instance_filter).is_empty(), "none on the machine's daemon");
+    assert!(
+        labelled_objects(&instance_filter).is_empty(),
+        "none on the machine's daemon"
+    );
     let mut a2 = node_on(a.into_data(), &url, &secret, lease, Some(&hosts[0])).await;
     eventually(60, "the killed server's containers are removed", || {
         hosts[0].labelled(&instance_filter).is_empty()
@@ -1020,10 +1030,17 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     for id in &ids {
         let row = rows.iter().find(|r| r["run_id"] == id.as_str()).unwrap();
         let k = made_on[id];
-        assert_eq!(row["instance"], instances[k].as_str(), "run {id} ran on host {k}");
+        assert_eq!(
+            row["instance"],
+            instances[k].as_str(),
+            "run {id} ran on host {k}"
+        );
         per_host[k] += 1;
     }
-    assert!(per_host.iter().all(|&n| n > 0), "runs on each host: {per_host:?}");
+    assert!(
+        per_host.iter().all(|&n| n > 0),
+        "runs on each host: {per_host:?}"
+    );
 
     // A session through nginx, round robin: each call lands on the next server, and all
     // reach the one that holds it (one shell, its variables kept).
@@ -1099,9 +1116,15 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
     for mut n in nodes {
         n.signal_and_wait(libc::SIGTERM).await;
     }
-    eprintln!("the three servers stopped in {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "the three servers stopped in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     // Nothing of any run is left on any host.
-    assert_eq!(on_hosts(hosts, "label=codebox.managed=true"), Vec::<String>::new());
+    assert_eq!(
+        on_hosts(hosts, "label=codebox.managed=true"),
+        Vec::<String>::new()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1547,7 +1570,9 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
     // each on B and C (sent to B).
     let held = start_lang(&ca, "bash", "sleep 600").await;
     eventually(60, "A's long run is running on A's host", || {
-        !hosts[0].labelled(&format!("label=codebox.run={held}")).is_empty()
+        !hosts[0]
+            .labelled(&format!("label=codebox.run={held}"))
+            .is_empty()
     })
     .await;
     let mut long = Vec::new();
@@ -1627,7 +1652,10 @@ async fn a_busy_servers_runs_go_to_the_others_and_a_killed_ones_queue_is_not_los
     let instance_filter = format!("label=codebox.instance={}", names[0]);
     assert!(!hosts[0].labelled(&instance_filter).is_empty());
     assert!(on_hosts(&hosts[1..], &instance_filter).is_empty());
-    assert!(labelled_objects(&instance_filter).is_empty(), "none on the machine's daemon");
+    assert!(
+        labelled_objects(&instance_filter).is_empty(),
+        "none on the machine's daemon"
+    );
     let mut a2 = node_on(a.into_data(), &url, &secret, one, Some(&hosts[0])).await;
     eventually(60, "the killed server's containers are removed", || {
         hosts[0].labelled(&instance_filter).is_empty()
@@ -1748,7 +1776,10 @@ async fn throughput_through_nginx_with_one_two_and_three_servers() {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .filter(|r| r["instance"] == i.as_str() && ids.contains(&r["run_id"].as_str().unwrap().to_string()))
+                    .filter(|r| {
+                        r["instance"] == i.as_str()
+                            && ids.contains(&r["run_id"].as_str().unwrap().to_string())
+                    })
                     .count()
             })
             .collect();

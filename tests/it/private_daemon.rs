@@ -438,7 +438,11 @@ impl PrivateDaemon {
             "docker volume ls: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        found.extend(String::from_utf8_lossy(&out.stdout).lines().map(str::to_string));
+        found.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string),
+        );
         found
     }
 
@@ -576,7 +580,10 @@ pub fn watch_creations(args: &[&str]) -> Creations {
     let into = seen.clone();
     std::thread::spawn(move || {
         use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             if let Some((run, instance)) = line.split_once(' ') {
                 into.lock()
                     .unwrap()
@@ -683,7 +690,10 @@ pub fn owned_daemons(n: usize, images: &[&str], languages: &[&str]) -> Vec<Owned
                         dir,
                         port: 0,
                     });
-                    start_daemon(&daemon.dir, &["--data-mb", "1024", "--load-archive", archive]);
+                    start_daemon(
+                        &daemon.dir,
+                        &["--data-mb", "1024", "--load-archive", archive],
+                    );
                     daemon.assert_hidden();
                     daemon
                 })
@@ -725,11 +735,9 @@ pub async fn private_hosts() -> (MutexGuard<'static, ()>, &'static [OwnedDaemon]
                 !HOSTS_TRIED.swap(true, Ordering::SeqCst),
                 "the private hosts failed to start in an earlier test"
             );
-            let h = tokio::task::spawn_blocking(|| {
-                owned_daemons(3, &HOST_IMAGES, &HOST_LANGUAGES)
-            })
-            .await
-            .expect("the private hosts start");
+            let h = tokio::task::spawn_blocking(|| owned_daemons(3, &HOST_IMAGES, &HOST_LANGUAGES))
+                .await
+                .expect("the private hosts start");
             HOSTS.get_or_init(|| h)
         }
     };
@@ -740,7 +748,13 @@ pub async fn private_hosts() -> (MutexGuard<'static, ()>, &'static [OwnedDaemon]
             args.extend(left.iter().map(String::as_str));
             host.docker(&args);
         }
-        let out = host.docker(&["volume", "prune", "-f", "--filter", "label=codebox.managed=true"]);
+        let out = host.docker(&[
+            "volume",
+            "prune",
+            "-f",
+            "--filter",
+            "label=codebox.managed=true",
+        ]);
         assert!(out.status.success(), "docker volume prune");
     }
     (guard, hosts.as_slice())
