@@ -273,6 +273,8 @@ pub struct History {
     /// The weight of the commands sent and not yet carried out (the thread subtracts).
     queued_bytes: Arc<std::sync::atomic::AtomicU64>,
     max_bytes: u64,
+    /// Counts the times this instance found its lease judged lapsed.
+    lapses: tokio::sync::watch::Receiver<u64>,
 }
 
 /// This process, as the history records and judges instances.
@@ -325,9 +327,11 @@ impl History {
         let queued_bytes: Arc<std::sync::atomic::AtomicU64> = Default::default();
         let thread_store = store.clone();
         let thread_queued = queued_bytes.clone();
+        let (lapsed, lapses) = tokio::sync::watch::channel(0);
+        let lapsed = Arc::new(lapsed);
         let spawned = std::thread::Builder::new()
             .name("codebox-history".into())
-            .spawn(move || Actor::new(thread_store, owner).run(rx, &thread_queued));
+            .spawn(move || Actor::new(thread_store, owner, lapsed).run(rx, &thread_queued));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the history thread; runs will not be recorded");
         }
@@ -337,7 +341,15 @@ impl History {
             dropping: Default::default(),
             queued_bytes,
             max_bytes: bounds.bytes,
+            lapses,
         }
+    }
+
+    /// Changes each time this instance finds that the others judged its lease lapsed (it
+    /// did not renew it in time: paused, or cut off from the database), and re-joins: what
+    /// it held was ended or handed on by them, and must be stopped here (PostgreSQL only).
+    pub fn lapses(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.lapses.clone()
     }
 
     /// The store, as logs name it: the SQLite file, or the PostgreSQL URL.
