@@ -269,7 +269,10 @@ impl RunManager {
         manager.sweep_history();
         if let Some(h) = &manager.inner.history {
             let lapses = h.lapses();
-            manager.own(tokio::spawn(fence_loop(Arc::downgrade(&manager.inner), lapses)));
+            manager.own(tokio::spawn(fence_loop(
+                Arc::downgrade(&manager.inner),
+                lapses,
+            )));
         }
         manager.own(tokio::spawn(purge_loop(Arc::downgrade(&manager.inner))));
         manager.own(tokio::spawn(session_loop(Arc::downgrade(&manager.inner))));
@@ -1042,7 +1045,9 @@ impl RunManager {
             match history.report(&id, None).await {
                 Ok(Some(r)) => ended.push(r),
                 Ok(None) => {}
-                Err(e) => tracing::warn!(run_id = id, error = %e, "cannot tell whether the others ended a run this server holds"),
+                Err(e) => {
+                    tracing::warn!(run_id = id, error = %e, "cannot tell whether the others ended a run this server holds")
+                }
             }
         }
         let runs = ended.len();
