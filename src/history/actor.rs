@@ -173,14 +173,16 @@ pub(super) struct Actor {
     /// found the lease lapsed.
     joined: bool,
     /// Counts the times this instance found its lease judged lapsed ([`super::History::lapses`]).
-    lapses: Arc<tokio::sync::watch::Sender<u64>>,
+    lapses: Arc<tokio::sync::watch::Sender<super::Lapse>>,
+    /// When this instance last renewed its lease.
+    renewed_at: Instant,
 }
 
 impl Actor {
     pub(super) fn new(
         store: HistoryStore,
         owner: Owner,
-        lapses: Arc<tokio::sync::watch::Sender<u64>>,
+        lapses: Arc<tokio::sync::watch::Sender<super::Lapse>>,
     ) -> Actor {
         let now = Instant::now();
         Actor {
@@ -198,6 +200,7 @@ impl Actor {
             warned: None,
             joined: false,
             lapses,
+            renewed_at: now,
         }
     }
 
@@ -244,7 +247,9 @@ impl Actor {
                 self.outage_reported = false;
                 self.beat_at = Instant::now() + self.owner.heartbeat_interval();
                 self.joined = true;
-                if !alive {
+                if alive {
+                    self.renewed_at = Instant::now();
+                } else {
                     self.lapsed();
                 }
             }
@@ -273,7 +278,7 @@ impl Actor {
             Ok(alive)
         });
         match beat {
-            Ok(true) => {}
+            Ok(true) => self.renewed_at = Instant::now(),
             Ok(false) => self.lapsed(),
             Err(e) => self.failed(e, "recording this server's heartbeat failed"),
         }
@@ -296,7 +301,12 @@ impl Actor {
                 return;
             }
         }
-        self.lapses.send_modify(|n| *n += 1);
+        let unrenewed = self.renewed_at.elapsed();
+        self.renewed_at = Instant::now();
+        self.lapses.send_modify(|l| {
+            l.count += 1;
+            l.unrenewed = unrenewed;
+        });
     }
 
     /// Log a failed operation; drop a connection that is gone, so the next command reconnects.
@@ -310,7 +320,7 @@ impl Actor {
         } else {
             self.lost += 1;
             if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                tracing::warn!(store = %self.name, error = %e, lost = self.lost, "{what}; runs go on unaffected but are not recorded (warned again at most every {} minutes while it fails)", WARN_EVERY.as_secs() / 60);
+                tracing::warn!(store = %self.name, error = %with_causes(&e), lost = self.lost, "{what}; runs go on unaffected but are not recorded (warned again at most every {} minutes while it fails)", WARN_EVERY.as_secs() / 60);
                 self.warned = Some(Instant::now());
                 self.lost = 0;
             } else {

@@ -112,8 +112,8 @@ fn is_dead(
             // verdict and fences its server ([`heartbeat`]).
             let lapsed = db.execute(
                 "UPDATE instances SET lapsed_at = COALESCE(lapsed_at, ?2)
-                 WHERE id = ?1 AND (lapsed_at IS NOT NULL OR heartbeat_at < ?2 - ?3)",
-                values![id, now, owner.lease.as_millis() as i64],
+                 WHERE id = ?1 AND (lapsed_at IS NOT NULL OR heartbeat_at < ?3)",
+                values![id, now, now - owner.lease.as_millis() as i64],
             )?;
             if lapsed > 0 {
                 Some(Gone::Lapsed)

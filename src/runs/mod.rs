@@ -1035,11 +1035,32 @@ impl RunManager {
     /// containers removed) and answers with that report, every session the history ended
     /// ends. What the history does not say ended stays: claims are fenced when they start
     /// ([`RunManager::start_claimed`]), and runs accepted since are this server's.
-    async fn fence(&self) {
+    async fn fence(&self, lapse: crate::history::Lapse) {
         let Some(history) = self.inner.history.clone() else {
             return;
         };
-        let ids: Vec<String> = self.lock().live.keys().cloned().collect();
+        let (ids, recent) = {
+            let st = self.lock();
+            let within = lapse.unrenewed + Duration::from_secs(1);
+            let ids: Vec<String> = st.live.keys().cloned().collect();
+            (ids, st.retention.ended_within(within))
+        };
+        // Runs that ended here while the lease was not renewed: the report the others wrote
+        // first is the run's (the one here was dropped by the history), here too.
+        let mut replaced = 0;
+        for id in recent {
+            if let Ok(Some(theirs)) = history.report(&id, None).await {
+                let mut st = self.lock();
+                let differs = st.retention.get(&id).is_some_and(|mine| {
+                    mine.status != theirs.status || mine.message != theirs.message
+                });
+                if differs {
+                    tracing::warn!(run_id = id, kept = theirs.status.as_str(), "a run that ended here while this server's lease was judged lapsed was reported by the others first: their report stands here too");
+                    st.retention.replace(&id, Arc::new(theirs));
+                    replaced += 1;
+                }
+            }
+        }
         let mut ended = Vec::new();
         for id in ids {
             match history.report(&id, None).await {
@@ -1078,6 +1099,7 @@ impl RunManager {
         }
         tracing::warn!(
             runs,
+            replaced,
             sessions = sessions.len(),
             "stopping the runs and sessions the other servers ended while this server's lease was judged lapsed"
         );
@@ -1766,10 +1788,11 @@ async fn session_loop(inner: Weak<Inner>) {
 }
 
 /// Stop what the others ended each time this server finds its lease was judged lapsed.
-async fn fence_loop(inner: Weak<Inner>, mut lapses: watch::Receiver<u64>) {
+async fn fence_loop(inner: Weak<Inner>, mut lapses: watch::Receiver<crate::history::Lapse>) {
     while lapses.changed().await.is_ok() {
+        let lapse = *lapses.borrow_and_update();
         let Some(inner) = inner.upgrade() else { return };
-        RunManager { inner }.fence().await;
+        RunManager { inner }.fence(lapse).await;
     }
 }
 

@@ -109,8 +109,17 @@ async fn status(client: &Client, run_id: &str) -> Value {
 async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     let t0 = Instant::now();
     let since = unix_now().saturating_sub(1);
-    let a_set: &[&str] = &["runs.max_concurrent_runs=2", "cluster.lease_seconds=3"];
-    let b_set: &[&str] = &["runs.max_concurrent_runs=1", "cluster.lease_seconds=3"];
+    // No session opened ahead of time: every container of A's is one of the test's.
+    let a_set: &[&str] = &[
+        "runs.max_concurrent_runs=2",
+        "cluster.lease_seconds=3",
+        "sessions.ready={}",
+    ];
+    let b_set: &[&str] = &[
+        "runs.max_concurrent_runs=1",
+        "cluster.lease_seconds=3",
+        "sessions.ready={}",
+    ];
     let TestCluster {
         pg,
         url: _url,
@@ -142,10 +151,32 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     known(&cb, &claimed).await;
     let (release, holder) = hold_run_row(db_url.clone(), claimed.clone());
     // When the short run ends, A claims it, and waits on the row lock mid-claim.
-    eventually(60, "A claims the run and waits on its row", || {
-        count("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") > 0
-    })
-    .await;
+    let waiters = || -> Vec<String> {
+        pg.with_client("fence", |c| {
+            c.query(
+                "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        })
+    };
+    let mut waiting = Vec::new();
+    for _ in 0..600 {
+        waiting = waiters();
+        if !waiting.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        waiting
+            .iter()
+            .any(|q| q.contains("UPDATE runs SET instance")),
+        "A's claim waits on the run's row: {waiting:?}"
+    );
     assert_eq!(final_report(&ca, &a_short).await["status"], "succeeded");
     // Meanwhile the session's execution takes A's free slot; then A's claim goes through
     // and the claimed run waits on A for a slot.
@@ -330,10 +361,32 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     );
     // Nothing of A's is left: its runs' containers and its session's went when it stopped them.
     let instance_filter = format!("label=codebox.instance={instance_a}");
-    eventually(60, "A's containers are removed", || {
-        labelled_objects(&instance_filter).is_empty()
-    })
-    .await;
+    let mut left = labelled_objects(&instance_filter);
+    for _ in 0..600 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = labelled_objects(&instance_filter);
+    }
+    if !left.is_empty() {
+        let ps = std::process::Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "--filter",
+                &instance_filter,
+                "--format",
+                "{{.ID}} {{.Status}} {{.Label \"codebox.run\"}}",
+            ])
+            .output()
+            .unwrap();
+        panic!(
+            "A's containers are left: {left:?}\n{}\n{}",
+            String::from_utf8_lossy(&ps.stdout),
+            a.stderr_report().1
+        );
+    }
     let (panics, tail) = a.stderr_report();
     assert!(panics.is_empty(), "{panics:?}");
     eprintln!(
@@ -342,6 +395,134 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         stopped_after.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+    drop((ca, cb));
+    a.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
+}
+
+/// An MCP client over HTTP that records the progress notifications it gets.
+async fn progress_client(
+    server: &ServeChild,
+) -> rmcp::service::RunningService<rmcp::RoleClient, crate::mcp_support::Client> {
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    let t = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(server.http_url("/mcp")).auth_header(TOKEN),
+    );
+    crate::mcp_support::Client::default()
+        .serve(t)
+        .await
+        .expect("MCP over HTTP")
+}
+
+/// What a progress notification says, without the numbers that depend on timing: its total,
+/// and its message with the seconds taken out.
+fn shape(p: &rmcp::model::ProgressNotificationParam) -> (Option<f64>, String) {
+    let m = p.message.clone().unwrap_or_default();
+    let m = match m.split_once(" s") {
+        Some((head, tail)) if head.starts_with("running for ") => format!("running for N s{tail}"),
+        _ => m,
+    };
+    (p.total, m)
+}
+
+/// `run_code` in a session A holds, called on B: B forwards it to A, and A's progress
+/// notifications (the newest output included) reach B's client as A's own client gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_of_a_forwarded_run_code_reaches_the_caller() {
+    let TestCluster {
+        pg: _pg,
+        keys: _keys,
+        nodes,
+        ..
+    } = start_cluster("progress", &[&[], &[]]).await;
+    let [mut a, mut b] = servers(nodes);
+    let (ca, cb) = (progress_client(&a).await, progress_client(&b).await);
+    let sid = crate::mcp_support::ok(&ca, "create_session", json!({"language": "python"})).await
+        ["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let code = "import time\nfor i in range(9):\n    print(f'line {i}', flush=True)\n    time.sleep(1/3)\n";
+    let args = json!({"language": "python", "session_id": sid, "code": code});
+    let direct = crate::mcp_support::ok(&ca, "run_code", args.clone()).await;
+    let forwarded = crate::mcp_support::ok(&cb, "run_code", args).await;
+    for r in [&direct, &forwarded] {
+        assert_eq!(r["status"], "succeeded", "{r}");
+        assert!(r["stdout"].as_str().unwrap().contains("line 8"), "{r}");
+    }
+    let seen_a = ca.service().progress.lock().unwrap().clone();
+    let seen_b = cb.service().progress.lock().unwrap().clone();
+    for seen in [&seen_a, &seen_b] {
+        assert!(seen.len() >= 2, "progress notifications: {seen:?}");
+        for pair in seen.windows(2) {
+            assert!(pair[1].progress > pair[0].progress, "{seen:?}");
+        }
+        assert!(
+            seen.iter().any(|p| {
+                let m = p.message.as_deref().unwrap_or("");
+                m.contains("newest output:\nline ")
+            }),
+            "{seen:?}"
+        );
+    }
+    // The same notifications, whichever server the client called (their seconds aside).
+    let running = |seen: &[rmcp::model::ProgressNotificationParam]| -> Vec<(Option<f64>, String)> {
+        seen.iter()
+            .map(shape)
+            .filter(|(_, m)| m.starts_with("running for N s"))
+            .map(|(t, m)| (t, m.split("\n").next().unwrap().to_string()))
+            .collect()
+    };
+    let (ra, rb) = (running(&seen_a), running(&seen_b));
+    assert!(!rb.is_empty(), "{seen_b:?}");
+    assert_eq!(ra[0].0, rb[0].0, "the same total: {seen_a:?} / {seen_b:?}");
+    assert_eq!(ra[0].1, rb[0].1, "{seen_a:?} / {seen_b:?}");
+    eprintln!(
+        "progress of one run_code of 3 s: {} notifications direct, {} through another server",
+        seen_a.len(),
+        seen_b.len()
+    );
+    // Cancelling the forwarded call with progress stops the execution on A.
+    let before = cb.service().progress.lock().unwrap().len();
+    let request = rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(
+        crate::mcp_support::params(
+            "run_code",
+            json!({"language": "python", "session_id": sid, "code": "import time\nprint('started', flush=True)\ntime.sleep(60)"}),
+        ),
+    ));
+    let handle = cb
+        .send_cancellable_request(request, rmcp::service::PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    for _ in 0..600 {
+        if cb.service().progress.lock().unwrap().len() > before + 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(cb.service().progress.lock().unwrap().len() > before + 1);
+    handle
+        .cancel(Some("user pressed stop".into()))
+        .await
+        .unwrap();
+    let rows = crate::mcp_support::ok(
+        &ca,
+        "get_execution_history",
+        json!({"session_id": sid, "limit": 1}),
+    )
+    .await;
+    let last = rows["runs"][0]["run_id"].as_str().unwrap().to_string();
+    let r = crate::mcp_support::ok(
+        &ca,
+        "get_result",
+        json!({"run_id": last, "wait_seconds": 30}),
+    )
+    .await;
+    assert_eq!(r["status"], "stopped", "{r}");
+    let closed = crate::mcp_support::ok(&cb, "close_session", json!({"session_id": sid})).await;
+    assert_eq!(closed["closed"], true, "{closed}");
     drop((ca, cb));
     a.signal_and_wait(libc::SIGTERM).await;
     b.signal_and_wait(libc::SIGTERM).await;
