@@ -70,6 +70,14 @@ fn hold_run_row(
             .query("SELECT id FROM runs WHERE id = $1 FOR UPDATE", &[&run_id])
             .unwrap()
             .len();
+        let unclaimed: bool = tx
+            .query_one(
+                "SELECT claimed_by IS NULL FROM queue WHERE run_id = $1",
+                &[&run_id],
+            )
+            .unwrap()
+            .get(0);
+        assert!(unclaimed, "no server claimed the run yet");
         locked.send(n).unwrap();
         let _ = released.recv();
         tx.rollback().unwrap();
@@ -143,18 +151,23 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     .await;
     let info = ok(&ca, "create_session", json!({"language": "python"})).await;
     let sid = info["session_id"].as_str().unwrap().to_string();
-    // A's two slots: one long run (A's own) and a short one.
+    // A's two slots: one long run (A's own) and one the test stops to free a slot.
     let a_run = start(&ca, "import time\ntime.sleep(25)\nprint('a run')").await;
-    let a_short = start(&ca, "import time\ntime.sleep(4)\nprint('a short')").await;
+    let a_short = start(&ca, "import time\ntime.sleep(600)").await;
     // The run A will claim: sent to B, which has no room, so it waits in the shared queue.
     let claimed = start(&cb, "print('claimed once')").await;
     known(&cb, &claimed).await;
     let (release, holder) = hold_run_row(db_url.clone(), claimed.clone());
-    // When the short run ends, A claims it, and waits on the row lock mid-claim.
+    // When the second run is stopped, A claims it, and waits on the row lock mid-claim.
+    let stopped = ok(&ca, "stop_run", json!({"run_id": a_short})).await;
+    assert_eq!(stopped["status"], "stopped", "{stopped}");
+    // Each waiting query, and what the sessions blocking it are doing.
     let waiters = || -> Vec<String> {
         pg.with_client("fence", |c| {
             c.query(
-                "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                "SELECT a.query || ' <- ' || COALESCE((SELECT string_agg(b.state || ': ' || b.query, ' | ')
+                     FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))), '')
+                 FROM pg_stat_activity a WHERE a.wait_event_type = 'Lock'",
                 &[],
             )
             .unwrap()
@@ -166,18 +179,23 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     let mut waiting = Vec::new();
     for _ in 0..600 {
         waiting = waiters();
-        if !waiting.is_empty() {
+        if waiting
+            .iter()
+            .any(|q| q.starts_with("UPDATE runs SET instance"))
+        {
             break;
+        }
+        if !waiting.is_empty() {
+            eprintln!("waiting on a lock: {waiting:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
         waiting
             .iter()
-            .any(|q| q.contains("UPDATE runs SET instance")),
+            .any(|q| q.starts_with("UPDATE runs SET instance")),
         "A's claim waits on the run's row: {waiting:?}"
     );
-    assert_eq!(final_report(&ca, &a_short).await["status"], "succeeded");
     // Meanwhile the session's execution takes A's free slot; then A's claim goes through
     // and the claimed run waits on A for a slot.
     let exec = ok(
@@ -261,10 +279,6 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     // Resumed: A finds its lease judged lapsed, stops what B ended, and re-joins.
     signal(&a, libc::SIGCONT);
     let resumed = Instant::now();
-    eventually(60, "A re-joins with a fresh lease", || {
-        count("SELECT COUNT(*) FROM instances WHERE lapsed_at IS NOT NULL") == 0
-    })
-    .await;
     let ca = a.client(TOKEN).await;
     // Everything A held is over there too: nothing of it is active.
     let http = reqwest::Client::new();
@@ -289,30 +303,7 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         "{health}"
     );
     let stopped_after = resumed.elapsed();
-    // A answers as B did: its run's report is B's, its session ended with the reason.
-    let r = final_report(&ca, &a_run).await;
-    assert_eq!(
-        (r["status"].as_str(), r["message"].as_str()),
-        (Some("sandbox_error"), Some("its server stopped answering")),
-        "{r}"
-    );
-    let ended = tool_error(
-        &ca,
-        "run_code",
-        json!({"language": "python", "session_id": sid, "code": "print(1)"}),
-    )
-    .await;
-    assert!(ended.contains("the server that held it stopped"), "{ended}");
-    // It serves again, under its fresh lease.
-    let again = ok(
-        &ca,
-        "run_code",
-        json!({"language": "python", "code": "print('again')"}),
-    )
-    .await;
-    assert_eq!(again["stdout"], "again\n", "{again}");
     assert_eq!(final_report(&cb, &b_long).await["status"], "succeeded");
-
     // Every run: one history row, one final report (the first written), code run once.
     let ids = [&b_long, &a_run, &a_short, &claimed, &exec, &waiting]
         .map(|s| s.to_string())
@@ -331,7 +322,7 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         [
             "succeeded",
             "sandbox_error",
-            "succeeded",
+            "stopped",
             "succeeded",
             "sandbox_error",
             "succeeded"
@@ -354,6 +345,33 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
             "run {id}: its containers, made once"
         );
     }
+    // A answers as B did: its run's report is B's, its session ended with the reason.
+    let r = final_report(&ca, &a_run).await;
+    assert_eq!(
+        (r["status"].as_str(), r["message"].as_str()),
+        (Some("sandbox_error"), Some("its server stopped answering")),
+        "{r}"
+    );
+    let ended = tool_error(
+        &ca,
+        "run_code",
+        json!({"language": "python", "session_id": sid, "code": "print(1)"}),
+    )
+    .await;
+    assert!(ended.contains("the server that held it stopped"), "{ended}");
+    // It serves again, under its fresh lease.
+    eventually(60, "A re-joins with a fresh lease", || {
+        count("SELECT COUNT(*) FROM instances WHERE lapsed_at IS NOT NULL") == 0
+    })
+    .await;
+    let again = ok(
+        &ca,
+        "run_code",
+        json!({"language": "python", "code": "print('again')"}),
+    )
+    .await;
+    assert_eq!(again["stdout"], "again\n", "{again}");
+
     assert_eq!(
         count("SELECT COUNT(*) FROM queue"),
         0,
