@@ -338,12 +338,11 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         .cloned()
         .unwrap();
     assert_eq!(a_row["message"], "its server stopped answering", "{a_row}");
+    // A run takes a ready container from the pool (which follows demand) or makes its own,
+    // labelled with it: never two.
     for id in [&b_long, &a_run, &a_short, &claimed, &waiting] {
-        assert_eq!(
-            containers_created(id, since),
-            1,
-            "run {id}: its containers, made once"
-        );
+        let made = containers_created(id, since);
+        assert!(made <= 1, "run {id}: {made} containers made for it");
     }
     // A answers as B did: its run's report is B's, its session ended with the reason.
     let r = final_report(&ca, &a_run).await;
