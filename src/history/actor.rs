@@ -128,19 +128,22 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 /// Open the store and prepare it; `judge_leases`: also mark the runs of instances whose lease
 /// lapsed (not right after an outage of this server's connection: the others may have been
 /// cut off too, and need a lease to renew theirs).
+/// `joined`: this instance wrote its row before (a reconnection); the answer says whether its
+/// lease was judged lapsed meanwhile (`false`).
 pub(super) fn open_store(
     store: &HistoryStore,
     owner: &Owner,
     judge_leases: bool,
-) -> Result<Box<dyn Database>, DbError> {
+    joined: bool,
+) -> Result<(Box<dyn Database>, bool), DbError> {
     let mut db: Box<dyn Database> = match store {
         HistoryStore::Sqlite(path) => Box::new(sqlite::Sqlite::open(path)?),
         HistoryStore::Postgres { url, password_file } => {
             Box::new(pg::Postgres::connect(url, password_file.as_deref())?)
         }
     };
-    store::prepare(db.as_mut(), owner, judge_leases)?;
-    Ok(db)
+    let alive = store::prepare(db.as_mut(), owner, judge_leases, joined)?;
+    Ok((db, alive))
 }
 
 /// The history thread: owns the connection, runs the commands in order, beats the heart.
@@ -166,10 +169,21 @@ pub(super) struct Actor {
     /// [`WARN_EVERY`] while it lasts.
     lost: u64,
     warned: Option<Instant>,
+    /// This instance's row was written once: a heartbeat renews it, and fails if a judge
+    /// found the lease lapsed.
+    joined: bool,
+    /// Counts the times this instance found its lease judged lapsed ([`super::History::lapses`]).
+    lapses: Arc<tokio::sync::watch::Sender<super::Lapse>>,
+    /// When this instance last renewed its lease.
+    renewed_at: Instant,
 }
 
 impl Actor {
-    pub(super) fn new(store: HistoryStore, owner: Owner) -> Actor {
+    pub(super) fn new(
+        store: HistoryStore,
+        owner: Owner,
+        lapses: Arc<tokio::sync::watch::Sender<super::Lapse>>,
+    ) -> Actor {
         let now = Instant::now();
         Actor {
             name: store.to_string(),
@@ -184,6 +198,9 @@ impl Actor {
             open_error: None,
             lost: 0,
             warned: None,
+            joined: false,
+            lapses,
+            renewed_at: now,
         }
     }
 
@@ -216,8 +233,8 @@ impl Actor {
         if self.db.is_some() || Instant::now() < self.retry_at {
             return;
         }
-        match open_store(&self.store, &self.owner, !self.had_outage) {
-            Ok(db) => {
+        match open_store(&self.store, &self.owner, !self.had_outage, self.joined) {
+            Ok((db, alive)) => {
                 if self.had_outage {
                     // The others reconnect within their retry interval, then renew at once.
                     self.judge_after = Instant::now() + RECONNECT_INTERVAL + self.owner.lease;
@@ -229,6 +246,12 @@ impl Actor {
                 self.db = Some(db);
                 self.outage_reported = false;
                 self.beat_at = Instant::now() + self.owner.heartbeat_interval();
+                self.joined = true;
+                if alive {
+                    self.renewed_at = Instant::now();
+                } else {
+                    self.lapsed();
+                }
             }
             Err(e) => {
                 self.had_outage = true;
@@ -250,12 +273,40 @@ impl Actor {
         self.beat_at = Instant::now() + self.owner.heartbeat_interval();
         let judge_leases = Instant::now() >= self.judge_after;
         let beat = db.now_ms().and_then(|now| {
-            store::heartbeat(db.as_mut(), &self.owner, now)?;
-            store::mark_interrupted(db.as_mut(), &self.owner, now, judge_leases)
+            let alive = store::heartbeat(db.as_mut(), &self.owner, now, true)?;
+            store::mark_interrupted(db.as_mut(), &self.owner, now, judge_leases)?;
+            Ok(alive)
         });
-        if let Err(e) = beat {
-            self.failed(e, "recording this server's heartbeat failed");
+        match beat {
+            Ok(true) => self.renewed_at = Instant::now(),
+            Ok(false) => self.lapsed(),
+            Err(e) => self.failed(e, "recording this server's heartbeat failed"),
         }
+    }
+
+    /// This instance's lease was judged lapsed (it was paused, or cut off, for longer): the
+    /// others marked its runs and sessions and gave its claims back. It takes a fresh lease
+    /// at once, and tells the run manager, which stops what the others ended
+    /// ([`super::History::lapses`]).
+    fn lapsed(&mut self) {
+        tracing::warn!(
+            instance = self.owner.instance,
+            lease_seconds = self.owner.lease.as_secs(),
+            "this server's lease was judged lapsed while it did not renew it (it was paused or cut off for longer than the lease): the other servers ended what it held; it stops those runs and sessions and re-joins with a fresh lease"
+        );
+        if let Some(db) = self.db.as_mut() {
+            if let Err(e) = store::rejoin(db.as_mut(), &self.owner) {
+                self.failed(e, "re-joining the cluster with a fresh lease failed");
+                // Tried again at the next heartbeat, which finds the verdict again.
+                return;
+            }
+        }
+        let unrenewed = self.renewed_at.elapsed();
+        self.renewed_at = Instant::now();
+        self.lapses.send_modify(|l| {
+            l.count += 1;
+            l.unrenewed = unrenewed;
+        });
     }
 
     /// Log a failed operation; drop a connection that is gone, so the next command reconnects.
@@ -269,7 +320,7 @@ impl Actor {
         } else {
             self.lost += 1;
             if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-                tracing::warn!(store = %self.name, error = %e, lost = self.lost, "{what}; runs go on unaffected but are not recorded (warned again at most every {} minutes while it fails)", WARN_EVERY.as_secs() / 60);
+                tracing::warn!(store = %self.name, error = %with_causes(&e), lost = self.lost, "{what}; runs go on unaffected but are not recorded (warned again at most every {} minutes while it fails)", WARN_EVERY.as_secs() / 60);
                 self.warned = Some(Instant::now());
                 self.lost = 0;
             } else {

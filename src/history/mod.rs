@@ -273,6 +273,18 @@ pub struct History {
     /// The weight of the commands sent and not yet carried out (the thread subtracts).
     queued_bytes: Arc<std::sync::atomic::AtomicU64>,
     max_bytes: u64,
+    /// Counts the times this instance found its lease judged lapsed.
+    lapses: tokio::sync::watch::Receiver<Lapse>,
+}
+
+/// This instance found its lease judged lapsed by the others ([`History::lapses`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Lapse {
+    /// How many times so far.
+    pub count: u64,
+    /// How long it had gone without renewing its lease, the last time: runs that ended here
+    /// within it may have been reported by the others first.
+    pub unrenewed: Duration,
 }
 
 /// This process, as the history records and judges instances.
@@ -325,9 +337,11 @@ impl History {
         let queued_bytes: Arc<std::sync::atomic::AtomicU64> = Default::default();
         let thread_store = store.clone();
         let thread_queued = queued_bytes.clone();
+        let (lapsed, lapses) = tokio::sync::watch::channel(Lapse::default());
+        let lapsed = Arc::new(lapsed);
         let spawned = std::thread::Builder::new()
             .name("codebox-history".into())
-            .spawn(move || Actor::new(thread_store, owner).run(rx, &thread_queued));
+            .spawn(move || Actor::new(thread_store, owner, lapsed).run(rx, &thread_queued));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the history thread; runs will not be recorded");
         }
@@ -337,7 +351,15 @@ impl History {
             dropping: Default::default(),
             queued_bytes,
             max_bytes: bounds.bytes,
+            lapses,
         }
+    }
+
+    /// Changes each time this instance finds that the others judged its lease lapsed (it
+    /// did not renew it in time: paused, or cut off from the database), and re-joins: what
+    /// it held was ended or handed on by them, and must be stopped here (PostgreSQL only).
+    pub fn lapses(&self) -> tokio::sync::watch::Receiver<Lapse> {
+        self.lapses.clone()
     }
 
     /// The store, as logs name it: the SQLite file, or the PostgreSQL URL.

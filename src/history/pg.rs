@@ -21,6 +21,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest statement; the history thread must never wait for ever.
 const STATEMENT_TIMEOUT_MS: u32 = 30_000;
+/// A transaction left open this long by its client is ended by PostgreSQL, its locks freed:
+/// codebox's transactions take milliseconds, so only a server that was paused (SIGSTOP, a
+/// frozen VM) in the middle of one leaves one open, and it must not hold up the lease judge
+/// (its row locks, the judge's advisory lock) for the others. Under the shortest lease.
+const IDLE_IN_TRANSACTION_MS: u32 = 1_000;
 /// The advisory lock that serialises migrations between servers starting together.
 const MIGRATION_LOCK: i64 = 0x0063_6f64_6562_6f78; // "codebox" in ASCII
 
@@ -70,7 +75,9 @@ impl Postgres {
         .map_err(err)?;
         client
             .batch_execute(&format!(
-                "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET TIME ZONE 'UTC'"
+                "SET statement_timeout = {STATEMENT_TIMEOUT_MS};
+                 SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS};
+                 SET TIME ZONE 'UTC'"
             ))
             .map_err(err)?;
         Ok(Postgres {

@@ -5,9 +5,19 @@
 //! other nor take the same row). `LISTEN/NOTIFY` wakes idle servers when work arrives (with
 //! a slow poll behind it), and tells a server waiting on another's run that it moved.
 //!
-//! A claimed row stays until its run starts ([`SharedQueue::settle`]): if its server dies
-//! first, the lease judge (one server at a time, under [`super::JUDGE_LOCK`]) gives the row back
-//! to the queue, once. A drained server gives back what it claimed and has not started.
+//! A claimed row stays until its run starts: if its server dies first, the lease judge (one
+//! server at a time, under [`super::JUDGE_LOCK`]) gives the row back to the queue, once. A
+//! drained server gives back what it claimed and has not started.
+//!
+//! # Fencing
+//! A server that only looked dead (paused, cut off for longer than its lease) comes back
+//! holding claims the judge gave back, which another server may have claimed and run since.
+//! So a claimed run starts only by [`SharedQueue::take`]: one transaction that deletes the
+//! row *while it is still this server's claim* (`DELETE ... WHERE claimed_by = me RETURNING`)
+//! and marks the run `running`. The row's lock orders it against the judge's hand-back and
+//! another server's claim: exactly one of them wins, and a server whose claim was given back
+//! does not start the run. (The claim's token is the instance id, which is new at every start
+//! of a server; a server that claims a run again holds one entry for it.)
 //!
 //! The queue has a connection of its own on a thread of its own (the history's thread must
 //! never hold up a claim behind a report being written), and a second one that listens.
@@ -80,6 +90,7 @@ enum Job {
     Submit(Box<Submitted>, Reply<bool>),
     Claim(Room, Reply<Vec<Claimed>>),
     Settle(String),
+    Take(String, Reply<bool>),
     HandBack(Vec<String>, Reply<u64>),
     Withdraw(String, String, Reply<Option<RunReport>>),
 }
@@ -174,9 +185,17 @@ impl SharedQueue {
         self.ask(|r| Job::Claim(room, r)).await
     }
 
-    /// A claimed run started (or ended before it started): it leaves the queue.
+    /// A claimed run ended before it started: it leaves the queue.
     pub fn settle(&self, run_id: &str) {
         let _ = self.inner.tx.send(Job::Settle(run_id.to_string()));
+    }
+
+    /// A claimed run is about to start: it leaves the queue and is marked `running`, if it is
+    /// still this server's claim (`true`). `false`: the claim was given back (this server's
+    /// lease was judged lapsed) and the run is the queue's or another server's: not started.
+    pub async fn take(&self, run_id: &str) -> Result<bool, QueueError> {
+        let id = run_id.to_string();
+        self.ask(|r| Job::Take(id, r)).await
     }
 
     /// Give claimed runs that did not start back to the queue (a drain).
@@ -306,6 +325,9 @@ impl Worker {
                     self.unsettled.push(id);
                 }
             }
+            Job::Take(id, reply) => {
+                let _ = reply.send(self.with_db(|db, me| take(db, me, &id)));
+            }
             Job::HandBack(ids, reply) => {
                 let _ = reply.send(self.with_db(|db, me| hand_back(db, me, &ids)));
             }
@@ -419,6 +441,20 @@ fn claim(db: &mut dyn Database, me: &str, room: Room) -> Result<Vec<Claimed>, Db
             db.notify(MOVED_CHANNEL, "")?;
         }
         Ok(taken)
+    })
+}
+
+fn take(db: &mut dyn Database, me: &str, run_id: &str) -> Result<bool, DbError> {
+    transaction(db, |db| {
+        let rows = db.query(
+            "DELETE FROM queue WHERE run_id = ?1 AND claimed_by = ?2 RETURNING run_id",
+            values![run_id, me],
+        )?;
+        if rows.is_empty() {
+            return Ok(false);
+        }
+        store::started(db, run_id, super::now_ms())?;
+        Ok(true)
     })
 }
 

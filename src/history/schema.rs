@@ -96,6 +96,10 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX queue_unclaimed ON queue (seq) WHERE claimed_by IS NULL;
     CREATE INDEX queue_by_claimer ON queue (claimed_by);",
+    // 8: fencing (SPEC section 15). When a lease judge finds an instance's lease lapsed it
+    // records its verdict here (Unix ms, the database's clock) in the transaction that marks
+    // what the instance held; that instance's next renewal finds it and re-joins.
+    "ALTER TABLE instances ADD COLUMN lapsed_at BIGINT;",
 ];
 
 /// The schema version this codebox writes.

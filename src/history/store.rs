@@ -12,26 +12,55 @@ use crate::report::{RunLimits, RunReport, Stage, Status};
 /// How long an instance's row is kept after its last heartbeat.
 const FORGET_INSTANCES_AFTER_MS: i64 = 24 * 3600 * 1000;
 
-/// Bring the schema up to date, announce this instance, mark what dead instances left
-/// unfinished, and forget instances long gone.
-pub fn prepare(db: &mut dyn Database, owner: &Owner, judge_leases: bool) -> Result<(), DbError> {
+/// Bring the schema up to date, announce this instance (`joined`: it did before, and renews),
+/// mark what dead instances left unfinished, and forget instances long gone. `Ok(false)`:
+/// this instance's lease was judged lapsed meanwhile ([`heartbeat`]).
+pub fn prepare(
+    db: &mut dyn Database,
+    owner: &Owner,
+    judge_leases: bool,
+    joined: bool,
+) -> Result<bool, DbError> {
     super::schema::migrate(db)?;
     let now = db.now_ms()?;
-    heartbeat(db, owner, now)?;
+    let alive = heartbeat(db, owner, now, joined)?;
     mark_interrupted(db, owner, now, judge_leases)?;
     db.execute(
         "DELETE FROM instances WHERE heartbeat_at < ?1",
         values![now - FORGET_INSTANCES_AFTER_MS],
     )?;
-    Ok(())
+    Ok(alive)
 }
 
-/// Record that this instance is alive, by the database's clock `now`.
-pub fn heartbeat(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<(), DbError> {
+/// Record that this instance is alive, by the database's clock `now`: its first heartbeat
+/// (`joined` false) writes its row; a renewal succeeds only while no judge found its lease
+/// lapsed (`lapsed_at`, written under the row's lock in the judge's transaction, so that a
+/// renewal and a verdict never both win). `Ok(false)`: a judge did (or the row was forgotten
+/// after a day of silence), so what this instance held was marked and handed on by the
+/// others: it must stop what it holds and [`rejoin`].
+pub fn heartbeat(
+    db: &mut dyn Database,
+    owner: &Owner,
+    now: i64,
+    joined: bool,
+) -> Result<bool, DbError> {
+    if joined {
+        let renewed = db.execute(
+            "UPDATE instances SET heartbeat_at = ?2 WHERE id = ?1 AND lapsed_at IS NULL",
+            values![&owner.instance, now],
+        )?;
+        return Ok(renewed > 0);
+    }
+    join(db, owner, now)?;
+    Ok(true)
+}
+
+/// Write this instance's row afresh, lease renewed and no verdict.
+fn join(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<(), DbError> {
     db.execute(
         "INSERT INTO instances (id, host, pid, started_at, heartbeat_at, advertise_url)
          VALUES (?1, ?2, ?3, ?4, ?4, ?5)
-         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lapsed_at = NULL",
         values![
             &owner.instance,
             crate::instance::hostname(),
@@ -41,6 +70,13 @@ pub fn heartbeat(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<(), D
         ],
     )?;
     Ok(())
+}
+
+/// This instance, judged lapsed, takes a fresh lease (its verdict cleared): from now on the
+/// others take it for alive again, and what it holds from now on is its own.
+pub fn rejoin(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
+    let now = db.now_ms()?;
+    join(db, owner, now)
 }
 
 /// How an instance is known to be gone.
@@ -71,17 +107,19 @@ fn is_dead(
         Liveness::Dead => Some(Gone::Restarted),
         Liveness::Unknown if !judge_leases => None,
         Liveness::Unknown => {
-            let beat = db
-                .query(
-                    "SELECT heartbeat_at FROM instances WHERE id = ?1",
-                    values![id],
-                )?
-                .first()
-                .and_then(|r| r.int(0));
-            match beat {
-                None => Some(Gone::Restarted),
-                Some(b) if now - b > owner.lease.as_millis() as i64 => Some(Gone::Lapsed),
-                Some(_) => None,
+            // The verdict is written on the instance's row, under its lock: a renewal that
+            // came first makes this find the lease current; one that comes after finds the
+            // verdict and fences its server ([`heartbeat`]).
+            let lapsed = db.execute(
+                "UPDATE instances SET lapsed_at = COALESCE(lapsed_at, ?2)
+                 WHERE id = ?1 AND (lapsed_at IS NOT NULL OR heartbeat_at < ?3)",
+                values![id, now, now - owner.lease.as_millis() as i64],
+            )?;
+            if lapsed > 0 {
+                Some(Gone::Lapsed)
+            } else {
+                let known = db.query("SELECT 1 FROM instances WHERE id = ?1", values![id])?;
+                known.is_empty().then_some(Gone::Restarted)
             }
         }
     })
@@ -263,16 +301,20 @@ fn without_file_contents(r: &RunReport) -> RunReport {
     r
 }
 
+/// Record a run's final report, unless it has one already: the first final report wins. A
+/// server that only looked dead (paused, cut off) reports late, after a lease judge wrote
+/// `sandbox_error` "its server stopped answering" for its run; that late report is dropped
+/// (logged), so that every run has one final report, the one the others answered with.
 pub fn finish(db: &mut dyn Database, r: &RunReport, at_ms: i64) -> Result<(), DbError> {
     let json = serde_json::to_string(&without_file_contents(r))
         .map_err(|e| tracing::warn!(run_id = r.run_id, error = %e, "cannot store a run's report"))
         .ok();
-    db.execute(
+    let written = db.execute(
         "UPDATE runs SET status = ?2, stage = ?3, exit_code = ?4, signal = ?5, image_id = ?6,
             duration_ms = ?7, queued_ms = ?8, compile_duration_ms = ?9,
             stdout_bytes = ?10, stderr_bytes = ?11, stdout_truncated = ?12, stderr_truncated = ?13,
             message = ?14, ended_at = ?15, report = ?16, packages = ?17
-         WHERE id = ?1",
+         WHERE id = ?1 AND status IN ('queued', 'running')",
         values![
             &r.run_id,
             r.status.as_str(),
@@ -295,6 +337,22 @@ pub fn finish(db: &mut dyn Database, r: &RunReport, at_ms: i64) -> Result<(), Db
                 .and_then(|p| serde_json::to_string(p).ok()),
         ],
     )?;
+    if written == 0 {
+        let had = db.query(
+            "SELECT status, message FROM runs WHERE id = ?1",
+            values![&r.run_id],
+        )?;
+        if let Some(row) = had.first() {
+            tracing::warn!(
+                run_id = r.run_id,
+                late = r.status.as_str(),
+                kept = row.text(0).unwrap_or_default(),
+                kept_message = row.text(1).unwrap_or_default(),
+                "a run's final report came after another was written for it (its server was judged gone meanwhile); the first stands and this one is dropped"
+            );
+        }
+        return Ok(());
+    }
     // A server waiting on a run it does not hold looks again (PostgreSQL only).
     db.notify(super::MOVED_CHANNEL, &r.run_id)
 }

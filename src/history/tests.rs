@@ -92,13 +92,13 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
         ..Default::default()
     };
     let mut db = sqlite::Sqlite::in_memory().unwrap();
-    store::prepare(&mut db, &owner("me"), true).unwrap();
+    store::prepare(&mut db, &owner("me"), true, false).unwrap();
     let now = db.now_ms().unwrap();
     let expiry = INSTANCE_EXPIRY.as_millis() as i64;
     // Another host's server, heard from a moment ago; one silent for longer than the
     // expiry; one that never sent a heartbeat (a codebox from before heartbeats).
-    store::heartbeat(&mut db, &owner("fresh"), now - 5_000).unwrap();
-    store::heartbeat(&mut db, &owner("silent"), now - expiry - 1).unwrap();
+    store::heartbeat(&mut db, &owner("fresh"), now - 5_000, false).unwrap();
+    store::heartbeat(&mut db, &owner("silent"), now - expiry - 1, false).unwrap();
     for (run, instance) in [
         ("a", "fresh"),
         ("b", "silent"),
@@ -151,6 +151,54 @@ fn without_a_lock_file_an_instance_is_judged_by_its_heartbeat() {
     assert_eq!(w.host, Some(crate::instance::hostname()));
     assert!(w.last_seen_ms_ago.unwrap() >= 5_000);
     assert_eq!(store::whereabouts(&mut db, "nope").unwrap(), None);
+}
+
+#[test]
+fn a_lapsed_server_is_fenced_its_late_report_dropped_and_it_rejoins() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = |i: &str| Owner {
+        instance: i.to_string(),
+        data_dir: dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let mut db = sqlite::Sqlite::in_memory().unwrap();
+    store::prepare(&mut db, &owner("judge"), true, false).unwrap();
+    let now = db.now_ms().unwrap();
+    let lease = INSTANCE_EXPIRY.as_millis() as i64;
+    store::heartbeat(&mut db, &owner("paused"), now - lease - 1, false).unwrap();
+    store::insert(&mut db, &new_run("r", "paused")).unwrap();
+    store::started(&mut db, "r", now - lease).unwrap();
+    // A renewal in time wins over a judge that comes after it: nothing is marked.
+    store::heartbeat(&mut db, &owner("paused"), now, true).unwrap();
+    assert_eq!(
+        store::mark_interrupted(&mut db, &owner("judge"), now, true).unwrap(),
+        0
+    );
+    // Silent past the lease: judged; its renewal then fails until it re-joins.
+    let later = now + lease + 1;
+    assert_eq!(
+        store::mark_interrupted(&mut db, &owner("judge"), later, true).unwrap(),
+        1
+    );
+    assert!(!store::heartbeat(&mut db, &owner("paused"), later, true).unwrap());
+    assert!(!store::heartbeat(&mut db, &owner("paused"), later + 1, true).unwrap());
+    // Its late report does not replace the judge's.
+    store::finish(&mut db, &report("r", "late\n"), later).unwrap();
+    let row = store::get(&mut db, "r").unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.message.as_str()),
+        (Status::SandboxError, STOPPED_ANSWERING_MESSAGE)
+    );
+    let kept = store::stored_report(&mut db, "r", None).unwrap().unwrap();
+    assert!(!kept.contains(r#""stdout":"late"#), "{kept}");
+    store::rejoin(&mut db, &owner("paused")).unwrap();
+    assert!(store::heartbeat(&mut db, &owner("paused"), later + 2, true).unwrap());
+    // A run that ends once keeps its report.
+    store::insert(&mut db, &new_run("s", "judge")).unwrap();
+    store::finish(&mut db, &report("s", "first\n"), later).unwrap();
+    store::finish(&mut db, &report("s", "second\n"), later).unwrap();
+    let kept = store::stored_report(&mut db, "s", None).unwrap().unwrap();
+    assert!(kept.contains(r#""stdout":"first\n""#), "{kept}");
 }
 
 #[test]

@@ -1,12 +1,22 @@
 //! MCP tool calls about another server's run or session (SPEC section 15): forwarded as they
 //! are to that server's `POST /cluster/tools/{tool}`, where [`CodeboxServer::call_here`]
 //! carries them out; the owner's result is the client's.
+//!
+//! A forwarded `run_code` whose caller asked for progress (a `progressToken`) asks the owner
+//! for a stream (`Accept: application/x-ndjson`): one JSON line per progress notification
+//! the owner would have sent its own client (`{"progress": {...}}`), then the result
+//! (`{"result": {...}}`). Each notification is passed on to the caller under its own token
+//! as it comes; the caller's cancellation drops the stream, which the owner takes for its
+//! caller leaving (it stops the run).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{Method, StatusCode};
-use rmcp::model::{CallToolResult, ContentBlock};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::BodyExt as _;
+use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam, ProgressToken};
+use rmcp::service::Peer as McpPeer;
+use rmcp::RoleServer;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +39,45 @@ pub const FORWARDED_TOOLS: [&str; 6] = [
 ];
 /// Time given to the owner beyond the call's own wait.
 const SLACK: Duration = Duration::from_secs(30);
+/// The type of a forwarded `run_code`'s stream of progress lines and result.
+pub const PROGRESS_STREAM: &str = "application/x-ndjson";
+
+/// Where `run_code`'s progress notifications go: its own MCP client, or the stream of the
+/// server that forwarded the call to this one.
+pub(super) enum ProgressSink {
+    Client(ProgressToken, McpPeer<RoleServer>),
+    Stream(tokio::sync::mpsc::Sender<ProgressNotificationParam>),
+}
+
+impl ProgressSink {
+    /// Send one notification (`progress` of `total` seconds, and what the run is doing).
+    pub(super) async fn notify(&self, progress: f64, total: f64, message: String) {
+        match self {
+            ProgressSink::Client(token, peer) => {
+                let p = ProgressNotificationParam::new(token.clone(), progress)
+                    .with_total(total)
+                    .with_message(message);
+                let _ = peer.notify_progress(p).await;
+            }
+            ProgressSink::Stream(tx) => {
+                // The token is the caller's, set by the server it called.
+                let token = ProgressToken(rmcp::model::NumberOrString::Number(0));
+                let p = ProgressNotificationParam::new(token, progress)
+                    .with_total(total)
+                    .with_message(message);
+                let _ = tx.send(p).await;
+            }
+        }
+    }
+}
+
+/// One line of a forwarded `run_code`'s stream.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamLine {
+    Progress(ProgressNotificationParam),
+    Result(CallToolResult),
+}
 
 impl CodeboxServer {
     /// This server as a member of a cluster (`None`: alone, or stdio).
@@ -62,6 +111,25 @@ impl CodeboxServer {
         params: &P,
         ct: &CancellationToken,
     ) -> Result<CallToolResult, String> {
+        self.forward_with_progress(peer, tool, params, ct, None)
+            .await
+    }
+
+    /// [`CodeboxServer::forward`], passing the owner's progress notifications on to the
+    /// caller (`progress`: its token and its MCP peer) as they come.
+    pub(super) async fn forward_with_progress<P: Serialize>(
+        &self,
+        peer: &Peer,
+        tool: &str,
+        params: &P,
+        ct: &CancellationToken,
+        progress: Option<(ProgressToken, McpPeer<RoleServer>)>,
+    ) -> Result<CallToolResult, String> {
+        if let Some(progress) = progress {
+            return self
+                .forward_streamed(peer, tool, params, ct, progress)
+                .await;
+        }
         let Some(cluster) = self.cluster.as_ref() else {
             return Err("this server is not part of a cluster".into());
         };
@@ -97,15 +165,21 @@ impl CodeboxServer {
     /// [`FORWARDED_TOOLS`], done here whoever holds it (never forwarded again); `ct`
     /// cancelled (the forwarding server left) stops a `run_code` run as a client's
     /// cancellation does.
+    /// `progress`: where `run_code`'s progress notifications go (the forwarding server's
+    /// stream), if its caller asked for them.
     pub async fn call_here(
         &self,
         tool: &str,
         args: serde_json::Value,
         ct: CancellationToken,
+        progress: Option<tokio::sync::mpsc::Sender<ProgressNotificationParam>>,
     ) -> CallToolResult {
         let outcome = match tool {
             "run_code" => match parse(args) {
-                Ok(request) => self.run_code_here(request, None, ct).await,
+                Ok(request) => {
+                    let sink = progress.map(ProgressSink::Stream);
+                    self.run_code_here(request, sink, ct).await
+                }
                 Err(e) => Err(e),
             },
             "start_run" => match parse(args) {
@@ -134,6 +208,82 @@ impl CodeboxServer {
             )),
         };
         outcome.unwrap_or_else(|text| CallToolResult::error(vec![ContentBlock::text(text)]))
+    }
+}
+
+impl CodeboxServer {
+    /// A forwarded call whose owner streams progress lines, then the result.
+    async fn forward_streamed<P: Serialize>(
+        &self,
+        peer: &Peer,
+        tool: &str,
+        params: &P,
+        ct: &CancellationToken,
+        (token, caller): (ProgressToken, McpPeer<RoleServer>),
+    ) -> Result<CallToolResult, String> {
+        let Some(cluster) = self.cluster.as_ref() else {
+            return Err("this server is not part of a cluster".into());
+        };
+        let body = serde_json::to_vec(params).map_err(|e| e.to_string())?;
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_static(PROGRESS_STREAM));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let path = format!("{TOOLS_PATH}/{tool}");
+        let broke = |detail: String| {
+            format!(
+                "the codebox server holding it (instance {}) broke off its answer: {detail}; the run may still be going on there (get_result tells)",
+                peer.instance
+            )
+        };
+        let relay = async {
+            let response = cluster
+                .send(peer, Method::POST, &path, &headers, body.into(), None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = response.status();
+            let mut body = response.into_body();
+            if status != StatusCode::OK {
+                let bytes = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                return Err(format!(
+                    "the codebox server holding it (instance {}) refused the forwarded call ({status}): {}",
+                    peer.instance,
+                    String::from_utf8_lossy(&bytes)
+                ));
+            }
+            let mut pending: Vec<u8> = Vec::new();
+            loop {
+                let Some(frame) = body.frame().await else {
+                    return Err(broke("it ended without a result".into()));
+                };
+                let frame = frame.map_err(|e| broke(e.to_string()))?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                pending.extend_from_slice(&data);
+                while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=at).collect();
+                    match serde_json::from_slice::<StreamLine>(&line) {
+                        Ok(StreamLine::Progress(mut p)) => {
+                            p.progress_token = token.clone();
+                            let _ = caller.notify_progress(p).await;
+                        }
+                        Ok(StreamLine::Result(r)) => return Ok(r),
+                        Err(e) => return Err(broke(format!("a line that is not JSON: {e}"))),
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            _ = ct.cancelled() => Err("the call was cancelled".to_string()),
+            r = relay => r,
+        }
     }
 }
 

@@ -17,11 +17,8 @@ use std::time::Duration;
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Json;
-use rmcp::model::{
-    CallToolResult, Implementation, ProgressNotificationParam, ProgressToken, ServerCapabilities,
-    ServerConfig,
-};
-use rmcp::service::{Peer, RequestContext};
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +34,8 @@ use crate::history::{HistoryResult, Query};
 use crate::report::{RunReport, Status};
 use crate::runs::sessions::{Closed, SessionError, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager, SubmitError};
-pub use forward::{FORWARDED_TOOLS, TOOLS_PATH};
+use forward::ProgressSink;
+pub use forward::{StreamLine, FORWARDED_TOOLS, PROGRESS_STREAM, TOOLS_PATH};
 pub use params::Parameters;
 pub use results::{report_result, session_file_result};
 
@@ -134,7 +132,7 @@ impl CodeboxServer {
     async fn run_code_here(
         &self,
         request: RunRequest,
-        progress: Option<(ProgressToken, Peer<RoleServer>)>,
+        progress: Option<ProgressSink>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
         let accepted = match self.manager.submit(request) {
@@ -144,7 +142,7 @@ impl CodeboxServer {
         let run_id = accepted.run_id;
         let mut notified = 0.0_f64;
         loop {
-            if let (Some((token, peer)), Some(p)) = (&progress, self.manager.progress(&run_id)) {
+            if let (Some(sink), Some(p)) = (&progress, self.manager.progress(&run_id)) {
                 if !p.status.is_terminal() {
                     let done = (p.elapsed.as_secs_f64() * 10.0).round() / 10.0;
                     let done = if done > notified {
@@ -171,12 +169,7 @@ impl CodeboxServer {
                             m
                         }
                     };
-                    let _ = peer
-                        .notify_progress(
-                            ProgressNotificationParam::new(token.clone(), done)
-                                .with_total(p.budget.as_secs_f64().max(done))
-                                .with_message(message),
-                        )
+                    sink.notify(done, p.budget.as_secs_f64().max(done), message)
                         .await;
                 }
             }
@@ -270,14 +263,17 @@ impl CodeboxServer {
         Parameters(request): Parameters<RunRequest>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
-        if let Some(peer) = self.session_owner(request.session_id.as_deref()).await {
-            return self.forward(&peer, "run_code", &request, &ctx.ct).await;
-        }
         let progress = ctx
             .meta
             .get_progress_token()
             .map(|token| (token, ctx.peer.clone()));
-        self.run_code_here(request, progress, ctx.ct).await
+        if let Some(peer) = self.session_owner(request.session_id.as_deref()).await {
+            return self
+                .forward_with_progress(&peer, "run_code", &request, &ctx.ct, progress)
+                .await;
+        }
+        let sink = progress.map(|(token, peer)| ProgressSink::Client(token, peer));
+        self.run_code_here(request, sink, ctx.ct).await
     }
 
     #[tool(description = "Start a program and return its run id at once.")]

@@ -141,8 +141,12 @@ struct Live {
     done: watch::Sender<Option<Arc<RunReport>>>,
     /// Its live events (output as it comes), ended with the report.
     feed: Arc<Feed>,
-    /// Claimed from the shared queue: its row leaves the queue when it starts.
+    /// Claimed from the shared queue: it starts only if its row is still this server's
+    /// claim ([`SharedQueue::take`]).
     shared: bool,
+    /// The final report the others wrote for it while this server's lease was judged lapsed:
+    /// its report here too, whatever its task ends with ([`RunManager::fence`]).
+    fenced: Option<RunReport>,
 }
 
 impl State {
@@ -263,6 +267,13 @@ impl RunManager {
             }
         });
         manager.sweep_history();
+        if let Some(h) = &manager.inner.history {
+            let lapses = h.lapses();
+            manager.own(tokio::spawn(fence_loop(
+                Arc::downgrade(&manager.inner),
+                lapses,
+            )));
+        }
         manager.own(tokio::spawn(purge_loop(Arc::downgrade(&manager.inner))));
         manager.own(tokio::spawn(session_loop(Arc::downgrade(&manager.inner))));
         manager
@@ -385,15 +396,82 @@ impl RunManager {
         if let Some(s) = &session {
             self.inner.sessions.started(&s.id, &run_id);
         }
+        if run.shared {
+            if let Some(q) = self.shared().cloned() {
+                let manager = self.clone();
+                tokio::spawn(async move {
+                    manager
+                        .start_claimed(q, run_id, *request, queued_ms, cancel, feed)
+                        .await
+                });
+                return;
+            }
+        }
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
         }
-        if run.shared {
-            if let Some(q) = self.shared() {
-                q.settle(&run_id);
+        self.spawn(run_id, *request, queued_ms, cancel, session, feed);
+    }
+
+    /// Start a run claimed from the shared queue (its slot is held): only once the database
+    /// confirms that the claim is still this server's, which takes the row out of the queue
+    /// and marks the run `running` ([`SharedQueue::take`]). A claim given back meanwhile
+    /// (this server's lease was judged lapsed) is dropped here without starting: the run is
+    /// the queue's, or another server's now, and must not run twice.
+    async fn start_claimed(
+        &self,
+        queue: SharedQueue,
+        run_id: String,
+        request: ValidRequest,
+        queued_ms: u64,
+        cancel: CancellationToken,
+        feed: Arc<Feed>,
+    ) {
+        loop {
+            match queue.take(&run_id).await {
+                Ok(true) => {
+                    self.spawn(run_id, request, queued_ms, cancel, None, feed);
+                    return;
+                }
+                Ok(false) => {
+                    tracing::warn!(
+                        run_id,
+                        "a run claimed here was given back to the shared queue before it started (this server's lease was judged lapsed): not started here; another server runs it"
+                    );
+                    let mut st = self.lock();
+                    if let Some(run) = st.live.remove(&run_id) {
+                        st.admission.release(&run.ticket);
+                        self.inner.executor.pool().done(&run.shapes);
+                    }
+                    queue.wake();
+                    self.inner.changed.notify_waiters();
+                    self.pump(&mut st);
+                    return;
+                }
+                Err(e) if cancel.is_cancelled() => {
+                    tracing::warn!(run_id, error = %e, "a claimed run was stopped while the shared queue could not confirm its claim; it did not start here");
+                    let mut st = self.lock();
+                    let report = st.live.get(&run_id).map(|run| {
+                        let mut r = run.base.clone();
+                        r.status = Status::Stopped;
+                        r.queued_ms = queued_ms;
+                        r.message = QUEUED_STOP.to_string();
+                        r
+                    });
+                    if let Some(r) = report {
+                        self.finish(&mut st, &run_id, Ok(r.into()));
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(run_id, error = %e, "cannot confirm a claimed run's claim before it starts; trying again");
+                    tokio::select! {
+                        () = tokio::time::sleep(QUEUE_RETRY) => {}
+                        () = cancel.cancelled() => {}
+                    }
+                }
             }
         }
-        self.spawn(run_id, *request, queued_ms, cancel, session, feed);
     }
 
     /// Start filling the pool where it is short, while admission lets it grow.
@@ -483,6 +561,7 @@ impl RunManager {
             return;
         };
         let (mut broken, mut workspace_bytes) = (None, None);
+        let fenced = run.fenced.is_some();
         let report = match outcome {
             Ok(f) => {
                 broken = f.broken;
@@ -500,6 +579,18 @@ impl RunManager {
                 r
             }
         };
+        let report = match run.fenced.clone() {
+            Some(theirs) => {
+                tracing::warn!(
+                    run_id,
+                    here = report.status.as_str(),
+                    kept = theirs.status.as_str(),
+                    "a run this server held ended after the others had reported it (this server's lease was judged lapsed): their report stands"
+                );
+                theirs
+            }
+            None => report,
+        };
         if matches!(run.state, RunState::Running { .. }) {
             st.admission.release(&run.ticket);
         }
@@ -513,7 +604,7 @@ impl RunManager {
         self.inner.executor.pool().done(&run.shapes);
         let session_state = report.session.as_ref().map(|x| x.state);
         let report = Arc::new(report);
-        if let Some(h) = &self.inner.history {
+        if let Some(h) = self.inner.history.as_ref().filter(|_| !fenced) {
             h.finish(report.clone());
         }
         self.inner.metrics.record(&report);
@@ -937,6 +1028,84 @@ impl RunManager {
         }
     }
 
+    /// This server's lease was judged lapsed (it was paused or cut off for longer than the
+    /// lease) and it re-joined: the others marked its runs `sandbox_error` ("its server
+    /// stopped answering"), ended its sessions and gave its unstarted claims back. Here the
+    /// same then holds: every run the history has a final report for is stopped (its
+    /// containers removed) and answers with that report, every session the history ended
+    /// ends. What the history does not say ended stays: claims are fenced when they start
+    /// ([`RunManager::start_claimed`]), and runs accepted since are this server's.
+    async fn fence(&self, lapse: crate::history::Lapse) {
+        let Some(history) = self.inner.history.clone() else {
+            return;
+        };
+        let (ids, recent) = {
+            let st = self.lock();
+            let within = lapse.unrenewed + Duration::from_secs(1);
+            let ids: Vec<String> = st.live.keys().cloned().collect();
+            (ids, st.retention.ended_within(within))
+        };
+        // Runs that ended here while the lease was not renewed: the report the others wrote
+        // first is the run's (the one here was dropped by the history), here too.
+        let mut replaced = 0;
+        for id in recent {
+            if let Ok(Some(theirs)) = history.report(&id, None).await {
+                let mut st = self.lock();
+                let differs = st.retention.get(&id).is_some_and(|mine| {
+                    mine.status != theirs.status || mine.message != theirs.message
+                });
+                if differs {
+                    tracing::warn!(run_id = id, kept = theirs.status.as_str(), "a run that ended here while this server's lease was judged lapsed was reported by the others first: their report stands here too");
+                    st.retention.replace(&id, Arc::new(theirs));
+                    replaced += 1;
+                }
+            }
+        }
+        let mut ended = Vec::new();
+        for id in ids {
+            match history.report(&id, None).await {
+                Ok(Some(r)) => ended.push(r),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(run_id = id, error = %e, "cannot tell whether the others ended a run this server holds")
+                }
+            }
+        }
+        let runs = ended.len();
+        {
+            let mut st = self.lock();
+            for report in ended {
+                let id = report.run_id.clone();
+                let Some(run) = st.live.get_mut(&id) else {
+                    continue;
+                };
+                run.fenced = Some(report);
+                match run.state {
+                    RunState::Running { .. } => run.cancel.cancel(),
+                    RunState::Queued { .. } => {
+                        self.stop_queued(&mut st, &id, QUEUED_STOP);
+                    }
+                }
+            }
+            self.pump(&mut st);
+        }
+        let mut sessions = Vec::new();
+        for id in self.inner.sessions.open_ids() {
+            if let Ok(Some(record)) = history.session(&id).await {
+                if record.ended.is_some() {
+                    sessions.push(id);
+                }
+            }
+        }
+        tracing::warn!(
+            runs,
+            replaced,
+            sessions = sessions.len(),
+            "stopping the runs and sessions the other servers ended while this server's lease was judged lapsed"
+        );
+        self.inner.sessions.end_lapsed(self, &sessions);
+    }
+
     /// Whether the server is draining (its `/healthz` says so, for a balancer).
     pub fn is_draining(&self) -> bool {
         self.lock().admission.is_draining()
@@ -1080,6 +1249,10 @@ impl RunManager {
     /// Queue a run claimed from the shared queue; one that cannot run here ends
     /// `sandbox_error` saying why, one refused (shutting down) goes back.
     fn take_claimed(&self, c: Claimed) {
+        if self.lock().live.contains_key(&c.run_id) {
+            // Claimed again after its claim was given back: the entry here starts it.
+            return;
+        }
         let queue = self.shared().cloned();
         let checked = serde_json::from_str::<RunRequest>(&c.request)
             .map_err(|e| format!("its request is unreadable: {e}"))
@@ -1289,6 +1462,7 @@ impl RunManager {
                 done,
                 feed,
                 shared: claimed,
+                fenced: None,
             },
         );
         if let Some(message) = ending {
@@ -1610,6 +1784,15 @@ async fn session_loop(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { return };
         let manager = RunManager { inner };
         manager.inner.sessions.expire(&manager.host());
+    }
+}
+
+/// Stop what the others ended each time this server finds its lease was judged lapsed.
+async fn fence_loop(inner: Weak<Inner>, mut lapses: watch::Receiver<crate::history::Lapse>) {
+    while lapses.changed().await.is_ok() {
+        let lapse = *lapses.borrow_and_update();
+        let Some(inner) = inner.upgrade() else { return };
+        RunManager { inner }.fence(lapse).await;
     }
 }
 

@@ -71,6 +71,29 @@ impl Retention {
         );
     }
 
+    /// The runs that ended within `within`, newest first.
+    pub fn ended_within(&self, within: Duration) -> Vec<String> {
+        let mut ids = Vec::new();
+        for id in self.order.iter().rev() {
+            match self.finished.get(id) {
+                Some(f) if f.ended.elapsed() <= within => ids.push(id.clone()),
+                Some(_) => break,
+                None => {}
+            }
+        }
+        ids
+    }
+
+    /// Replace a kept report by the one the history holds (the first final report written).
+    pub fn replace(&mut self, run_id: &str, report: Arc<RunReport>) {
+        if let Some(f) = self.finished.get_mut(run_id) {
+            let bytes = report_bytes(&report);
+            self.bytes = self.bytes - f.bytes + bytes;
+            f.bytes = bytes;
+            f.report = report;
+        }
+    }
+
     pub fn get(&self, run_id: &str) -> Option<&Arc<RunReport>> {
         self.finished.get(run_id).map(|f| &f.report)
     }

@@ -4,7 +4,9 @@
 //!   `GET /v1/sessions/{id}/files...`) are forwarded to it as they are, and its answer is
 //!   passed back as it comes;
 //! - `POST /cluster/tools/{tool}` takes the MCP tool calls another server forwards
-//!   ([`CodeboxServer::call_here`]); only with the cluster secret.
+//!   ([`CodeboxServer::call_here`]); only with the cluster secret. A `run_code` asked with
+//!   `Accept: application/x-ndjson` answers a stream: its progress notifications, one JSON
+//!   line each, as they come, then its result ([`crate::mcp::StreamLine`]).
 //!
 //! A request that carries the cluster secret is never forwarded again.
 
@@ -198,6 +200,11 @@ pub async fn tool_call(
         )
             .into_response();
     }
+    let wants_stream = request
+        .headers()
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(crate::mcp::PROGRESS_STREAM));
     let bytes = match read_body(request.into_body(), f.max_body).await {
         Ok(b) => b,
         Err(e) => return (StatusCode::BAD_REQUEST, e.message()).into_response(),
@@ -212,8 +219,11 @@ pub async fn tool_call(
                 .into_response()
         }
     };
+    if tool == "run_code" && wants_stream {
+        return streamed_run_code(f.server.clone(), args);
+    }
     let ct = CancellationToken::new();
-    let call = f.server.call_here(&tool, args, ct.clone());
+    let call = f.server.call_here(&tool, args, ct.clone(), None);
     tokio::pin!(call);
     let result = tokio::select! {
         r = &mut call => r,
@@ -224,6 +234,52 @@ pub async fn tool_call(
         }
     };
     axum::Json(result).into_response()
+}
+
+/// A forwarded `run_code` whose caller asked for progress: its notifications as JSON lines
+/// while it runs, then its result. The forwarding server going away (its caller cancelled)
+/// closes the stream, and the run stops as on a cancellation.
+fn streamed_run_code(server: CodeboxServer, args: serde_json::Value) -> Response {
+    use crate::mcp::StreamLine;
+    let (progress, mut notes) = tokio::sync::mpsc::channel(16);
+    let (lines, body) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
+    let line = |l: &StreamLine| {
+        let mut v = serde_json::to_vec(l).unwrap_or_default();
+        v.push(b'\n');
+        bytes::Bytes::from(v)
+    };
+    tokio::spawn(async move {
+        let ct = CancellationToken::new();
+        let call = server.call_here("run_code", args, ct.clone(), Some(progress));
+        tokio::pin!(call);
+        let result = loop {
+            tokio::select! {
+                r = &mut call => break r,
+                Some(p) = notes.recv() => {
+                    if lines.send(line(&StreamLine::Progress(p))).await.is_err() {
+                        ct.cancel();
+                    }
+                }
+                () = lines.closed(), if !ct.is_cancelled() => ct.cancel(),
+            }
+        };
+        while let Ok(p) = notes.try_recv() {
+            let _ = lines.send(line(&StreamLine::Progress(p))).await;
+        }
+        let _ = lines.send(line(&StreamLine::Result(result))).await;
+    });
+    let stream = futures_util::stream::unfold(body, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    Response::builder()
+        .header(
+            axum::http::header::CONTENT_TYPE,
+            crate::mcp::PROGRESS_STREAM,
+        )
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
 #[cfg(test)]

@@ -31,24 +31,24 @@ use crate::private_daemon::{
 };
 use crate::serve_child::{Options, ServeChild};
 
-type Client = RunningService<RoleClient, ()>;
+pub(crate) type Client = RunningService<RoleClient, ()>;
 
 const SECRET: &str = "cluster-test-secret-0123456789abcdef";
 
-async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResult {
+pub(crate) async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResult {
     client
         .call_tool(params(tool, args))
         .await
         .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"))
 }
 
-async fn ok(client: &Client, tool: &'static str, args: Value) -> Value {
+pub(crate) async fn ok(client: &Client, tool: &'static str, args: Value) -> Value {
     let res = call(client, tool, args.clone()).await;
     assert_ne!(res.is_error, Some(true), "{tool}({args}): {}", text(&res));
     res.structured_content.expect("structured content")
 }
 
-async fn tool_error(client: &Client, tool: &'static str, args: Value) -> String {
+pub(crate) async fn tool_error(client: &Client, tool: &'static str, args: Value) -> String {
     let res = call(client, tool, args.clone()).await;
     assert_eq!(
         res.is_error,
@@ -111,15 +111,15 @@ async fn node_on(
 /// A cluster for one test: a throwaway PostgreSQL with one database, the secret, and one
 /// server for each entry of `settings` (its own data directory and those settings), started
 /// at once.
-struct TestCluster {
-    pg: PgCluster,
-    url: String,
-    secret: std::path::PathBuf,
-    keys: tempfile::TempDir,
-    nodes: Vec<ServeChild>,
+pub(crate) struct TestCluster {
+    pub(crate) pg: PgCluster,
+    pub(crate) url: String,
+    pub(crate) secret: std::path::PathBuf,
+    pub(crate) keys: tempfile::TempDir,
+    pub(crate) nodes: Vec<ServeChild>,
 }
 
-async fn start_cluster(db: &str, settings: &[&[&str]]) -> TestCluster {
+pub(crate) async fn start_cluster(db: &str, settings: &[&[&str]]) -> TestCluster {
     start_cluster_on(db, settings, &[]).await
 }
 
@@ -145,7 +145,7 @@ async fn start_cluster_on(db: &str, settings: &[&[&str]], hosts: &[OwnedDaemon])
 }
 
 /// The servers of a cluster of `N`, by name.
-fn servers<const N: usize>(nodes: Vec<ServeChild>) -> [ServeChild; N] {
+pub(crate) fn servers<const N: usize>(nodes: Vec<ServeChild>) -> [ServeChild; N] {
     nodes
         .try_into()
         .unwrap_or_else(|_| panic!("a cluster of {N}"))
@@ -159,7 +159,7 @@ fn secret_file(dir: &Path) -> std::path::PathBuf {
 
 /// Wait until `client`'s server finds `run_id` in the shared history (its own server
 /// records it a moment after answering).
-async fn known(client: &Client, run_id: &str) {
+pub(crate) async fn known(client: &Client, run_id: &str) {
     for _ in 0..200 {
         let rows = ok(client, "get_execution_history", json!({"limit": 50})).await;
         if rows["runs"]
@@ -175,7 +175,7 @@ async fn known(client: &Client, run_id: &str) {
     panic!("run {run_id} never reached the shared history");
 }
 
-async fn start(client: &Client, code: &str) -> String {
+pub(crate) async fn start(client: &Client, code: &str) -> String {
     start_lang(client, "python", code).await
 }
 
@@ -1479,7 +1479,7 @@ async fn shared_queue_throughput() {
 }
 
 /// `run_id`'s final report through `client`, however long it waits (each call waits 60 s).
-async fn final_report(client: &Client, run_id: &str) -> Value {
+pub(crate) async fn final_report(client: &Client, run_id: &str) -> Value {
     for _ in 0..10 {
         let r = ok(
             client,
@@ -1495,7 +1495,7 @@ async fn final_report(client: &Client, run_id: &str) -> Value {
 }
 
 /// Which server ran each run, from the shared history (each run exactly one row).
-async fn ran_on(client: &Client, ids: &[String]) -> Vec<(String, String)> {
+pub(crate) async fn ran_on(client: &Client, ids: &[String]) -> Vec<(String, String)> {
     let rows = ok(client, "get_execution_history", json!({"limit": 1000})).await;
     let rows = rows["runs"].as_array().unwrap();
     ids.iter()

@@ -901,6 +901,27 @@ impl Sessions {
         self.lock().shed_ready(mb)
     }
 
+    /// The ids of the open sessions.
+    pub fn open_ids(&self) -> Vec<String> {
+        self.lock().open.keys().cloned().collect()
+    }
+
+    /// End these sessions, which the other servers ended while this server's lease was
+    /// judged lapsed ("the server that held it stopped"): their containers go, a call
+    /// naming one is told so.
+    pub fn end_lapsed(&self, host: &dyn Host, ids: &[String]) {
+        let mut t = self.lock();
+        let mut effects = Effects::default();
+        for id in ids {
+            if t.open.contains_key(id) {
+                let reason = EndReason::Failed(SERVER_STOPPED.to_string());
+                effects = effects.and(t.end(id, reason, self.history.as_ref(), &self.metrics));
+            }
+        }
+        drop(t);
+        effects.apply(host);
+    }
+
     /// End every session (shutdown), and remove the containers opened ahead of time. From
     /// now on nothing opens.
     pub fn shutdown(&self, host: &dyn Host) {
