@@ -1294,13 +1294,16 @@ async fn the_shared_queue_claims_in_order_and_gives_a_dead_servers_claims_back_o
     let qa = SharedQueue::connect(&store, "qa").expect("a queue for PostgreSQL");
     let qb = SharedQueue::connect(&store, "qb").unwrap();
     let qc = SharedQueue::connect(&store, "qc").unwrap();
-    // C is alive: it renews a lease (B never does).
+    // C is alive: it renews a lease (B never does). A long one: C judges others' leases at
+    // each renewal (every third of its lease), and must not hand B's claim back before the
+    // judges below are meant to, as it did on a loaded machine with the default 10 s.
     let c_dir = tempfile::tempdir().unwrap();
     let hc = History::connect(
         &store,
         Owner {
             instance: "qc".into(),
             data_dir: c_dir.path().to_path_buf(),
+            lease: Duration::from_secs(300),
             ..Default::default()
         },
     );
