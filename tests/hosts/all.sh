@@ -7,8 +7,7 @@ focused_start=$(date +%s)
 echo "     the suite starts at uptime $(cut -d' ' -f1 /proc/uptime) s"
 rootful
 nothing_left rootful
-other_daemon podman smoke
-other_daemon rootless smoke
+other_daemons smoke podman rootless
 echo "     the focused suite's checks took $(( $(date +%s) - focused_start )) s"
 
 CODEBOX_SANDBOX_RUNTIME=runsc smoke runsc bash lua tcl
@@ -24,10 +23,9 @@ done
 smoke rootful bash awk sql jq lua tcl forth rexx icon algol68
 step "the pool's limit classes over /v1"
 serve_start --set 'pool.sizes={ bash = 1 }'
-python3 /payload/hosts/pool.py http://127.0.0.1:8765 && ok "pool: two limit classes" || bad "pool: two limit classes"
+python3 /payload/hosts/pool.py "http://127.0.0.1:$port" && ok "pool: two limit classes" || bad "pool: two limit classes"
 serve_stop
 nothing_left rootful
-other_daemon podman full
-other_daemon rootless full
+other_daemons full podman rootless
 echo "     the whole suite's checks took $(( $(date +%s) - focused_start )) s"
 finish
