@@ -171,7 +171,8 @@ other_daemons() {
   done
 }
 
-# The rootful part both suites share: the host, the doctor, the outcomes, a session, gVisor.
+# The rootful part both suites share: the host, the doctor, the outcomes, a session, one gVisor
+# case (the whole suite has gVisor's OOM and smoke samples too).
 rootful() {
   host_facts
   step "runtimes: runsc and crun registered with Docker"
@@ -196,5 +197,4 @@ rootful() {
     echo "     runsc without --systemd-cgroup: $(printf '%s' "$r" | head -c 600) $(head -c 600 $tmp/run.err)"
     echo "     docker run under runsc: $(docker run --rm --runtime runsc --network none codebox/bash:5.2 echo hi 2>&1 | tail -n 3)"
   fi
-  CODEBOX_SANDBOX_RUNTIME=runsc oom runsc
 }
