@@ -20,7 +20,7 @@ CODEBOX_SANDBOX_RUNTIME=crun session crun
 # Run by run, not bench by bench: under emulation the host's load moves a whole bench's
 # figures by 2-10 times, which would hide any difference between the runtimes.
 step "crun against runc, run by run"
-python3 /payload/hosts/runtimes.py 8 && ok "crun against runc measured" || bad "crun against runc measured"
+python3 -u /payload/hosts/runtimes.py 8 && ok "crun against runc measured" || bad "crun against runc measured"
 step "codebox bench (its host accounting on cgroup v2)"
 codebox bench bash --n 5 2>&1 | grep -v "^ *$" | sed 's/^/     /'
 smoke rootful bash awk sql jq lua tcl forth rexx icon algol68
