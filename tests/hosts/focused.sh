@@ -6,6 +6,5 @@
 . /payload/hosts/lib.sh
 rootful
 nothing_left rootful
-other_daemon podman smoke
-other_daemon rootless smoke
+other_daemons smoke podman rootless
 finish

@@ -2,17 +2,19 @@
 # `ok`/`FAIL` with what was seen, timings per step, and the closing `N passed, M failed`.
 passed=0 failed=0
 step_start=$(date +%s)
+# Scratch files and the HTTP port of these checks (other_daemons gives each daemon its own).
+tmp=/tmp port=8765
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
 bad() { echo "FAIL $1"; failed=$((failed + 1)); }
 step() { local now; now=$(date +%s); echo "== $1 (at uptime $(cut -d' ' -f1 /proc/uptime) s, previous step $((now - step_start)) s)"; step_start=$now; }
 # expect NAME JQ-FILTER JSON: the filter must answer true.
 expect() {
-  if printf '%s' "$3" | jq -e "$2" >/dev/null 2>&1; then ok "$1"; else bad "$1: wanted $2, report: $(printf '%s' "$3" | head -c 1500) $(head -c 600 /tmp/run.err 2>/dev/null)"; fi
+  if printf '%s' "$3" | jq -e "$2" >/dev/null 2>&1; then ok "$1"; else bad "$1: wanted $2, report: $(printf '%s' "$3" | head -c 1500) $(head -c 600 $tmp/run.err 2>/dev/null)"; fi
 }
 # run_json FILE-CONTENT LANGUAGE [codebox run flags...]: the report of `codebox run --json`.
 run_json() {
   local code=$1 lang=$2; shift 2
-  printf '%s\n' "$code" | codebox run --json -l "$lang" "$@" - 2>/tmp/run.err
+  printf '%s\n' "$code" | codebox run --json -l "$lang" "$@" - 2>"$tmp/run.err"
 }
 # Nothing codebox made is left on the daemon.
 nothing_left() {
@@ -31,6 +33,17 @@ host_facts() {
   wait_docker
   echo "     docker up at uptime $(cut -d' ' -f1 /proc/uptime) s: $(docker info --format 'Docker {{.ServerVersion}}, cgroup {{.CgroupVersion}} ({{.CgroupDriver}}), {{.SecurityOptions}}')"
   echo "     controllers: $(cat /sys/fs/cgroup/cgroup.controllers); kernel $(uname -r); $(nproc) CPUs"
+  # Where the boot's time went (the guest's boot is part of every suite's budget).
+  # (systemd-analyze waits for the boot to end, which this unit is part of: read the units.)
+  systemctl show -p UserspaceTimestampMonotonic --value | awk '{printf "     boot: the kernel and initrd %.1f s\n", $1 / 1e6}'
+  # One systemctl call for every unit (a call each costs a minute under emulation).
+  systemctl show -p Id -p InactiveExitTimestampMonotonic -p ActiveEnterTimestampMonotonic \
+      $(systemctl list-units --type=service --state=active,exited --no-legend --plain | awk '{print $1}') |
+    awk 'BEGIN {RS = ""; FS = "\n"} {
+      delete v; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+      a = v["InactiveExitTimestampMonotonic"]; b = v["ActiveEnterTimestampMonotonic"]
+      if (a > 0 && b >= a) printf "%.1f %.1f %s\n", (b - a) / 1e6, b / 1e6, v["Id"] }' |
+    sort -rn | head -n 8 | awk '{printf "     boot: %s took %s s, up at %s s\n", $3, $1, $2}'
 }
 
 # doctor LABEL: every posture and host check passes (images not in the guest aside); the
@@ -82,17 +95,17 @@ oom() { # $1: label, then codebox run flags
 
 # serve_start / serve_stop: `codebox serve` over HTTP on loopback, with extra --set flags.
 serve_start() {
-  codebox serve --transport http --listen 127.0.0.1:8765 --no-auth "$@" >/tmp/serve.log 2>&1 &
+  codebox serve --transport http --listen 127.0.0.1:$port --no-auth "$@" >"$tmp/serve.log" 2>&1 &
   serve=$!
-  for i in $(seq 90); do python3 -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:8765/v1/languages")' 2>/dev/null && return 0; sleep 1; done
-  echo "     serve did not answer: $(tail -n 5 /tmp/serve.log)"
+  for i in $(seq 90); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/v1/languages')" 2>/dev/null && return 0; sleep 1; done
+  echo "     serve did not answer: $(tail -n 5 $tmp/serve.log)"
 }
 serve_stop() { kill "$serve"; wait "$serve" 2>/dev/null; }
 
 session() { # $1: label
   step "$1: a session over /v1"
   serve_start
-  python3 /payload/hosts/session.py http://127.0.0.1:8765 "$1" && ok "$1 session" || bad "$1 session"
+  python3 /payload/hosts/session.py http://127.0.0.1:$port "$1" && ok "$1 session" || bad "$1 session"
   serve_stop
 }
 
@@ -112,8 +125,8 @@ other_daemon() {
   local name=$1 depth=$2
   step "$name: starting it"
   local host
-  if ! host=$(bash /payload/hosts/daemon.sh start "$name" 2>/tmp/daemon.err); then
-    bad "$name did not start: $(tail -n 15 /tmp/daemon.err)"; return
+  if ! host=$(bash /payload/hosts/daemon.sh start "$name" 2>"$tmp/daemon.err"); then
+    bad "$name did not start: $(tail -n 15 $tmp/daemon.err)"; return
   fi
   export DOCKER_HOST=$host
   ok "$name up at $host: $(docker version --format '{{.Server.Version}}' 2>&1), $(docker info --format 'cgroup {{.CgroupVersion}} ({{.CgroupDriver}}) {{.SecurityOptions}}' 2>&1)"
@@ -135,14 +148,38 @@ other_daemon() {
   bash /payload/hosts/daemon.sh stop "$name"
 }
 
-# The rootful part both suites share: the host, the doctor, the outcomes, a session, gVisor.
+# other_daemons smoke|full NAME...: other_daemon of each at once. Each is a chain of calls that
+# wait on its own daemon, which under emulation keeps about one of the guest's two vCPUs busy;
+# their output is printed in order once all are done, their counts added to this shell's.
+other_daemons() {
+  local depth=$1; shift
+  step "$* at once ($depth)"
+  local name n=0 pids=() counts
+  for name in "$@"; do
+    n=$((n + 1)); mkdir -p "/tmp/$name"
+    ( tmp=/tmp/$name port=$((8765 + n)) passed=0 failed=0
+      other_daemon "$name" "$depth"
+      echo "COUNTS $passed $failed" ) > "/tmp/$name.out" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for name in "$@"; do
+    grep -v '^COUNTS ' "/tmp/$name.out"
+    counts=$(sed -n 's/^COUNTS //p' "/tmp/$name.out")
+    if [ -z "$counts" ]; then bad "$name: its checks ended without their counts"; continue; fi
+    passed=$((passed + ${counts% *})); failed=$((failed + ${counts#* }))
+  done
+}
+
+# The rootful part both suites share: the host, the doctor, the outcomes, a session, one gVisor
+# case (the whole suite has gVisor's OOM and smoke samples too).
 rootful() {
   host_facts
   step "runtimes: runsc and crun registered with Docker"
-  if bash /payload/hosts/daemon.sh runtimes 2>/tmp/daemon.err; then
+  if bash /payload/hosts/daemon.sh runtimes 2>"$tmp/daemon.err"; then
     ok "runsc and crun registered: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')"
   else
-    bad "registering runsc and crun: $(cat /tmp/daemon.err)"
+    bad "registering runsc and crun: $(cat $tmp/daemon.err)"
   fi
   doctor rootful
   outcomes rootful
@@ -157,8 +194,7 @@ rootful() {
       /etc/docker/daemon.json > /tmp/daemon.json && cp /tmp/daemon.json /etc/docker/daemon.json
     kill -HUP "$(cat /run/docker.pid)"; sleep 3
     r=$(CODEBOX_SANDBOX_RUNTIME=runsc-cgroupfs run_json 'echo hello' bash)
-    echo "     runsc without --systemd-cgroup: $(printf '%s' "$r" | head -c 600) $(head -c 600 /tmp/run.err)"
+    echo "     runsc without --systemd-cgroup: $(printf '%s' "$r" | head -c 600) $(head -c 600 $tmp/run.err)"
     echo "     docker run under runsc: $(docker run --rm --runtime runsc --network none codebox/bash:5.2 echo hi 2>&1 | tail -n 3)"
   fi
-  CODEBOX_SANDBOX_RUNTIME=runsc oom runsc
 }
