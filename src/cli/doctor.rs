@@ -115,6 +115,11 @@ pub fn host_facts(info: &EngineInfo, local: Option<LocalAppArmor>) -> Vec<(bool,
 /// The posture probe: printed facts, checked one by one. Each works under runc and gVisor
 /// alike (gVisor's sysfs has no `/sys/class/net`, so interfaces come from `/proc/net/dev`;
 /// its kernel log names it).
+/// How long the posture probe may take: it bounds a hang only (on a healthy host it ends in
+/// well under a second), and a slow daemon (Podman under emulation beside other work took over
+/// 30 s to attach) must not turn it into a failed check.
+const PROBE_LIMIT: Duration = Duration::from_secs(120);
+
 const PROBE: &str = "echo uid=$(id -u); \
 echo capeff=$(awk '/^CapEff/{print $2}' /proc/self/status); \
 echo nnp=$(awk '/^NoNewPrivs/{print $2}' /proc/self/status); \
@@ -271,7 +276,7 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
         .probe(
             &probe_image.tag,
             vec!["sh".into(), "-c".into(), PROBE.into()],
-            Duration::from_secs(30),
+            PROBE_LIMIT,
         )
         .await
     {
