@@ -872,6 +872,27 @@ impl Drop for Nginx {
     }
 }
 
+/// The cluster's history, read through nginx once every server has written what it answered
+/// (each server's history thread writes a run's end a moment after its answer: asking each
+/// once is a barrier).
+async fn history_through(http: &reqwest::Client, nodes: &[ServeChild], nginx: &Nginx) -> Value {
+    for n in nodes {
+        http.get(n.http_url("/v1/history?limit=1"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+    }
+    http.get(nginx.url("/v1/history?limit=1000"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// One run of the mixed load, in the languages the private hosts have (Bash, AWK, Lua): its
 /// request and what its report must say (status, stdout).
 fn mixed(i: usize) -> (Value, &'static str, String) {
@@ -988,24 +1009,8 @@ async fn three_servers_behind_nginx_serve_runs_and_sessions_as_one() {
         .flatten()
         .collect();
     let burst = t.elapsed();
-    // One history row per run, spread over the three servers (each server's history thread
-    // writes a run's end a moment after its answer: ask each once, as a barrier).
-    for n in &nodes {
-        http.get(n.http_url("/v1/history?limit=1"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
-    }
-    let rows: Value = http
-        .get(nginx.url("/v1/history?limit=1000"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    // One history row per run, spread over the three servers.
+    let rows = history_through(&http, &nodes, &nginx).await;
     let rows = rows["runs"].as_array().unwrap();
     let mut per_instance = std::collections::BTreeMap::<String, usize>::new();
     for id in &ids {
@@ -1756,22 +1761,7 @@ async fn throughput_through_nginx_with_one_two_and_three_servers() {
             .collect();
         let took = t.elapsed();
         assert_eq!(ids.len(), RUNS);
-        for n in &nodes {
-            http.get(n.http_url("/v1/history?limit=1"))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .unwrap();
-        }
-        let rows: Value = http
-            .get(nginx.url("/v1/history?limit=1000"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let rows = history_through(&http, &nodes, &nginx).await;
         let spread: Vec<usize> = instances
             .iter()
             .map(|i| {
