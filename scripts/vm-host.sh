@@ -58,12 +58,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 packages=systemd-sysv,udev,kmod,iproute2,docker.io,linux-image-amd64,procps,apparmor,python3,jq,dbus
 packages+=,rootlesskit,uidmap,dbus-user-session,slirp4netns,podman,crun,runsc,catatonit,e2fsprogs,ca-certificates
-# The images the guest's daemons get, loaded once into the cached images layer: every daemon
-# (rootful Docker, Podman, rootless Docker) the focused suite's, rootful Docker also those of
-# the whole suite's ten languages (bash's image has bash, awk, sql and jq; classic has forth,
-# rexx, icon and algol68). docker load under emulation is slow: keep them few and small.
-images=(codebox/base:bookworm codebox/bash:5.2)
-rootful_images=(codebox/lua:5.4 codebox/tcl:8.6 codebox/classic:bookworm)
+# The images the guest's daemons get, loaded once into the cached images layer, into every
+# daemon (rootful Docker, Podman, rootless Docker): those of the whole suite's ten languages
+# (bash's image has bash, awk, sql and jq; classic has forth, rexx, icon and algol68).
+# docker load under emulation is slow: keep them few and small.
+images=(codebox/base:bookworm codebox/bash:5.2 codebox/lua:5.4 codebox/tcl:8.6 codebox/classic:bookworm)
 image_id() {
   docker image inspect --format '{{.Id}}' "$1" 2>/dev/null ||
     die "image $1 is not on the host's Docker: build it with \`codebox images build ${1#codebox/}\`"
@@ -140,6 +139,8 @@ EOF
   # Podman's Docker-compatible API on a socket (started only by the suites that use it).
   rm -f "$r/etc/systemd/system/sockets.target.wants/podman.socket"
 }
+# The guest's disk: the tree and each daemon's copy of the images.
+disk_size=12G
 # recipe_end
 qemu_boot() { # $1: disk (raw or qcow2), $2: payload disk, $3: serial log
   local fmt=raw
@@ -197,7 +198,7 @@ if [ ! -e "$dir/ready" ]; then
   cp "$(ls "$tree"/boot/vmlinuz-* | sort -V | tail -n 1)" "$dir/vmlinuz"
   cp "$(ls "$tree"/boot/initrd.img-* | sort -V | tail -n 1)" "$dir/initrd.img" ||
     die "the guest has no initrd in /boot"
-  mkfs.ext4 -q -F -L root -d "$tree" "$dir/disk.img" 8G || die "mkfs.ext4 of the guest's disk failed"
+  mkfs.ext4 -q -F -L root -d "$tree" "$dir/disk.img" "$disk_size" || die "mkfs.ext4 of the guest's disk failed"
   rm -rf "$tree"
   touch "$dir/ready"
   say "disk made"
@@ -209,8 +210,7 @@ fi
 
 # layer_begin
 # The prepare boot's script: load the images given on the payload into the daemons it names
-# (all at once: each load is mostly one CPU's work, the guest has two), rootful Docker's from
-# rootful.tar, the others' from common.tar.
+# (all at once: each load is mostly one CPU's work, the guest has two), from images.tar.
 prepare_script() { # $@: daemons (rootful podman rootless)
   cat <<'EOF'
 set -e
@@ -219,8 +219,7 @@ echo "docker up at uptime $(cut -d' ' -f1 /proc/uptime)"
 load() { # $1: daemon
   local host= t; t=$(date +%s)
   [ "$1" = rootful ] || host=$(bash /payload/daemon.sh start "$1") || { echo "$1: the daemon did not start"; return 1; }
-  local tar=/payload/common.tar; [ "$1" = rootful ] && tar=/payload/rootful.tar
-  DOCKER_HOST=$host docker load -q -i "$tar" >/dev/null || { echo "$1: docker load failed"; return 1; }
+  DOCKER_HOST=$host docker load -q -i /payload/images.tar >/dev/null || { echo "$1: docker load failed"; return 1; }
   echo "docker load into $1 took $(( $(date +%s) - t )) s"
   DOCKER_HOST=$host docker info --format "$1: cgroup {{.CgroupVersion}} driver {{.CgroupDriver}} security {{.SecurityOptions}}"
   [ "$1" = rootful ] || bash /payload/daemon.sh stop "$1"
@@ -234,20 +233,18 @@ EOF
 # layer_end
 
 # Stage 3: a boot that loads the images into the daemons, kept as a copy-on-write layer.
-ids=(); for i in "${images[@]}" "${rootful_images[@]}"; do ids+=("$(image_id "$i")"); done
+ids=(); for i in "${images[@]}"; do ids+=("$(image_id "$i")"); done
 ikey=$(printf '%s\n' "${ids[@]}" "$layer_recipe" | sha256sum | cut -c1-16)
 layer=$dir/images-$ikey.qcow2
 if [ ! -e "$layer.ready" ]; then
   rm -f "$layer"
   qemu-img create -q -f qcow2 -b "$dir/disk.img" -F raw "$layer" || die "qemu-img failed"
   p=$dir/prepare; rm -rf "$p"; mkdir -p "$p"
-  docker save "${images[@]}" -o "$p/common.tar" || die "docker save of ${images[*]} failed"
-  docker save "${images[@]}" "${rootful_images[@]}" -o "$p/rootful.tar" ||
-    die "docker save of ${images[*]} ${rootful_images[*]} failed"
+  docker save "${images[@]}" -o "$p/images.tar" || die "docker save of ${images[*]} failed"
   prepare_script rootful podman rootless > "$p/run.sh"
   cp "$here/tests/hosts/daemon.sh" "$p/daemon.sh"
   make_payload "$p" "$dir/prepare.img"; rm -rf "$p"
-  say "a boot to load ${images[*]} into the guest's Docker, Podman and rootless Docker, and ${rootful_images[*]} into its Docker"
+  say "a boot to load ${images[*]} into the guest's Docker, Podman and rootless Docker"
   qemu_boot "$layer" "$dir/prepare.img" "$dir/prepare.log" ||
     die "QEMU failed or timed out on the boot that loads the images (status $?); its console: $(tail -n 20 "$dir/prepare.log")"
   rm -f "$dir/prepare.img"

@@ -468,10 +468,19 @@ impl ContainerEngine for DockerEngine {
             cpu_period: Some(resources.cpu_period_us),
             ..Default::default()
         };
-        self.docker()?
-            .update_container(id, body)
-            .await
-            .map_err(|e| self.fail(EngineError::UpdateContainer, e))
+        match self.docker()?.update_container(id, body).await {
+            Err(BollardError::DockerResponseServerError {
+                status_code,
+                message,
+            }) if podman::is_missing_route(status_code, &message)
+                && self.dialect().await?.podman =>
+            {
+                Err(EngineError::UpdateContainer(crate::engine::detail(
+                    podman::NO_UPDATE,
+                )))
+            }
+            other => other.map_err(|e| self.fail(EngineError::UpdateContainer, e)),
+        }
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {

@@ -11,7 +11,9 @@
 //! container's user), so a tmpfs given to exactly the container's user gets `U` instead; one
 //! given to anyone else cannot be said to Podman and is refused. Podman gets no memory
 //! swappiness (crun refuses it on cgroup v2); swap is off through the equal memory and
-//! memory+swap limits.
+//! memory+swap limits. Podman 4's API has no container update (`/containers/{id}/update`
+//! answers 404 "Not Found"): the pool then keeps containers of each limit class instead of
+//! changing a ready container's limits, and the error says so.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -117,6 +119,15 @@ pub(super) fn is_podman<'a>(component_names: impl IntoIterator<Item = &'a str>) 
         .any(|n| n.to_ascii_lowercase().contains("podman"))
 }
 
+/// Podman's answer to a container update when its API has none.
+pub(super) const NO_UPDATE: &str = "the daemon is Podman, whose Docker-compatible API cannot \
+     change a started container's limits (no /containers/{id}/update)";
+
+/// Whether an update's 404 is Podman's missing route rather than a missing container.
+pub(super) fn is_missing_route(status: u16, message: &str) -> bool {
+    status == 404 && !message.to_ascii_lowercase().contains("no such")
+}
+
 /// Whether the daemon's address is a socket on this host.
 fn is_local(address: &str) -> bool {
     address.starts_with("unix://") || address.starts_with('/')
@@ -182,6 +193,14 @@ fn with_profile_file(options: &[String], file: &Path) -> Vec<String> {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn an_update_route_podman_lacks_is_told_from_a_missing_container() {
+        // What Podman 4.3 answers to POST /containers/{id}/update, and to a missing container.
+        assert!(is_missing_route(404, "Not Found\n"));
+        assert!(!is_missing_route(404, "no such container"));
+        assert!(!is_missing_route(409, "Not Found"));
+    }
 
     /// The locked-down spec of a run container, as the executor builds it.
     fn run_spec(uid: u32) -> ContainerSpec {

@@ -547,7 +547,8 @@ impl Pool {
                     tracing::warn!(
                         error = %e,
                         "the runtime cannot change a started container's limits; from now on a run \
-                         whose limits differ from the pool's gets a new container"
+                         is served only by a ready container of its own limits (the pool keeps \
+                         those of the limit classes runs ask for)"
                     );
                 }
                 self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
