@@ -86,6 +86,32 @@ impl App {
         })
     }
 
+    /// Why containers would not run under the runtimes the settings name, as this daemon
+    /// gives them (`EngineInfo::runtime_problem`), one line per setting.
+    pub fn runtime_problems(&self, info: &crate::engine::EngineInfo) -> Vec<String> {
+        let c = &self.config;
+        let mut asked = vec![("sandbox.runtime", c.sandbox.runtime.as_str())];
+        if let Some(r) = c.packages.install_runtime.as_deref() {
+            asked.push(("packages.install_runtime", r));
+        }
+        asked
+            .into_iter()
+            .filter_map(|(setting, runtime)| {
+                info.runtime_problem(runtime)
+                    .map(|p| format!("{setting} = {runtime}, but {p}"))
+            })
+            .collect()
+    }
+
+    /// Refuse to go on when [`App::runtime_problems`] finds any: containers would run without
+    /// the runtime or the limits asked for.
+    pub fn check_runtimes(&self, info: &crate::engine::EngineInfo) -> anyhow::Result<()> {
+        match self.runtime_problems(info).as_slice() {
+            [] => Ok(()),
+            problems => anyhow::bail!("{}", problems.join("; ")),
+        }
+    }
+
     /// Remove what crashed or killed instances left on the daemon; a failure is only logged.
     pub async fn reap(&self) {
         // The history first marks the runs of dead instances, judged by their lock files,

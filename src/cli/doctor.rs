@@ -242,6 +242,22 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
             )
         },
     )?;
+    if info.podman {
+        let problems = app.runtime_problems(&info);
+        check(
+            out,
+            problems.is_empty(),
+            if problems.is_empty() {
+                format!(
+                    "Podman runs every container under its default runtime `{}` (its API \
+                     ignores the one a container names)",
+                    info.default_runtime
+                )
+            } else {
+                problems.join("; ")
+            },
+        )?;
+    }
     writeln!(out, "Images:")?;
     let list = images::status(app.engine.as_ref(), &app.registry).await?;
     for i in &list {

@@ -166,7 +166,8 @@ async fn run_cell(
 }
 
 pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
-    if app.engine.ping().await.is_ok() {
+    if let Ok(info) = app.engine.ping().await {
+        app.check_runtimes(&info)?;
         app.reap().await;
         if let Some(lang) = app.registry.resolve(&args.language) {
             super::images::ensure(app, lang).await?;

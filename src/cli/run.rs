@@ -177,7 +177,8 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
     };
     // A reachable daemon first gets its leftovers swept and the image built if missing; an
     // unreachable one is reported by the run itself, as a sandbox_error that says where.
-    if app.engine.ping().await.is_ok() {
+    if let Ok(info) = app.engine.ping().await {
+        app.check_runtimes(&info)?;
         app.reap().await;
         if let Some(lang) = app.registry.resolve(&req.language) {
             super::images::ensure(app, lang).await?;

@@ -63,7 +63,7 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
     };
     // Watch for signals before any container exists, so that none is left by one.
     let shutdown = transport::shutdown_signal();
-    egress_runtime_check(app).await?;
+    runtime_checks(app).await?;
     app.reap().await;
     // In a cluster, one queue for all the servers (SPEC section 15).
     if let Transport::Http {
@@ -83,11 +83,17 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Refuse to start when a container codebox lets out (an install step, or programs under
-/// `sandbox.egress_hosts`) would run under a runtime that cannot reach the egress proxy's
-/// Unix socket. A daemon that does not answer is left to the first run to report.
-async fn egress_runtime_check(app: &App) -> anyhow::Result<()> {
+/// Refuse to start when containers would not run under the runtime they ask for (Podman
+/// gives every container its default), or when a container codebox lets out (an install
+/// step, or programs under `sandbox.egress_hosts`) would run under a runtime that cannot
+/// reach the egress proxy's Unix socket. A daemon that does not answer is left to the first
+/// run to report.
+async fn runtime_checks(app: &App) -> anyhow::Result<()> {
     let c = &app.config;
+    let Ok(info) = app.engine.ping().await else {
+        return Ok(());
+    };
+    app.check_runtimes(&info)?;
     let mut uses = Vec::new();
     if !c.sandbox.egress_hosts.is_empty() {
         uses.push(("sandbox.egress_hosts", c.sandbox.runtime.as_str(), ""));
@@ -107,12 +113,6 @@ async fn egress_runtime_check(app: &App) -> anyhow::Result<()> {
             "; or set packages.install_runtime = \"runc\"",
         ));
     }
-    if uses.is_empty() {
-        return Ok(());
-    }
-    let Ok(info) = app.engine.ping().await else {
-        return Ok(());
-    };
     for (setting, runtime, or) in uses {
         if let Some(problem) = info.host_uds_problem(runtime) {
             anyhow::bail!("{setting} is set, but {problem}{or}");

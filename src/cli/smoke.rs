@@ -85,7 +85,8 @@ pub async fn smoke(
             })
             .collect::<anyhow::Result<_>>()?
     };
-    app.engine.ping().await?;
+    let info = app.engine.ping().await?;
+    app.check_runtimes(&info)?;
     app.reap().await;
     if build {
         for lang in &langs {

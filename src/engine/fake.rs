@@ -436,6 +436,7 @@ impl ContainerEngine for FakeEngine {
             cgroup_version: None,
             security_options: Vec::new(),
             podman: false,
+            default_runtime: "runc".into(),
         })
     }
 

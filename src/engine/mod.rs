@@ -174,9 +174,62 @@ pub struct EngineInfo {
     pub security_options: Vec<String>,
     /// Whether the daemon is Podman's Docker-compatible service rather than Docker.
     pub podman: bool,
+    /// The runtime a container gets when it names none (`DefaultRuntime`; empty when the
+    /// daemon does not say).
+    pub default_runtime: String,
+}
+
+/// Why a container that asks for `asked` would not get it from Podman, whose default runtime
+/// is `default`: Podman 4's Docker-compatible API ignores the runtime a container names
+/// (`HostConfig.Runtime`) and runs it under its default, so a gVisor asked for would silently
+/// be the host's kernel. `runc`, codebox's default, asks for no sandbox of its own: under
+/// Podman it means Podman's default (runc or crun: the host's kernel either way).
+pub fn podman_runtime_problem(asked: &str, default: &str) -> Option<String> {
+    if asked == "runc" || asked == default {
+        return None;
+    }
+    let default = if default.is_empty() {
+        "its default runtime".to_string()
+    } else {
+        format!("its default runtime `{default}`")
+    };
+    Some(format!(
+        "the daemon is Podman, whose Docker-compatible API runs every container under \
+         {default} whatever the container asks for, so the runtime `{asked}` cannot be \
+         honoured: make `{asked}` Podman's default (runtime = \"{asked}\" under [engine] in \
+         /etc/containers/containers.conf) and restart Podman, or set sandbox.runtime (and \
+         packages.install_runtime) to Podman's default"
+    ))
 }
 
 impl EngineInfo {
+    /// Why containers asking for `runtime` would not get it from this daemon as codebox needs
+    /// it: Podman gives every container its default runtime; a runtime registered with
+    /// `--ignore-cgroups` (how gVisor is made to start under rootless Docker) applies no
+    /// memory, CPU or process limit.
+    pub fn runtime_problem(&self, runtime: &str) -> Option<String> {
+        if self.podman {
+            if let Some(p) = podman_runtime_problem(runtime, &self.default_runtime) {
+                return Some(p);
+            }
+        }
+        let (_, args) = self.runtime_args.get(runtime)?;
+        let ignores = args.iter().any(|a| {
+            matches!(
+                a.trim_start_matches('-'),
+                "ignore-cgroups" | "ignore-cgroups=true"
+            )
+        });
+        ignores.then(|| {
+            format!(
+                "the runtime `{runtime}` is registered with --ignore-cgroups, so the daemon's \
+                 memory, CPU and process limits are not applied to its containers: register it \
+                 without that flag (gVisor needs it under rootless Docker, so run gVisor under \
+                 rootful Docker or Podman, or use runc there)"
+            )
+        })
+    }
+
     /// Why containers under `runtime` cannot reach a host Unix socket (the egress proxy's):
     /// a gVisor registered without `--host-uds=open` (or `all`) refuses to connect to one.
     pub fn host_uds_problem(&self, runtime: &str) -> Option<String> {
@@ -376,5 +429,52 @@ mod tests {
         assert_eq!(old.host_uds_problem("unknown"), None);
         let new = info(&["--network=none", "--host-uds=open"]);
         assert_eq!(new.host_uds_problem("runsc"), None);
+    }
+
+    #[test]
+    fn podman_refuses_a_runtime_other_than_its_default_and_docker_none() {
+        let podman = |default: &str| EngineInfo {
+            podman: true,
+            default_runtime: default.into(),
+            ..Default::default()
+        };
+        // What Podman 4.3 in the guest does: asked runsc, it ran crun (the posture probe saw
+        // the host's kernel).
+        let problem = podman("crun").runtime_problem("runsc").expect("refused");
+        assert!(
+            problem.contains("`crun`") && problem.contains("runtime = \"runsc\""),
+            "{problem}"
+        );
+        assert_eq!(podman("runsc").runtime_problem("runsc"), None);
+        assert_eq!(podman("crun").runtime_problem("crun"), None);
+        // codebox's default asks for the host's kernel, which Podman's default gives.
+        assert_eq!(podman("crun").runtime_problem("runc"), None);
+        assert!(podman("").runtime_problem("runsc").is_some());
+        let docker = EngineInfo {
+            default_runtime: "runc".into(),
+            ..Default::default()
+        };
+        assert_eq!(docker.runtime_problem("runsc"), None);
+    }
+
+    #[test]
+    fn a_runtime_that_ignores_cgroups_is_refused() {
+        // How gVisor starts under rootless Docker in the guest; a 64 MB run grew past 700 MB.
+        let info = |args: &[&str]| EngineInfo {
+            runtime_args: BTreeMap::from([(
+                "runsc".to_string(),
+                (
+                    "/usr/bin/runsc".to_string(),
+                    args.iter().map(|a| a.to_string()).collect(),
+                ),
+            )]),
+            ..Default::default()
+        };
+        let problem = info(&["--network=none", "--ignore-cgroups"])
+            .runtime_problem("runsc")
+            .expect("refused");
+        assert!(problem.contains("--ignore-cgroups"), "{problem}");
+        assert_eq!(info(&["--network=none"]).runtime_problem("runsc"), None);
+        assert_eq!(info(&["--ignore-cgroups"]).runtime_problem("runc"), None);
     }
 }

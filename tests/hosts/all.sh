@@ -11,8 +11,6 @@ nothing_left rootful
 other_daemons smoke podman rootless
 echo "     the focused suite's checks took $(( $(date +%s) - focused_start )) s"
 
-step "rootful under gVisor (runsc): OOM"
-CODEBOX_SANDBOX_RUNTIME=runsc oom runsc
 gvisor rootful
 # Every guarantee under crun: the doctor's posture probes and every outcome with its usage.
 CODEBOX_SANDBOX_RUNTIME=crun doctor crun

@@ -153,9 +153,21 @@ impl DockerEngine {
                 let profile = crate::engine::seccomp::security_opt()
                     .strip_prefix("seccomp=")
                     .unwrap_or_default();
+                // Podman runs every container under its default runtime: which one it is.
+                let default_runtime = if podman {
+                    let info = self
+                        .docker()?
+                        .info()
+                        .await
+                        .map_err(|e| self.unreachable(e))?;
+                    info.default_runtime.unwrap_or_default()
+                } else {
+                    String::new()
+                };
                 Ok(Dialect {
                     podman,
                     seccomp: seccomp_form(podman, &self.address, profile, &std::env::temp_dir()),
+                    default_runtime,
                 })
             })
             .await
@@ -269,6 +281,7 @@ impl ContainerEngine for DockerEngine {
             cgroup_version: info.cgroup_version.and_then(|c| c.to_string().parse().ok()),
             security_options: info.security_options.unwrap_or_default(),
             podman,
+            default_runtime: info.default_runtime.unwrap_or_default(),
         })
     }
 

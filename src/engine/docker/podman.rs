@@ -41,6 +41,8 @@ pub(super) struct Dialect {
     /// Podman's Docker-compatible service rather than Docker.
     pub podman: bool,
     pub seccomp: SeccompForm,
+    /// Podman's default runtime, the one every container gets (empty for Docker).
+    pub default_runtime: String,
 }
 
 impl Dialect {
@@ -50,6 +52,7 @@ impl Dialect {
         Dialect {
             podman: false,
             seccomp: SeccompForm::Inline,
+            default_runtime: String::new(),
         }
     }
 
@@ -67,6 +70,11 @@ impl Dialect {
             SeccompForm::Refused(why) => return Err(why.clone()),
         }
         if self.podman {
+            if let Some(why) =
+                crate::engine::podman_runtime_problem(&spec.runtime, &self.default_runtime)
+            {
+                return Err(why);
+            }
             // Podman hands swappiness to the OCI runtime, and crun refuses to start a
             // container with it on cgroup v2 ("cannot set memory swappiness with cgroupv2"),
             // where Docker drops it with a warning. Swap stays off either way: the memory
@@ -195,6 +203,25 @@ mod tests {
     use std::collections::BTreeMap;
 
     #[test]
+    fn podman_is_not_asked_for_a_runtime_it_would_not_give() {
+        let podman = Dialect {
+            podman: true,
+            seccomp: SeccompForm::File("/tmp/p.json".into()),
+            default_runtime: "crun".into(),
+        };
+        let mut spec = run_spec(10016);
+        spec.runtime = "runsc".into();
+        let why = podman.create_body(&spec).expect_err("refused");
+        assert!(why.contains("runtime `runsc` cannot be honoured"), "{why}");
+        spec.runtime = "runc".into();
+        assert!(podman.create_body(&spec).is_ok());
+        // Docker takes the runtime a container names.
+        spec.runtime = "runsc".into();
+        let body = Dialect::docker().create_body(&spec).unwrap();
+        assert_eq!(body.host_config.unwrap().runtime.as_deref(), Some("runsc"));
+    }
+
+    #[test]
     fn an_update_route_podman_lacks_is_told_from_a_missing_container() {
         // What Podman 4.3 answers to POST /containers/{id}/update, and to a missing container.
         assert!(is_missing_route(404, "Not Found\n"));
@@ -248,6 +275,7 @@ mod tests {
         let podman = Dialect {
             podman: true,
             seccomp: SeccompForm::File("/tmp/p.json".into()),
+            default_runtime: "crun".into(),
         }
         .create_body(&spec)
         .unwrap();
