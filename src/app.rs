@@ -103,15 +103,6 @@ impl App {
             .collect()
     }
 
-    /// Refuse to go on when [`App::runtime_problems`] finds any: containers would run without
-    /// the runtime or the limits asked for.
-    pub fn check_runtimes(&self, info: &crate::engine::EngineInfo) -> anyhow::Result<()> {
-        match self.runtime_problems(info).as_slice() {
-            [] => Ok(()),
-            problems => anyhow::bail!("{}", problems.join("; ")),
-        }
-    }
-
     /// Remove what crashed or killed instances left on the daemon; a failure is only logged.
     pub async fn reap(&self) {
         // The history first marks the runs of dead instances, judged by their lock files,

@@ -207,6 +207,15 @@ pub async fn dispatch(app: &App, command: Command) -> anyhow::Result<i32> {
     }
 }
 
+/// Refuse to go on when [`App::runtime_problems`] finds any: containers would run without
+/// the runtime or the limits the settings ask for.
+fn check_runtimes(app: &App, info: &crate::engine::EngineInfo) -> anyhow::Result<()> {
+    match app.runtime_problems(info).as_slice() {
+        [] => Ok(()),
+        problems => anyhow::bail!("{}", problems.join("; ")),
+    }
+}
+
 /// Flush what a command printed; a closed stdout (`codebox languages | head`) is not an error.
 fn flush(out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
     match out.flush() {

@@ -167,7 +167,7 @@ async fn run_cell(
 
 pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
     if let Ok(info) = app.engine.ping().await {
-        app.check_runtimes(&info)?;
+        super::check_runtimes(app, &info)?;
         app.reap().await;
         if let Some(lang) = app.registry.resolve(&args.language) {
             super::images::ensure(app, lang).await?;

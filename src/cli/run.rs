@@ -178,7 +178,7 @@ pub async fn run_file(app: &App, args: RunArgs) -> anyhow::Result<i32> {
     // A reachable daemon first gets its leftovers swept and the image built if missing; an
     // unreachable one is reported by the run itself, as a sandbox_error that says where.
     if let Ok(info) = app.engine.ping().await {
-        app.check_runtimes(&info)?;
+        super::check_runtimes(app, &info)?;
         app.reap().await;
         if let Some(lang) = app.registry.resolve(&req.language) {
             super::images::ensure(app, lang).await?;

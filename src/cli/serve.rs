@@ -93,7 +93,7 @@ async fn runtime_checks(app: &App) -> anyhow::Result<()> {
     let Ok(info) = app.engine.ping().await else {
         return Ok(());
     };
-    app.check_runtimes(&info)?;
+    super::check_runtimes(app, &info)?;
     let mut uses = Vec::new();
     if !c.sandbox.egress_hosts.is_empty() {
         uses.push(("sandbox.egress_hosts", c.sandbox.runtime.as_str(), ""));

@@ -86,7 +86,7 @@ pub async fn smoke(
             .collect::<anyhow::Result<_>>()?
     };
     let info = app.engine.ping().await?;
-    app.check_runtimes(&info)?;
+    super::check_runtimes(app, &info)?;
     app.reap().await;
     if build {
         for lang in &langs {
