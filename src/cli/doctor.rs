@@ -242,8 +242,8 @@ pub async fn doctor(app: &App, out: &mut (dyn Write + Send)) -> anyhow::Result<i
             )
         },
     )?;
-    if info.podman {
-        let problems = app.runtime_problems(&info);
+    let problems = app.runtime_problems(&info);
+    if info.podman || !problems.is_empty() {
         check(
             out,
             problems.is_empty(),
