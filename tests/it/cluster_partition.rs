@@ -143,8 +143,18 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         pg.with_client("fence", |c| c.query_one(sql, &[]).unwrap().get(0))
     };
 
-    // B busy for a while: what waits in the shared queue waits for A, or for B later.
-    let b_long = start(&cb, "import time\ntime.sleep(20)\nprint('b long')").await;
+    // B busy for a while: what waits in the shared queue waits for A, or for B later. (40 s:
+    // with 20, a loaded CI host let B end it and run `claimed` itself before its row was held.)
+    let b_long = ok(
+        &cb,
+        "start_run",
+        json!({"language": "python", "code": "import time\ntime.sleep(40)\nprint('b long')",
+               "limits": {"timeout_seconds": 120}}),
+    )
+    .await["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     eventually(60, "B's run is running", || {
         !crate::common::leftovers(&b_long).is_empty()
     })
