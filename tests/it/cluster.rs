@@ -180,12 +180,12 @@ pub(crate) async fn start(client: &Client, code: &str) -> String {
 }
 
 async fn start_lang(client: &Client, language: &str, code: &str) -> String {
-    ok(
-        client,
-        "start_run",
-        json!({"language": language, "code": code}),
-    )
-    .await["run_id"]
+    start_args(client, json!({"language": language, "code": code})).await
+}
+
+/// `start_run` with these arguments; the run's id.
+pub(crate) async fn start_args(client: &Client, args: Value) -> String {
+    ok(client, "start_run", args).await["run_id"]
         .as_str()
         .unwrap()
         .to_string()

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::cluster::{
-    call, final_report, known, ok, ran_on, servers, start, start_cluster, tool_error, Client,
-    TestCluster,
+    call, final_report, known, ok, ran_on, servers, start, start_args, start_cluster, tool_error,
+    Client, TestCluster,
 };
 use crate::common::labelled_objects;
 use crate::mcp_support::{eventually, text, TOKEN};
@@ -145,16 +145,12 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
 
     // B busy for a while: what waits in the shared queue waits for A, or for B later. (40 s:
     // with 20, a loaded CI host let B end it and run `claimed` itself before its row was held.)
-    let b_long = ok(
+    let b_long = start_args(
         &cb,
-        "start_run",
         json!({"language": "python", "code": "import time\ntime.sleep(40)\nprint('b long')",
                "limits": {"timeout_seconds": 120}}),
     )
-    .await["run_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    .await;
     eventually(60, "B's run is running", || {
         !crate::common::leftovers(&b_long).is_empty()
     })
