@@ -172,8 +172,9 @@ pub fn classify(phase: Option<&Phase>, stage: &Answer) -> Outcome {
         let code = stage.exit_code.unwrap_or_default();
         if signal == "SIGKILL" {
             // Nothing inside the container can SIGKILL its PID 1, and the OOM killer would
-            // have been seen: this came from outside.
-            format!("the container was killed by SIGKILL (exit code {code}) before codebox-init reported: something outside codebox ended it, e.g. `docker kill` or a restart of the daemon")
+            // have been seen: this came from outside. Except on Podman under gVisor, where the
+            // memory cgroup's kill of gVisor's kernel is recorded nowhere Podman shows.
+            format!("the container was killed by SIGKILL (exit code {code}) before codebox-init reported: something outside codebox ended it, e.g. `docker kill` or a restart of the daemon (or, under gVisor on Podman, its memory limit: Podman does not report gVisor's out-of-memory kills)")
         } else {
             format!("codebox-init died of {signal} (exit code {code}) before it reported")
         }
@@ -317,6 +318,13 @@ mod tests {
                 .as_deref()
                 .unwrap()
                 .starts_with("the container was killed by SIGKILL (exit code 137) before codebox-init reported: something outside codebox ended it"),
+            "{o:?}"
+        );
+        assert!(
+            o.problem
+                .as_deref()
+                .unwrap()
+                .contains("under gVisor on Podman, its memory limit"),
             "{o:?}"
         );
         s.exit_code = Some(139);

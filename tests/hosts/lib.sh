@@ -16,10 +16,16 @@ run_json() {
   local code=$1 lang=$2; shift 2
   printf '%s\n' "$code" | codebox run --json -l "$lang" "$@" - 2>"$tmp/run.err"
 }
-# Nothing codebox made is left on the daemon.
+# Nothing codebox made is left on the daemon. Removal goes on in the daemon after codebox
+# has asked for it ("Removal In Progress", seen under runsc on a loaded host), so it is given
+# 20 s to finish, as the host's tests give it (tests/it/common.rs, assert_no_leftovers).
 nothing_left() {
-  local left
-  left=$({ docker ps -aq --filter label=codebox.managed=true; docker volume ls -q --filter label=codebox.managed=true; } | wc -l)
+  local left i
+  for i in $(seq 40); do
+    left=$({ docker ps -aq --filter label=codebox.managed=true; docker volume ls -q --filter label=codebox.managed=true; } | wc -l)
+    [ "$left" = 0 ] && break
+    sleep 0.5
+  done
   if [ "$left" = 0 ]; then ok "$1: nothing left"; else bad "$1: $left labelled container(s)/volume(s) left: $(docker ps -a --filter label=codebox.managed=true --format '{{.Names}} {{.Status}}')"; fi
 }
 finish() { echo "$passed passed, $failed failed"; [ "$failed" = 0 ]; }
@@ -83,6 +89,14 @@ oom() { # $1: label, then codebox run flags
   local label=$1; shift
   # tail buffers /dev/zero's one endless line: under a 64 MB limit the memory cgroup kills it.
   local r; r=$(run_json 'tail /dev/zero' bash --memory-mb 64 --timeout-seconds 120 "$@")
+  if [ "${CODEBOX_SANDBOX_RUNTIME:-}" = runsc ] && [ "${name:-}" = podman ]; then
+    # Podman (4.3, conmon 2.1.6) records no OOM kill under gVisor: the memory cgroup kills
+    # gVisor's kernel, Podman says only "exited 137". The limit holds; codebox says why it
+    # cannot name the outcome, and the doctor says so before any run.
+    expect "$label OOM at 64 MB is sandbox_error naming Podman's limitation" \
+      '.status == "sandbox_error" and (.message // "" | test("under gVisor on Podman"))' "$r"
+    return
+  fi
   expect "$label OOM at 64 MB is out_of_memory" '.status == "out_of_memory"' "$r"
   if [ "${CODEBOX_SANDBOX_RUNTIME:-}" = runsc ]; then
     # gVisor's OOM kills the whole sandbox, codebox-init with it: no usage is reported (as on
