@@ -426,11 +426,14 @@ def javascript_require_and_builtins(d, lang):
 @test("javascript")
 def javascript_interrupt_sync_subprocess(d, lang):
     done_ok(d.cell(CASES[lang]["set"]))
-    for how, accepted in (("group", ("interrupted",)), ("init", ("interrupted", "error"))):
-        # "init": the sleep killed first, execSync may throw before SIGINT comes
+    for how in ("group", "init"):
+        # The sleep is killed first ("init") or gets the SIGINT too ("group", as Ctrl-C does):
+        # execSync may throw for its child before vm's watchdog sees the SIGINT (seen on a
+        # loaded host, 2 runs in 8 for "group"). Either answer keeps the driver and its state.
         r = d.cell("require('child_process').execSync('sleep 1000')", interrupt_after=1.0,
                    how=how, once_running="sleep")
-        check(r.done in accepted, f"{how}: {r!r}")
+        threw = r.done == "error" and b"Command failed: sleep 1000" in r.stderr
+        check(r.done == "interrupted" or threw, f"{how}: {r!r}")
         expect_get(d, lang)
 
 

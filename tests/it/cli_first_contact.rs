@@ -278,11 +278,13 @@ fn a_run_in_flight_names_its_process_and_a_sigterm_leaves_its_row_final() {
     let p = program(
         &dir,
         "sleep.py",
-        &format!("import time\n# {marker}\ntime.sleep(120)\n"),
+        &format!("import time\n# {marker}\ntime.sleep(3000)\n"),
     );
+    // The run lasts until the test ends it, however slow the host.
     let child = codebox_command()
-        .args(["run", &p])
+        .args(["run", &p, "--timeout-seconds", "3000"])
         .env("CODEBOX_DATA_DIR", &data)
+        .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -295,15 +297,32 @@ fn a_run_in_flight_names_its_process_and_a_sigterm_leaves_its_row_final() {
             unsafe { libc::kill(self.0, libc::SIGINT) };
         }
     }
-    let _interrupt = Interrupt(child.id() as i32);
+    let interrupt = Interrupt(child.id() as i32);
     let started = std::time::Instant::now();
-    while row_of(&marker, &data).is_none_or(|r| r["status"] != "running") {
-        assert!(
-            started.elapsed().as_secs() < 60,
-            "the run never showed as running"
-        );
+    loop {
+        let row = row_of(&marker, &data);
+        if row.as_ref().is_some_and(|r| r["status"] == "running") {
+            break;
+        }
+        if started.elapsed().as_secs() >= 180 {
+            drop(interrupt);
+            let out = child.wait_with_output().unwrap();
+            let history = codebox_command()
+                .args(["history", "--json", "--limit", "50"])
+                .env("CODEBOX_DATA_DIR", &data)
+                .output()
+                .unwrap();
+            panic!(
+                "the run never showed as running; its row: {row:?}; `codebox run` ended with {:?}:\n{}\n`codebox history --json` said: {}{}",
+                out.status,
+                stderr(&out),
+                stdout(&history),
+                stderr(&history)
+            );
+        }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    let _interrupt = interrupt;
     // `codebox history` says who holds it.
     let o = codebox_command()
         .args(["history"])
