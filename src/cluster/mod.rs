@@ -53,6 +53,19 @@ pub enum ClusterError {
     Short { path: PathBuf },
 }
 
+/// What a call forwarded to another server is about.
+#[derive(Debug, Clone, Copy)]
+pub enum Held<'a> {
+    Run(&'a str),
+    Session(&'a str),
+}
+
+/// How often a server waiting on a forwarded call looks whether its owner still answers for
+/// what it was asked about: this share of the lease, and no more often than
+/// [`MIN_RECHECK`].
+const RECHECKS_PER_LEASE: u32 = 3;
+const MIN_RECHECK: Duration = Duration::from_millis(500);
+
 /// Another server of the cluster that holds something asked about.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Peer {
@@ -211,6 +224,49 @@ impl Cluster {
         Some(peer)
     }
 
+    /// Resolves once `peer` can no longer answer for `what`: its lease lapsed and the other
+    /// servers settled what it held (the run ended or went back to the shared queue, the
+    /// session ended), or the run went to another server. A call forwarded to a server that
+    /// was paused or cut off is then answered here, from the history, rather than waiting out
+    /// its timeout (30 s and more) or, for `run_code` and `stop_run`, for ever. While the
+    /// history cannot be read, it waits on.
+    pub async fn released(&self, manager: &RunManager, peer: &Peer, what: Held<'_>) {
+        let every = (self.lease / RECHECKS_PER_LEASE).max(MIN_RECHECK);
+        loop {
+            tokio::time::sleep(every).await;
+            if self.settled_without(manager, peer, what).await {
+                self.forget_owner(peer);
+                tracing::info!(
+                    owner = peer.instance,
+                    about = ?what,
+                    "a forwarded call is given up: its server's lease lapsed and what it held is settled; answering here"
+                );
+                return;
+            }
+        }
+    }
+
+    /// Whether what `peer` held has been settled without it (see [`Cluster::released`]).
+    async fn settled_without(&self, manager: &RunManager, peer: &Peer, what: Held<'_>) -> bool {
+        let Some(history) = manager.history() else {
+            return false;
+        };
+        let lapsed = |seen: Option<i64>| seen.is_some_and(|ms| ms > self.lease.as_millis() as i64);
+        match what {
+            Held::Run(id) => match history.whereabouts(id).await {
+                Ok(Some(w)) => {
+                    w.instance != peer.instance
+                        || (lapsed(w.last_seen_ms_ago) && (w.status.is_terminal() || w.unclaimed))
+                }
+                _ => false,
+            },
+            Held::Session(id) => match history.session(id).await {
+                Ok(Some(r)) => lapsed(r.last_seen_ms_ago) && r.ended.is_some(),
+                _ => false,
+            },
+        }
+    }
+
     fn known_owner(&self, session_id: &str) -> Option<Peer> {
         let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
         owners.get(session_id).cloned()
@@ -252,10 +308,12 @@ impl Cluster {
     ) -> Option<crate::report::RunReport> {
         let peer = self.run_owner(manager, run_id).await?;
         let path = format!("/v1/runs/{run_id}{query}");
-        match self
-            .call_json(&peer, method, &path, None, Some(timeout))
-            .await
-        {
+        let call = self.call_json(&peer, method, &path, None, Some(timeout));
+        let answer = tokio::select! {
+            a = call => a,
+            _ = self.released(manager, &peer, Held::Run(run_id)) => return None,
+        };
+        match answer {
             Ok(f) if f.status.is_success() => serde_json::from_value(f.body).ok(),
             Ok(f) => {
                 tracing::debug!(run_id, status = %f.status, "the server holding a run answered no report");

@@ -22,9 +22,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::CodeboxServer;
-use crate::cluster::{Cluster, Peer};
-use crate::contract::ids;
+use crate::cluster::{Cluster, Held, Peer};
 use crate::contract::params::MAX_WAIT_SECONDS;
+use crate::contract::{ids, RunRequest};
 
 /// Where a server takes the tool calls another forwards (`/cluster/tools/{tool}`).
 pub const TOOLS_PATH: &str = "/cluster/tools";
@@ -96,28 +96,57 @@ impl CodeboxServer {
         cluster.run_owner(&self.manager, &ids::run_id(run_id)).await
     }
 
+    /// The other server that holds the session `request` runs in, if one does, and that
+    /// session's id.
+    pub(super) async fn session_owner_of(&self, request: &RunRequest) -> Option<(Peer, String)> {
+        let sid = request.session_id.as_deref()?;
+        let peer = self.session_owner(Some(sid)).await?;
+        Some((peer, sid.to_string()))
+    }
+
     /// The other server that holds session `session_id`, if one does.
     pub(super) async fn session_owner(&self, session_id: Option<&str>) -> Option<Peer> {
         let cluster = self.cluster.as_ref()?;
         cluster.session_owner(&self.manager, session_id?).await
     }
 
-    /// Send `tool(params)` to `peer` and return its result; `ct` cancelled drops the call
-    /// (the owner sees its caller leave, as it would a client).
+    /// Send `tool(params)`, a call about `what`, to `peer` and return its result; `ct`
+    /// cancelled drops the call (the owner sees its caller leave, as it would a client).
+    /// `None` when `peer` can no longer answer for `what` ([`Cluster::released`]): this
+    /// server answers then.
     pub(super) async fn forward<P: Serialize>(
         &self,
         peer: &Peer,
+        what: Held<'_>,
         tool: &str,
         params: &P,
         ct: &CancellationToken,
-    ) -> Result<CallToolResult, String> {
-        self.forward_with_progress(peer, tool, params, ct, None)
+    ) -> Option<Result<CallToolResult, String>> {
+        self.forward_with_progress(peer, what, tool, params, ct, None)
             .await
     }
 
     /// [`CodeboxServer::forward`], passing the owner's progress notifications on to the
     /// caller (`progress`: its token and its MCP peer) as they come.
     pub(super) async fn forward_with_progress<P: Serialize>(
+        &self,
+        peer: &Peer,
+        what: Held<'_>,
+        tool: &str,
+        params: &P,
+        ct: &CancellationToken,
+        progress: Option<(ProgressToken, McpPeer<RoleServer>)>,
+    ) -> Option<Result<CallToolResult, String>> {
+        let Some(cluster) = self.cluster.as_ref() else {
+            return Some(Err("this server is not part of a cluster".into()));
+        };
+        tokio::select! {
+            r = self.forward_call(peer, tool, params, ct, progress) => Some(r),
+            _ = cluster.released(&self.manager, peer, what) => None,
+        }
+    }
+
+    async fn forward_call<P: Serialize>(
         &self,
         peer: &Peer,
         tool: &str,

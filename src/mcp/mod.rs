@@ -23,6 +23,7 @@ use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{catalog, Catalog};
+use crate::cluster::Held;
 use crate::contract::answers::SessionFileResult;
 use crate::contract::params::{
     check_wait, GetResultParams, HistoryParams, ReadSessionFileParams, SessionIdParams,
@@ -267,10 +268,14 @@ impl CodeboxServer {
             .meta
             .get_progress_token()
             .map(|token| (token, ctx.peer.clone()));
-        if let Some(peer) = self.session_owner(request.session_id.as_deref()).await {
-            return self
-                .forward_with_progress(&peer, "run_code", &request, &ctx.ct, progress)
+        if let Some((peer, sid)) = self.session_owner_of(&request).await {
+            let what = Held::Session(&sid);
+            let forwarded = self
+                .forward_with_progress(&peer, what, "run_code", &request, &ctx.ct, progress.clone())
                 .await;
+            if let Some(r) = forwarded {
+                return r;
+            }
         }
         let sink = progress.map(|(token, peer)| ProgressSink::Client(token, peer));
         self.run_code_here(request, sink, ctx.ct).await
@@ -282,9 +287,11 @@ impl CodeboxServer {
         Parameters(request): Parameters<RunRequest>,
         ct: CancellationToken,
     ) -> Result<Json<Accepted>, String> {
-        if let Some(peer) = self.session_owner(request.session_id.as_deref()).await {
-            let result = self.forward(&peer, "start_run", &request, &ct).await?;
-            return forward::structured(result).map(Json);
+        if let Some((peer, sid)) = self.session_owner_of(&request).await {
+            let what = Held::Session(&sid);
+            if let Some(r) = self.forward(&peer, what, "start_run", &request, &ct).await {
+                return forward::structured(r?).map(Json);
+            }
         }
         self.start_run_here(request).await
     }
@@ -296,7 +303,11 @@ impl CodeboxServer {
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
         if let Some(peer) = self.run_owner(&p.run_id).await {
-            return self.forward(&peer, "get_result", &p, &ct).await;
+            let id = ids::run_id(&p.run_id);
+            let what = Held::Run(&id);
+            if let Some(r) = self.forward(&peer, what, "get_result", &p, &ct).await {
+                return r;
+            }
         }
         self.get_result_here(p, ct).await
     }
@@ -308,7 +319,11 @@ impl CodeboxServer {
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
         if let Some(peer) = self.run_owner(&p.run_id).await {
-            return self.forward(&peer, "stop_run", &p, &ct).await;
+            let id = ids::run_id(&p.run_id);
+            let what = Held::Run(&id);
+            if let Some(r) = self.forward(&peer, what, "stop_run", &p, &ct).await {
+                return r;
+            }
         }
         self.stop_run_here(p).await
     }
@@ -340,7 +355,13 @@ impl CodeboxServer {
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
         if let Some(peer) = self.session_owner(Some(&p.session_id)).await {
-            return self.forward(&peer, "read_session_file", &p, &ct).await;
+            let what = Held::Session(&p.session_id);
+            if let Some(r) = self
+                .forward(&peer, what, "read_session_file", &p, &ct)
+                .await
+            {
+                return r;
+            }
         }
         self.read_session_file_here(p).await
     }
@@ -357,8 +378,10 @@ impl CodeboxServer {
         ct: CancellationToken,
     ) -> Result<Json<Closed>, String> {
         if let Some(peer) = self.session_owner(Some(&p.session_id)).await {
-            let result = self.forward(&peer, "close_session", &p, &ct).await?;
-            return forward::structured(result).map(Json);
+            let what = Held::Session(&p.session_id);
+            if let Some(r) = self.forward(&peer, what, "close_session", &p, &ct).await {
+                return forward::structured(r?).map(Json);
+            }
         }
         self.close_session_here(p).await
     }

@@ -151,13 +151,13 @@ struct Live {
 
 impl State {
     /// What this server could start now: admission's room, less what runs submitted here a
-    /// moment ago reserved.
+    /// moment ago and a claim in flight reserved.
     fn room(&self) -> (usize, u64) {
         let (slots, mb) = self.admission.room();
         let (rs, rm) = self
             .pending
             .values()
-            .fold((0, 0), |(s, m), (a, b)| (s + a, m + b));
+            .fold(self.claiming, |(s, m), (a, b)| (s + a, m + b));
         (slots.saturating_sub(rs), mb.saturating_sub(rm))
     }
 }
@@ -167,6 +167,9 @@ struct State {
     /// Runs submitted here to the shared queue whose insert has not answered yet, and the
     /// slots and memory each reserved here (claimed at once when there was room).
     pending: HashMap<String, (usize, u64)>,
+    /// The slots and memory a claim from the shared queue in flight may fill: a run
+    /// submitted meanwhile does not count on them too (it waits in the shared queue instead).
+    claiming: (usize, u64),
     admission: Admission,
     retention: Retention,
 }
@@ -246,6 +249,7 @@ impl RunManager {
             state: Mutex::new(State {
                 live: HashMap::new(),
                 pending: HashMap::new(),
+                claiming: (0, 0),
                 admission: Admission::new(policy),
                 retention: Retention::default(),
             }),
@@ -1817,12 +1821,19 @@ async fn claim_loop(inner: Weak<Inner>, queue: SharedQueue) {
         };
         let manager = RunManager { inner: strong };
         let room = {
-            let st = manager.lock();
+            let mut st = manager.lock();
             if st.admission.is_closed() {
                 return;
             }
             let (slots, memory_mb) = st.room();
             let policy = st.admission.policy();
+            if slots > 0 && memory_mb > 0 {
+                // Reserved until what it claims is queued here: a run submitted here while
+                // the claim is on its way to the database would count on the same room, and
+                // the two together overfill this server (seen as a run claimed by a server
+                // whose slots were all taken, while another server had room).
+                st.claiming = (slots, memory_mb);
+            }
             Room {
                 slots,
                 memory_mb,
@@ -1832,11 +1843,16 @@ async fn claim_loop(inner: Weak<Inner>, queue: SharedQueue) {
         };
         let mut pause = QUEUE_POLL;
         if room.slots > 0 && room.memory_mb > 0 {
-            match queue.claim(room).await {
-                Ok(claimed) if !claimed.is_empty() => {
-                    for c in claimed {
-                        manager.take_claimed(c);
-                    }
+            let claimed = queue.claim(room).await.map(|claimed| {
+                let n = claimed.len();
+                for c in claimed {
+                    manager.take_claimed(c);
+                }
+                n
+            });
+            manager.lock().claiming = (0, 0);
+            match claimed {
+                Ok(n) if n > 0 => {
                     continue;
                 }
                 Ok(_) => {}

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::v1::V1Error;
 use crate::api::{read_body, Client};
-use crate::cluster::{Cluster, Peer};
+use crate::cluster::{Cluster, Held, Peer};
 use crate::contract::ids;
 use crate::contract::params::MAX_WAIT_SECONDS;
 use crate::mcp::CodeboxServer;
@@ -119,7 +119,11 @@ pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Nex
         if let Some(session) = session {
             if let Some(peer) = f.cluster.session_owner(f.server.manager(), &session).await {
                 let client = Client::of(&parts);
-                return send(&f, &peer, &parts, bytes, None, client).await;
+                let held = Held::Session(&session);
+                let sent = send(&f, &peer, held, &parts, bytes.clone(), None, client).await;
+                if let Some(response) = sent {
+                    return response;
+                }
             }
         }
         return next
@@ -146,19 +150,32 @@ pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Nex
         Err(e) => return V1Error::from(e).into_response(),
     };
     let client = Client::of(&parts);
-    send(&f, &peer, &parts, bytes, timeout, client).await
+    let held = match &subject {
+        Subject::Run(id) => Held::Run(id),
+        Subject::Session(id) => Held::Session(id),
+    };
+    match send(&f, &peer, held, &parts, bytes.clone(), timeout, client).await {
+        Some(response) => response,
+        None => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+    }
 }
 
-/// Send the request to `peer` and pass its answer back; the client leaving drops the call
-/// (so the owner sees its caller leave too, and stops a run it was waiting on for it).
+/// Send the request, about `held`, to `peer` and pass its answer back; the client leaving
+/// drops the call (so the owner sees its caller leave too, and stops a run it was waiting on
+/// for it). `None` when `peer` can no longer answer for it ([`Cluster::released`]): this
+/// server answers then.
 async fn send(
     f: &Forwarding,
     peer: &Peer,
+    held: Held<'_>,
     parts: &axum::http::request::Parts,
     bytes: bytes::Bytes,
     timeout: Option<Duration>,
     client: Client,
-) -> Response {
+) -> Option<Response> {
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -177,13 +194,20 @@ async fn send(
         bytes,
         timeout,
     );
-    tokio::select! {
-        answer = sent => match answer {
-            Ok(response) => response,
-            Err(e) => V1Error::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", e.to_string()).into_response(),
-        },
-        _ = client.gone() => StatusCode::NO_CONTENT.into_response(),
-    }
+    let answer = tokio::select! {
+        answer = sent => answer,
+        _ = client.gone() => return Some(StatusCode::NO_CONTENT.into_response()),
+        _ = f.cluster.released(f.server.manager(), peer, held) => return None,
+    };
+    Some(match answer {
+        Ok(response) => response,
+        Err(e) => V1Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "engine_unavailable",
+            e.to_string(),
+        )
+        .into_response(),
+    })
 }
 
 /// `POST /cluster/tools/{tool}`: a tool call another server forwarded, carried out here.

@@ -1430,6 +1430,54 @@ async fn the_shared_queue_claims_in_order_and_gives_a_dead_servers_claims_back_o
     hc.flush(Duration::from_secs(5)).await;
 }
 
+/// A run submitted to a server with room is claimed there at once, unless an older run that
+/// it could take as well waits unclaimed: then it waits behind that one, which the server's
+/// claimer takes first. So the order is the database's, whichever server a run was sent to
+/// (what a cluster test's set-up met under load: a run sent to B a moment later reached the
+/// database first, and A ran it before its own second run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_sent_to_a_server_with_room_waits_behind_an_older_one_that_fits() {
+    use codebox::history::SharedQueue;
+    let pg = PgCluster::start();
+    let url = pg.create_database("arrival");
+    let store = store_of(&url);
+    let qa = SharedQueue::connect(&store, "qa").expect("a queue for PostgreSQL");
+    let qb = SharedQueue::connect(&store, "qb").unwrap();
+    // B has no room: its run waits unclaimed.
+    let older = queued_run("qb", 0, 300);
+    let mut tries = 0;
+    // The first one may find the table missing while the queue's thread migrates.
+    while let Err(e) = qb.submit(older.clone()).await {
+        tries += 1;
+        assert!(tries < 50, "{e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A has room, but the older run would fit it as well: A's run waits behind it.
+    let newer = codebox::history::Submitted {
+        claim_here: true,
+        ..queued_run("qa", 1, 300)
+    };
+    assert!(
+        !qa.submit(newer.clone()).await.unwrap(),
+        "it jumped the older run"
+    );
+    // A run smaller than the older one (100 MB, where that one asks 300) is A's at once: room
+    // that fits it need not fit the older run.
+    let small = codebox::history::Submitted {
+        claim_here: true,
+        ..queued_run("qa", 2, 100)
+    };
+    assert!(qa.submit(small.clone()).await.unwrap());
+    // A's claimer, with room for one, takes the older run first.
+    let got = qa.claim(room(1, 4096)).await.unwrap();
+    let (older, newer, small) = (older.row.run_id, newer.row.run_id, small.row.run_id);
+    assert_eq!(got.iter().map(|c| &c.run_id).collect::<Vec<_>>(), [&older]);
+    let rows = queue_rows(&pg, "arrival");
+    assert_eq!(rows[&older].0.as_deref(), Some("qa"));
+    assert_eq!(rows[&newer].0, None);
+    assert_eq!(rows[&small].0.as_deref(), Some("qa"));
+}
+
 /// The queue's own cost, without Docker (`--ignored`; figures in docs/PERFORMANCE.md):
 /// `N` runs submitted by three servers and claimed by three, one slot at a time as a busy
 /// cluster does, then settled. Prints claims per second and what a run pays.

@@ -70,20 +70,124 @@ fn hold_run_row(
             .query("SELECT id FROM runs WHERE id = $1 FOR UPDATE", &[&run_id])
             .unwrap()
             .len();
-        let unclaimed: bool = tx
-            .query_one(
+        let queued = tx
+            .query(
                 "SELECT claimed_by IS NULL FROM queue WHERE run_id = $1",
                 &[&run_id],
             )
+            .unwrap();
+        // Where every run stands, for a failure's message.
+        let runs: Vec<String> = tx
+            .query(
+                "SELECT id || ' ' || status || ' on ' || instance || ': ' || COALESCE(message, '') FROM runs ORDER BY created_at",
+                &[],
+            )
             .unwrap()
-            .get(0);
-        assert!(unclaimed, "no server claimed the run yet");
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(
+            queued.first().is_some_and(|r| r.get::<_, bool>(0)),
+            "the run {run_id} waits in the shared queue, claimed by no server yet: {} queue rows; runs: {runs:#?}",
+            queued.len()
+        );
         locked.send(n).unwrap();
         let _ = released.recv();
         tx.rollback().unwrap();
     });
     assert_eq!(is_locked.recv().unwrap(), 1, "the run's row exists");
     (release, holder)
+}
+
+/// Wait until a server's claim from the shared queue waits on a run's row lock
+/// ([`hold_run_row`]) in the middle of its claim.
+async fn claim_waits_on_the_row(pg: &crate::pg_cluster::PgCluster, db: &'static str) {
+    // Each waiting query, and what the sessions blocking it are doing.
+    let waiters = || -> Vec<String> {
+        pg.with_client(db, |c| {
+            c.query(
+                "SELECT a.query || ' <- ' || COALESCE((SELECT string_agg(b.state || ': ' || b.query, ' | ')
+                     FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))), '')
+                 FROM pg_stat_activity a WHERE a.wait_event_type = 'Lock'",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        })
+    };
+    let claiming = |w: &[String]| w.iter().any(|q| q.starts_with("UPDATE runs SET instance"));
+    let mut waiting = Vec::new();
+    for _ in 0..600 {
+        waiting = waiters();
+        if claiming(&waiting) {
+            return;
+        }
+        if !waiting.is_empty() {
+            eprintln!("waiting on a lock: {waiting:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no claim waits on the run's row: {waiting:?}");
+}
+
+/// While a server's claim from the shared queue is on its way (held mid-claim by the claimed
+/// run's row lock), a run submitted to it does not count on the room the claim may fill: it
+/// waits in the shared queue, and the claimed run gets the slot. Before, both counted on the
+/// one free slot, and the claimed run waited on a server with no room (on a loaded CI host the
+/// partition test's set-up lost its queued run so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_its_way_keeps_the_room_it_may_fill() {
+    let a_set: &[&str] = &["runs.max_concurrent_runs=2", "sessions.ready={}"];
+    let b_set: &[&str] = &["runs.max_concurrent_runs=1", "sessions.ready={}"];
+    let (cluster, mut a, mut b) = two_servers("claiming", a_set, b_set).await;
+    let pg = &cluster.pg;
+    let instance_a = a.instance().await;
+    let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
+    let queue_row = |run_id: &str| -> Option<Option<String>> {
+        pg.with_client("claiming", |c| {
+            c.query("SELECT claimed_by FROM queue WHERE run_id = $1", &[&run_id])
+                .unwrap()
+                .first()
+                .map(|r| r.get(0))
+        })
+    };
+    // B full; A full with two runs.
+    let b_long = start_args(&cb, long_run()).await;
+    let a_long = start_args(&ca, long_run()).await;
+    let a_freed = start_args(&ca, long_run()).await;
+    for (client, id) in [(&cb, &b_long), (&ca, &a_long), (&ca, &a_freed)] {
+        until_running(client, id).await;
+    }
+    // One run waits in the shared queue; A's claim of it is held mid-claim.
+    let claimed = start_args(&cb, long_run()).await;
+    known(&cb, &claimed).await;
+    let (release, holder) = hold_run_row(pg.url("claiming"), claimed.clone());
+    let stopped = ok(&ca, "stop_run", json!({"run_id": a_freed})).await;
+    assert_eq!(stopped["status"], "stopped", "{stopped}");
+    claim_waits_on_the_row(pg, "claiming").await;
+    // Submitted to A meanwhile: its one free slot is the claim's.
+    let later = start(&ca, "print('later')").await;
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    until_running(&ca, &claimed).await;
+    known(&ca, &later).await;
+    assert_eq!(
+        queue_row(&later),
+        Some(None),
+        "the run submitted to A during its claim waits in the shared queue, claimed by no server (A is {instance_a})"
+    );
+    // Room again: B runs it.
+    ok(&cb, "stop_run", json!({"run_id": b_long})).await;
+    let r = final_report(&cb, &later).await;
+    assert_eq!(r["stdout"], "later\n", "{r}");
+    for id in [&a_long, &claimed] {
+        ok(&ca, "stop_run", json!({"run_id": id})).await;
+    }
+    drop((ca, cb));
+    a.signal_and_wait(libc::SIGTERM).await;
+    b.signal_and_wait(libc::SIGTERM).await;
 }
 
 fn unix_now() -> u64 {
@@ -99,12 +203,56 @@ fn signal(server: &ServeChild, sig: i32) {
     assert_eq!(unsafe { libc::kill(server.pid(), sig) }, 0);
 }
 
-async fn status(client: &Client, run_id: &str) -> Value {
-    let res = call(client, "get_result", json!({"run_id": run_id})).await;
+/// `call`, failed if it is still waiting after two minutes (forty leases): it would wait for
+/// ever otherwise.
+async fn guard<T>(call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(120), call)
+        .await
+        .expect("still waiting after 120 s")
+}
+
+/// A tool's structured result, or its error text as `{"error": ...}`.
+fn answer(res: rmcp::model::CallToolResult) -> Value {
     if res.is_error == Some(true) {
         return json!({"error": text(&res)});
     }
     res.structured_content.unwrap_or_default()
+}
+
+/// A run that goes on until something ends it.
+const LONG: &str = "import time\ntime.sleep(3000)";
+/// Its time limit, above any set-up's.
+const LONG_LIMIT: u32 = 3500;
+
+fn long_run() -> Value {
+    json!({"language": "python", "code": LONG, "limits": {"timeout_seconds": LONG_LIMIT}})
+}
+
+async fn status(client: &Client, run_id: &str) -> Value {
+    answer(call(client, "get_result", json!({"run_id": run_id})).await)
+}
+
+/// Wait (up to 30 s) until `client`'s server reports run `run_id` running.
+async fn until_running(client: &Client, run_id: &str) {
+    for _ in 0..600 {
+        if status(client, run_id).await["status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status(client, run_id).await["status"],
+        "running",
+        "{run_id}"
+    );
+}
+
+/// A cluster of two servers on database `db`, with these settings each: the cluster (its
+/// database and secret, kept for the test's length) and its two servers.
+async fn two_servers(db: &str, a: &[&str], b: &[&str]) -> (TestCluster, ServeChild, ServeChild) {
+    let mut cluster = start_cluster(db, &[a, b]).await;
+    let [a, b] = servers(std::mem::take(&mut cluster.nodes));
+    (cluster, a, b)
 }
 
 /// A (2 slots) is paused past its lease holding: a running run, a session execution, a run it
@@ -128,14 +276,8 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         "cluster.lease_seconds=3",
         "sessions.ready={}",
     ];
-    let TestCluster {
-        pg,
-        url: _url,
-        secret: _secret,
-        keys: _keys,
-        nodes,
-    } = start_cluster("fence", &[a_set, b_set]).await;
-    let [mut a, mut b] = servers(nodes);
+    let (cluster, mut a, mut b) = two_servers("fence", a_set, b_set).await;
+    let pg = &cluster.pg;
     let instance_a = a.instance().await;
     let (ca, cb) = (a.client(TOKEN).await, b.client(TOKEN).await);
     let db_url = pg.url("fence");
@@ -143,14 +285,10 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         pg.with_client("fence", |c| c.query_one(sql, &[]).unwrap().get(0))
     };
 
-    // B busy for a while: what waits in the shared queue waits for A, or for B later. (40 s:
-    // with 20, a loaded CI host let B end it and run `claimed` itself before its row was held.)
-    let b_long = start_args(
-        &cb,
-        json!({"language": "python", "code": "import time\ntime.sleep(40)\nprint('b long')",
-               "limits": {"timeout_seconds": 120}}),
-    )
-    .await;
+    // B busy until the test stops its run once A is paused: what waits in the shared queue
+    // waits for A, or for B then. No run here ends by itself before the test ends it: a run
+    // that slept a fixed time let a slow set-up (32 s seen, after a fresh dockerd) outlast it.
+    let b_long = start_args(&cb, long_run()).await;
     eventually(60, "B's run is running", || {
         !crate::common::leftovers(&b_long).is_empty()
     })
@@ -158,8 +296,13 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     let info = ok(&ca, "create_session", json!({"language": "python"})).await;
     let sid = info["session_id"].as_str().unwrap().to_string();
     // A's two slots: one long run (A's own) and one the test stops to free a slot.
-    let a_run = start(&ca, "import time\ntime.sleep(25)\nprint('a run')").await;
+    let a_run = start_args(&ca, long_run()).await;
     let a_short = start(&ca, "import time\ntime.sleep(600)").await;
+    // Both of A's slots taken before the run A will claim is sent: a run A still holds queued
+    // left it room to claim, and start, that run in a CI run.
+    for id in [&a_run, &a_short] {
+        until_running(&ca, id).await;
+    }
     // The run A will claim: sent to B, which has no room, so it waits in the shared queue.
     let claimed = start(&cb, "print('claimed once')").await;
     known(&cb, &claimed).await;
@@ -167,59 +310,20 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     // When the second run is stopped, A claims it, and waits on the row lock mid-claim.
     let stopped = ok(&ca, "stop_run", json!({"run_id": a_short})).await;
     assert_eq!(stopped["status"], "stopped", "{stopped}");
-    // Each waiting query, and what the sessions blocking it are doing.
-    let waiters = || -> Vec<String> {
-        pg.with_client("fence", |c| {
-            c.query(
-                "SELECT a.query || ' <- ' || COALESCE((SELECT string_agg(b.state || ': ' || b.query, ' | ')
-                     FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))), '')
-                 FROM pg_stat_activity a WHERE a.wait_event_type = 'Lock'",
-                &[],
-            )
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-        })
-    };
-    let mut waiting = Vec::new();
-    for _ in 0..600 {
-        waiting = waiters();
-        if waiting
-            .iter()
-            .any(|q| q.starts_with("UPDATE runs SET instance"))
-        {
-            break;
-        }
-        if !waiting.is_empty() {
-            eprintln!("waiting on a lock: {waiting:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        waiting
-            .iter()
-            .any(|q| q.starts_with("UPDATE runs SET instance")),
-        "A's claim waits on the run's row: {waiting:?}"
-    );
+    claim_waits_on_the_row(pg, "fence").await;
     // Meanwhile the session's execution takes A's free slot; then A's claim goes through
     // and the claimed run waits on A for a slot.
     let exec = ok(
         &ca,
         "start_run",
-        json!({"language": "python", "session_id": sid, "code": "import time\ntime.sleep(25)"}),
+        json!({"language": "python", "session_id": sid, "code": LONG,
+               "limits": {"timeout_seconds": LONG_LIMIT}}),
     )
     .await["run_id"]
         .as_str()
         .unwrap()
         .to_string();
-    for _ in 0..600 {
-        if status(&ca, &exec).await["status"] == "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(status(&ca, &exec).await["status"], "running");
+    until_running(&ca, &exec).await;
     release.send(()).unwrap();
     holder.join().unwrap();
     eventually(30, "A holds the claim, not started", || {
@@ -252,6 +356,57 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     // Paused past its lease: B marks what A ran, ends its session, takes over the rest.
     signal(&a, libc::SIGSTOP);
     let paused = Instant::now();
+    // Calls B forwards to A at once (A's lease has not lapsed yet) are answered by B once the
+    // lease lapses and what A held is settled: they waited 90 s for an error, or for ever.
+    let http = reqwest::Client::new();
+    let (by_mcp, by_v1, stop_exec, read) = tokio::join!(
+        guard(call(
+            &cb,
+            "get_result",
+            json!({"run_id": a_run, "wait_seconds": 60})
+        )),
+        guard(async {
+            let r = http
+                .get(b.http_url(&format!("/v1/runs/{a_run}?wait_seconds=60")))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or_default(),
+            )
+        }),
+        guard(call(&cb, "stop_run", json!({"run_id": exec}))),
+        guard(call(
+            &cb,
+            "read_session_file",
+            json!({"session_id": sid, "path": "x"})
+        )),
+    );
+    let by_mcp = answer(by_mcp);
+    assert_eq!(
+        (by_mcp["status"].as_str(), by_mcp["message"].as_str()),
+        (Some("sandbox_error"), Some("its server stopped answering")),
+        "get_result on B: {by_mcp}"
+    );
+    assert_eq!(
+        (by_v1.0, by_v1.1["status"].as_str()),
+        (200, Some("sandbox_error")),
+        "GET /v1/runs on B: {:?}",
+        by_v1
+    );
+    let stop_exec = answer(stop_exec);
+    assert_eq!(
+        stop_exec["status"], "sandbox_error",
+        "stop_run on B: {stop_exec}"
+    );
+    assert_eq!(read.is_error, Some(true), "{read:?}");
+    assert!(
+        text(&read).contains("the server that held it stopped"),
+        "read_session_file on B: {}",
+        text(&read)
+    );
     let mut last = Value::Null;
     for _ in 0..600 {
         last = status(&cb, &a_run).await;
@@ -265,6 +420,9 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         (Some("sandbox_error"), Some("its server stopped answering")),
         "{last}"
     );
+    // B's slot freed: it runs what A had claimed and what waited.
+    let b_stopped = ok(&cb, "stop_run", json!({"run_id": b_long})).await;
+    assert_eq!(b_stopped["status"], "stopped", "{b_stopped}");
     for (id, out) in [(&claimed, "claimed once\n"), (&waiting, "waited once\n")] {
         let r = final_report(&cb, id).await;
         assert_eq!(
@@ -287,7 +445,6 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     let resumed = Instant::now();
     let ca = a.client(TOKEN).await;
     // Everything A held is over there too: nothing of it is active.
-    let http = reqwest::Client::new();
     let mut health = Value::Null;
     for _ in 0..600 {
         health = http
@@ -309,7 +466,6 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
         "{health}"
     );
     let stopped_after = resumed.elapsed();
-    assert_eq!(final_report(&cb, &b_long).await["status"], "succeeded");
     // Every run: one history row, one final report (the first written), code run once.
     let ids = [&b_long, &a_run, &a_short, &claimed, &exec, &waiting]
         .map(|s| s.to_string())
@@ -326,7 +482,7 @@ async fn a_paused_server_is_fenced_nothing_runs_twice_and_it_rejoins() {
     assert_eq!(
         statuses,
         [
-            "succeeded",
+            "stopped",
             "sandbox_error",
             "stopped",
             "succeeded",
@@ -454,13 +610,7 @@ fn shape(p: &rmcp::model::ProgressNotificationParam) -> (Option<f64>, String) {
 /// notifications (the newest output included) reach B's client as A's own client gets them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_of_a_forwarded_run_code_reaches_the_caller() {
-    let TestCluster {
-        pg: _pg,
-        keys: _keys,
-        nodes,
-        ..
-    } = start_cluster("progress", &[&[], &[]]).await;
-    let [mut a, mut b] = servers(nodes);
+    let (_cluster, mut a, mut b) = two_servers("progress", &[], &[]).await;
     let (ca, cb) = (progress_client(&a).await, progress_client(&b).await);
     let sid = crate::mcp_support::ok(&ca, "create_session", json!({"language": "python"})).await
         ["session_id"]

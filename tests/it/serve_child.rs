@@ -170,17 +170,7 @@ impl ServeChild {
     pub async fn instance(&self) -> String {
         let dir = self.data_dir().join("instances");
         for _ in 0..600 {
-            let ids: Vec<String> = std::fs::read_dir(&dir)
-                .into_iter()
-                .flatten()
-                .filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.strip_suffix(".lock"))
-                        .map(str::to_string)
-                })
-                .collect();
+            let ids = instance_locks(&dir);
             match ids.len() {
                 0 => tokio::time::sleep(Duration::from_millis(100)).await,
                 1 => return ids[0].clone(),
@@ -249,8 +239,13 @@ impl Drop for ServeChild {
         if !self.alive() {
             return;
         }
-        // SAFETY: plain kill(2) on our own child's PID.
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        // SAFETY: plain kill(2) on our own child's PID. SIGCONT after it: a test that failed
+        // while its child was stopped (SIGSTOP) left it unable to act, and its containers
+        // behind once it was killed.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGTERM);
+            libc::kill(self.pid(), libc::SIGCONT);
+        }
         let deadline = std::time::Instant::now() + DROP_GRACE;
         while std::time::Instant::now() < deadline {
             if !self.alive() {
@@ -259,6 +254,54 @@ impl Drop for ServeChild {
             std::thread::sleep(Duration::from_millis(100));
         }
         let _ = self.child.start_kill();
+        // Killed, it left what it held: remove it (a failed test's child was draining runs
+        // that go on for long).
+        if let Some(data) = &self.data {
+            for instance in instance_locks(&data.path().join("instances")) {
+                remove_labelled(&format!("label=codebox.instance={instance}"));
+            }
+        }
+    }
+}
+
+/// The instance ids of the lock files in `dir`.
+fn instance_locks(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".lock"))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// Force-remove the containers, then the volumes, matching a `docker` label filter.
+fn remove_labelled(filter: &str) {
+    for (list, remove) in [
+        (&["ps", "-aq"][..], &["rm", "-f"][..]),
+        (&["volume", "ls", "-q"][..], &["volume", "rm"][..]),
+    ] {
+        let Ok(out) = std::process::Command::new("docker")
+            .args(list)
+            .args(["--filter", filter])
+            .output()
+        else {
+            return;
+        };
+        let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        if !ids.is_empty() {
+            let _ = std::process::Command::new("docker")
+                .args(remove)
+                .args(&ids)
+                .output();
+        }
     }
 }
 
