@@ -45,17 +45,24 @@ say() { echo "vm-host: $* ($(( $(date +%s) - t0 )) s)"; }
 t0=$(date +%s)
 
 # Debian's packages for the guest: the host tools, then the guest's own list.
-missing=()
-command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
-command -v qemu-img >/dev/null 2>&1 || missing+=(qemu-utils)
-command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
-command -v mkfs.ext4 >/dev/null 2>&1 || missing+=(e2fsprogs)
-if [ ${#missing[@]} -gt 0 ]; then
+host_tools_missing() {
+  missing=()
+  command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
+  command -v qemu-img >/dev/null 2>&1 || missing+=(qemu-utils)
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  command -v mkfs.ext4 >/dev/null 2>&1 || missing+=(e2fsprogs)
+  [ ${#missing[@]} -gt 0 ]
+}
+# Twice: installing one may remove another (a newer qemu-utils from backports conflicts
+# with Debian's qemu-system-x86, and apt removes it: seen on a fresh machine).
+for try in 1 2; do
+  host_tools_missing || break
   echo "vm-host: installing ${missing[*]} from Debian" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  [ "$try" = 2 ] || DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
     die "could not install ${missing[*]} (apt-get failed)"
-fi
+done
+host_tools_missing && die "still missing after installing them: ${missing[*]}"
 packages=systemd-sysv,udev,kmod,iproute2,docker.io,linux-image-amd64,procps,apparmor,python3,jq,dbus
 packages+=,rootlesskit,uidmap,dbus-user-session,slirp4netns,podman,crun,runsc,catatonit,e2fsprogs,ca-certificates
 # The images the guest's daemons get, loaded once into the cached images layer, into every
