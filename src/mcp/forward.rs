@@ -141,53 +141,9 @@ impl CodeboxServer {
             return Some(Err("this server is not part of a cluster".into()));
         };
         tokio::select! {
-            r = self.forward_call(peer, tool, params, ct, progress) => Some(r),
+            r = forward_call(cluster, peer, tool, params, ct, progress) => Some(r),
             _ = cluster.released(&self.manager, peer, what) => None,
         }
-    }
-
-    async fn forward_call<P: Serialize>(
-        &self,
-        peer: &Peer,
-        tool: &str,
-        params: &P,
-        ct: &CancellationToken,
-        progress: Option<(ProgressToken, McpPeer<RoleServer>)>,
-    ) -> Result<CallToolResult, String> {
-        if let Some(progress) = progress {
-            return self
-                .forward_streamed(peer, tool, params, ct, progress)
-                .await;
-        }
-        let Some(cluster) = self.cluster.as_ref() else {
-            return Err("this server is not part of a cluster".into());
-        };
-        let args = serde_json::to_value(params).map_err(|e| e.to_string())?;
-        let timeout = (tool == "get_result").then(|| {
-            let wait = args["wait_seconds"]
-                .as_f64()
-                .unwrap_or(0.0)
-                .clamp(0.0, MAX_WAIT_SECONDS);
-            Duration::from_secs_f64(wait) + SLACK
-        });
-        let path = format!("{TOOLS_PATH}/{tool}");
-        let call = cluster.call_json(peer, Method::POST, &path, Some(&args), timeout);
-        let answer = tokio::select! {
-            _ = ct.cancelled() => return Err("the call was cancelled".to_string()),
-            a = call => a.map_err(|e| e.to_string())?,
-        };
-        if answer.status != StatusCode::OK {
-            return Err(format!(
-                "the codebox server holding it (instance {}) refused the forwarded call ({}): {}",
-                peer.instance, answer.status, answer.body
-            ));
-        }
-        serde_json::from_value(answer.body).map_err(|e| {
-            format!(
-                "the codebox server holding it (instance {}) answered something that is not a tool result: {e}",
-                peer.instance
-            )
-        })
     }
 
     /// Carry out a tool call another server forwarded: `tool` is one of
@@ -240,79 +196,114 @@ impl CodeboxServer {
     }
 }
 
-impl CodeboxServer {
-    /// A forwarded call whose owner streams progress lines, then the result.
-    async fn forward_streamed<P: Serialize>(
-        &self,
-        peer: &Peer,
-        tool: &str,
-        params: &P,
-        ct: &CancellationToken,
-        (token, caller): (ProgressToken, McpPeer<RoleServer>),
-    ) -> Result<CallToolResult, String> {
-        let Some(cluster) = self.cluster.as_ref() else {
-            return Err("this server is not part of a cluster".into());
-        };
-        let body = serde_json::to_vec(params).map_err(|e| e.to_string())?;
-        let mut headers = HeaderMap::new();
-        headers.insert(header::ACCEPT, HeaderValue::from_static(PROGRESS_STREAM));
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        let path = format!("{TOOLS_PATH}/{tool}");
-        let broke = |detail: String| {
-            format!(
-                "the codebox server holding it (instance {}) broke off its answer: {detail}; the run may still be going on there (get_result tells)",
-                peer.instance
-            )
-        };
-        let relay = async {
-            let response = cluster
-                .send(peer, Method::POST, &path, &headers, body.into(), None)
+/// Send `tool(params)` to `peer` and return its result (see [`CodeboxServer::forward`]).
+async fn forward_call<P: Serialize>(
+    cluster: &Cluster,
+    peer: &Peer,
+    tool: &str,
+    params: &P,
+    ct: &CancellationToken,
+    progress: Option<(ProgressToken, McpPeer<RoleServer>)>,
+) -> Result<CallToolResult, String> {
+    if let Some(progress) = progress {
+        return forward_streamed(cluster, peer, tool, params, ct, progress).await;
+    }
+    let args = serde_json::to_value(params).map_err(|e| e.to_string())?;
+    let timeout = (tool == "get_result").then(|| {
+        let wait = args["wait_seconds"]
+            .as_f64()
+            .unwrap_or(0.0)
+            .clamp(0.0, MAX_WAIT_SECONDS);
+        Duration::from_secs_f64(wait) + SLACK
+    });
+    let path = format!("{TOOLS_PATH}/{tool}");
+    let call = cluster.call_json(peer, Method::POST, &path, Some(&args), timeout);
+    let answer = tokio::select! {
+        _ = ct.cancelled() => return Err("the call was cancelled".to_string()),
+        a = call => a.map_err(|e| e.to_string())?,
+    };
+    if answer.status != StatusCode::OK {
+        return Err(format!(
+            "the codebox server holding it (instance {}) refused the forwarded call ({}): {}",
+            peer.instance, answer.status, answer.body
+        ));
+    }
+    serde_json::from_value(answer.body).map_err(|e| {
+        format!(
+            "the codebox server holding it (instance {}) answered something that is not a tool result: {e}",
+            peer.instance
+        )
+    })
+}
+
+/// A forwarded call whose owner streams progress lines, then the result.
+async fn forward_streamed<P: Serialize>(
+    cluster: &Cluster,
+    peer: &Peer,
+    tool: &str,
+    params: &P,
+    ct: &CancellationToken,
+    (token, caller): (ProgressToken, McpPeer<RoleServer>),
+) -> Result<CallToolResult, String> {
+    let body = serde_json::to_vec(params).map_err(|e| e.to_string())?;
+    let mut headers = HeaderMap::new();
+    headers.insert(header::ACCEPT, HeaderValue::from_static(PROGRESS_STREAM));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let path = format!("{TOOLS_PATH}/{tool}");
+    let broke = |detail: String| {
+        format!(
+            "the codebox server holding it (instance {}) broke off its answer: {detail}; the run may still be going on there (get_result tells)",
+            peer.instance
+        )
+    };
+    let relay = async {
+        let response = cluster
+            .send(peer, Method::POST, &path, &headers, body.into(), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let mut body = response.into_body();
+        if status != StatusCode::OK {
+            let bytes = body
+                .collect()
                 .await
-                .map_err(|e| e.to_string())?;
-            let status = response.status();
-            let mut body = response.into_body();
-            if status != StatusCode::OK {
-                let bytes = body
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                return Err(format!(
-                    "the codebox server holding it (instance {}) refused the forwarded call ({status}): {}",
-                    peer.instance,
-                    String::from_utf8_lossy(&bytes)
-                ));
-            }
-            let mut pending: Vec<u8> = Vec::new();
-            loop {
-                let Some(frame) = body.frame().await else {
-                    return Err(broke("it ended without a result".into()));
-                };
-                let frame = frame.map_err(|e| broke(e.to_string()))?;
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                pending.extend_from_slice(&data);
-                while let Some(at) = pending.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = pending.drain(..=at).collect();
-                    match serde_json::from_slice::<StreamLine>(&line) {
-                        Ok(StreamLine::Progress(mut p)) => {
-                            p.progress_token = token.clone();
-                            let _ = caller.notify_progress(p).await;
-                        }
-                        Ok(StreamLine::Result(r)) => return Ok(r),
-                        Err(e) => return Err(broke(format!("a line that is not JSON: {e}"))),
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(format!(
+                "the codebox server holding it (instance {}) refused the forwarded call ({status}): {}",
+                peer.instance,
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            let Some(frame) = body.frame().await else {
+                return Err(broke("it ended without a result".into()));
+            };
+            let frame = frame.map_err(|e| broke(e.to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            pending.extend_from_slice(&data);
+            while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=at).collect();
+                match serde_json::from_slice::<StreamLine>(&line) {
+                    Ok(StreamLine::Progress(mut p)) => {
+                        p.progress_token = token.clone();
+                        let _ = caller.notify_progress(p).await;
                     }
+                    Ok(StreamLine::Result(r)) => return Ok(r),
+                    Err(e) => return Err(broke(format!("a line that is not JSON: {e}"))),
                 }
             }
-        };
-        tokio::select! {
-            _ = ct.cancelled() => Err("the call was cancelled".to_string()),
-            r = relay => r,
         }
+    };
+    tokio::select! {
+        _ = ct.cancelled() => Err("the call was cancelled".to_string()),
+        r = relay => r,
     }
 }
 
