@@ -1263,6 +1263,25 @@ fn queued_run(instance: &str, i: usize, charge_mb: u64) -> codebox::history::Sub
     }
 }
 
+/// `queue.submit(run)`, tried again while the queue's thread is still making the table (the
+/// first submit of a test may come before it): whether it was claimed here at once.
+async fn submit_when_ready(
+    queue: &codebox::history::SharedQueue,
+    run: &codebox::history::Submitted,
+) -> bool {
+    let mut tries = 0;
+    loop {
+        match queue.submit(run.clone()).await {
+            Ok(claimed) => return claimed,
+            Err(e) => {
+                tries += 1;
+                assert!(tries < 50, "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
 fn room(slots: usize, memory_mb: u64) -> codebox::history::Room {
     codebox::history::Room {
         slots,
@@ -1326,13 +1345,7 @@ async fn the_shared_queue_claims_in_order_and_gives_a_dead_servers_claims_back_o
         .collect();
     for i in 0..6 {
         let run = queued_run("qa", i, if i == 2 { 9000 } else { 300 });
-        // The first one may find the table missing while the queue's thread migrates.
-        let mut tries = 0;
-        while let Err(e) = qa.submit(run.clone()).await {
-            tries += 1;
-            assert!(tries < 50, "{e}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        submit_when_ready(&qa, &run).await;
     }
     // B has room for one run of 300 MB: the first in order.
     let got = qb.claim(room(1, 400)).await.unwrap();
@@ -1445,13 +1458,7 @@ async fn a_run_sent_to_a_server_with_room_waits_behind_an_older_one_that_fits() 
     let qb = SharedQueue::connect(&store, "qb").unwrap();
     // B has no room: its run waits unclaimed.
     let older = queued_run("qb", 0, 300);
-    let mut tries = 0;
-    // The first one may find the table missing while the queue's thread migrates.
-    while let Err(e) = qb.submit(older.clone()).await {
-        tries += 1;
-        assert!(tries < 50, "{e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    submit_when_ready(&qb, &older).await;
     // A has room, but the older run would fit it as well: A's run waits behind it.
     let newer = codebox::history::Submitted {
         claim_here: true,
@@ -1496,9 +1503,7 @@ async fn shared_queue_throughput() {
     // Warm: the schema exists and the connections are open.
     let mut warm = queued_run("s1", 99_999, 1);
     warm.row.run_id = "warm".into();
-    while queues[0].submit(warm.clone()).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    submit_when_ready(&queues[0], &warm).await;
     let _ = queues[0].claim(room(1, 100)).await.unwrap();
     let t = Instant::now();
     let submits = queues.iter().enumerate().map(|(k, q)| async move {
