@@ -1751,6 +1751,11 @@ impl Host for RunManager {
         self.lock().admission.claim(mb);
     }
 
+    fn opened_ahead(&self) {
+        let mut st = self.lock();
+        self.admit(&mut st);
+    }
+
     fn stop_executions(&self, run_ids: &[String], message: &str) {
         let mut st = self.lock();
         self.stop_executions_locked(&mut st, run_ids, message);

@@ -550,6 +550,40 @@ async fn a_run_needing_the_memory_of_a_session_opened_ahead_of_time_gets_it_back
 }
 
 #[tokio::test]
+async fn a_whole_budget_run_right_after_start_gets_back_what_is_still_being_opened() {
+    // Found with `serve` (stdio): a run asking for the whole budget sent right after start
+    // waited until the pool's containers expired (301 s). The pool and the session opened
+    // ahead of time were still being made when it asked; once made, nobody asked again.
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::Start,
+        Duration::from_millis(300),
+    );
+    let m = fake_manager(&fake, |c| {
+        c.pool.idle_seconds = 3600;
+        c.pool.sizes = [("python".to_string(), 1)].into_iter().collect();
+        c.limits.max_memory_mb = c.runs.memory_budget_mb;
+    });
+    m.start_pool();
+    m.start_ready_sessions();
+    assert!(
+        m.stats().sessions_memory_mb > 0 && m.stats().pool.stats.filling > 0,
+        "the pool and a session are being opened ahead of time"
+    );
+    let budget = m.config().runs.memory_budget_mb;
+    let id = m.submit(asking("python", budget)).unwrap().run_id;
+    let r = m.wait(&id, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        r.status,
+        Status::Succeeded,
+        "the run still waits for what was opened ahead of time: {}",
+        r.message
+    );
+    m.shutdown(Duration::from_secs(10)).await;
+    assert!(fake.live_containers().is_empty());
+}
+
+#[tokio::test]
 async fn sessions_opened_ahead_of_time_give_way_to_a_create_session() {
     // Found with `serve`: 7 javascript sessions plus the ready python one refused the 8th.
     let fake = Arc::new(FakeEngine::new());

@@ -59,6 +59,9 @@ pub trait Host: Send + Sync + 'static {
     /// A session opened ahead of time is now a session: its memory is no longer given back
     /// on demand.
     fn claim(&self, mb: u64);
+    /// A session opened ahead of time is ready: a queued run that asked for its memory while
+    /// it was being opened may take it back now.
+    fn opened_ahead(&self);
     /// End these executions of an ending session: queued ones `stopped`, naming the end in
     /// `message`; running ones stopped.
     fn stop_executions(&self, run_ids: &[String], message: &str);
@@ -875,12 +878,16 @@ impl Sessions {
                         t.filling.swap_remove(i);
                     }
                     match opened {
-                        Ok(c) if !t.closed => t.ready.push(Ready {
-                            language: lang.id.clone(),
-                            container: Arc::new(c),
-                            since: Instant::now(),
-                            memory_mb: d.memory_mb,
-                        }),
+                        Ok(c) if !t.closed => {
+                            t.ready.push(Ready {
+                                language: lang.id.clone(),
+                                container: Arc::new(c),
+                                since: Instant::now(),
+                                memory_mb: d.memory_mb,
+                            });
+                            drop(t);
+                            host.opened_ahead();
+                        }
                         other => {
                             drop(t);
                             if let Err(e) = other {
