@@ -6,9 +6,11 @@ use futures_util::StreamExt;
 
 use super::compile::check_failed;
 use super::containers::{Acquired, Containers};
+use super::ends::{ms, Ended, Halt, Known};
 use super::outcome::classify;
+use super::outcome::Streams;
+use super::program::Program;
 use super::stage::{Answer, Bound};
-use super::{ms, Ended, Halt, Known, Program, Streams};
 use crate::config::Config;
 use crate::contract::{ValidRequest, ValidTest};
 use crate::engine::protocol::{Collect, PhaseName};

@@ -8,9 +8,10 @@ use bytes::Bytes;
 
 use super::cache::{self, CompileCache, Verdict};
 use super::containers::{Containers, Want};
+use super::ends::{budget, mb, ms, sources, CompileEnd, Halt, Known, SandboxFailure};
+use super::outcome::Streams;
 use super::outcome::{classify, Outcome};
 use super::stage::{Answer, Bound};
-use super::{mb, ms, CompileEnd, Executor, Halt, Known, SandboxFailure, Streams};
 use crate::contract::ValidRequest;
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{self, Collect, End, Entry, EntryKind, Files, Payload, PhaseName};
@@ -161,7 +162,7 @@ async fn compile(
             cpus: limits.cpus,
         },
         workspace_mb: limits.workspace_mb,
-        labels: containers.run_labels(run_id, Executor::budget(req)),
+        labels: containers.run_labels(run_id, budget(req)),
         prefix: None,
     };
     let container = containers.acquire(&want, bound).await?;
@@ -173,7 +174,7 @@ async fn compile(
         collect: Some(Collect::WorkspaceOnSuccess {
             max_bytes: mb(limits.workspace_mb),
         }),
-        files: Files::new(&Executor::sources(req)),
+        files: Files::new(&sources(req)),
         ..Default::default()
     };
     known.stage = Some(Stage::Compile);

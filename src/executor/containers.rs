@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use super::egress::{with_program_egress, ProgramEgress};
+use super::ends::{Halt, SandboxFailure, BACKSTOP_GRACE};
 use super::images::{ImageIds, ImageRef};
 use super::labels::labels;
 pub(super) use super::pool::Mount;
 use super::pool::{run_workspace_mb, Pool, Shape};
 use super::stage::{run_stage, Answer, Bound, LiveStage, StageRequest};
 use super::timings::{Leg, Timings};
-use super::{Halt, SandboxFailure, BACKSTOP_GRACE};
 use crate::config::Config;
 use crate::contract::ValidRequest;
 use crate::engine::guard::{Cleanup, ContainerGuard};
@@ -128,10 +128,7 @@ impl Containers {
                 cpus: req.limits.cpus,
             },
             workspace_mb: run_workspace_mb(&self.config, memory_mb),
-            labels: self.run_labels(
-                run_id,
-                super::Executor::budget_with_install(&self.config, req),
-            ),
+            labels: self.run_labels(run_id, super::ends::budget_with_install(&self.config, req)),
             prefix: prefix.map(|p| Mount {
                 volume: p.volume.clone(),
                 target: p.target.clone(),

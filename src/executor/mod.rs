@@ -11,15 +11,20 @@
 //! (`stages` below), which gets its containers from [`Containers`] (the pool, the engine, the
 //! uid leases and removals), compiles through the [`Compiler`] (and its cache), and runs the
 //! program once or once per test case ([`cases`]); what the stages found is an [`Ended`],
-//! which becomes the report in one place. A session's execution takes the same path through
-//! its [`SessionBox`]; the `Executor` holds the two parts and is the one face callers see.
+//! which becomes the report in one place (`finish.rs`). A session's execution takes the same
+//! path through its [`SessionBox`]; the `Executor` holds the two parts and is the one face
+//! callers see. The face stands on top: the words its children share (`Halt`, `Known`,
+//! `Ended`, the grace and the budgets) live in the leaf `ends.rs`, the run stage's layout in
+//! `program.rs`, and no child imports this file.
 
 pub mod cache;
 mod cases;
 mod compile;
 mod containers;
 pub mod egress;
+mod ends;
 pub mod exchange;
+mod finish;
 pub mod images;
 mod labels;
 pub mod outcome;
@@ -27,6 +32,7 @@ pub mod outputs;
 pub mod packages;
 pub mod pool;
 mod probe;
+mod program;
 pub mod session;
 pub mod stage;
 pub mod timings;
@@ -34,156 +40,35 @@ pub mod timings;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::contract::ValidRequest;
 use crate::engine::guard::Cleanup;
-use crate::engine::posture::PostureViolation;
-use crate::engine::protocol::{Collect, Entry, Files, Payload, PhaseName};
-use crate::engine::{ContainerEngine, EngineError};
+use crate::engine::protocol::{Collect, Files, PhaseName};
+use crate::engine::ContainerEngine;
 use crate::executor::packages::session::SessionPrefix;
-use crate::executor::packages::{InstallEnd, Packages, Prefix};
-use crate::report::{
-    fmt_num, CompileReport, FileReport, PackagesReport, RunReport, SessionExecution, Stage, Status,
-    TestReport,
-};
+use crate::executor::packages::{InstallEnd, Packages};
+use crate::report::{RunReport, SessionExecution, Stage, Status};
 pub use cases::parallelism;
 use compile::Compiler;
 use containers::Containers;
+use ends::{mb, ms, Ended, Halt, Known, BACKSTOP_GRACE, ENTRY_OVERHEAD_BYTES};
+pub use ends::{new_run_id, SandboxFailure};
 pub use labels::labels;
-use outcome::{classify, Outcome, Streams};
+use outcome::{classify, Streams};
 use pool::{Pool, Shape};
 pub use probe::ProbeOutput;
+use program::Program;
 use session::{FileRead, ReadError, SessionBox, SessionRun, SessionSpec};
-use stage::{Bound, BoundError, Interrupted};
+use stage::Bound;
 use timings::{Leg, Timings};
-
-/// How long the host waits beyond a stage's own limits before it kills the container
-/// (`codebox-init` enforces the limits; this is the backstop).
-const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
-/// Space a file or directory takes in a tmpfs beyond its content, roughly.
-const ENTRY_OVERHEAD_BYTES: u64 = 4096;
-
-/// Why a run could not be carried out: the sandbox's fault, never the program's.
-#[derive(Debug, thiserror::Error)]
-pub enum SandboxFailure {
-    #[error("image {tag} is not present: build it with `codebox images build {image}`")]
-    ImageMissing { tag: String, image: String },
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error(transparent)]
-    Posture(#[from] PostureViolation),
-    /// The run's deadline passed while Docker had not answered a call.
-    #[error("{0}")]
-    Late(Interrupted),
-    #[error("the program's files take {needed_mb} MB, more than its {workspace_mb} MB working directory holds (sandbox.workspace_mb = {setting_mb}, at most half of the run's memory)")]
-    WorkspaceTooSmall {
-        needed_mb: u64,
-        workspace_mb: u64,
-        setting_mb: u64,
-    },
-    #[error("the compile stage handed back a path outside its working directory: {path:?}")]
-    ArtifactPath { path: String },
-    #[error("the compile stage did not start")]
-    CompileNotStarted,
-    /// What the container or the engine reported (`codebox-init`'s fatal error, a stream
-    /// that broke the protocol, an unexplained end).
-    #[error("{0}")]
-    Reported(String),
-}
-
-/// Why the stage sequence ended before its end.
-enum Halt {
-    /// A stop came before the program could run.
-    Stopped,
-    Failed(SandboxFailure),
-}
-
-impl<E: Into<SandboxFailure>> From<E> for Halt {
-    fn from(e: E) -> Halt {
-        Halt::Failed(e.into())
-    }
-}
-
-impl From<BoundError> for SandboxFailure {
-    fn from(e: BoundError) -> SandboxFailure {
-        match e {
-            BoundError::Engine(e) => SandboxFailure::Engine(e),
-            BoundError::Interrupted(i) => SandboxFailure::Late(i),
-        }
-    }
-}
-
-impl Halt {
-    fn bound(e: BoundError) -> Halt {
-        match e {
-            BoundError::Interrupted(Interrupted::Stopped) => Halt::Stopped,
-            other => Halt::Failed(other.into()),
-        }
-    }
-}
 
 /// Runs validated requests on a container engine.
 pub struct Executor {
     containers: Containers,
     compiler: Compiler,
     packages: Arc<Packages>,
-}
-
-/// A new run id: 32 lowercase hex digits.
-pub fn new_run_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
-}
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u64::MAX as u128) as u64
-}
-
-fn mb(n: u64) -> u64 {
-    n * 1024 * 1024
-}
-
-/// What the stages learnt on the way, whatever ends the run.
-#[derive(Default)]
-struct Known {
-    /// The stage the run last entered.
-    stage: Option<Stage>,
-    image_id: Option<String>,
-    compile: Option<CompileReport>,
-    packages: Option<PackagesReport>,
-    /// The installed prefix the run's containers mount read-only.
-    prefix: Option<Prefix>,
-}
-
-/// How the compile stage or the syntax check ended a run.
-struct CompileEnd {
-    status: Status,
-    exit_code: Option<i64>,
-    signal: Option<String>,
-    message: String,
-}
-
-/// How a run ended, before it becomes a report.
-enum Ended {
-    /// The compile stage or the syntax check ended the run.
-    AtCompile(CompileEnd),
-    /// The program ran.
-    Ran {
-        outcome: Outcome,
-        streams: Streams,
-        files: Vec<FileReport>,
-        /// A session's cell: the final expression's value, and whether it was cut.
-        result: Option<(String, bool)>,
-    },
-    /// Every test case ran (or was stopped).
-    Cases(Vec<TestReport>),
-    /// Stopped before the program ran.
-    Stopped,
-    Failed(SandboxFailure),
-    /// Installing the request's packages failed.
-    AtInstall(InstallEnd),
 }
 
 impl Executor {
@@ -343,25 +228,7 @@ impl Executor {
 
     /// The longest a run may take: its check or compile stage's limit, then its program's.
     pub fn budget(req: &ValidRequest) -> Duration {
-        let lang = &req.language;
-        let before = if lang.can_fail_to_compile() {
-            lang.compile_limits.timeout_seconds
-        } else {
-            0.0
-        };
-        Duration::from_secs_f64(before + req.limits.timeout_seconds)
-    }
-
-    /// [`Executor::budget`] plus the install step's limit when the run asks for packages.
-    pub(super) fn budget_with_install(config: &Config, req: &ValidRequest) -> Duration {
-        let install = if req.packages.is_empty() {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(config.packages.install_timeout_seconds)
-                + BACKSTOP_GRACE
-                + Duration::from_secs(30)
-        };
-        Executor::budget(req) + install
+        ends::budget(req)
     }
 
     /// Carry out one run. Never fails: a broken sandbox is reported as `sandbox_error`.
@@ -379,7 +246,7 @@ impl Executor {
         let bound = Bound {
             cancel: &cancel,
             deadline: tokio::time::Instant::now()
-                + Executor::budget_with_install(&self.containers.config, req)
+                + ends::budget_with_install(&self.containers.config, req)
                 + BACKSTOP_GRACE,
         };
         let mut known = Known::default();
@@ -388,117 +255,10 @@ impl Executor {
             Err(Halt::Stopped) => Ended::Stopped,
             Err(Halt::Failed(f)) => Ended::Failed(f),
         };
-        let mut report = Executor::report(run_id, req, known, ended);
+        let mut report = finish::report(run_id, req, known, ended);
         report.queued_ms = queued_ms;
         report.duration_ms = ms(started.elapsed());
         report
-    }
-
-    /// The report of a run, built once from what its stages found.
-    fn report(run_id: &str, req: &ValidRequest, known: Known, ended: Ended) -> RunReport {
-        let mut r = RunReport::new(
-            run_id,
-            req.language.id.clone(),
-            Status::Running,
-            req.limits,
-            "",
-        );
-        r.stage = known.stage;
-        r.image_id = known.image_id;
-        r.compile = known.compile;
-        r.packages = known.packages;
-        match ended {
-            Ended::AtInstall(InstallEnd::Failed {
-                status,
-                message,
-                exit_code,
-                stdout,
-                stderr,
-                usage,
-                install_ms,
-            }) => {
-                r.stage = Some(Stage::Install);
-                r.status = status;
-                r.message = message;
-                r.exit_code = exit_code;
-                r.stdout_bytes = stdout.len() as u64;
-                r.stderr_bytes = stderr.len() as u64;
-                r.stdout = stdout;
-                r.stderr = stderr;
-                r.usage = usage;
-                r.packages = Some(PackagesReport {
-                    requested: req.packages.clone(),
-                    installed: Vec::new(),
-                    cached: false,
-                    install_ms,
-                });
-            }
-            Ended::AtInstall(InstallEnd::Stopped) => {
-                r.stage = Some(Stage::Install);
-                r.status = Status::Stopped;
-                r.message = "stopped while the packages were being installed".into();
-            }
-            Ended::AtInstall(InstallEnd::Sandbox(m)) => {
-                r.stage = Some(Stage::Install);
-                r.status = Status::SandboxError;
-                r.message = format!("installing the packages failed: {m}");
-            }
-            Ended::AtCompile(c) => {
-                r.stage = Some(Stage::Compile);
-                r.status = c.status;
-                r.exit_code = c.exit_code;
-                r.signal = c.signal;
-                r.message = c.message;
-            }
-            Ended::Ran {
-                outcome,
-                streams,
-                files,
-                result,
-            } => {
-                if let Some((text, truncated)) = result {
-                    r.result = Some(text);
-                    r.result_truncated = truncated;
-                }
-                r.message = outputs::with_unlisted_note(run_message(&outcome, req), &files);
-                r.status = outcome.status;
-                r.exit_code = outcome.exit_code;
-                r.signal = outcome.signal;
-                r.usage = outcome.usage;
-                r.stdout_truncated = streams.stdout_truncated();
-                r.stderr_truncated = streams.stderr_truncated();
-                r.stdout = streams.stdout;
-                r.stderr = streams.stderr;
-                r.stdout_bytes = streams.stdout_bytes;
-                r.stderr_bytes = streams.stderr_bytes;
-                r.files = files;
-            }
-            Ended::Cases(cases) => cases::summarise(&mut r, cases),
-            Ended::Stopped => {
-                r.status = Status::Stopped;
-                r.message = "stopped before the program ran".into();
-            }
-            Ended::Failed(f) => {
-                r.status = Status::SandboxError;
-                r.message = f.to_string();
-            }
-        }
-        r
-    }
-
-    /// The source and the request's files, as working-directory entries.
-    fn sources(req: &ValidRequest) -> Vec<Entry> {
-        let mut entries = vec![Entry::file(
-            req.language.source_file.clone(),
-            0o644,
-            Bytes::from(req.code.clone().into_bytes()),
-        )];
-        entries.extend(
-            req.files
-                .iter()
-                .map(|(path, content)| Entry::file(path.clone(), 0o644, content.clone())),
-        );
-        entries
     }
 
     /// The stage sequence: compile (while the run's container is prepared), then the program
@@ -572,7 +332,7 @@ impl Executor {
                 }
             }
         } else {
-            (Files::new(&Executor::sources(req)), prepare_run.await?)
+            (Files::new(&ends::sources(req)), prepare_run.await?)
         };
         if bound.cancel.is_cancelled() {
             first.guard.remove_later();
@@ -689,79 +449,5 @@ fn install_failure(end: InstallEnd) -> String {
         }
         InstallEnd::Stopped => "stopped while installing the packages".into(),
         InstallEnd::Sandbox(m) => format!("installing the packages failed: {m}"),
-    }
-}
-
-/// What the run stage lays out and how long it may take, shared by every test case.
-struct Program {
-    /// The image's `codebox-init` can check in the program's own process.
-    check_in_run: bool,
-    files: Files,
-    /// The syntax check's limit (zero without one).
-    check_budget: Duration,
-    timeout: Duration,
-}
-
-impl Program {
-    /// The check's and the program's limits together.
-    fn limit(&self) -> Duration {
-        self.check_budget + self.timeout
-    }
-
-    fn payload(
-        &self,
-        req: &ValidRequest,
-        config: &Config,
-        args: &[String],
-        stdin: Option<Bytes>,
-        check: bool,
-        collect: Collect,
-    ) -> Payload {
-        let lang = &req.language;
-        let check = check && lang.check.is_some();
-        // One interpreter start where the language can check in the program's process.
-        let (check_cmd, mut run, check_in_run) = match (&lang.checked_run, check) {
-            (Some(both), true) if self.check_in_run => (None, both.clone(), true),
-            _ => (
-                lang.check.clone().filter(|_| check),
-                lang.run.clone(),
-                false,
-            ),
-        };
-        run.extend(args.iter().cloned());
-        Payload {
-            env: lang.env.clone(),
-            check: check_cmd,
-            run: Some(run),
-            check_in_run,
-            check_timeout: self.check_budget,
-            timeout: self.timeout,
-            output_limit: config.sandbox.output_limit_bytes,
-            collect: Some(collect),
-            files: self.files.clone(),
-            stdin,
-        }
-    }
-}
-
-/// One sentence on how a program ended.
-fn run_message(o: &Outcome, req: &ValidRequest) -> String {
-    match (o.status, &o.problem) {
-        (Status::SandboxError, Some(problem)) => problem.clone(),
-        (Status::Succeeded, _) => "exited with code 0".to_string(),
-        (Status::Stopped, _) => "stopped before it finished".to_string(),
-        (Status::TimedOut, _) => format!(
-            "killed at the {} s wall-clock limit",
-            fmt_num(req.limits.timeout_seconds)
-        ),
-        (Status::OutOfMemory, _) => format!(
-            "killed by the out-of-memory killer at the {} MB memory limit",
-            req.limits.memory_mb
-        ),
-        _ => match (&o.signal, o.exit_code) {
-            (Some(sig), _) => format!("killed by {sig}"),
-            (None, Some(code)) => format!("exited with code {code}"),
-            (None, None) => "ended without an exit code".to_string(),
-        },
     }
 }

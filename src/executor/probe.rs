@@ -6,9 +6,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::containers::{Containers, Want};
+use super::ends::{new_run_id, Halt, SandboxFailure, BACKSTOP_GRACE};
 use super::outcome::classify;
+use super::outcome::Streams;
 use super::stage::{Bound, Interrupted};
-use super::{new_run_id, Halt, SandboxFailure, Streams, BACKSTOP_GRACE};
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{Collect, Payload, PhaseName};
 

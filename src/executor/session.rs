@@ -22,13 +22,17 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::compile::{check_failed, Compiler};
 use super::containers::{Containers, Mount, Want};
+use super::ends::{
+    budget_with_install, sources, CompileEnd, Ended, Halt, Known, SandboxFailure, BACKSTOP_GRACE,
+};
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
+use super::finish::report;
 use super::labels::labels;
 use super::outcome::classify;
+use super::outcome::Streams;
 use super::packages::session::SessionPrefix;
 use super::packages::{InstallEnd, Packages};
 use super::stage::{Answer, Bound, StageTimes};
-use super::{Ended, Executor, Halt, Known, SandboxFailure, Streams, BACKSTOP_GRACE};
 use crate::config::Config;
 use crate::contract::ValidRequest;
 use crate::engine::guard::ContainerGuard;
@@ -535,7 +539,7 @@ impl SessionBox {
         let bound = Bound {
             cancel: &cancel,
             deadline: tokio::time::Instant::now()
-                + Executor::budget_with_install(&stages.containers.config, req)
+                + budget_with_install(&stages.containers.config, req)
                 + BACKSTOP_GRACE,
         };
         let mut known = Known::default();
@@ -636,7 +640,7 @@ impl SessionBox {
                 }
             },
         };
-        let mut report = Executor::report(run_id, req, known, ended);
+        let mut report = report(run_id, req, known, ended);
         report.queued_ms = queued_ms;
         report.duration_ms = started.elapsed().as_millis() as u64;
         report.session = Some(SessionExecution {
@@ -723,7 +727,7 @@ async fn prepare_execution(
     execution_count: u64,
     known: &mut Known,
     bound: Bound<'_>,
-) -> Result<Result<Exec, super::CompileEnd>, Halt> {
+) -> Result<Result<Exec, CompileEnd>, Halt> {
     let lang = &req.language;
     let s = &stages.containers.config.sandbox;
     let request_files = || -> Vec<Entry> {
@@ -755,7 +759,7 @@ async fn prepare_execution(
                 check: lang.check.clone(),
                 run,
             },
-            Files::new(&Executor::sources(req)),
+            Files::new(&sources(req)),
             Duration::from_secs_f64(lang.compile_limits.timeout_seconds),
         )
     };

@@ -45,7 +45,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
 use crate::contract::{RequestError, RunRequest, SessionRequest, SessionTerms, ValidRequest};
-use crate::executor::pool::{Change, Pool, Shape};
+use crate::executor::pool::{floors_for, shapes_of, Change, Shape};
 use crate::executor::session::{Broken, SessionBox};
 use crate::executor::{new_run_id, parallelism, Executor};
 use crate::history::{now_ms, Claimed, History, NewRun, Room, SharedQueue, Submitted};
@@ -497,7 +497,7 @@ impl RunManager {
     /// containers that waited too long.
     pub fn start_pool(&self) {
         let pool = self.inner.executor.pool();
-        let floors = Pool::floors_for(&self.inner.registry, &self.inner.config);
+        let floors = floors_for(&self.inner.registry, &self.inner.config);
         if floors.is_empty() {
             return;
         }
@@ -1401,7 +1401,7 @@ impl RunManager {
         let budget = Executor::budget(&valid);
         // The pool follows what runs ask for (a session's execution runs in its own container).
         let shapes = if valid.session.is_none() {
-            Pool::shapes_of(&valid, &self.inner.config, slots)
+            shapes_of(&valid, &self.inner.config, slots)
         } else {
             Vec::new()
         };

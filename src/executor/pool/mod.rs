@@ -33,7 +33,7 @@ mod shape;
 
 use demand::Demand;
 pub use demand::{CLASS_MIN_RUNS, DEMAND_WINDOW};
-pub use shape::{run_workspace_mb, Mount, Shape};
+pub use shape::{floors_for, run_workspace_mb, shapes_of, Mount, Shape};
 
 use super::images::{ImageIds, ImageRef};
 use super::packages::Prefix;
@@ -265,7 +265,7 @@ impl Pool {
         st.started = true;
     }
 
-    /// Runs in flight ask for `shapes` (from [`Pool::shapes_of`]) until [`Pool::done`]: what
+    /// Runs in flight ask for `shapes` (from [`shapes_of`]) until [`Pool::done`]: what
     /// the pool keeps ready follows the most that were asked for at once lately.
     pub fn asked(&self, lang: &Language, shapes: &[(Shape, usize)]) {
         let config = &self.inner.config.pool;

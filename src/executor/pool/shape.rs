@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use super::Pool;
 use crate::config::Config;
 use crate::contract::ValidRequest;
 use crate::engine::posture::Limits;
@@ -74,51 +73,49 @@ pub fn run_workspace_mb(config: &Config, memory_mb: u64) -> u64 {
     config.sandbox.workspace_mb.min(memory_mb / 2).max(1)
 }
 
-impl Pool {
-    /// The shapes `pool.sizes` asks for, from the registry and the default limits.
-    pub fn floors_for(registry: &Registry, config: &Config) -> BTreeMap<Shape, usize> {
-        let mut floors = BTreeMap::new();
-        for (id, &n) in &config.pool.sizes {
-            let Some(lang) = registry.resolve(id) else {
-                tracing::warn!(
-                    language = id,
-                    "setting `pool.sizes` names a language the registry does not have; ignored"
-                );
-                continue;
-            };
-            let run = Limits {
-                memory_mb: config.limits.default_memory_mb,
-                cpus: config.limits.default_cpus,
-            };
-            let run_shape = Shape::new(
-                &lang.image.tag,
-                run,
-                run_workspace_mb(config, run.memory_mb),
+/// The shapes `pool.sizes` asks for, from the registry and the default limits.
+pub fn floors_for(registry: &Registry, config: &Config) -> BTreeMap<Shape, usize> {
+    let mut floors = BTreeMap::new();
+    for (id, &n) in &config.pool.sizes {
+        let Some(lang) = registry.resolve(id) else {
+            tracing::warn!(
+                language = id,
+                "setting `pool.sizes` names a language the registry does not have; ignored"
             );
-            *floors.entry(run_shape).or_default() += n;
-            if let Some(shape) = compile_shape(lang) {
-                *floors.entry(shape).or_default() += n;
-            }
-        }
-        floors
-    }
-
-    /// The containers a run uses, by shape, and how many of each at once: its run stage's
-    /// (one per test case it runs at once), and its compile stage's. A run with packages
-    /// mounts a prefix known only once it is installed: the executor tells that shape's
-    /// demand itself ([`Pool::asked`] with the prefix).
-    pub fn shapes_of(req: &ValidRequest, config: &Config, at_once: usize) -> Vec<(Shape, usize)> {
-        let lang = &req.language;
-        let limits = Limits {
-            memory_mb: req.limits.memory_mb,
-            cpus: req.limits.cpus,
+            continue;
         };
-        let workspace = run_workspace_mb(config, limits.memory_mb);
-        let mut shapes = Vec::new();
-        if req.packages.is_empty() {
-            shapes.push((Shape::new(&lang.image.tag, limits, workspace), at_once));
+        let run = Limits {
+            memory_mb: config.limits.default_memory_mb,
+            cpus: config.limits.default_cpus,
+        };
+        let run_shape = Shape::new(
+            &lang.image.tag,
+            run,
+            run_workspace_mb(config, run.memory_mb),
+        );
+        *floors.entry(run_shape).or_default() += n;
+        if let Some(shape) = compile_shape(lang) {
+            *floors.entry(shape).or_default() += n;
         }
-        shapes.extend(compile_shape(lang).map(|s| (s, 1)));
-        shapes
     }
+    floors
+}
+
+/// The containers a run uses, by shape, and how many of each at once: its run stage's
+/// (one per test case it runs at once), and its compile stage's. A run with packages
+/// mounts a prefix known only once it is installed: the executor tells that shape's
+/// demand itself ([`Pool::asked`](super::Pool::asked) with the prefix).
+pub fn shapes_of(req: &ValidRequest, config: &Config, at_once: usize) -> Vec<(Shape, usize)> {
+    let lang = &req.language;
+    let limits = Limits {
+        memory_mb: req.limits.memory_mb,
+        cpus: req.limits.cpus,
+    };
+    let workspace = run_workspace_mb(config, limits.memory_mb);
+    let mut shapes = Vec::new();
+    if req.packages.is_empty() {
+        shapes.push((Shape::new(&lang.image.tag, limits, workspace), at_once));
+    }
+    shapes.extend(compile_shape(lang).map(|s| (s, 1)));
+    shapes
 }
