@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use crate::executor::timings::{Leg, Timings, BUCKETS};
 use crate::report::RunReport;
 
-use super::Stats;
+use super::stats::Stats;
 
 /// Upper bounds (seconds) of the run latency histogram buckets.
 pub const LATENCY_BUCKETS: [f64; 11] = [

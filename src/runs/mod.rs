@@ -27,7 +27,6 @@ pub mod admission;
 mod budget;
 mod lookup;
 pub mod metrics;
-mod peers;
 pub mod retention;
 pub mod sessions;
 mod stats;
@@ -57,7 +56,6 @@ pub use budget::{check_budget, memory_charge, BudgetError};
 pub use lookup::LookupError;
 use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use metrics::Metrics;
-pub use peers::Peers;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
 use sessions::{
@@ -1873,4 +1871,26 @@ async fn claim_loop(inner: Weak<Inner>, queue: SharedQueue) {
             () = tokio::time::sleep(pause) => {}
         }
     }
+}
+
+/// The other servers of a cluster, as the run manager sees them: a run submitted here that
+/// another server claimed from the shared queue is waited on and stopped there. The cluster
+/// module implements it (it knows who holds what and how to reach them); the manager only
+/// asks.
+pub trait Peers: Send + Sync {
+    /// Wait at most `timeout` at the server that holds `run_id` for its report (as it then
+    /// stands); `None` when no other living server holds it or it does not answer.
+    fn wait<'a>(
+        &'a self,
+        manager: &'a RunManager,
+        run_id: &'a str,
+        timeout: Duration,
+    ) -> futures_util::future::BoxFuture<'a, Option<RunReport>>;
+
+    /// Stop `run_id` at the server that holds it; `None` as for [`Peers::wait`].
+    fn stop<'a>(
+        &'a self,
+        manager: &'a RunManager,
+        run_id: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Option<RunReport>>;
 }

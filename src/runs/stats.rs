@@ -10,7 +10,7 @@ pub struct Stats {
     pub peak_active: usize,
     /// Finished runs whose reports are still kept in memory.
     pub retained: usize,
-    /// Their size as counted against `runs.retained_reports_mb` ([`super::report_bytes`]).
+    /// Their size as counted against `runs.retained_reports_mb` ([`super::retention::report_bytes`]).
     pub retained_report_bytes: u64,
     /// Finished runs within the retention whose reports were evicted from memory.
     pub evicted: usize,
