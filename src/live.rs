@@ -1,8 +1,8 @@
 //! A run's live events, as they happen: `queued`, `started {stage}`, `stdout`/`stderr`
 //! `{data}`, `truncated {stream}`, `file {path, size_bytes}` and one final `report`. The run
 //! manager makes a [`Feed`] when it accepts a run and ends it with the report; the executor
-//! writes into it while the run's task carries the feed ([`scope`], read back with
-//! [`current`]); `GET /v1/runs/{id}/events`, MCP progress and Piston's WebSocket read it.
+//! is handed the feed and writes into it as the stages go; `GET /v1/runs/{id}/events`, MCP
+//! progress and Piston's WebSocket read it.
 //!
 //! Bounded: output is what the stages keep anyway (the output caps), and the feed keeps at
 //! most `max_bytes` of it in all (a `truncated` event says where it stopped). A reader holds
@@ -112,20 +112,6 @@ pub struct Feed {
     max_bytes: u64,
     /// The program's stdin while it runs (Piston's WebSocket): the run stage forwards it.
     stdin: Option<Arc<tokio::sync::Mutex<mpsc::Receiver<Bytes>>>>,
-}
-
-tokio::task_local! {
-    static CURRENT: Arc<Feed>;
-}
-
-/// Carry out `f` with `feed` as the [`current`] feed.
-pub async fn scope<F: std::future::Future>(feed: Arc<Feed>, f: F) -> F::Output {
-    CURRENT.scope(feed, f).await
-}
-
-/// The feed of the run whose task this is, if any.
-pub fn current() -> Option<Arc<Feed>> {
-    CURRENT.try_with(|f| f.clone()).ok()
 }
 
 /// How many bytes of `bytes` end in an incomplete UTF-8 character.

@@ -252,7 +252,10 @@ impl Containers {
                 content: content_bytes,
                 entries,
             },
-            live: crate::live::current().map(|feed| LiveStage { feed, stage }),
+            live: bound.feed.map(|feed| LiveStage {
+                feed: feed.clone(),
+                stage,
+            }),
         };
         let mut container = container;
         loop {

@@ -2,9 +2,11 @@
 //! what the stages learnt on the way, how the run ended, and the limits every stage keeps.
 //! A leaf: it uses the stages' own vocabulary, never the executor's face.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
 
 use super::outcome::{Outcome, Streams};
 use super::packages::{InstallEnd, Prefix};
@@ -14,6 +16,7 @@ use crate::contract::ValidRequest;
 use crate::engine::posture::PostureViolation;
 use crate::engine::protocol::Entry;
 use crate::engine::EngineError;
+use crate::live::Feed;
 use crate::report::{CompileReport, FileReport, PackagesReport, Stage, Status, TestReport};
 
 /// How long the host waits beyond a stage's own limits before it kills the container
@@ -21,6 +24,17 @@ use crate::report::{CompileReport, FileReport, PackagesReport, Stage, Status, Te
 pub(super) const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
 /// Space a file or directory takes in a tmpfs beyond its content, roughly.
 pub(super) const ENTRY_OVERHEAD_BYTES: u64 = 4096;
+
+/// One run (or session execution) as the executor is asked to carry it out.
+pub struct Call<'a> {
+    pub run_id: &'a str,
+    pub req: &'a ValidRequest,
+    /// How long it waited for admission, for its report.
+    pub queued_ms: u64,
+    pub cancel: CancellationToken,
+    /// Where it is shown as it goes, when someone may watch.
+    pub feed: Option<&'a Arc<Feed>>,
+}
 
 /// Why a run could not be carried out: the sandbox's fault, never the program's.
 #[derive(Debug, thiserror::Error)]

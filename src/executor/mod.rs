@@ -54,7 +54,7 @@ pub use cases::parallelism;
 use compile::Compiler;
 use containers::Containers;
 use ends::{mb, ms, Ended, Halt, Known, BACKSTOP_GRACE, ENTRY_OVERHEAD_BYTES};
-pub use ends::{new_run_id, SandboxFailure};
+pub use ends::{new_run_id, Call, SandboxFailure};
 pub use labels::labels;
 use outcome::{classify, Streams};
 use pool::{Pool, Shape};
@@ -157,6 +157,7 @@ impl Executor {
                         self.containers.config.packages.install_timeout_seconds,
                     )
                     + Duration::from_secs(60),
+                feed: None,
             };
             let image = self
                 .containers
@@ -189,18 +190,14 @@ impl Executor {
         &self,
         sbox: &SessionBox,
         session: SessionExecution,
-        run_id: &str,
-        req: &ValidRequest,
-        queued_ms: u64,
-        cancel: CancellationToken,
+        call: Call<'_>,
     ) -> SessionRun {
         let stages = session::Stages {
             containers: &self.containers,
             compiler: &self.compiler,
             packages: &self.packages,
         };
-        sbox.execute(stages, session, run_id, req, queued_ms, cancel)
-            .await
+        sbox.execute(stages, session, call).await
     }
 
     /// Read a file or folder of a session's working directory without running anything.
@@ -242,12 +239,32 @@ impl Executor {
         queued_ms: u64,
         cancel: CancellationToken,
     ) -> RunReport {
+        let call = Call {
+            run_id,
+            req,
+            queued_ms,
+            cancel,
+            feed: None,
+        };
+        self.execute_live(call).await
+    }
+
+    /// [`Executor::execute`], shown as it goes in `feed`.
+    pub async fn execute_live(&self, call: Call<'_>) -> RunReport {
+        let Call {
+            run_id,
+            req,
+            queued_ms,
+            cancel,
+            feed,
+        } = call;
         let started = Instant::now();
         let bound = Bound {
             cancel: &cancel,
             deadline: tokio::time::Instant::now()
                 + ends::budget_with_install(&self.containers.config, req)
                 + BACKSTOP_GRACE,
+            feed,
         };
         let mut known = Known::default();
         let ended = match self.stages(run_id, req, &mut known, bound).await {

@@ -54,6 +54,7 @@ pub(super) async fn run(
     let bound = Bound {
         cancel: &never,
         deadline: tokio::time::Instant::now() + timeout + BACKSTOP_GRACE,
+        feed: None,
     };
     let result = async {
         let container = containers.create(&want, bound).await?;

@@ -23,7 +23,8 @@ use tokio_util::task::AbortOnDropHandle;
 use super::compile::{check_failed, Compiler};
 use super::containers::{Containers, Mount, Want};
 use super::ends::{
-    budget_with_install, sources, CompileEnd, Ended, Halt, Known, SandboxFailure, BACKSTOP_GRACE,
+    budget_with_install, sources, Call, CompileEnd, Ended, Halt, Known, SandboxFailure,
+    BACKSTOP_GRACE,
 };
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
 use super::finish::report;
@@ -461,6 +462,7 @@ impl SessionBox {
         let bound = Bound {
             cancel: &never,
             deadline: tokio::time::Instant::now() + start + BACKSTOP_GRACE,
+            feed: None,
         };
         let halted = |h: Halt| match h {
             Halt::Failed(f) => f,
@@ -530,13 +532,18 @@ impl SessionBox {
         &self,
         stages: Stages<'_>,
         session: SessionExecution,
-        run_id: &str,
-        req: &ValidRequest,
-        queued_ms: u64,
-        cancel: CancellationToken,
+        call: Call<'_>,
     ) -> SessionRun {
+        let Call {
+            run_id,
+            req,
+            queued_ms,
+            cancel,
+            feed,
+        } = call;
         let started = Instant::now();
         let bound = Bound {
+            feed,
             cancel: &cancel,
             deadline: tokio::time::Instant::now()
                 + budget_with_install(&stages.containers.config, req)
@@ -587,7 +594,7 @@ impl SessionBox {
                         content: s.max_output_bytes,
                         entries: super::containers::MAX_OUTPUT_ENTRIES,
                     };
-                    let live = crate::live::current();
+                    let live = bound.feed.cloned();
                     if let Some(feed) = &live {
                         feed.started(Stage::Run);
                     }

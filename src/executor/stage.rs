@@ -25,11 +25,13 @@ use crate::engine::{ContainerEngine, EngineError, InputSink, Signal};
 use crate::live::Feed;
 use crate::report::Stage;
 
-/// What ends an engine call of a run before it answers: a stop, or the run's deadline.
+/// What a run's stages answer to: a stop or the run's deadline ends an engine call before it
+/// answers, and its live feed, when someone may watch, sees the stages as they go.
 #[derive(Clone, Copy)]
 pub struct Bound<'a> {
     pub cancel: &'a CancellationToken,
     pub deadline: Instant,
+    pub feed: Option<&'a Arc<Feed>>,
 }
 
 /// Why a run's engine call was given up.

@@ -46,7 +46,7 @@ use crate::config::Config;
 use crate::contract::{RequestError, RunRequest, SessionRequest, SessionTerms, ValidRequest};
 use crate::executor::pool::{floors_for, shapes_of, Change, Shape};
 use crate::executor::session::{Broken, SessionBox};
-use crate::executor::{new_run_id, parallelism, Executor};
+use crate::executor::{new_run_id, parallelism, Call, Executor};
 use crate::history::{now_ms, Claimed, History, NewRun, Room, SharedQueue, Submitted};
 use crate::live::Feed;
 use crate::registry::Registry;
@@ -517,9 +517,16 @@ impl RunManager {
     ) {
         let executor = self.inner.executor.clone();
         let id = run_id.clone();
-        let task = tokio::spawn(crate::live::scope(feed, async move {
+        let task = tokio::spawn(async move {
+            let call = Call {
+                run_id: &id,
+                req: &request,
+                queued_ms,
+                cancel,
+                feed: Some(&feed),
+            };
             let Some(s) = session else {
-                return Finished::from(executor.execute(&id, &request, queued_ms, cancel).await);
+                return Finished::from(executor.execute_live(call).await);
             };
             let at = SessionExecution {
                 session_id: s.id.clone(),
@@ -527,15 +534,13 @@ impl RunManager {
                 state: InterpreterState::Kept,
                 reset_reason: None,
             };
-            let r = executor
-                .execute_in_session(&s.container, at, &id, &request, queued_ms, cancel)
-                .await;
+            let r = executor.execute_in_session(&s.container, at, call).await;
             Finished {
                 report: r.report,
                 broken: r.broken,
                 workspace_bytes: r.workspace_bytes,
             }
-        }));
+        });
         let manager = self.clone();
         tokio::spawn(async move {
             let outcome = task.await.map_err(|e| {

@@ -111,6 +111,7 @@ impl Pricing<'_> {
             let bound = Bound {
                 cancel: &never,
                 deadline: tokio::time::Instant::now() + Duration::from_secs(30),
+                feed: None,
             };
             let ran = run_stage(
                 self.engine.as_ref(),

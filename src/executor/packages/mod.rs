@@ -373,8 +373,8 @@ impl Packages {
             backstop: timeout + BACKSTOP_GRACE,
             run_backstop: None,
             // Watchers see the install begin and the package manager's output.
-            live: crate::live::current().map(|feed| LiveStage {
-                feed,
+            live: bound.feed.map(|feed| LiveStage {
+                feed: feed.clone(),
                 stage: Stage::Install,
             }),
             limits: DecodeLimits {
