@@ -47,6 +47,8 @@ pub enum Event {
     Output {
         stream: Stream,
         data: String,
+        /// The test case that wrote it (1-based), when several run at once.
+        case: Option<u32>,
     },
     /// A cap was reached: output of `stream` past this point is not shown.
     Truncated {
@@ -78,7 +80,14 @@ impl Event {
         match self {
             Event::Queued => json!({}),
             Event::Started { stage } => json!({ "stage": stage.as_str() }),
-            Event::Output { data, .. } => json!({ "data": data }),
+            Event::Output {
+                data, case: None, ..
+            } => json!({ "data": data }),
+            Event::Output {
+                data,
+                case: Some(case),
+                ..
+            } => json!({ "data": data, "case": case }),
             Event::Truncated { stream, reason } => {
                 json!({ "stream": stream.as_str(), "reason": reason })
             }
@@ -90,6 +99,9 @@ impl Event {
 
 /// Bytes of the newest output kept for progress messages.
 const TAIL_BYTES: usize = 4096;
+/// Events a feed keeps at most: a program that writes a byte at a time still costs a bounded
+/// list, and a late reader clones at most this many.
+const MAX_EVENTS: usize = 4096;
 
 struct State {
     events: Vec<Event>,
@@ -97,8 +109,6 @@ struct State {
     bytes: u64,
     /// A stream whose output no longer enters the feed.
     capped: [bool; 2],
-    /// The end of a stream's bytes that is not yet a whole UTF-8 character.
-    partial: [Vec<u8>; 2],
     /// The newest output, both streams, for [`Feed::tail`].
     tail: VecDeque<u8>,
     ended: bool,
@@ -156,7 +166,6 @@ impl Feed {
                 events: vec![Event::Queued],
                 bytes: 0,
                 capped: [false; 2],
-                partial: [Vec::new(), Vec::new()],
                 tail: VecDeque::new(),
                 ended: false,
             }),
@@ -188,82 +197,21 @@ impl Feed {
 
     /// A stage began.
     pub fn started(&self, stage: Stage) {
-        let mut st = self.lock();
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            self.flush(&mut st, stream);
-        }
-        self.push(&mut st, Event::Started { stage });
+        self.push(&mut self.lock(), Event::Started { stage });
     }
 
-    /// Output of the program (or compiler), as it came.
-    pub fn output(&self, stream: Stream, bytes: &[u8]) {
-        let mut st = self.lock();
-        let i = stream.index();
-        if st.capped[i] || bytes.is_empty() {
-            return;
+    /// A writer of this feed's output: a stage, or one test case of several (`case`, 1-based).
+    pub fn pen(self: &Arc<Feed>, case: Option<u32>) -> Pen {
+        Pen {
+            feed: self.clone(),
+            case,
+            partial: [Vec::new(), Vec::new()],
         }
-        let room = self.max_bytes.saturating_sub(st.bytes) as usize;
-        let keep = bytes.len().min(room);
-        st.partial[i].extend_from_slice(&bytes[..keep]);
-        st.bytes += keep as u64;
-        let tail = &mut st.tail;
-        tail.extend(&bytes[..keep]);
-        while tail.len() > TAIL_BYTES {
-            tail.pop_front();
-        }
-        let held = incomplete_tail(&st.partial[i]);
-        let whole = st.partial[i].len() - held;
-        if whole > 0 {
-            let rest = st.partial[i].split_off(whole);
-            let done = std::mem::replace(&mut st.partial[i], rest);
-            let data = String::from_utf8_lossy(&done).into_owned();
-            self.push(&mut st, Event::Output { stream, data });
-        }
-        if keep < bytes.len() {
-            self.flush(&mut st, stream);
-            st.capped[i] = true;
-            let reason = format!("the live output keeps at most {} bytes", self.max_bytes);
-            self.push(&mut st, Event::Truncated { stream, reason });
-        }
-    }
-
-    /// What is held of an incomplete character goes out as it is (replaced).
-    fn flush(&self, st: &mut State, stream: Stream) {
-        let i = stream.index();
-        if !st.partial[i].is_empty() {
-            let done = std::mem::take(&mut st.partial[i]);
-            let data = String::from_utf8_lossy(&done).into_owned();
-            self.push(st, Event::Output { stream, data });
-        }
-    }
-
-    /// The stage's output cap was reached on `stream`.
-    pub fn truncated(&self, stream: Stream, limit: u64) {
-        let mut st = self.lock();
-        self.flush(&mut st, stream);
-        let reason = format!("the output cap of {limit} bytes per stream was reached");
-        self.push(&mut st, Event::Truncated { stream, reason });
-    }
-
-    /// A file the program left under `outputs/`.
-    pub fn file(&self, path: &str, size_bytes: u64) {
-        let mut st = self.lock();
-        self.push(
-            &mut st,
-            Event::File {
-                path: path.to_string(),
-                size_bytes,
-            },
-        );
     }
 
     /// The run ended: its report is the last event.
     pub fn finish(&self, report: Arc<RunReport>) {
-        let mut st = self.lock();
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            self.flush(&mut st, stream);
-        }
-        self.push(&mut st, Event::Report(report));
+        self.push(&mut self.lock(), Event::Report(report));
     }
 
     /// The events after the first `seen`, with their ids; and whether the report is among
@@ -310,9 +258,128 @@ impl Feed {
     }
 }
 
+/// One writer of a feed: it holds back the end of its own output that is not yet a whole UTF-8
+/// character, so writers running at once (test cases) never split each other's characters.
+/// What it holds goes out when it is dropped.
+pub struct Pen {
+    feed: Arc<Feed>,
+    case: Option<u32>,
+    partial: [Vec<u8>; 2],
+}
+
+impl Pen {
+    /// Its stage began.
+    pub fn started(&mut self, stage: Stage) {
+        let feed = self.feed.clone();
+        let mut st = feed.lock();
+        self.flush(&feed, &mut st);
+        feed.push(&mut st, Event::Started { stage });
+    }
+
+    /// Output of the program (or compiler), as it came.
+    pub fn output(&mut self, stream: Stream, bytes: &[u8]) {
+        let feed = self.feed.clone();
+        let mut st = feed.lock();
+        let i = stream.index();
+        if st.capped[i] || bytes.is_empty() {
+            return;
+        }
+        if st.events.len() >= MAX_EVENTS - 2 {
+            // Room is left for this notice and the report.
+            self.flush(&feed, &mut st);
+            st.capped = [true; 2];
+            let reason = format!("the live output keeps at most {MAX_EVENTS} events");
+            feed.push(&mut st, Event::Truncated { stream, reason });
+            return;
+        }
+        let room = feed.max_bytes.saturating_sub(st.bytes) as usize;
+        let keep = bytes.len().min(room);
+        self.partial[i].extend_from_slice(&bytes[..keep]);
+        st.bytes += keep as u64;
+        let tail = &mut st.tail;
+        tail.extend(&bytes[..keep]);
+        while tail.len() > TAIL_BYTES {
+            tail.pop_front();
+        }
+        let held = incomplete_tail(&self.partial[i]);
+        let whole = self.partial[i].len() - held;
+        if whole > 0 {
+            let rest = self.partial[i].split_off(whole);
+            let done = std::mem::replace(&mut self.partial[i], rest);
+            let data = String::from_utf8_lossy(&done).into_owned();
+            feed.push(&mut st, self.event(stream, data));
+        }
+        if keep < bytes.len() {
+            self.flush(&feed, &mut st);
+            st.capped[i] = true;
+            let reason = format!("the live output keeps at most {} bytes", feed.max_bytes);
+            feed.push(&mut st, Event::Truncated { stream, reason });
+        }
+    }
+
+    /// The stage's output cap was reached on `stream`.
+    pub fn truncated(&mut self, stream: Stream, limit: u64) {
+        let feed = self.feed.clone();
+        let mut st = feed.lock();
+        self.flush(&feed, &mut st);
+        let reason = format!("the output cap of {limit} bytes per stream was reached");
+        feed.push(&mut st, Event::Truncated { stream, reason });
+    }
+
+    /// A file the program left under `outputs/`.
+    pub fn file(&self, path: &str, size_bytes: u64) {
+        let file = Event::File {
+            path: path.to_string(),
+            size_bytes,
+        };
+        self.feed.push(&mut self.feed.lock(), file);
+    }
+
+    fn event(&self, stream: Stream, data: String) -> Event {
+        Event::Output {
+            stream,
+            data,
+            case: self.case,
+        }
+    }
+
+    /// What is held of an incomplete character goes out as it is (replaced).
+    fn flush(&mut self, feed: &Feed, st: &mut State) {
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let held = std::mem::take(&mut self.partial[stream.index()]);
+            if !held.is_empty() {
+                let data = String::from_utf8_lossy(&held).into_owned();
+                feed.push(st, self.event(stream, data));
+            }
+        }
+    }
+}
+
+impl Drop for Pen {
+    fn drop(&mut self) {
+        let feed = self.feed.clone();
+        let mut st = feed.lock();
+        self.flush(&feed, &mut st);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn report() -> RunReport {
+        RunReport::new(
+            "r",
+            "python",
+            crate::report::Status::Succeeded,
+            crate::report::RunLimits {
+                memory_mb: 512,
+                timeout_seconds: 30.0,
+                cpus: 1.0,
+            },
+            "",
+        )
+    }
 
     fn texts(feed: &Feed) -> Vec<String> {
         feed.after(0)
@@ -326,8 +393,9 @@ mod tests {
     fn a_character_split_between_frames_arrives_whole() {
         let feed = Feed::new(1024);
         let snow = "é".as_bytes();
-        feed.output(Stream::Stdout, &[b'a', snow[0]]);
-        feed.output(Stream::Stdout, &[snow[1], b'b']);
+        let mut pen = feed.pen(None);
+        pen.output(Stream::Stdout, &[b'a', snow[0]]);
+        pen.output(Stream::Stdout, &[snow[1], b'b']);
         assert_eq!(
             texts(&feed),
             vec![
@@ -339,10 +407,44 @@ mod tests {
     }
 
     #[test]
+    fn cases_running_at_once_never_split_each_others_characters() {
+        let feed = Feed::new(1024);
+        let snow = "é".as_bytes();
+        let (mut one, mut two) = (feed.pen(Some(1)), feed.pen(Some(2)));
+        one.output(Stream::Stdout, &[snow[0]]);
+        two.output(Stream::Stdout, b"x");
+        one.output(Stream::Stdout, &[snow[1]]);
+        let t = texts(&feed);
+        assert!(!t.iter().any(|e| e.contains('\u{FFFD}')), "{t:?}");
+        assert_eq!(
+            t[1..],
+            [
+                r#"stdout {"case":2,"data":"x"}"#.to_string(),
+                r#"stdout {"case":1,"data":"é"}"#.to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_feed_keeps_a_bounded_number_of_events_however_small_the_writes() {
+        let feed = Feed::new(1 << 30);
+        let mut pen = feed.pen(None);
+        for _ in 0..(MAX_EVENTS * 2) {
+            pen.output(Stream::Stdout, b"x");
+        }
+        feed.finish(Arc::new(report()));
+        let (events, ended) = feed.after(0);
+        assert!(ended, "the report still comes");
+        assert!(events.len() <= MAX_EVENTS, "{} events", events.len());
+        assert_eq!(events[events.len() - 2].1.name(), "truncated");
+    }
+
+    #[test]
     fn the_feed_stops_at_its_cap_with_a_truncated_event() {
         let feed = Feed::new(4);
-        feed.output(Stream::Stdout, b"abcdef");
-        feed.output(Stream::Stdout, b"more");
+        let mut pen = feed.pen(None);
+        pen.output(Stream::Stdout, b"abcdef");
+        pen.output(Stream::Stdout, b"more");
         let t = texts(&feed);
         assert_eq!(t[1], r#"stdout {"data":"abcd"}"#);
         assert!(t[2].starts_with("truncated"), "{t:?}");
@@ -353,20 +455,10 @@ mod tests {
     fn ids_resume_after_the_last_seen_and_nothing_follows_the_report() {
         let feed = Feed::new(100);
         feed.started(Stage::Run);
-        feed.output(Stream::Stderr, b"x");
-        let report = RunReport::new(
-            "r",
-            "python",
-            crate::report::Status::Succeeded,
-            crate::report::RunLimits {
-                memory_mb: 512,
-                timeout_seconds: 30.0,
-                cpus: 1.0,
-            },
-            "",
-        );
-        feed.finish(Arc::new(report));
-        feed.output(Stream::Stdout, b"late");
+        let mut pen = feed.pen(None);
+        pen.output(Stream::Stderr, b"x");
+        feed.finish(Arc::new(report()));
+        pen.output(Stream::Stdout, b"late");
         let (events, ended) = feed.after(2);
         assert!(ended);
         let ids: Vec<u64> = events.iter().map(|(i, _)| *i).collect();
@@ -377,8 +469,9 @@ mod tests {
     #[test]
     fn the_tail_is_the_last_lines_within_the_bytes() {
         let feed = Feed::new(1 << 20);
+        let mut pen = feed.pen(None);
         for i in 0..30 {
-            feed.output(Stream::Stdout, format!("line {i}\n").as_bytes());
+            pen.output(Stream::Stdout, format!("line {i}\n").as_bytes());
         }
         let tail = feed.tail(3, 1024);
         assert_eq!(tail, "line 27\nline 28\nline 29");

@@ -133,6 +133,11 @@ pub(super) async fn run(
     let prefix = known.prefix.clone();
     let case = |i: usize, container: Option<Acquired>, check: bool| {
         let t = &req.tests[i];
+        // Cases may run at once: each writes the live feed with its own pen, tagged.
+        let bound = Bound {
+            case: u32::try_from(i + 1).ok().filter(|_| req.tests.len() > 1),
+            ..bound
+        };
         let want = containers.run_want(run_id, req, &format!("t{}", i + 1), prefix.as_ref());
         let p = program.payload(
             req,

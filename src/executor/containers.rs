@@ -255,6 +255,7 @@ impl Containers {
             live: bound.feed.map(|feed| LiveStage {
                 feed: feed.clone(),
                 stage,
+                case: bound.case,
             }),
         };
         let mut container = container;

@@ -9,7 +9,6 @@
 //! is read for [`DRAIN_GRACE`]; once the exchange's time is up the engine is waited for at
 //! most [`END_GRACE`] more.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::live::{Feed, Stream};
+use crate::live::{Pen, Stream};
 
 use crate::engine::protocol::{DecodeLimits, Decoded, Decoder, News, PhaseName};
 use crate::engine::{
@@ -145,7 +144,7 @@ pub struct Exchange<'a> {
     /// The container's owner ended it while the answer was awaited.
     pub closed: bool,
     /// Where what arrives is shown while it arrives.
-    live: Option<Arc<Feed>>,
+    live: Option<Pen>,
     /// Whether file entries are shown (a run stage's `outputs/`, not a compile's artifacts).
     live_files: bool,
     output_limit: u64,
@@ -184,19 +183,19 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// Show the output (and the files, when `files`) in `feed` as they arrive.
-    pub fn with_live(mut self, feed: Option<Arc<Feed>>, files: bool) -> Exchange<'a> {
+    /// Show the output (and the files, when `files`) with `pen` as they arrive.
+    pub fn with_live(mut self, pen: Option<Pen>, files: bool) -> Exchange<'a> {
         self.live_files = files;
-        if feed.is_some() {
+        if pen.is_some() {
             self.decoder.keep_news();
         }
-        self.live = feed;
+        self.live = pen;
         self
     }
 
     /// Pass on what the last frames brought.
     fn tell(&mut self) {
-        let Some(feed) = &self.live else { return };
+        let Some(feed) = &mut self.live else { return };
         for news in self.decoder.take_news() {
             let stream = |stdout| {
                 if stdout {

@@ -151,6 +151,7 @@ impl Executor {
         if !spec.packages.is_empty() {
             let never = CancellationToken::new();
             let bound = Bound {
+                case: None,
                 cancel: &never,
                 deadline: tokio::time::Instant::now()
                     + Duration::from_secs_f64(
@@ -260,6 +261,7 @@ impl Executor {
         } = call;
         let started = Instant::now();
         let bound = Bound {
+            case: None,
             cancel: &cancel,
             deadline: tokio::time::Instant::now()
                 + ends::budget_with_install(&self.containers.config, req)

@@ -52,6 +52,7 @@ pub(super) async fn run(
     };
     let never = CancellationToken::new();
     let bound = Bound {
+        case: None,
         cancel: &never,
         deadline: tokio::time::Instant::now() + timeout + BACKSTOP_GRACE,
         feed: None,

@@ -41,7 +41,7 @@ use crate::engine::posture::Limits;
 use crate::engine::protocol::session::{Done, Exec, InitTimes, Open, Read, Work};
 use crate::engine::protocol::{Collect, DecodeLimits, Decoded, Entry, Files, PhaseName};
 use crate::engine::{Attached, ContainerEngine, InputSink, OutputStream};
-use crate::live::Feed;
+use crate::live::Pen;
 use crate::registry::Language;
 use crate::report::{InterpreterState, ResetReason, RunReport, SessionExecution, Stage, Status};
 
@@ -87,7 +87,7 @@ struct Ask {
     backstop: Duration,
     cancel: CancellationToken,
     /// Where the answer is shown as it arrives.
-    live: Option<Arc<Feed>>,
+    live: Option<Pen>,
     reply: oneshot::Sender<Result<Heard, Broken>>,
 }
 
@@ -237,7 +237,7 @@ impl SessionBox {
         limits: DecodeLimits,
         backstop: Duration,
         cancel: Option<&CancellationToken>,
-        live: Option<Arc<Feed>>,
+        live: Option<Pen>,
     ) -> Result<Heard, Broken> {
         let (reply, answer) = oneshot::channel();
         let ask = Ask {
@@ -460,6 +460,7 @@ impl SessionBox {
         };
         let never = CancellationToken::new();
         let bound = Bound {
+            case: None,
             cancel: &never,
             deadline: tokio::time::Instant::now() + start + BACKSTOP_GRACE,
             feed: None,
@@ -543,6 +544,7 @@ impl SessionBox {
         } = call;
         let started = Instant::now();
         let bound = Bound {
+            case: None,
             feed,
             cancel: &cancel,
             deadline: tokio::time::Instant::now()
@@ -594,8 +596,8 @@ impl SessionBox {
                         content: s.max_output_bytes,
                         entries: super::containers::MAX_OUTPUT_ENTRIES,
                     };
-                    let live = bound.feed.cloned();
-                    if let Some(feed) = &live {
+                    let live = bound.feed.map(|feed| feed.pen(None));
+                    if let Some(feed) = bound.feed {
                         feed.started(Stage::Run);
                     }
                     match self

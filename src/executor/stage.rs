@@ -32,6 +32,8 @@ pub struct Bound<'a> {
     pub cancel: &'a CancellationToken,
     pub deadline: Instant,
     pub feed: Option<&'a Arc<Feed>>,
+    /// The test case it runs (1-based) when several run at once: its live output says so.
+    pub case: Option<u32>,
 }
 
 /// Why a run's engine call was given up.
@@ -95,6 +97,8 @@ pub struct StageRequest {
 pub struct LiveStage {
     pub feed: Arc<Feed>,
     pub stage: Stage,
+    /// The test case it runs, when several run at once.
+    pub case: Option<u32>,
 }
 
 /// Where a stage's time went, as the host saw it.
@@ -199,7 +203,7 @@ pub async fn run_stage(
     )
     .with_run_backstop(request.run_backstop)
     .with_live(
-        live.as_ref().map(|l| l.feed.clone()),
+        live.as_ref().map(|l| l.feed.pen(l.case)),
         live.as_ref().is_some_and(|l| l.stage == Stage::Run),
     );
     ex.listen(&mut output, cancel, &CancellationToken::new())

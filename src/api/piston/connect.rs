@@ -212,7 +212,7 @@ impl Connection {
                         out.push(json!({"type": "stage", "stage": stage.as_str()}));
                         out
                     }
-                    Event::Output { stream, data } => {
+                    Event::Output { stream, data, .. } => {
                         vec![json!({"type": "data", "stream": stream.as_str(), "data": data})]
                     }
                     Event::Report(report) => {

@@ -254,7 +254,7 @@ pub fn document(manager: &RunManager) -> Value {
             "/v1/runs/{id}/events": {
                 "get": {
                     "operationId": "runEvents",
-                    "summary": "A run's live events (also a session's execution), as Server-Sent Events: `queued`, `started` {stage}, `stdout` and `stderr` {data} in order as produced (within the output caps; `truncated` {stream, reason} when a cap is reached), `file` {path, size_bytes}, and one final `report` (the run report), after which the stream ends. Every event has an id; reconnecting with `Last-Event-ID` resumes after it. A run that has ended answers its `report` at once.",
+                    "summary": "A run's live events (also a session's execution), as Server-Sent Events: `queued`, `started` {stage}, `stdout` and `stderr` {data} in order as produced (with `case`, the 1-based test case, when a run has several; within the output caps and 4096 events; `truncated` {stream, reason} when a cap is reached), `file` {path, size_bytes}, and one final `report` (the run report), after which the stream ends. Every event has an id; reconnecting with `Last-Event-ID` resumes after it. A run that has ended answers its `report` at once.",
                     "parameters": [
                         id_parameter.clone(),
                         {

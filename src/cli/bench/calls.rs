@@ -109,6 +109,7 @@ impl Pricing<'_> {
             spec.name = format!("codebox-bench-{}", uuid::Uuid::new_v4().simple());
             self.engine.create_container(&spec).await?;
             let bound = Bound {
+                case: None,
                 cancel: &never,
                 deadline: tokio::time::Instant::now() + Duration::from_secs(30),
                 feed: None,

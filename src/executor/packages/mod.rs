@@ -376,6 +376,7 @@ impl Packages {
             live: bound.feed.map(|feed| LiveStage {
                 feed: feed.clone(),
                 stage: Stage::Install,
+                case: None,
             }),
             limits: DecodeLimits {
                 output: self.config.sandbox.output_limit_bytes,
