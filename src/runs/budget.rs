@@ -2,6 +2,7 @@
 //! ever be admitted.
 
 use crate::config::Config;
+use crate::contract::ValidRequest;
 use crate::registry::{Language, Registry};
 use crate::report::RunLimits;
 
@@ -23,6 +24,33 @@ pub fn memory_charge(language: &Language, limits: &RunLimits, parallel: usize) -
         run.max(language.compile_limits.memory_mb)
     } else {
         run
+    }
+}
+
+/// Memory a run holds while admitted: [`memory_charge`], or its install step's container
+/// (`packages.install_memory_mb`) if larger when it asks for packages: the install runs
+/// inside the run's admission, before its other stages.
+pub fn run_charge(valid: &ValidRequest, config: &Config, parallel: usize) -> u64 {
+    let charge = memory_charge(&valid.language, &valid.limits, parallel);
+    with_install(charge, valid, config)
+}
+
+/// Memory a session's execution holds while admitted (the session holds its own): its
+/// compile stage's for a compiled language, and its install step's when it asks for packages.
+pub fn execution_charge(valid: &ValidRequest, config: &Config) -> u64 {
+    let compile = if valid.language.is_compiled() {
+        valid.language.compile_limits.memory_mb
+    } else {
+        0
+    };
+    with_install(compile, valid, config)
+}
+
+fn with_install(charge: u64, valid: &ValidRequest, config: &Config) -> u64 {
+    if valid.packages.is_empty() {
+        charge
+    } else {
+        charge.max(config.packages.install_memory_mb)
     }
 }
 

@@ -52,7 +52,7 @@ use crate::live::Feed;
 use crate::registry::Registry;
 use crate::report::{InterpreterState, RunReport, SessionExecution, Status};
 use admission::{Admission, Next, Policy, Refusal, Ticket};
-pub use budget::{check_budget, memory_charge, BudgetError};
+pub use budget::{check_budget, execution_charge, memory_charge, run_charge, BudgetError};
 pub use lookup::LookupError;
 use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use metrics::Metrics;
@@ -1159,7 +1159,16 @@ impl RunManager {
         let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
         let budget_mb = self.inner.config.runs.memory_budget_mb;
         let slots = parallelism(&valid, &self.inner.config);
-        let charge_mb = memory_charge(&valid.language, &valid.limits, slots);
+        let charge_mb = run_charge(&valid, &self.inner.config, slots);
+        let install_mb = self.inner.config.packages.install_memory_mb;
+        if charge_mb > budget_mb && !valid.packages.is_empty() && install_mb > budget_mb {
+            return Err(SubmitError::Invalid(RequestError {
+                field: "packages".into(),
+                message: format!(
+                    "installing packages takes {install_mb} MB (packages.install_memory_mb), more than the {budget_mb} MB this server runs at once (runs.memory_budget_mb)"
+                ),
+            }));
+        }
         if charge_mb > budget_mb {
             return Err(SubmitError::Invalid(RequestError {
                 field: "limits.memory_mb".into(),
@@ -1291,7 +1300,7 @@ impl RunManager {
             }
         };
         let slots = parallelism(&valid, &self.inner.config);
-        let charge_mb = memory_charge(&valid.language, &valid.limits, slots);
+        let charge_mb = run_charge(&valid, &self.inner.config, slots);
         let feed = Feed::new(self.feed_bytes());
         let origin = Origin::Claimed {
             waited_ms: c.waited_ms,
@@ -1344,11 +1353,7 @@ impl RunManager {
                 return Err(e);
             }
         };
-        let charge_mb = if valid.language.is_compiled() {
-            valid.language.compile_limits.memory_mb
-        } else {
-            0
-        };
+        let charge_mb = execution_charge(&valid, &self.inner.config);
         let session = LiveSession {
             id: id.to_string(),
             container: begun.container,

@@ -473,3 +473,39 @@ async fn full_reports_are_cleared_from_history_after_the_retention() {
         assert!(matches!(err, LookupError::Unknown { .. }), "{err:?}");
     }
 }
+
+#[tokio::test]
+async fn a_run_with_packages_is_charged_its_install_containers_memory() {
+    // The install step's container (packages.install_memory_mb) runs inside the run's
+    // admission: a run asking for less than it is charged the install's memory, so runs
+    // admitted beside it cannot take what the install uses.
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::Start,
+        Duration::from_millis(500),
+    );
+    let m = fake_manager(&fake, |c| {
+        c.runs.memory_budget_mb = 1536;
+        c.runs.max_concurrent_runs = 4;
+        c.packages.install_memory_mb = 1024;
+        c.packages.python.index_url = Some("http://127.0.0.1:9/simple/".into());
+        c.pool.sizes.clear();
+        c.sessions.ready.clear();
+    });
+    let with_packages = RunRequest {
+        packages: Some(vec!["tinypkg==1.0".into()]),
+        ..with_memory("python", 256.0)
+    };
+    let a = m.submit(with_packages).unwrap().run_id;
+    let b = m.submit(with_memory("python", 768.0)).unwrap().run_id;
+    let s = m.stats();
+    assert_eq!(
+        (s.active, s.queued, s.active_memory_mb),
+        (1, 1, 1024),
+        "the second run was admitted beside the install"
+    );
+    for id in [a, b] {
+        m.wait(&id, Duration::from_secs(30)).await.unwrap();
+    }
+    m.shutdown(Duration::from_secs(10)).await;
+}
