@@ -299,6 +299,28 @@ pub struct InstalledPackage {
 }
 
 impl RunReport {
+    /// The bytes its strings hold (output, compile output, message, returned files and test
+    /// cases, 128 bytes of bookkeeping each): what keeping it costs, in memory or in a queue.
+    pub fn held_bytes(&self) -> u64 {
+        const ENTRY: usize = 128;
+        let compile = self
+            .compile
+            .as_ref()
+            .map_or(0, |c| c.stdout.len() + c.stderr.len());
+        let files: usize = self
+            .files
+            .iter()
+            .map(|f| f.path.len() + f.content_base64.as_ref().map_or(0, String::len) + ENTRY)
+            .sum();
+        let tests: usize = self
+            .tests
+            .iter()
+            .map(|t| t.name.len() + t.stdout.len() + t.stderr.len() + ENTRY)
+            .sum();
+        let all = self.stdout.len() + self.stderr.len() + self.message.len() + compile;
+        (all + files + tests) as u64
+    }
+
     /// A report with nothing yet to tell: no stage, no output, no usage.
     pub fn new(
         run_id: impl Into<String>,

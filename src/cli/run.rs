@@ -65,10 +65,7 @@ fn write_outputs(dir: &Path, report: &RunReport) -> anyhow::Result<()> {
     use base64::Engine as _;
     for f in &report.files {
         let rel = f.path.strip_prefix("outputs/").unwrap_or(&f.path);
-        let safe = !rel.is_empty()
-            && rel
-                .split('/')
-                .all(|c| !c.is_empty() && c != "." && c != "..");
+        let safe = crate::contract::stays_inside(rel);
         let (Some(data), true) = (&f.content_base64, safe) else {
             eprintln!(
                 "codebox: {} not written: {}",

@@ -33,6 +33,18 @@ pub struct FileInput {
     pub encoding: Option<Encoding>,
 }
 
+/// Whether a path someone else handed back (a container's artifact or output, a returned
+/// file) stays inside the directory it is taken under: relative, at most 4096 bytes, no empty,
+/// `.` or `..` component, no NUL. The one check for paths that do not come from a client.
+pub fn stays_inside(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 4096
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
+}
+
 /// Check a path a client names inside a working directory (`.` is the directory itself);
 /// returns it normalised.
 pub fn check_relative_path(field: &str, path: &str) -> Result<String, RequestError> {
@@ -144,4 +156,19 @@ pub fn check_files(
         files.push((path, Bytes::from(content)));
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_inside_the_working_directory_stay_inside() {
+        for good in ["a", "a/b", "build/main.o"] {
+            assert!(stays_inside(good), "{good}");
+        }
+        for bad in ["", "/etc/passwd", "a/../b", "./a", "a//b", "..", "a/\0"] {
+            assert!(!stays_inside(bad), "{bad:?}");
+        }
+    }
 }

@@ -26,7 +26,7 @@ pub mod schema;
 pub mod session;
 
 pub use checks::{RequestError, MIN_TIMEOUT_SECONDS};
-pub use files::{check_relative_path, Encoding, FileInput};
+pub use files::{check_relative_path, stays_inside, Encoding, FileInput};
 pub use limits::LimitsInput;
 pub use run::{
     Compare, CompileLimitsInput, RunRequest, SessionTarget, SessionTerms, TestInput, ValidRequest,

@@ -19,9 +19,7 @@ use crate::engine::EngineError;
 use crate::live::Feed;
 use crate::report::{CompileReport, FileReport, PackagesReport, Stage, Status, TestReport};
 
-/// How long the host waits beyond a stage's own limits before it kills the container
-/// (`codebox-init` enforces the limits; this is the backstop).
-pub(super) const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
+pub(super) use super::stage::BACKSTOP_GRACE;
 /// Space a file or directory takes in a tmpfs beyond its content, roughly.
 pub(super) const ENTRY_OVERHEAD_BYTES: u64 = 4096;
 

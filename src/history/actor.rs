@@ -80,7 +80,7 @@ impl Command {
         const BASE: usize = 256;
         let n = match self {
             Command::Insert(run) => BASE + run.code_preview.as_ref().map_or(0, String::len),
-            Command::Finish { report, .. } => BASE + report_bytes(report),
+            Command::Finish { report, .. } => BASE + report.held_bytes() as usize,
             Command::ForgetReports { run_ids } => {
                 BASE + run_ids.iter().map(String::len).sum::<usize>()
             }
@@ -88,25 +88,6 @@ impl Command {
         };
         n as u64
     }
-}
-
-/// The bytes a report holds in its strings: output, compile output, files, test cases.
-fn report_bytes(r: &RunReport) -> usize {
-    let compile = r
-        .compile
-        .as_ref()
-        .map_or(0, |c| c.stdout.len() + c.stderr.len());
-    let files: usize = r
-        .files
-        .iter()
-        .map(|f| f.path.len() + f.content_base64.as_ref().map_or(0, String::len) + 128)
-        .sum();
-    let tests: usize = r
-        .tests
-        .iter()
-        .map(|t| t.name.len() + t.stdout.len() + t.stderr.len() + 128)
-        .sum();
-    r.stdout.len() + r.stderr.len() + r.message.len() + compile + files + tests
 }
 
 /// An error and its causes, each said once ("PostgreSQL: db error: FATAL: ..."): the

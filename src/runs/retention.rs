@@ -14,26 +14,10 @@ use crate::report::RunReport;
 /// Memory charged per finished report besides its outputs: ids, message, limits, bookkeeping.
 pub const REPORT_OVERHEAD_BYTES: u64 = 1024;
 
-/// What a finished report counts against `runs.retained_reports_mb`: its stdout, stderr,
-/// compile output, message, returned files and test cases' output, plus
-/// [`REPORT_OVERHEAD_BYTES`].
+/// What a finished report counts against `runs.retained_reports_mb`: the bytes it holds
+/// ([`RunReport::held_bytes`]) plus [`REPORT_OVERHEAD_BYTES`].
 pub fn report_bytes(r: &RunReport) -> u64 {
-    let compile = r
-        .compile
-        .as_ref()
-        .map_or(0, |c| c.stdout.len() + c.stderr.len());
-    let files: usize = r
-        .files
-        .iter()
-        .map(|f| f.path.len() + f.content_base64.as_ref().map_or(0, String::len))
-        .sum();
-    let tests: usize = r
-        .tests
-        .iter()
-        .map(|t| t.name.len() + t.stdout.len() + t.stderr.len())
-        .sum();
-    (r.stdout.len() + r.stderr.len() + compile + r.message.len() + files + tests) as u64
-        + REPORT_OVERHEAD_BYTES
+    r.held_bytes() + REPORT_OVERHEAD_BYTES
 }
 
 struct Finished {

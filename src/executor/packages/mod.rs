@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::{Allowed, Config};
+use crate::contract::stays_inside;
 use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{
     self, Limits, Plan, Role, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE,
@@ -33,15 +34,15 @@ use crate::engine::uids::{UidLease, UidPool};
 use crate::engine::{ContainerEngine, LABEL_INIT_FEATURES};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
-use crate::executor::stage::{run_stage, Bound, BoundError, Interrupted, LiveStage, StageRequest};
+use crate::executor::stage::{
+    run_stage, Bound, BoundError, Interrupted, LiveStage, StageRequest, BACKSTOP_GRACE,
+};
 use crate::registry::Language;
 use crate::report::{fmt_num, InstalledPackage, PackagesReport, Stage, Status, Usage};
 use sha2::{Digest, Sha256};
 
 /// Label on a packages volume carrying its cache key.
 pub const LABEL_PACKAGES: &str = "codebox.packages";
-/// The host's grace beyond the install's own time limit.
-const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
 /// Most entries an installed prefix may have.
 const MAX_PREFIX_ENTRIES: usize = 200_000;
 
@@ -672,7 +673,7 @@ fn prefix_tar(
     let mut bytes = 0u64;
     let mut installed = Vec::new();
     for f in files {
-        if !safe_relative(&f.path) {
+        if !stays_inside(&f.path) {
             return Err(format!(
                 "the install step handed back a path outside its prefix: {:?}",
                 f.path
@@ -743,7 +744,7 @@ fn relative_tar(tar: &[u8]) -> Result<Vec<u8>, String> {
             Some((_, rest)) if !rest.is_empty() => rest.to_string(),
             _ => continue,
         };
-        if !safe_relative(&rest) {
+        if !stays_inside(&rest) {
             return Err(format!(
                 "the packages volume holds a path outside it: {rest:?}"
             ));
@@ -785,15 +786,6 @@ fn npm_package(path: &str, content: &[u8]) -> Option<InstalledPackage> {
         name: v.get("name")?.as_str()?.to_string(),
         version: v.get("version")?.as_str()?.to_string(),
     })
-}
-
-fn safe_relative(path: &str) -> bool {
-    !path.is_empty()
-        && path.len() <= 4096
-        && !path.starts_with('/')
-        && path
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
 }
 
 #[cfg(test)]
