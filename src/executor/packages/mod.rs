@@ -108,6 +108,9 @@ pub struct Packages {
     instance: String,
     cache: Mutex<cache::Lru>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Numbers the containers it creates, so that no name is used twice (the container of
+    /// that name may still be being removed).
+    made: AtomicU64,
     counters: Counters,
 }
 
@@ -141,12 +144,19 @@ impl Packages {
             instance,
             cache: Mutex::new(cache::Lru::default()),
             locks: Mutex::new(HashMap::new()),
+            made: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// `<run_id>-<what>-<n>`, a name this executor never gave before.
+    fn unique(&self, run_id: &str, what: &str) -> String {
+        let n = self.made.fetch_add(1, Ordering::Relaxed);
+        format!("{run_id}-{what}-{n}")
     }
 
     /// Bytes and entries the cache holds.
@@ -304,11 +314,8 @@ impl Packages {
                 lang.image.tag, lang.image.name
             )));
         }
-        let dir = self
-            .config
-            .data_dir
-            .join("egress")
-            .join(format!("{run_id}-install"));
+        let install_name = self.unique(run_id, "install");
+        let dir = self.config.data_dir.join("egress").join(&install_name);
         let gate = proxy::Proxy::start(
             &dir,
             proxy::Policy { allowed },
@@ -322,7 +329,7 @@ impl Packages {
             ))
         })?;
         let lease = self.uids.lease();
-        let name = format!("codebox-{run_id}-install");
+        let name = format!("codebox-{install_name}");
         let plan = Plan {
             name: name.clone(),
             image: image.id.clone(),
@@ -491,11 +498,12 @@ impl Packages {
     }
 
     /// The plan of a container that is created to copy files in or out, never started, and
-    /// removed: named after the run and what it does, with a uid of its own.
+    /// removed: named after the run and what it does (numbered: one run may copy twice), with
+    /// a uid of its own.
     fn created_only(&self, run_id: &str, what: &str, image_id: &str) -> (Plan, UidLease) {
         let lease = self.uids.lease();
         let plan = Plan {
-            name: format!("codebox-{run_id}-{what}"),
+            name: format!("codebox-{}", self.unique(run_id, what)),
             image: image_id.to_string(),
             uid: lease.uid,
             limits: Limits {
@@ -798,6 +806,101 @@ fn safe_relative(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::fake::FakeEngine;
+    use session::SessionPrefix;
+    use std::collections::BTreeSet;
+    use tokio_util::sync::CancellationToken;
+
+    /// Packages on the fake engine, python's enabled with an index nobody reaches (the fake's
+    /// install container answers at once).
+    struct Harness {
+        fake: Arc<FakeEngine>,
+        packages: Packages,
+        lang: Language,
+        cancel: CancellationToken,
+        _data: tempfile::TempDir,
+    }
+
+    const IMAGE: &str = "sha256:fake-python";
+
+    fn harness(tune: impl FnOnce(&mut Config)) -> Harness {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            data_dir: data.path().to_path_buf(),
+            ..Config::default()
+        };
+        config.packages.python.index_url = Some("http://127.0.0.1:9/simple".into());
+        tune(&mut config);
+        let registry = crate::registry::Registry::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("languages.toml"),
+        )
+        .unwrap();
+        let lang = registry.resolve("python").unwrap().clone();
+        let fake = Arc::new(FakeEngine::new());
+        let packages = Packages::new(
+            Arc::new(config),
+            fake.clone(),
+            Cleanup::default(),
+            UidPool::new(data.path()),
+            "test".into(),
+        );
+        Harness {
+            fake,
+            packages,
+            lang,
+            cancel: CancellationToken::new(),
+            _data: data,
+        }
+    }
+
+    impl Harness {
+        fn bound(&self) -> Bound<'_> {
+            Bound {
+                cancel: &self.cancel,
+                deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+            }
+        }
+
+        async fn session(&self) -> SessionPrefix {
+            SessionPrefix::create(
+                &self.packages,
+                &self.lang,
+                "codebox-s1",
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap()
+        }
+
+        async fn add(
+            &self,
+            s: &SessionPrefix,
+            run_id: &str,
+            requested: &[&str],
+        ) -> Result<PackagesReport, InstallEnd> {
+            let reqs: Vec<String> = requested.iter().map(|r| r.to_string()).collect();
+            s.add(
+                &self.packages,
+                run_id,
+                &self.lang,
+                IMAGE,
+                &reqs,
+                self.bound(),
+            )
+            .await
+        }
+    }
+
+    #[tokio::test]
+    async fn installs_into_one_session_use_containers_named_once_each() {
+        let h = harness(|_| {});
+        let s = h.session().await;
+        h.add(&s, "s1", &["a==1"]).await.unwrap();
+        h.add(&s, "s1", &["b==1"]).await.unwrap();
+        let names: Vec<String> = h.fake.specs().into_iter().map(|s| s.name).collect();
+        let once: BTreeSet<&String> = names.iter().collect();
+        assert_eq!(once.len(), names.len(), "a name was used twice: {names:?}");
+    }
 
     #[test]
     fn keys_differ_for_different_lists_images_and_indexes() {
