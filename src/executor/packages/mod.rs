@@ -107,11 +107,50 @@ pub struct Packages {
     uids: Arc<UidPool>,
     instance: String,
     cache: Mutex<cache::Lru>,
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    locks: Locks,
     /// Numbers the containers it creates, so that no name is used twice (the container of
     /// that name may still be being removed).
     made: AtomicU64,
     counters: Counters,
+}
+
+/// One install lock per cache key, for as long as someone holds or awaits it.
+type Locks = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// A claim on one key's install lock; the key's entry goes with its last claim.
+struct KeyLock<'a> {
+    locks: &'a Locks,
+    key: String,
+    lock: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl<'a> KeyLock<'a> {
+    fn new(locks: &'a Locks, key: &str) -> KeyLock<'a> {
+        let mut map = locks.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = map.entry(key.to_string()).or_default().clone();
+        KeyLock {
+            locks,
+            key: key.to_string(),
+            lock: Some(lock),
+        }
+    }
+
+    fn lock(&self) -> &tokio::sync::Mutex<()> {
+        self.lock.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for KeyLock<'_> {
+    fn drop(&mut self) {
+        let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        // Counted and dropped under the map's lock, where claims are made: this one and the
+        // map's own mean nobody else holds or awaits the key.
+        if let Some(lock) = self.lock.take() {
+            if Arc::strong_count(&lock) == 2 {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// The cache key: language, image, index and the exact sorted requirement list.
@@ -202,12 +241,9 @@ impl Packages {
             )));
         };
         let key = key(&lang.id, image_id, index, requirements);
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks.entry(key.clone()).or_default().clone()
-        };
+        let claim = KeyLock::new(&self.locks, &key);
         let _guard = tokio::select! {
-            g = lock.lock() => g,
+            g = claim.lock().lock() => g,
             _ = bound.cancel.cancelled() => return Err(InstallEnd::Stopped),
         };
         let prefix = |entry: Arc<cache::Entry>| Prefix {
@@ -861,6 +897,16 @@ mod tests {
             }
         }
 
+        async fn prepare(&self, run_id: &str, requirements: &[&str]) -> Prefix {
+            let reqs: Vec<String> = requirements.iter().map(|r| r.to_string()).collect();
+            let (prefix, _) = self
+                .packages
+                .prepare(run_id, &self.lang, IMAGE, &reqs, self.bound())
+                .await
+                .unwrap();
+            prefix
+        }
+
         async fn session(&self) -> SessionPrefix {
             SessionPrefix::create(
                 &self.packages,
@@ -900,6 +946,17 @@ mod tests {
         let names: Vec<String> = h.fake.specs().into_iter().map(|s| s.name).collect();
         let once: BTreeSet<&String> = names.iter().collect();
         assert_eq!(once.len(), names.len(), "a name was used twice: {names:?}");
+    }
+
+    #[tokio::test]
+    async fn the_install_locks_go_with_their_last_holder() {
+        let h = harness(|_| {});
+        h.prepare("r1", &["a==1"]).await;
+        h.prepare("r2", &["b==1"]).await;
+        h.prepare("r3", &["a==1"]).await;
+        let (a, b) = tokio::join!(h.prepare("r4", &["c==1"]), h.prepare("r5", &["c==1"]));
+        drop((a, b));
+        assert_eq!(h.packages.locks.lock().unwrap().len(), 0);
     }
 
     #[test]
