@@ -487,7 +487,13 @@ impl Packages {
         let (tar, bytes, installed) =
             prefix_tar(&answer.decoded.files).map_err(InstallEnd::Sandbox)?;
         let copy_began = Instant::now();
-        let volume = format!("{PACKAGES_VOLUME_PREFIX}{}", &key[..32]);
+        // A name of its own: an evicted volume of this key may still be being removed, and
+        // another server on this daemon may cache the same key.
+        let volume = format!(
+            "{PACKAGES_VOLUME_PREFIX}{}-{}",
+            &key[..32],
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
         self.fill(run_id, &volume, &install.prefix, &image.id, tar, bound)
             .await?;
         self.counters
@@ -518,8 +524,6 @@ impl Packages {
         );
         vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
         let engine_error = |e: crate::engine::EngineError| InstallEnd::Sandbox(e.to_string());
-        // A volume of this name is left from an eviction in progress or a crash: start afresh.
-        let _ = self.engine.remove_volume(volume).await;
         self.engine
             .create_volume(volume, vlabels)
             .await
@@ -853,6 +857,7 @@ mod tests {
         fake: Arc<FakeEngine>,
         packages: Packages,
         lang: Language,
+        cleanup: Cleanup,
         cancel: CancellationToken,
         _data: tempfile::TempDir,
     }
@@ -873,10 +878,11 @@ mod tests {
         .unwrap();
         let lang = registry.resolve("python").unwrap().clone();
         let fake = Arc::new(FakeEngine::new());
+        let cleanup = Cleanup::default();
         let packages = Packages::new(
             Arc::new(config),
             fake.clone(),
-            Cleanup::default(),
+            cleanup.clone(),
             UidPool::new(data.path()),
             "test".into(),
         );
@@ -884,6 +890,7 @@ mod tests {
             fake,
             packages,
             lang,
+            cleanup,
             cancel: CancellationToken::new(),
             _data: data,
         }
@@ -935,6 +942,14 @@ mod tests {
             )
             .await
         }
+
+        /// The files a volume holds.
+        fn files(&self, volume: &str) -> Option<BTreeSet<String>> {
+            self.fake
+                .volumes()
+                .get(volume)
+                .map(|f| f.keys().cloned().collect())
+        }
     }
 
     #[tokio::test]
@@ -946,6 +961,23 @@ mod tests {
         let names: Vec<String> = h.fake.specs().into_iter().map(|s| s.name).collect();
         let once: BTreeSet<&String> = names.iter().collect();
         assert_eq!(once.len(), names.len(), "a name was used twice: {names:?}");
+    }
+
+    #[tokio::test]
+    async fn an_evicted_prefix_removed_late_never_takes_its_keys_new_install() {
+        let h = harness(|_| {});
+        let first = h.prepare("r1", &["a==1"]).await.volume.clone();
+        // Its container is still being removed: the removal tries again later.
+        h.fake.fail_volume_removals(2);
+        h.packages.evict_all().await;
+        let again = h.prepare("r2", &["a==1"]).await;
+        assert!(h.cleanup.drain(Duration::from_secs(10)).await);
+        assert!(
+            h.files(&again.volume).is_some(),
+            "the re-installed prefix {} (first {first}) was removed",
+            again.volume
+        );
+        assert!(h.files(&first).is_none(), "the evicted prefix was left");
     }
 
     #[tokio::test]
