@@ -964,6 +964,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_copy_cut_short_leaves_the_session_with_all_or_nothing() {
+        let h = harness(|_| {});
+        let s = h.session().await;
+        h.add(&s, "s1", &["a==1"]).await.unwrap();
+        let before = h.files(s.volume()).unwrap();
+        // The prefix the next install copies: what the session will hold if it succeeds.
+        let whole = {
+            let p = h.prepare("c1", &["a==1", "b==1"]).await;
+            h.files(&p.volume).unwrap()
+        };
+        h.fake.cut_uploads(1);
+        let added = h.add(&s, "s2", &["b==1"]).await;
+        let after = h.files(s.volume()).unwrap();
+        match added {
+            Ok(_) => assert_eq!(after, whole),
+            Err(e) => assert_eq!(after, before, "{e:?}"),
+        }
+    }
+
+    #[tokio::test]
     async fn an_evicted_prefix_removed_late_never_takes_its_keys_new_install() {
         let h = harness(|_| {});
         let first = h.prepare("r1", &["a==1"]).await.volume.clone();
