@@ -39,10 +39,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Refusals a proxy keeps to report (the first ones; later ones are only counted): a program
 /// may ask for thousands of hosts, and a programs' proxy lives as long as the server.
 const KEPT_REFUSALS: usize = 16;
-/// Longest text of a request's own a refusal repeats (a request may name a host of 16 KiB),
-/// and longest refusal kept or logged, in bytes.
+/// Most bytes of a request's own text (its host, its first line) a refusal repeats: a request
+/// may name a host of 16 KiB.
 const REQUEST_TEXT_BYTES: usize = 200;
-const REFUSAL_BYTES: usize = 400;
 /// Least time between two log lines of refusals; those in between are counted in the next.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -238,7 +237,7 @@ struct Tally {
 /// The refusals a proxy keeps: bounded in number and size, however many it makes.
 #[derive(Default)]
 struct Refusals {
-    /// The first [`KEPT_REFUSALS`], each at most [`REFUSAL_BYTES`].
+    /// The first [`KEPT_REFUSALS`] (each repeats at most [`REQUEST_TEXT_BYTES`] of its request).
     kept: Vec<String>,
     /// How many more there were.
     more: u64,
@@ -248,11 +247,11 @@ struct Refusals {
 }
 
 impl Refusals {
-    /// Keep `text` (shortened) if there is room, else count it; whether to log it now, and
-    /// how many refusals were not logged before it.
+    /// Keep `text` if there is room, else count it; whether to log it now, and how many
+    /// refusals were not logged before it.
     fn record(&mut self, text: &str) -> Option<u64> {
         if self.kept.len() < KEPT_REFUSALS {
-            self.kept.push(shortened(text, REFUSAL_BYTES));
+            self.kept.push(text.to_string());
         } else {
             self.more += 1;
         }
@@ -545,7 +544,7 @@ async fn refuse(client: &mut impl Client, tally: &Tally, why: Refusal) {
     let text = why.shortened().to_string();
     let log = tally.refusals.lock().ok().and_then(|mut r| r.record(&text));
     if let Some(unlogged) = log {
-        tracing::info!(refused = %shortened(&text, REFUSAL_BYTES), unlogged, "egress proxy");
+        tracing::info!(refused = %text, unlogged, "egress proxy");
     }
     let body = format!("codebox egress proxy refused this request: {text}\n");
     let _ = client
