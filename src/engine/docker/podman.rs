@@ -180,7 +180,8 @@ const PROFILE_DIR: &str = "seccomp";
 /// # Security
 /// Podman reads the file again at every create, so nobody but codebox's user may be able to
 /// change it: `dir` is made 0700 and is used only when that user owns it and nobody else may
-/// enter it; the file is created exclusively under a fresh name there and renamed into
+/// enter it, nor rename it (its parent is that user's or root's, and nobody else's to write);
+/// the file is created exclusively under a fresh name there and renamed into
 /// place. An existing file is reused only when that user owns it, nobody else may write it
 /// and it holds this very profile. Podman on this host runs as root or as codebox's user.
 fn write_profile(profile: &str, dir: &Path) -> std::io::Result<PathBuf> {
@@ -191,6 +192,9 @@ fn write_profile(profile: &str, dir: &Path) -> std::io::Result<PathBuf> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true).mode(0o700);
     builder.create(dir)?;
+    if let Some(parent) = dir.parent() {
+        steady_parent(&std::fs::metadata(parent)?, me)?;
+    }
     private_dir(&std::fs::symlink_metadata(dir)?, me)?;
     let hash = Sha256::digest(profile.as_bytes());
     let name: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
@@ -232,6 +236,25 @@ fn private_dir(meta: &std::fs::Metadata, uid: u32) -> std::io::Result<()> {
         format!(
             "it must be a folder of uid {uid}'s own with mode 0700, and is {} of uid {} with mode {:o}",
             if meta.file_type().is_dir() { "a folder" } else { "not a folder" },
+            meta.uid(),
+            meta.mode() & 0o7777
+        ),
+    ))
+}
+
+/// `Ok` when the metadata is of a folder where only `uid` or root may rename what it holds.
+fn steady_parent(meta: &std::fs::Metadata, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    if meta.file_type().is_dir()
+        && (meta.uid() == uid || meta.uid() == 0)
+        && meta.mode() & 0o022 == 0
+    {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "its parent must be a folder of uid {uid} or root that nobody else may write, and is of uid {} with mode {:o}",
             meta.uid(),
             meta.mode() & 0o7777
         ),
@@ -460,8 +483,13 @@ mod tests {
             panic!("a folder others can write must not be trusted");
         };
         assert!(why.contains(&dir.display().to_string()), "{why}");
-        // Owned by another user: neither the folder nor the file is trusted.
+        // A data folder others may write (they could rename the folder away) is refused too.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(form(), SeccompForm::Refused(_)));
+        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(form(), SeccompForm::File(path.clone()));
+        // Owned by another user: neither the folder nor the file is trusted.
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         let dir_meta = std::fs::symlink_metadata(&dir).unwrap();
