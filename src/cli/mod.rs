@@ -174,7 +174,8 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
 /// Build the application on Docker: the one place a concrete engine is chosen.
 pub fn docker_app(config: Config) -> anyhow::Result<App> {
     let registry = Registry::load(&registry_file(&config)?.path)?;
-    let engine: Arc<dyn ContainerEngine> = Arc::new(DockerEngine::connect(&config.docker)?);
+    let engine = DockerEngine::connect(&config.docker)?.with_data_dir(&config.data_dir);
+    let engine: Arc<dyn ContainerEngine> = Arc::new(engine);
     Ok(App::build(config, registry, engine)?)
 }
 

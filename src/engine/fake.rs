@@ -148,6 +148,12 @@ struct State {
     read_delay: std::time::Duration,
     /// Image builds as they start and end: "start TAG", "end TAG".
     builds: Vec<String>,
+    /// Named volumes and their files (path within the volume -> content).
+    volumes: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+    /// The next this many volume removals fail (a container mounting it is still going).
+    failing_volume_removals: usize,
+    /// The next this many uploads stop after half their entries (a copy cut short).
+    cut_uploads: usize,
 }
 
 /// The fake engine.
@@ -219,6 +225,21 @@ impl FakeEngine {
     /// Image builds as they started and ended: "start TAG", "end TAG".
     pub fn builds(&self) -> Vec<String> {
         self.state().builds.clone()
+    }
+
+    /// The volumes that exist now, with their files.
+    pub fn volumes(&self) -> BTreeMap<String, BTreeMap<String, Vec<u8>>> {
+        self.state().volumes.clone()
+    }
+
+    /// Make the next `n` volume removals fail (as Docker's "volume is in use").
+    pub fn fail_volume_removals(&self, n: usize) {
+        self.state().failing_volume_removals = n;
+    }
+
+    /// Make the next `n` uploads write half their entries, then fail.
+    pub fn cut_uploads(&self, n: usize) {
+        self.state().cut_uploads = n;
     }
 
     /// Make the next `n` container removals fail.
@@ -638,7 +659,91 @@ impl ContainerEngine for FakeEngine {
         Ok(Vec::new())
     }
 
-    async fn remove_volume(&self, _name: &str) -> Result<(), EngineError> {
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        let mut st = self.state();
+        if st.failing_volume_removals > 0 {
+            st.failing_volume_removals -= 1;
+            return Err(EngineError::RemoveVolume(detail(
+                "fake failure at volume removal: volume is in use",
+            )));
+        }
+        st.volumes.remove(name);
         Ok(())
     }
+
+    async fn create_volume(
+        &self,
+        name: &str,
+        _labels: BTreeMap<String, String>,
+    ) -> Result<(), EngineError> {
+        self.state().volumes.entry(name.to_string()).or_default();
+        Ok(())
+    }
+
+    async fn download(&self, id: &str, path: &str, _max: u64) -> Result<Vec<u8>, EngineError> {
+        let st = self.state();
+        let (volume, _) = mounted(&st, id, path).map_err(EngineError::Download)?;
+        let files = st.volumes.get(&volume).cloned().unwrap_or_default();
+        // As Docker's archive: the entries under the folder's own name.
+        let top = path.rsplit('/').next().unwrap_or("x");
+        let mut b = tar::Builder::new(Vec::new());
+        for (file, content) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(content.len() as u64);
+            h.set_mode(0o644);
+            b.append_data(&mut h, format!("{top}/{file}"), &content[..])
+                .map_err(|e| EngineError::Download(detail(e.to_string())))?;
+        }
+        b.into_inner()
+            .map_err(|e| EngineError::Download(detail(e.to_string())))
+    }
+
+    async fn upload(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<(), EngineError> {
+        let mut st = self.state();
+        let (volume, read_only) = mounted(&st, id, path).map_err(EngineError::Upload)?;
+        if read_only {
+            return Err(EngineError::Upload(detail(
+                "the volume is mounted read-only",
+            )));
+        }
+        let bad = |e: std::io::Error| EngineError::Upload(detail(e.to_string()));
+        let mut files = Vec::new();
+        for entry in tar::Archive::new(&tar[..]).entries().map_err(bad)? {
+            let mut entry = entry.map_err(bad)?;
+            if !entry.header().entry_type().is_file() {
+                continue;
+            }
+            let name = entry.path().map_err(bad)?.to_string_lossy().into_owned();
+            let mut content = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut content).map_err(bad)?;
+            files.push((name, content));
+        }
+        let cut = st.cut_uploads > 0;
+        if cut {
+            st.cut_uploads -= 1;
+            files.truncate(files.len().div_ceil(2));
+        }
+        let into = st.volumes.entry(volume).or_default();
+        into.extend(files);
+        if cut {
+            return Err(EngineError::Upload(detail(
+                "fake failure: the copy was cut short",
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The volume container `id` mounts at `path`, and whether read-only.
+fn mounted(st: &State, id: &str, path: &str) -> Result<(String, bool), super::Cause> {
+    let c = st
+        .containers
+        .get(id)
+        .ok_or_else(|| detail(format!("no such container: {id}")))?;
+    c.spec
+        .volumes
+        .iter()
+        .find(|v| v.target == path)
+        .map(|v| (v.volume.clone(), v.read_only))
+        .ok_or_else(|| detail(format!("no volume is mounted at {path}")))
 }

@@ -51,6 +51,8 @@ pub struct DockerEngine {
     /// How this daemon is spoken to (Docker, or Podman: the seccomp profile as a file, the
     /// tmpfs owner as `U`), learnt from its version answer at the first create.
     dialect: Arc<tokio::sync::OnceCell<Dialect>>,
+    /// codebox's data folder: Podman's seccomp profile file is written under it.
+    data_dir: std::path::PathBuf,
 }
 
 /// The Engine API client, or why there is none.
@@ -109,7 +111,15 @@ impl DockerEngine {
             tls,
             build_network: settings.build_network.clone(),
             dialect: Arc::default(),
+            data_dir: crate::config::Config::default().data_dir,
         })
+    }
+
+    /// Keep files of codebox's own (Podman's seccomp profile) under `data_dir` (`data_dir`
+    /// of the config; the user's data folder if not told).
+    pub fn with_data_dir(mut self, data_dir: &std::path::Path) -> DockerEngine {
+        self.data_dir = data_dir.to_path_buf();
+        self
     }
 
     /// Connect to an explicit address (`unix:///path`, `tcp://host:port` without TLS).
@@ -166,7 +176,7 @@ impl DockerEngine {
                 };
                 Ok(Dialect {
                     podman,
-                    seccomp: seccomp_form(podman, &self.address, profile, &std::env::temp_dir()),
+                    seccomp: seccomp_form(podman, &self.address, profile, &self.data_dir),
                     default_runtime,
                 })
             })

@@ -141,9 +141,14 @@ fn is_local(address: &str) -> bool {
     address.starts_with("unix://") || address.starts_with('/')
 }
 
-/// The form for a daemon at `address`, writing the profile file into `dir` where it is
-/// Podman on this host.
-pub(super) fn seccomp_form(podman: bool, address: &str, profile: &str, dir: &Path) -> SeccompForm {
+/// The form for a daemon at `address`, writing the profile file under codebox's data folder
+/// `data_dir` where it is Podman on this host.
+pub(super) fn seccomp_form(
+    podman: bool,
+    address: &str,
+    profile: &str,
+    data_dir: &Path,
+) -> SeccompForm {
     if !podman {
         return SeccompForm::Inline;
     }
@@ -155,35 +160,111 @@ pub(super) fn seccomp_form(podman: bool, address: &str, profile: &str, dir: &Pat
              unix://$XDG_RUNTIME_DIR/podman/podman.sock for rootless Podman)"
         ));
     }
-    match write_profile(profile, dir) {
+    let dir = data_dir.join(PROFILE_DIR);
+    match write_profile(profile, &dir) {
         Ok(path) => SeccompForm::File(path),
         Err(e) => SeccompForm::Refused(format!(
             "the daemon is Podman, which reads the seccomp profile from a file, and codebox \
-             could not write it into {}: {e} (set TMPDIR to a folder codebox can write and \
+             could not write it into {}: {e} (data_dir must be a folder codebox can write and \
              Podman can read)",
             dir.display()
         )),
     }
 }
 
-/// Write the profile to `dir/codebox-seccomp-<hash>.json` (readable by everyone: a rootless
-/// Podman runs as another user), replacing it atomically; the same profile gives the same
-/// file.
+/// The folder under codebox's data folder that holds the profile file.
+const PROFILE_DIR: &str = "seccomp";
+
+/// Write the profile to `dir/codebox-seccomp-<hash>.json`.
+///
+/// # Security
+/// Podman reads the file again at every create, so nobody but codebox's user may be able to
+/// change it: `dir` is made 0700 and is used only when that user owns it and nobody else may
+/// enter it, nor rename it (its parent is that user's or root's, and nobody else's to write);
+/// the file is created exclusively under a fresh name there and renamed into
+/// place. An existing file is reused only when that user owns it, nobody else may write it
+/// and it holds this very profile. Podman on this host runs as root or as codebox's user.
 fn write_profile(profile: &str, dir: &Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true).mode(0o700);
+    builder.create(dir)?;
+    if let Some(parent) = dir.parent() {
+        steady_parent(&std::fs::metadata(parent)?, me)?;
+    }
+    private_dir(&std::fs::symlink_metadata(dir)?, me)?;
     let hash = Sha256::digest(profile.as_bytes());
     let name: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
     let path = dir.join(format!("codebox-seccomp-{name}.json"));
-    if std::fs::read_to_string(&path).is_ok_and(|old| old == profile) {
+    let reusable = std::fs::symlink_metadata(&path).is_ok_and(|m| trusted_file(&m, me))
+        && std::fs::read_to_string(&path).is_ok_and(|old| old == profile);
+    if reusable {
         return Ok(path);
     }
-    let tmp = dir.join(format!("codebox-seccomp-{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, profile)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
-    std::fs::rename(&tmp, &path).inspect_err(|_| {
+    let tmp = dir.join(format!(
+        ".codebox-seccomp-{name}.{}.tmp",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(profile.as_bytes())?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o644))
+        })
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
-    })?;
+        return Err(e);
+    }
     Ok(path)
+}
+
+/// `Ok` when the metadata is of a folder that `uid` owns and nobody else may enter or write.
+fn private_dir(meta: &std::fs::Metadata, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    if meta.file_type().is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "it must be a folder of uid {uid}'s own with mode 0700, and is {} of uid {} with mode {:o}",
+            if meta.file_type().is_dir() { "a folder" } else { "not a folder" },
+            meta.uid(),
+            meta.mode() & 0o7777
+        ),
+    ))
+}
+
+/// `Ok` when the metadata is of a folder where only `uid` or root may rename what it holds.
+fn steady_parent(meta: &std::fs::Metadata, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    if meta.file_type().is_dir()
+        && (meta.uid() == uid || meta.uid() == 0)
+        && meta.mode() & 0o022 == 0
+    {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "its parent must be a folder of uid {uid} or root that nobody else may write, and is of uid {} with mode {:o}",
+            meta.uid(),
+            meta.mode() & 0o7777
+        ),
+    ))
+}
+
+/// Whether the metadata is of a regular file that `uid` owns and nobody else may write.
+fn trusted_file(meta: &std::fs::Metadata, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    meta.file_type().is_file() && meta.uid() == uid && meta.mode() & 0o022 == 0
 }
 
 /// The security options with the inline seccomp profile replaced by `file`.
@@ -364,6 +445,59 @@ mod tests {
             SeccompForm::File(path)
         );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_profile_file_or_folder_others_could_write_is_never_trusted() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let data = tempfile::tempdir().unwrap();
+        let profile = r#"{"defaultAction":"SCMP_ACT_ERRNO"}"#;
+        let form = || seccomp_form(true, "unix:///run/podman/podman.sock", profile, data.path());
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        let SeccompForm::File(path) = form() else {
+            panic!("Podman on a local socket must get a file");
+        };
+        // In a folder of codebox's own under its data folder, that only codebox can enter.
+        let dir = path.parent().unwrap().to_path_buf();
+        assert_ne!(dir, data.path());
+        assert!(dir.starts_with(data.path()));
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&path), 0o644);
+        // A file with the same content that others could rewrite is replaced, not reused.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(form(), SeccompForm::File(path.clone()));
+        assert_eq!(mode(&path), 0o644);
+        // A link planted in its place is replaced by a file of codebox's own.
+        let elsewhere = data.path().join("elsewhere.json");
+        std::fs::write(&elsewhere, profile).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        assert_eq!(form(), SeccompForm::File(path.clone()));
+        assert!(std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_file());
+        // A folder others could write into is refused, whatever it holds.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let SeccompForm::Refused(why) = form() else {
+            panic!("a folder others can write must not be trusted");
+        };
+        assert!(why.contains(&dir.display().to_string()), "{why}");
+        // A data folder others may write (they could rename the folder away) is refused too.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(form(), SeccompForm::Refused(_)));
+        std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(form(), SeccompForm::File(path.clone()));
+        // Owned by another user: neither the folder nor the file is trusted.
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let dir_meta = std::fs::symlink_metadata(&dir).unwrap();
+        let file_meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(private_dir(&dir_meta, me).is_ok());
+        assert!(private_dir(&dir_meta, me + 1).is_err());
+        assert!(trusted_file(&file_meta, me));
+        assert!(!trusted_file(&file_meta, me + 1));
     }
 
     #[test]

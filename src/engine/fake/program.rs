@@ -32,7 +32,27 @@ fn phase_frames(phase: &str, end: &str, stdout: &str, stderr: &str, extra: &str)
 /// The working directory sent back by a compile stage: the payload's entries and a `main`.
 fn workspace_frames(payload: &Payload) -> Vec<u8> {
     let mut v = Vec::new();
-    let mut entries = payload.files.entries();
+    let mut entries = Vec::new();
+    // An install step's package manager: each `name==version` it is given leaves its package
+    // and its metadata in the prefix.
+    for (name, version) in payload
+        .run
+        .iter()
+        .flatten()
+        .filter_map(|a| a.split_once("=="))
+    {
+        for path in [
+            format!("{name}/__init__.py"),
+            format!("{name}-{version}.dist-info/METADATA"),
+        ] {
+            entries.push(crate::engine::protocol::Entry::file(
+                &path,
+                0o644,
+                Bytes::from(format!("{name} {version}\n")),
+            ));
+        }
+    }
+    entries.extend(payload.files.entries());
     entries.push(crate::engine::protocol::Entry::file(
         "main",
         0o755,

@@ -108,8 +108,50 @@ pub struct Packages {
     uids: Arc<UidPool>,
     instance: String,
     cache: Mutex<cache::Lru>,
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    locks: Locks,
+    /// Numbers the containers it creates, so that no name is used twice (the container of
+    /// that name may still be being removed).
+    made: AtomicU64,
     counters: Counters,
+}
+
+/// One install lock per cache key, for as long as someone holds or awaits it.
+type Locks = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// A claim on one key's install lock; the key's entry goes with its last claim.
+struct KeyLock<'a> {
+    locks: &'a Locks,
+    key: String,
+    lock: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl<'a> KeyLock<'a> {
+    fn new(locks: &'a Locks, key: &str) -> KeyLock<'a> {
+        let mut map = locks.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = map.entry(key.to_string()).or_default().clone();
+        KeyLock {
+            locks,
+            key: key.to_string(),
+            lock: Some(lock),
+        }
+    }
+
+    fn lock(&self) -> &tokio::sync::Mutex<()> {
+        self.lock.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for KeyLock<'_> {
+    fn drop(&mut self) {
+        let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        // Counted and dropped under the map's lock, where claims are made: this one and the
+        // map's own mean nobody else holds or awaits the key.
+        if let Some(lock) = self.lock.take() {
+            if Arc::strong_count(&lock) == 2 {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// The cache key: language, image, index and the exact sorted requirement list.
@@ -142,12 +184,19 @@ impl Packages {
             instance,
             cache: Mutex::new(cache::Lru::default()),
             locks: Mutex::new(HashMap::new()),
+            made: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// `<run_id>-<what>-<n>`, a name this executor never gave before.
+    fn unique(&self, run_id: &str, what: &str) -> String {
+        let n = self.made.fetch_add(1, Ordering::Relaxed);
+        format!("{run_id}-{what}-{n}")
     }
 
     /// Bytes and entries the cache holds.
@@ -193,12 +242,9 @@ impl Packages {
             )));
         };
         let key = key(&lang.id, image_id, index, requirements);
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks.entry(key.clone()).or_default().clone()
-        };
+        let claim = KeyLock::new(&self.locks, &key);
         let _guard = tokio::select! {
-            g = lock.lock() => g,
+            g = claim.lock().lock() => g,
             _ = bound.cancel.cancelled() => return Err(InstallEnd::Stopped),
         };
         let prefix = |entry: Arc<cache::Entry>| Prefix {
@@ -305,11 +351,8 @@ impl Packages {
                 lang.image.tag, lang.image.name
             )));
         }
-        let dir = self
-            .config
-            .data_dir
-            .join("egress")
-            .join(format!("{run_id}-install"));
+        let install_name = self.unique(run_id, "install");
+        let dir = self.config.data_dir.join("egress").join(&install_name);
         let gate = proxy::Proxy::start(
             &dir,
             proxy::Policy { allowed },
@@ -323,7 +366,7 @@ impl Packages {
             ))
         })?;
         let lease = self.uids.lease();
-        let name = format!("codebox-{run_id}-install");
+        let name = format!("codebox-{install_name}");
         let plan = Plan {
             name: name.clone(),
             image: image.id.clone(),
@@ -446,7 +489,13 @@ impl Packages {
         let (tar, bytes, installed) =
             prefix_tar(&answer.decoded.files).map_err(InstallEnd::Sandbox)?;
         let copy_began = Instant::now();
-        let volume = format!("{PACKAGES_VOLUME_PREFIX}{}", &key[..32]);
+        // A name of its own: an evicted volume of this key may still be being removed, and
+        // another server on this daemon may cache the same key.
+        let volume = format!(
+            "{PACKAGES_VOLUME_PREFIX}{}-{}",
+            &key[..32],
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
         self.fill(run_id, &volume, &install.prefix, &image.id, tar, bound)
             .await?;
         self.counters
@@ -477,8 +526,6 @@ impl Packages {
         );
         vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
         let engine_error = |e: crate::engine::EngineError| InstallEnd::Sandbox(e.to_string());
-        // A volume of this name is left from an eviction in progress or a crash: start afresh.
-        let _ = self.engine.remove_volume(volume).await;
         self.engine
             .create_volume(volume, vlabels)
             .await
@@ -493,11 +540,12 @@ impl Packages {
     }
 
     /// The plan of a container that is created to copy files in or out, never started, and
-    /// removed: named after the run and what it does, with a uid of its own.
+    /// removed: named after the run and what it does (numbered: one run may copy twice), with
+    /// a uid of its own.
     fn created_only(&self, run_id: &str, what: &str, image_id: &str) -> (Plan, UidLease) {
         let lease = self.uids.lease();
         let plan = Plan {
-            name: format!("codebox-{run_id}-{what}"),
+            name: format!("codebox-{}", self.unique(run_id, what)),
             image: image_id.to_string(),
             uid: lease.uid,
             limits: Limits {
@@ -791,6 +839,170 @@ fn npm_package(path: &str, content: &[u8]) -> Option<InstalledPackage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::fake::FakeEngine;
+    use session::SessionPrefix;
+    use std::collections::BTreeSet;
+    use tokio_util::sync::CancellationToken;
+
+    /// Packages on the fake engine, python's enabled with an index nobody reaches (the fake's
+    /// install container answers at once).
+    struct Harness {
+        fake: Arc<FakeEngine>,
+        packages: Packages,
+        lang: Language,
+        cleanup: Cleanup,
+        cancel: CancellationToken,
+        _data: tempfile::TempDir,
+    }
+
+    const IMAGE: &str = "sha256:fake-python";
+
+    fn harness(tune: impl FnOnce(&mut Config)) -> Harness {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            data_dir: data.path().to_path_buf(),
+            ..Config::default()
+        };
+        config.packages.python.index_url = Some("http://127.0.0.1:9/simple".into());
+        tune(&mut config);
+        let registry = crate::registry::Registry::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("languages.toml"),
+        )
+        .unwrap();
+        let lang = registry.resolve("python").unwrap().clone();
+        let fake = Arc::new(FakeEngine::new());
+        let cleanup = Cleanup::default();
+        let packages = Packages::new(
+            Arc::new(config),
+            fake.clone(),
+            cleanup.clone(),
+            UidPool::new(data.path()),
+            "test".into(),
+        );
+        Harness {
+            fake,
+            packages,
+            lang,
+            cleanup,
+            cancel: CancellationToken::new(),
+            _data: data,
+        }
+    }
+
+    impl Harness {
+        fn bound(&self) -> Bound<'_> {
+            Bound {
+                cancel: &self.cancel,
+                deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+            }
+        }
+
+        async fn prepare(&self, run_id: &str, requirements: &[&str]) -> Prefix {
+            let reqs: Vec<String> = requirements.iter().map(|r| r.to_string()).collect();
+            let (prefix, _) = self
+                .packages
+                .prepare(run_id, &self.lang, IMAGE, &reqs, self.bound())
+                .await
+                .unwrap();
+            prefix
+        }
+
+        async fn session(&self) -> SessionPrefix {
+            SessionPrefix::create(
+                &self.packages,
+                &self.lang,
+                "codebox-s1",
+                Duration::from_secs(600),
+            )
+            .await
+            .unwrap()
+        }
+
+        async fn add(
+            &self,
+            s: &SessionPrefix,
+            run_id: &str,
+            requested: &[&str],
+        ) -> Result<PackagesReport, InstallEnd> {
+            let reqs: Vec<String> = requested.iter().map(|r| r.to_string()).collect();
+            s.add(
+                &self.packages,
+                run_id,
+                &self.lang,
+                IMAGE,
+                &reqs,
+                self.bound(),
+            )
+            .await
+        }
+
+        /// The files a volume holds.
+        fn files(&self, volume: &str) -> Option<BTreeSet<String>> {
+            self.fake
+                .volumes()
+                .get(volume)
+                .map(|f| f.keys().cloned().collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn installs_into_one_session_use_containers_named_once_each() {
+        let h = harness(|_| {});
+        let s = h.session().await;
+        h.add(&s, "s1", &["a==1"]).await.unwrap();
+        h.add(&s, "s1", &["b==1"]).await.unwrap();
+        let names: Vec<String> = h.fake.specs().into_iter().map(|s| s.name).collect();
+        let once: BTreeSet<&String> = names.iter().collect();
+        assert_eq!(once.len(), names.len(), "a name was used twice: {names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_copy_cut_short_leaves_the_session_with_all_or_nothing() {
+        let h = harness(|_| {});
+        let s = h.session().await;
+        h.add(&s, "s1", &["a==1"]).await.unwrap();
+        let before = h.files(s.volume()).unwrap();
+        // The prefix the next install copies: what the session will hold if it succeeds.
+        let whole = {
+            let p = h.prepare("c1", &["a==1", "b==1"]).await;
+            h.files(&p.volume).unwrap()
+        };
+        h.fake.cut_uploads(1);
+        let added = h.add(&s, "s2", &["b==1"]).await;
+        let after = h.files(s.volume()).unwrap();
+        match added {
+            Ok(_) => assert_eq!(after, whole),
+            Err(e) => assert_eq!(after, before, "{e:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_evicted_prefix_removed_late_never_takes_its_keys_new_install() {
+        let h = harness(|_| {});
+        let first = h.prepare("r1", &["a==1"]).await.volume.clone();
+        // Its container is still being removed: the removal tries again later.
+        h.fake.fail_volume_removals(2);
+        h.packages.evict_all().await;
+        let again = h.prepare("r2", &["a==1"]).await;
+        assert!(h.cleanup.drain(Duration::from_secs(10)).await);
+        assert!(
+            h.files(&again.volume).is_some(),
+            "the re-installed prefix {} (first {first}) was removed",
+            again.volume
+        );
+        assert!(h.files(&first).is_none(), "the evicted prefix was left");
+    }
+
+    #[tokio::test]
+    async fn the_install_locks_go_with_their_last_holder() {
+        let h = harness(|_| {});
+        h.prepare("r1", &["a==1"]).await;
+        h.prepare("r2", &["b==1"]).await;
+        h.prepare("r3", &["a==1"]).await;
+        let (a, b) = tokio::join!(h.prepare("r4", &["c==1"]), h.prepare("r5", &["c==1"]));
+        drop((a, b));
+        assert_eq!(h.packages.locks.lock().unwrap().len(), 0);
+    }
 
     #[test]
     fn keys_differ_for_different_lists_images_and_indexes() {

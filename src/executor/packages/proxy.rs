@@ -36,6 +36,14 @@ use tokio_util::task::AbortOnDropHandle;
 const MAX_HEAD: usize = 16 * 1024;
 /// How long a connection to an index may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Refusals a proxy keeps to report (the first ones; later ones are only counted): a program
+/// may ask for thousands of hosts, and a programs' proxy lives as long as the server.
+const KEPT_REFUSALS: usize = 16;
+/// Most bytes of a request's own text (its host, its first line) a refusal repeats: a request
+/// may name a host of 16 KiB.
+const REQUEST_TEXT_BYTES: usize = 200;
+/// Least time between two log lines of refusals; those in between are counted in the next.
+const LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// The operator wrote a local or private address (or `localhost`) for this entry: it may
 /// resolve to one.
@@ -69,6 +77,33 @@ pub enum Refusal {
     Unresolved(String),
     #[error("the request is not an HTTP proxy request: {0}")]
     Malformed(String),
+}
+
+impl Refusal {
+    /// The same refusal with the request's own text cut to [`REQUEST_TEXT_BYTES`].
+    fn shortened(self) -> Refusal {
+        let cut = |s: String| shortened(&s, REQUEST_TEXT_BYTES);
+        match self {
+            Refusal::Host(h) => Refusal::Host(cut(h)),
+            Refusal::Port {
+                host,
+                port,
+                allowed,
+            } => Refusal::Port {
+                host: cut(host),
+                port,
+                allowed,
+            },
+            Refusal::IpLiteral(h) => Refusal::IpLiteral(cut(h)),
+            Refusal::Address { host, addr, kind } => Refusal::Address {
+                host: cut(host),
+                addr,
+                kind,
+            },
+            Refusal::Unresolved(h) => Refusal::Unresolved(cut(h)),
+            Refusal::Malformed(m) => Refusal::Malformed(cut(m)),
+        }
+    }
 }
 
 /// The kind of address no install may reach unless the operator named it.
@@ -196,7 +231,61 @@ fn checked(a: &Allowed, addrs: Vec<SocketAddr>) -> Result<Vec<SocketAddr>, Refus
 struct Tally {
     downloaded: AtomicU64,
     over: AtomicBool,
-    refusals: Mutex<Vec<String>>,
+    refusals: Mutex<Refusals>,
+}
+
+/// The refusals a proxy keeps: bounded in number and size, however many it makes.
+#[derive(Default)]
+struct Refusals {
+    /// The first [`KEPT_REFUSALS`] (each repeats at most [`REQUEST_TEXT_BYTES`] of its request).
+    kept: Vec<String>,
+    /// How many more there were.
+    more: u64,
+    /// When the last log line was written, and refusals not logged since.
+    logged_at: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl Refusals {
+    /// Keep `text` if there is room, else count it; whether to log it now, and how many
+    /// refusals were not logged before it.
+    fn record(&mut self, text: &str) -> Option<u64> {
+        if self.kept.len() < KEPT_REFUSALS {
+            self.kept.push(text.to_string());
+        } else {
+            self.more += 1;
+        }
+        let now = std::time::Instant::now();
+        if self
+            .logged_at
+            .is_some_and(|t| now.duration_since(t) < LOG_EVERY)
+        {
+            self.unlogged += 1;
+            return None;
+        }
+        self.logged_at = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+
+    fn list(&self) -> Vec<String> {
+        let mut out = self.kept.clone();
+        if self.more > 0 {
+            out.push(format!("{} more refusals", self.more));
+        }
+        out
+    }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked when cut.
+fn shortened(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &text[..end], text.len())
 }
 
 /// A running proxy; dropping it ends it and every connection through it, and removes its
@@ -277,12 +366,12 @@ impl Proxy {
         self.tally.over.load(Ordering::Relaxed)
     }
 
-    /// What was refused, one sentence each.
+    /// What was refused, one sentence each: the first few, then how many more.
     pub fn refusals(&self) -> Vec<String> {
         self.tally
             .refusals
             .lock()
-            .map(|r| r.clone())
+            .map(|r| r.list())
             .unwrap_or_default()
     }
 }
@@ -452,10 +541,10 @@ async fn read_head(client: &mut impl Client) -> Result<(Vec<u8>, Vec<u8>), Strin
 }
 
 async fn refuse(client: &mut impl Client, tally: &Tally, why: Refusal) {
-    let text = why.to_string();
-    tracing::info!(refused = %text, "package install proxy");
-    if let Ok(mut r) = tally.refusals.lock() {
-        r.push(text.clone());
+    let text = why.shortened().to_string();
+    let log = tally.refusals.lock().ok().and_then(|mut r| r.record(&text));
+    if let Some(unlogged) = log {
+        tracing::info!(refused = %text, unlogged, "egress proxy");
     }
     let body = format!("codebox egress proxy refused this request: {text}\n");
     let _ = client
@@ -716,6 +805,35 @@ mod tests {
             .err()
             .expect("too long");
         assert!(e.to_string().contains("set a shorter data_dir"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn hostile_requests_leave_a_bounded_record_of_refusals() {
+        // Untrusted code may ask for thousands of long hosts: what the proxy keeps of them
+        // stays small however many it refuses.
+        let tmp = tempfile::tempdir().unwrap();
+        let p = Proxy::start(
+            &tmp.path().join("egress"),
+            policy(&["https://pypi.example/"]),
+            1,
+        )
+        .await
+        .unwrap();
+        let host = "h".repeat(16_000);
+        for _ in 0..2000 {
+            let answer = ask(&p, format!("CONNECT {host}:443 HTTP/1.1\r\n\r\n")).await;
+            assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        }
+        let kept = p.refusals();
+        let bytes: usize = kept.iter().map(|r| r.len()).sum();
+        assert!(kept.len() <= 64, "{} refusals kept", kept.len());
+        assert!(bytes <= 16 * 1024, "{bytes} bytes of refusals kept");
+        assert!(kept[0].contains("not one of the hosts"), "{}", kept[0]);
+        assert!(
+            kept.last().unwrap().contains("more"),
+            "{}",
+            kept.last().unwrap()
+        );
     }
 
     #[tokio::test]

@@ -8,7 +8,8 @@
 //!
 //! A session's packages only grow: an install that would change the version of a package the
 //! session holds, or drop one, is refused (modules already imported cannot be swapped under a
-//! running interpreter), and a failed install leaves the volume as it was.
+//! running interpreter), and a failed install leaves the volume as it was: the copy into it
+//! comes last, and once begun it is carried to its end.
 //!
 //! # Security
 //! The program's container still mounts the volume read-only and keeps `network_mode=none`;
@@ -33,6 +34,10 @@ use crate::executor::stage::Bound;
 use crate::registry::Language;
 use crate::report::{InstalledPackage, PackagesReport, Status, Usage};
 
+/// Tries of the copy into a session's volume, and how long each may take: its own limit, not
+/// the run's, so that a run's end never leaves it half done.
+const COPY_TRIES: u32 = 3;
+const COPY_LIMIT: Duration = Duration::from_secs(60);
 /// How long the volume's removal keeps trying while its container is still being removed.
 const REMOVE_TRIES: u32 = 120;
 const REMOVE_PAUSE: Duration = Duration::from_millis(250);
@@ -197,9 +202,7 @@ impl SessionPrefix {
             .read_prefix(run_id, &prefix.volume, &self.target, image_id, bound)
             .await?;
         drop(prefix);
-        packages
-            .upload_into(run_id, &self.volume, &self.target, image_id, tar, bound)
-            .await?;
+        self.copy_whole(packages, run_id, image_id, tar).await?;
         held.requirements = union;
         held.installed = report.installed.clone();
         Ok(PackagesReport {
@@ -208,6 +211,46 @@ impl SessionPrefix {
             cached: report.cached,
             install_ms: began.elapsed().as_millis() as u64,
         })
+    }
+
+    /// Copy `tar` into the session's volume, all of it. A copy cannot be undone (no container
+    /// that could delete files ever starts on the volume), so once begun it runs to its end:
+    /// a stop meanwhile takes effect after it, and a copy cut short is made again (the same
+    /// files; what the session holds only grows). Should every try fail, what the session
+    /// holds stays recorded as before, so the next request for these packages copies again.
+    async fn copy_whole(
+        &self,
+        packages: &Packages,
+        run_id: &str,
+        image_id: &str,
+        tar: Vec<u8>,
+    ) -> Result<(), InstallEnd> {
+        let never = tokio_util::sync::CancellationToken::new();
+        let mut failed = None;
+        for _ in 0..COPY_TRIES {
+            let bound = Bound {
+                cancel: &never,
+                deadline: tokio::time::Instant::now() + COPY_LIMIT,
+            };
+            let copied = packages
+                .upload_into(
+                    run_id,
+                    &self.volume,
+                    &self.target,
+                    image_id,
+                    tar.clone(),
+                    bound,
+                )
+                .await;
+            match copied {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(volume = %self.volume, error = ?e, "copying packages into a session failed; trying again");
+                    failed = Some(e);
+                }
+            }
+        }
+        Err(failed.expect("tried at least once"))
     }
 
     /// Remove the volume once `container_gone` ends (its container's removal), in the
