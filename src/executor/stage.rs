@@ -40,6 +40,18 @@ pub struct Bound<'a> {
     pub case: Option<u32>,
 }
 
+impl<'a> Bound<'a> {
+    /// Bounded by `cancel` and `deadline`, shown to nobody.
+    pub fn new(cancel: &'a CancellationToken, deadline: Instant) -> Bound<'a> {
+        Bound {
+            cancel,
+            deadline,
+            feed: None,
+            case: None,
+        }
+    }
+}
+
 /// Why a run's engine call was given up.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Interrupted {

@@ -891,10 +891,10 @@ mod tests {
 
     impl Harness {
         fn bound(&self) -> Bound<'_> {
-            Bound {
-                cancel: &self.cancel,
-                deadline: tokio::time::Instant::now() + Duration::from_secs(60),
-            }
+            Bound::new(
+                &self.cancel,
+                tokio::time::Instant::now() + Duration::from_secs(60),
+            )
         }
 
         async fn prepare(&self, run_id: &str, requirements: &[&str]) -> Prefix {

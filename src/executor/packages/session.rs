@@ -231,6 +231,8 @@ impl SessionPrefix {
             let bound = Bound {
                 cancel: &never,
                 deadline: tokio::time::Instant::now() + COPY_LIMIT,
+                feed: None,
+                case: None,
             };
             let copied = packages
                 .upload_into(
