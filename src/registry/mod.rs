@@ -132,6 +132,20 @@ pub struct Install {
 }
 
 impl Language {
+    /// Name the source file after `code` where the language says how (the first group of
+    /// its `source_name` pattern, when it matches and makes a plain file name); otherwise
+    /// the language stays as it is.
+    pub fn name_after(&mut self, code: &str) {
+        let named = self
+            .source_name
+            .as_ref()
+            .and_then(|rule| rule.named_after(&self.source_file, code));
+        if let Some(n) = named {
+            (self.source_file, self.compile, self.check, self.run) =
+                (n.source_file, n.compile, n.check, n.run);
+        }
+    }
+
     /// Sessions of this language keep the interpreter's state, not only files.
     pub fn is_stateful(&self) -> bool {
         self.session_driver.is_some()

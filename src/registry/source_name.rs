@@ -3,7 +3,7 @@
 //! saved as `Hello.java` and run as `Hello`. `{name}` in a language's commands stands for the
 //! source file's stem: `source_file`'s, or the one the program gives.
 
-use super::{is_safe_file_name, Language};
+use super::validate::is_safe_file_name;
 
 /// The longest compiled pattern accepted (regex's own measure of its program).
 const MAX_PATTERN_SIZE: usize = 1 << 20;
@@ -66,29 +66,31 @@ pub(super) fn fill(command: &[String], stem: &str) -> Vec<String> {
     command.iter().map(|a| a.replace("{name}", stem)).collect()
 }
 
-impl Language {
-    /// Name the source file after `code` where the language says how (the first group of
-    /// its `source_name` pattern, when it matches and makes a plain file name); otherwise
-    /// the language stays as it is.
-    pub fn name_after(&mut self, code: &str) {
-        let Some(rule) = &self.source_name else {
-            return;
-        };
-        let (_, ext) = split_name(&self.source_file);
-        let Some(stem) = rule
+/// The names a program gives its source file and commands ([`SourceName::named_after`]).
+pub(super) struct Named {
+    pub source_file: String,
+    pub compile: Option<Vec<String>>,
+    pub check: Option<Vec<String>>,
+    pub run: Vec<String>,
+}
+
+impl SourceName {
+    /// The source file and commands for `code`, named after the first group of the pattern
+    /// when it matches and makes a plain file name with `source_file`'s extension.
+    pub(super) fn named_after(&self, source_file: &str, code: &str) -> Option<Named> {
+        let (_, ext) = split_name(source_file);
+        let stem = self
             .pattern
             .captures(code)
             .and_then(|c| c.get(1))
             .map(|m| m.as_str())
-            .filter(|s| is_safe_file_name(&format!("{s}{ext}")))
-        else {
-            return;
-        };
-        let source_file = format!("{stem}{ext}");
-        let compile = rule.compile.as_deref().map(|c| fill(c, stem));
-        let check = rule.check.as_deref().map(|c| fill(c, stem));
-        let run = fill(&rule.run, stem);
-        (self.source_file, self.compile, self.check, self.run) = (source_file, compile, check, run);
+            .filter(|s| is_safe_file_name(&format!("{s}{ext}")))?;
+        Some(Named {
+            source_file: format!("{stem}{ext}"),
+            compile: self.compile.as_deref().map(|c| fill(c, stem)),
+            check: self.check.as_deref().map(|c| fill(c, stem)),
+            run: fill(&self.run, stem),
+        })
     }
 }
 
