@@ -30,6 +30,7 @@ mod mcp_support;
 mod mcp_tools;
 mod packages;
 mod pg_cluster;
+mod piston_connect;
 mod pool;
 mod postgres;
 mod private_daemon;
