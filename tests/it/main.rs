@@ -6,6 +6,7 @@ mod cli;
 mod cli_fake;
 mod cli_first_contact;
 mod cluster;
+mod cluster_forward;
 mod cluster_partition;
 mod common;
 mod console;
