@@ -641,4 +641,13 @@ impl ContainerEngine for FakeEngine {
     async fn remove_volume(&self, _name: &str) -> Result<(), EngineError> {
         Ok(())
     }
+
+    // A session's packages volume: nothing to hold, as the fake copies no files.
+    async fn create_volume(
+        &self,
+        _name: &str,
+        _labels: BTreeMap<String, String>,
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
 }

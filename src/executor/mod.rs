@@ -94,6 +94,27 @@ pub enum SandboxFailure {
     Reported(String),
 }
 
+/// Why a session's container could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The requested packages did not install (the package manager failed, or hit its time
+    /// or memory limit): the request's to fix, not a retry.
+    #[error("{0}")]
+    Packages(String),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxFailure),
+}
+
+impl From<InstallEnd> for OpenError {
+    fn from(end: InstallEnd) -> OpenError {
+        if matches!(end, InstallEnd::Failed { .. }) {
+            OpenError::Packages(install_failure(end))
+        } else {
+            OpenError::Sandbox(SandboxFailure::Reported(install_failure(end)))
+        }
+    }
+}
+
 /// Why the stage sequence ended before its end.
 enum Halt {
     /// A stop came before the program could run.
@@ -255,14 +276,12 @@ impl Executor {
     /// returns.
     /// A session of a language that takes packages gets a packages volume of its own
     /// (`packages::session`), with `spec.packages` installed before it opens.
-    pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, SandboxFailure> {
+    pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, OpenError> {
         let lang = spec.language;
         if !self.packages.takes(lang) {
-            return SessionBox::open(&self.containers, spec, None).await;
+            return Ok(SessionBox::open(&self.containers, spec, None).await?);
         }
-        let prefix = SessionPrefix::create(&self.packages, lang, &spec.name, spec.lifetime)
-            .await
-            .map_err(|e| SandboxFailure::Reported(install_failure(e)))?;
+        let prefix = SessionPrefix::create(&self.packages, lang, &spec.name, spec.lifetime).await?;
         if !spec.packages.is_empty() {
             let never = CancellationToken::new();
             let bound = Bound {
@@ -292,10 +311,9 @@ impl Executor {
                     &spec.packages,
                     bound,
                 )
-                .await
-                .map_err(|e| SandboxFailure::Reported(install_failure(e)))?;
+                .await?;
         }
-        SessionBox::open(&self.containers, spec, Some(prefix)).await
+        Ok(SessionBox::open(&self.containers, spec, Some(prefix)).await?)
     }
 
     /// Carry out one execution of a session. Never fails: the report says what happened, and
