@@ -19,8 +19,13 @@ pub(super) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// How long connecting to another server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Headers of the client's request passed on to the owner.
-const PASSED: [header::HeaderName; 2] = [header::CONTENT_TYPE, header::ACCEPT];
+/// Headers of the client's request passed on to the owner (`Last-Event-ID`: a resumed event
+/// stream goes on where the client left off, SPEC section 14).
+const PASSED: [header::HeaderName; 3] = [
+    header::CONTENT_TYPE,
+    header::ACCEPT,
+    header::HeaderName::from_static("last-event-id"),
+];
 
 pub(super) fn client() -> HttpClient {
     let mut http = HttpConnector::new();
@@ -57,7 +62,7 @@ pub struct Forwarded {
 }
 
 impl Cluster {
-    /// Send `method path_and_query` with `body` (and the client's type headers from
+    /// Send `method path_and_query` with `body` (and the headers of `PASSED` from
     /// `headers`) to `peer`, within `timeout` if given; the answer as it comes.
     pub async fn send(
         &self,

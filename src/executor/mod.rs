@@ -64,6 +64,27 @@ use session::{FileRead, ReadError, SessionBox, SessionRun, SessionSpec};
 use stage::Bound;
 use timings::{Leg, Timings};
 
+/// Why a session's container could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The requested packages did not install (the package manager failed, or hit its time
+    /// or memory limit): the request's to fix, not a retry.
+    #[error("{0}")]
+    Packages(String),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxFailure),
+}
+
+impl From<InstallEnd> for OpenError {
+    fn from(end: InstallEnd) -> OpenError {
+        if matches!(end, InstallEnd::Failed { .. }) {
+            OpenError::Packages(install_failure(end))
+        } else {
+            OpenError::Sandbox(SandboxFailure::Reported(install_failure(end)))
+        }
+    }
+}
+
 /// Runs validated requests on a container engine.
 pub struct Executor {
     containers: Containers,
@@ -140,14 +161,12 @@ impl Executor {
     /// returns.
     /// A session of a language that takes packages gets a packages volume of its own
     /// (`packages::session`), with `spec.packages` installed before it opens.
-    pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, SandboxFailure> {
+    pub async fn open_session(&self, spec: SessionSpec<'_>) -> Result<SessionBox, OpenError> {
         let lang = spec.language;
         if !self.packages.takes(lang) {
-            return SessionBox::open(&self.containers, spec, None).await;
+            return Ok(SessionBox::open(&self.containers, spec, None).await?);
         }
-        let prefix = SessionPrefix::create(&self.packages, lang, &spec.name, spec.lifetime)
-            .await
-            .map_err(|e| SandboxFailure::Reported(install_failure(e)))?;
+        let prefix = SessionPrefix::create(&self.packages, lang, &spec.name, spec.lifetime).await?;
         if !spec.packages.is_empty() {
             let never = CancellationToken::new();
             let bound = Bound {
@@ -179,10 +198,9 @@ impl Executor {
                     &spec.packages,
                     bound,
                 )
-                .await
-                .map_err(|e| SandboxFailure::Reported(install_failure(e)))?;
+                .await?;
         }
-        SessionBox::open(&self.containers, spec, Some(prefix)).await
+        Ok(SessionBox::open(&self.containers, spec, Some(prefix)).await?)
     }
 
     /// Carry out one execution of a session. Never fails: the report says what happened, and

@@ -45,6 +45,24 @@ enum Subject {
     Session(String),
 }
 
+impl Subject {
+    fn held(&self) -> Held<'_> {
+        match self {
+            Subject::Run(id) => Held::Run(id),
+            Subject::Session(id) => Held::Session(id),
+        }
+    }
+}
+
+impl From<Held<'_>> for Subject {
+    fn from(held: Held<'_>) -> Subject {
+        match held {
+            Held::Run(id) => Subject::Run(id.to_string()),
+            Held::Session(id) => Subject::Session(id.to_string()),
+        }
+    }
+}
+
 /// The run or session a `/v1` path names (`POST /v1/runs` is read from its body).
 fn subject(method: &Method, path: &str) -> Option<Subject> {
     let rest = path.strip_prefix("/v1/")?;
@@ -150,10 +168,7 @@ pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Nex
         Err(e) => return V1Error::from(e).into_response(),
     };
     let client = Client::of(&parts);
-    let held = match &subject {
-        Subject::Run(id) => Held::Run(id),
-        Subject::Session(id) => Held::Session(id),
-    };
+    let held = subject.held();
     match send(&f, &peer, held, &parts, bytes.clone(), timeout, client).await {
         Some(response) => response,
         None => {
@@ -165,8 +180,8 @@ pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Nex
 
 /// Send the request, about `held`, to `peer` and pass its answer back; the client leaving
 /// drops the call (so the owner sees its caller leave too, and stops a run it was waiting on
-/// for it). `None` when `peer` can no longer answer for it ([`Cluster::released`]): this
-/// server answers then.
+/// for it). `None` when `peer` can no longer answer for it ([`Cluster::released`]) before it
+/// answers: this server answers then. An answer under way (an event stream) ends then.
 async fn send(
     f: &Forwarding,
     peer: &Peer,
@@ -200,7 +215,7 @@ async fn send(
         _ = f.cluster.released(f.server.manager(), peer, held) => return None,
     };
     Some(match answer {
-        Ok(response) => response,
+        Ok(response) => until_released(f, peer, held, response),
         Err(e) => V1Error::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "engine_unavailable",
@@ -208,6 +223,19 @@ async fn send(
         )
         .into_response(),
     })
+}
+
+/// The owner's answer, ended once `peer` can no longer answer for `held`: a stream from an
+/// owner that was paused would otherwise wait for ever. The client asks again (with
+/// `Last-Event-ID`) and this server answers from the history.
+fn until_released(f: &Forwarding, peer: &Peer, held: Held<'_>, response: Response) -> Response {
+    use futures_util::StreamExt;
+    let (cluster, manager) = (f.cluster.clone(), f.server.manager().clone());
+    let (peer, subject) = (peer.clone(), Subject::from(held));
+    let released = async move { cluster.released(&manager, &peer, subject.held()).await };
+    let (parts, body) = response.into_parts();
+    let body = body.into_data_stream().take_until(released);
+    Response::from_parts(parts, Body::from_stream(body))
 }
 
 /// `POST /cluster/tools/{tool}`: a tool call another server forwarded, carried out here.

@@ -886,3 +886,29 @@ async fn a_session_over_the_sessions_memory_share_is_invalid_argument_naming_the
         "{catalog}"
     );
 }
+
+#[tokio::test]
+async fn v1_a_session_whose_packages_fail_to_install_is_invalid_argument_naming_packages() {
+    let fake = Arc::new(FakeEngine::new());
+    // The install container: the package manager finds no such requirement.
+    fake.set_default(codebox::engine::fake::Behaviour::Exit {
+        code: 1,
+        stdout: String::new(),
+        stderr: "ERROR: No matching distribution found for reqeusts\n".into(),
+    });
+    let data = tempfile::tempdir().unwrap();
+    let m = fake_manager(&fake, |c| {
+        c.data_dir = data.path().to_path_buf();
+        c.packages.python.index_url = Some("http://127.0.0.1:9/simple".into());
+    });
+    let s = start(m, Some(TOKEN)).await;
+    let body = r#"{"language": "python", "packages": ["reqeusts"]}"#;
+    let (status, e) = s.send("POST", "/v1/sessions", Some(body)).await;
+    assert_eq!(
+        (status, code_and_field(&e)),
+        (400, ("invalid_argument".into(), Some("packages".into()))),
+        "a client's misspelt requirement is its own to fix, not a retry: {e}"
+    );
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains("reqeusts"), "{e}");
+}

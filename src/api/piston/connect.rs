@@ -15,6 +15,7 @@
 //! The client going away stops the run: nobody is left to answer it. The program's stdin is
 //! `codebox-init`'s own stdin, passed to the program, so it needs nothing of the images.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -24,7 +25,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError};
 
 use super::ExecuteRequest;
 use super::{parse_json, piston_field, response, to_run, version_matches, version_of};
@@ -35,8 +36,11 @@ use crate::runs::SubmitError;
 
 /// How long the client has for its `init` (Piston's second).
 const INIT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Stdin messages held for the program before the client is made to wait.
+/// Stdin messages queued for the program.
 const STDIN_QUEUE: usize = 64;
+/// Stdin bytes held here once that queue is full, while the client's other messages (a
+/// signal, its leaving) are still read; beyond them the client is made to wait.
+const STDIN_HELD_BYTES: usize = 1 << 20;
 
 /// The signal names Piston accepts.
 const SIGNALS: &[&str] = &[
@@ -196,6 +200,7 @@ impl Connection {
         let mut seen = 0;
         let mut compiled = false;
         let mut stdin = Some(stdin);
+        let mut held = Held::default();
         loop {
             let (events, _) = feed.after(seen);
             for (id, event) in events {
@@ -244,7 +249,17 @@ impl Connection {
                         return;
                     }
                 }
-                incoming = self.next() => {
+                // Held stdin goes on as the program reads: awaited here, never in an arm.
+                permit = reserve(&stdin), if !held.is_empty() => match permit {
+                    Some(permit) => {
+                        permit.send(held.pop());
+                    }
+                    None => {
+                        stdin = None; // the program's stdin is closed
+                        held = Held::default();
+                    }
+                },
+                incoming = self.next(), if held.bytes < STDIN_HELD_BYTES => {
                     let Some(incoming) = incoming else {
                         // The client went away: nobody can answer the program any more.
                         let _ = m.stop(&run_id).await;
@@ -264,10 +279,15 @@ impl Connection {
                         }
                         Some("data") if msg["stream"] == "stdin" => {
                             let data = msg["data"].as_str().unwrap_or_default().to_string();
-                            if let Some(tx) = &stdin {
-                                if tx.send(Bytes::from(data)).await.is_err() {
-                                    stdin = None; // the program's stdin is closed
-                                }
+                            let data = Bytes::from(data);
+                            match &stdin {
+                                Some(_) if !held.is_empty() => held.push(data),
+                                Some(tx) => match tx.try_send(data) {
+                                    Ok(()) => {}
+                                    Err(TrySendError::Full(data)) => held.push(data),
+                                    Err(TrySendError::Closed(_)) => stdin = None,
+                                },
+                                None => {}
                             }
                         }
                         Some("data") => {
@@ -291,4 +311,34 @@ impl Connection {
             }
         }
     }
+}
+
+/// Stdin the program's queue had no room for yet, in order.
+#[derive(Default)]
+struct Held {
+    chunks: VecDeque<Bytes>,
+    bytes: usize,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn push(&mut self, data: Bytes) {
+        self.bytes += data.len();
+        self.chunks.push_back(data);
+    }
+
+    fn pop(&mut self) -> Bytes {
+        let data = self.chunks.pop_front().unwrap_or_default();
+        self.bytes -= data.len();
+        data
+    }
+}
+
+/// Room in the program's stdin queue; `None` once it is closed. (Owned: the select's
+/// handlers may then close `stdin`.)
+async fn reserve(stdin: &Option<mpsc::Sender<Bytes>>) -> Option<mpsc::OwnedPermit<Bytes>> {
+    stdin.clone()?.reserve_owned().await.ok()
 }

@@ -6,7 +6,8 @@
 //!   working directory.
 //!
 //! Executions go through `POST /v1/runs` with `session_id`. An ended session is `409
-//! session_ended`, an unknown one `404`, a full server `429 sessions_full` with `Retry-After`.
+//! session_ended`, an unknown one `404`, a full server `429 sessions_full` with `Retry-After`,
+//! `packages` that do not install `400 invalid_argument` naming `packages`.
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;

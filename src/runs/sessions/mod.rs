@@ -34,7 +34,7 @@ use crate::contract::{check_relative_path, RequestError, SessionRequest, ValidSe
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{Entry, Files};
 use crate::executor::session::{Broken, ReadError, SessionBox, SessionSpec};
-use crate::executor::Executor;
+use crate::executor::{Executor, OpenError};
 use crate::history::History;
 use crate::registry::Registry;
 use crate::report::{InterpreterState, RunLimits};
@@ -483,6 +483,11 @@ impl Sessions {
         };
         let container = match self.executor.open_session(spec).await {
             Ok(c) => Arc::new(c),
+            // The client's requirements did not install: its own to fix (400), not a retry.
+            Err(OpenError::Packages(message)) => {
+                let field = "packages".to_string();
+                return Err(SessionError::Invalid(RequestError { field, message }));
+            }
             Err(e) => return Err(SessionError::Unavailable(e.to_string())),
         };
         {
