@@ -732,15 +732,6 @@ impl ContainerEngine for FakeEngine {
         }
         Ok(())
     }
-
-    // A session's packages volume: nothing to hold, as the fake copies no files.
-    async fn create_volume(
-        &self,
-        _name: &str,
-        _labels: BTreeMap<String, String>,
-    ) -> Result<(), EngineError> {
-        Ok(())
-    }
 }
 
 /// The volume container `id` mounts at `path`, and whether read-only.
