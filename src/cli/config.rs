@@ -23,7 +23,7 @@ pub fn print(
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
     if args.defaults {
-        write!(out, "{}", Config::defaults_toml())?;
+        write!(out, "{}", crate::config::defaults_toml())?;
         super::flush(out)?;
         return Ok(0);
     }

@@ -100,7 +100,7 @@ pub fn command() -> clap::Command {
     use clap::CommandFactory;
     let file = std::env::var_os("CODEBOX_CONFIG").map(PathBuf::from);
     let config =
-        Config::resolve(file.as_deref(), |k| std::env::var(k).ok(), &[]).unwrap_or_default();
+        crate::config::resolve(file.as_deref(), |k| std::env::var(k).ok(), &[]).unwrap_or_default();
     let help = run::limit_help(&config);
     Cli::command().mut_subcommand("run", |c| {
         help.into_iter()
@@ -149,7 +149,8 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
     // A typo in a variable's name would otherwise be ignored without a word
     // (`CODEBOX_TEST_*` belong to the test suite).
     let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
-    for (var, near) in Config::unknown_env(names.filter(|n| !n.starts_with("CODEBOX_TEST_"))) {
+    for (var, near) in crate::config::unknown_env(names.filter(|n| !n.starts_with("CODEBOX_TEST_")))
+    {
         match near {
             Some(near) => tracing::warn!("{var} is not a codebox setting and is ignored; did you mean {near}? (`codebox config --list` lists them)"),
             None => tracing::warn!("{var} is not a codebox setting and is ignored (`codebox config --list` lists them)"),
@@ -164,7 +165,7 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
             path.display()
         );
     }
-    Ok(Config::resolve(
+    Ok(crate::config::resolve(
         cli.config.as_deref(),
         |k| std::env::var(k).ok(),
         &sets,

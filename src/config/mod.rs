@@ -1,7 +1,7 @@
 //! Operator settings: one struct per section, each field written once with its default and
-//! its documentation (the [`section!`] macro), and checked once in [`Config::validate`].
+//! its documentation (the [`section!`] macro), and checked once in [`validate`].
 //!
-//! Configuration is resolved once per process by [`Config::resolve`], in one order: the
+//! Configuration is resolved once per process by [`resolve`], in one order: the
 //! config file, then `CODEBOX_*` environment variables, then `--set SETTING=VALUE` flags. The
 //! result is validated and never changed afterwards. Every setting has three spellings,
 //! derived by rule from its place in these structs rather than written out:
@@ -55,12 +55,15 @@ mod tests;
 mod validate;
 
 pub use cluster::{check_advertise_url, ClusterSettings, MIN_LEASE_SECONDS};
+pub use defaults::defaults_toml;
 pub use docker::*;
 pub use history::*;
 pub use packages::{split_host_port, Allowed, NpmRegistry, PackagesSettings, PythonIndex};
 pub use postgres_tls::{split_tls, SslMode, TlsParams};
 pub use sections::*;
 pub use sessions::SessionSettings;
+pub use sources::{from_toml, resolve, unknown_env};
+pub use validate::validate;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -276,5 +279,11 @@ impl Config {
             },
             None => HistoryStore::Sqlite(self.history_path()),
         }
+    }
+
+    /// The configuration as a config file (what `codebox config` prints). The token itself
+    /// is never part of it.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
     }
 }

@@ -1,75 +1,68 @@
 //! Where settings come from: the file's TOML table, `CODEBOX_*` variables and `--set` items,
 //! each placed by its path in the structs' schema.
 
+use super::validate::validate;
 use super::*;
 
-impl Config {
-    /// Resolve the configuration of this process: `file` (if any), then the variables `env`
-    /// returns (injected so tests need no real environment), then `--set` items; validate.
-    pub fn resolve(
-        file: Option<&Path>,
-        env: impl Fn(&str) -> Option<String>,
-        sets: &[String],
-    ) -> Result<Config, ConfigError> {
-        let mut table = match file {
-            None => toml::Table::new(),
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-                parse_table(&text).map_err(|message| ConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message,
-                })?
-            }
+/// Resolve the configuration of this process: `file` (if any), then the variables `env`
+/// returns (injected so tests need no real environment), then `--set` items; validate.
+pub fn resolve(
+    file: Option<&Path>,
+    env: impl Fn(&str) -> Option<String>,
+    sets: &[String],
+) -> Result<Config, ConfigError> {
+    let mut table = match file {
+        None => toml::Table::new(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            parse_table(&text).map_err(|message| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            })?
+        }
+    };
+    let settings = Config::settings();
+    for s in &settings {
+        // The section-qualified name wins over the short one.
+        let found = std::iter::once(&s.env)
+            .chain(&s.env_short)
+            .find_map(|var| env(var).filter(|v| !v.is_empty()).map(|v| (var, v)));
+        if let Some((var, value)) = found {
+            set_in(&mut table, s, &value, Source::Env(var.clone()))?;
+        }
+    }
+    for item in sets {
+        let Some((path, value)) = item.split_once('=') else {
+            return Err(ConfigError::SetSyntax { item: item.clone() });
         };
-        let settings = Config::settings();
-        for s in &settings {
-            // The section-qualified name wins over the short one.
-            let found = std::iter::once(&s.env)
-                .chain(&s.env_short)
-                .find_map(|var| env(var).filter(|v| !v.is_empty()).map(|v| (var, v)));
-            if let Some((var, value)) = found {
-                set_in(&mut table, s, &value, Source::Env(var.clone()))?;
-            }
-        }
-        for item in sets {
-            let Some((path, value)) = item.split_once('=') else {
-                return Err(ConfigError::SetSyntax { item: item.clone() });
-            };
-            let path = path.trim();
-            let Some(s) = settings.iter().find(|s| s.path == path) else {
-                return Err(ConfigError::Unknown {
-                    setting: path.to_string(),
-                    origin: Source::Flag,
-                    nearest: nearest(path, settings.iter().map(|s| s.path.as_str())),
-                });
-            };
-            set_in(&mut table, s, value, Source::Flag)?;
-        }
-        let mut config = from_table(table, file)?;
-        config.docker = config.docker.or_docker_env(env);
-        config.validate()?;
-        Ok(config)
+        let path = path.trim();
+        let Some(s) = settings.iter().find(|s| s.path == path) else {
+            return Err(ConfigError::Unknown {
+                setting: path.to_string(),
+                origin: Source::Flag,
+                nearest: nearest(path, settings.iter().map(|s| s.path.as_str())),
+            });
+        };
+        set_in(&mut table, s, value, Source::Flag)?;
     }
+    let mut config = from_table(table, file)?;
+    config.docker = config.docker.or_docker_env(env);
+    validate(&config)?;
+    Ok(config)
+}
 
-    /// Parse and validate config-file text on its own (no variables, no flags).
-    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let table = parse_table(text).map_err(|message| ConfigError::Parse {
-            path: PathBuf::new(),
-            message,
-        })?;
-        let config = from_table(table, None)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// The configuration as a config file (what `codebox config` prints). The token itself
-    /// is never part of it.
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
-    }
+/// Parse and validate config-file text on its own (no variables, no flags).
+pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+    let table = parse_table(text).map_err(|message| ConfigError::Parse {
+        path: PathBuf::new(),
+        message,
+    })?;
+    let config = from_table(table, None)?;
+    validate(&config)?;
+    Ok(config)
 }
 
 /// The typed configuration of a table; an error names the setting it is about.
@@ -277,27 +270,25 @@ pub(super) fn nearest<'a>(typo: &str, candidates: impl Iterator<Item = &'a str>)
         .map(|(_, c)| c.to_string())
 }
 
-impl Config {
-    /// The `CODEBOX_*` variables among `names` that are neither a setting's nor one of
-    /// [`RESERVED_ENV`], each with the known variable nearest to it: typos that would
-    /// otherwise be ignored without a word.
-    pub fn unknown_env(names: impl Iterator<Item = String>) -> Vec<(String, Option<String>)> {
-        let settings = Config::settings();
-        let known: Vec<String> = settings
-            .iter()
-            .flat_map(|s| {
-                std::iter::once(s.env.clone())
-                    .chain(s.env_short.clone())
-                    .chain(s.env_fallback.clone())
-            })
-            .chain(RESERVED_ENV.iter().map(|v| v.to_string()))
-            .collect();
-        names
-            .filter(|n| n.starts_with(ENV_PREFIX) && !known.contains(n))
-            .map(|n| {
-                let near = nearest(&n, known.iter().map(String::as_str));
-                (n, near)
-            })
-            .collect()
-    }
+/// The `CODEBOX_*` variables among `names` that are neither a setting's nor one of
+/// [`RESERVED_ENV`], each with the known variable nearest to it: typos that would
+/// otherwise be ignored without a word.
+pub fn unknown_env(names: impl Iterator<Item = String>) -> Vec<(String, Option<String>)> {
+    let settings = Config::settings();
+    let known: Vec<String> = settings
+        .iter()
+        .flat_map(|s| {
+            std::iter::once(s.env.clone())
+                .chain(s.env_short.clone())
+                .chain(s.env_fallback.clone())
+        })
+        .chain(RESERVED_ENV.iter().map(|v| v.to_string()))
+        .collect();
+    names
+        .filter(|n| n.starts_with(ENV_PREFIX) && !known.contains(n))
+        .map(|n| {
+            let near = nearest(&n, known.iter().map(String::as_str));
+            (n, near)
+        })
+        .collect()
 }

@@ -19,16 +19,16 @@ fn shipped_defaults_match_the_contract() {
     assert_eq!(c.runs.result_retention_seconds, 3600);
     assert_eq!(c.runs.retained_reports_mb, 256);
     assert_eq!(c.history.code, CodePolicy::Preview);
-    c.validate().unwrap();
+    validate(&c).unwrap();
 }
 
 #[test]
 fn config_file_errors_name_the_setting_and_value() {
-    let err = Config::from_toml("[limits]\ndefault_memory_mb = 99999\n").unwrap_err();
+    let err = from_toml("[limits]\ndefault_memory_mb = 99999\n").unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("limits.default_memory_mb"), "{msg}");
     assert!(msg.contains("99999"), "{msg}");
-    let err = Config::from_toml("[limits]\nbogus = 1\n").unwrap_err();
+    let err = from_toml("[limits]\nbogus = 1\n").unwrap_err();
     assert!(err.to_string().contains("bogus"), "{err}");
 }
 
@@ -99,7 +99,7 @@ fn file_then_variables_then_flags() {
         "CODEBOX_HISTORY_CODE" => Some("full".to_string()),
         _ => None,
     };
-    let c = Config::resolve(
+    let c = resolve(
         Some(&file),
         env,
         &["sandbox.pids_limit=64".into(), "limits.max_cpus=2".into()],
@@ -111,7 +111,7 @@ fn file_then_variables_then_flags() {
     assert_eq!(c.limits.max_cpus, 2.0);
     assert_eq!(c.http.allowed_hosts, ["a.example", "b.example"]);
     assert_eq!(c.history.code, CodePolicy::Full);
-    let c = Config::resolve(Some(&file), env, &[]).unwrap();
+    let c = resolve(Some(&file), env, &[]).unwrap();
     assert_eq!(
         c.sandbox.pids_limit, 90,
         "the section-qualified variable wins over the short one"
@@ -126,11 +126,11 @@ fn docker_settings_beat_the_docker_cli_variables_which_beat_the_default() {
         "DOCKER_CERT_PATH" => Some("/certs".to_string()),
         _ => None,
     };
-    let c = Config::resolve(None, no_env, &[]).unwrap();
+    let c = resolve(None, no_env, &[]).unwrap();
     assert_eq!(c.docker.address(), DEFAULT_DOCKER_HOST);
     assert!(!c.docker.uses_tls());
 
-    let c = Config::resolve(None, cli_env, &[]).unwrap();
+    let c = resolve(None, cli_env, &[]).unwrap();
     assert_eq!(c.docker.address(), "tcp://10.0.0.5:2376");
     assert!(c.docker.uses_tls());
     assert_eq!(c.docker.cert_dir(), PathBuf::from("/certs"));
@@ -150,14 +150,14 @@ fn docker_settings_beat_the_docker_cli_variables_which_beat_the_default() {
         "[docker]\nhost = \"tcp://docker.example:2376\"\ncert_path = \"/etc/codebox/docker\"\n",
     )
     .unwrap();
-    let c = Config::resolve(Some(&file), cli_env, &[]).unwrap();
+    let c = resolve(Some(&file), cli_env, &[]).unwrap();
     assert_eq!(c.docker.address(), "tcp://docker.example:2376");
     assert_eq!(c.docker.cert_dir(), PathBuf::from("/etc/codebox/docker"));
     assert!(
         c.docker.uses_tls(),
         "DOCKER_TLS_VERIFY fills what the file leaves unset"
     );
-    let c = Config::resolve(
+    let c = resolve(
         Some(&file),
         cli_env,
         &["docker.host=unix:///run/other.sock".into()],
@@ -165,7 +165,7 @@ fn docker_settings_beat_the_docker_cli_variables_which_beat_the_default() {
     .unwrap();
     assert_eq!(c.docker.address(), "unix:///run/other.sock");
     assert!(!c.docker.uses_tls(), "TLS is for tcp:// only");
-    assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
+    assert_eq!(from_toml(&c.to_toml()).unwrap(), c);
 
     let settings = Config::settings();
     let host = settings.iter().find(|s| s.path == "docker.host").unwrap();
@@ -178,7 +178,7 @@ fn docker_settings_beat_the_docker_cli_variables_which_beat_the_default() {
         "host:2376",
         "unix://relative.sock",
     ] {
-        let msg = Config::resolve(None, no_env, &[format!("docker.host={bad}")])
+        let msg = resolve(None, no_env, &[format!("docker.host={bad}")])
             .unwrap_err()
             .to_string();
         assert!(msg.contains("docker.host") && msg.contains(bad), "{msg}");
@@ -188,26 +188,26 @@ fn docker_settings_beat_the_docker_cli_variables_which_beat_the_default() {
 #[test]
 fn bad_values_name_the_setting_the_value_and_where_it_came_from() {
     let env = |k: &str| (k == "CODEBOX_MAX_CONCURRENT_RUNS").then(|| "lots".to_string());
-    let msg = Config::resolve(None, env, &[]).unwrap_err().to_string();
+    let msg = resolve(None, env, &[]).unwrap_err().to_string();
     assert!(
         msg.contains("runs.max_concurrent_runs")
             && msg.contains("lots")
             && msg.contains("CODEBOX_MAX_CONCURRENT_RUNS"),
         "{msg}"
     );
-    let msg = Config::resolve(None, no_env, &["runs.nope=1".into()])
+    let msg = resolve(None, no_env, &["runs.nope=1".into()])
         .unwrap_err()
         .to_string();
     assert!(msg.contains("runs.nope") && msg.contains("--set"), "{msg}");
-    let msg = Config::resolve(None, no_env, &["runs.max_queued_runs".into()])
+    let msg = resolve(None, no_env, &["runs.max_queued_runs".into()])
         .unwrap_err()
         .to_string();
     assert!(msg.contains("SETTING=VALUE"), "{msg}");
-    let msg = Config::resolve(None, no_env, &["history.code=most".into()])
+    let msg = resolve(None, no_env, &["history.code=most".into()])
         .unwrap_err()
         .to_string();
     assert!(msg.contains("most"), "{msg}");
-    let msg = Config::resolve(None, no_env, &["runs.result_retention_seconds=5".into()])
+    let msg = resolve(None, no_env, &["runs.result_retention_seconds=5".into()])
         .unwrap_err()
         .to_string();
     assert!(msg.contains("runs.result_retention_seconds"), "{msg}");
@@ -215,7 +215,7 @@ fn bad_values_name_the_setting_the_value_and_where_it_came_from() {
 
 #[test]
 fn a_postgres_history_url_is_checked_and_never_holds_a_password() {
-    let c = Config::resolve(
+    let c = resolve(
         None,
         no_env,
         &["history.url=postgres://codebox@db.internal:5433/codebox".into()],
@@ -232,11 +232,7 @@ fn a_postgres_history_url_is_checked_and_never_holds_a_password() {
     let socket = "postgres://codebox@%2Frun%2Fpostgresql/codebox";
     let env = |k: &str| (k == "CODEBOX_HISTORY_URL").then(|| socket.to_string());
     assert_eq!(
-        Config::resolve(None, env, &[])
-            .unwrap()
-            .history
-            .url
-            .as_deref(),
+        resolve(None, env, &[]).unwrap().history.url.as_deref(),
         Some(socket)
     );
     for (url, words) in [
@@ -249,7 +245,7 @@ fn a_postgres_history_url_is_checked_and_never_holds_a_password() {
         ("postgres://codebox@db/codebox?sslmode=allow", "verify-ca"),
         ("postgres://codebox@db/codebox?bogus=1", "understands"),
     ] {
-        let msg = Config::resolve(None, no_env, &[format!("history.url={url}")])
+        let msg = resolve(None, no_env, &[format!("history.url={url}")])
             .unwrap_err()
             .to_string();
         assert!(
@@ -261,7 +257,7 @@ fn a_postgres_history_url_is_checked_and_never_holds_a_password() {
             "the password is never repeated: {msg}"
         );
     }
-    let msg = Config::resolve(
+    let msg = resolve(
         None,
         no_env,
         &[
@@ -275,7 +271,7 @@ fn a_postgres_history_url_is_checked_and_never_holds_a_password() {
         msg.contains("history.path") && msg.contains("one of them"),
         "{msg}"
     );
-    let msg = Config::resolve(None, no_env, &["history.password_file=/pw".into()])
+    let msg = resolve(None, no_env, &["history.password_file=/pw".into()])
         .unwrap_err()
         .to_string();
     assert!(msg.contains("history.password_file"), "{msg}");
@@ -283,7 +279,7 @@ fn a_postgres_history_url_is_checked_and_never_holds_a_password() {
 
 #[test]
 fn printed_config_reads_back_as_the_same_config() {
-    let c = Config::resolve(
+    let c = resolve(
         None,
         no_env,
         &[
@@ -297,10 +293,10 @@ fn printed_config_reads_back_as_the_same_config() {
         ],
     )
     .unwrap();
-    let again = Config::from_toml(&c.to_toml()).unwrap();
+    let again = from_toml(&c.to_toml()).unwrap();
     assert_eq!(again, c);
     assert_eq!(
-        Config::from_toml(&Config::default().to_toml()).unwrap(),
+        from_toml(&Config::default().to_toml()).unwrap(),
         Config::default()
     );
 }
@@ -310,7 +306,7 @@ fn lowering_the_default_memory_alone_is_a_valid_configuration() {
     // Each run's working directory is `sandbox.workspace_mb` at most half the run's memory,
     // so a low default memory needs no second setting.
     for memory in ["64", "6"] {
-        let c = Config::resolve(
+        let c = resolve(
             None,
             no_env,
             &[format!("limits.default_memory_mb={memory}")],
@@ -318,7 +314,7 @@ fn lowering_the_default_memory_alone_is_a_valid_configuration() {
         .unwrap_or_else(|e| panic!("--set limits.default_memory_mb={memory}: {e}"));
         assert_eq!(c.limits.default_memory_mb.to_string(), memory);
     }
-    let err = Config::resolve(None, no_env, &["sandbox.workspace_mb=0".into()])
+    let err = resolve(None, no_env, &["sandbox.workspace_mb=0".into()])
         .unwrap_err()
         .to_string();
     assert!(err.contains("sandbox.workspace_mb"), "{err}");
@@ -326,8 +322,8 @@ fn lowering_the_default_memory_alone_is_a_valid_configuration() {
 
 #[test]
 fn the_defaults_file_reads_back_as_the_defaults_and_names_every_setting() {
-    let text = Config::defaults_toml();
-    assert_eq!(Config::from_toml(&text).unwrap(), Config::default());
+    let text = defaults_toml();
+    assert_eq!(from_toml(&text).unwrap(), Config::default());
     for s in Config::settings() {
         let key = s.path.rsplit('.').next().unwrap();
         assert!(
@@ -357,7 +353,7 @@ fn the_defaults_file_reads_back_as_the_defaults_and_names_every_setting() {
         .collect::<Vec<_>>()
         .join("\n")
         .replace(tls, "");
-    let c = Config::from_toml(&examples).unwrap_or_else(|e| panic!("{e}\n{examples}"));
+    let c = from_toml(&examples).unwrap_or_else(|e| panic!("{e}\n{examples}"));
     assert_ne!(c, Config::default());
     for l in text.lines().filter_map(|l| l.strip_prefix("# ")) {
         assert!(

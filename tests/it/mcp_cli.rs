@@ -51,8 +51,8 @@ fn print_config_shows_file_then_env_then_flags_and_never_the_token() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    let parsed = codebox::config::Config::from_toml(&out)
-        .expect("the printed config is a valid config file");
+    let parsed =
+        codebox::config::from_toml(&out).expect("the printed config is a valid config file");
     assert_eq!(parsed.runs.max_concurrent_runs, 3, "from the file");
     assert_eq!(
         parsed.runs.memory_budget_mb, 6000,

@@ -98,7 +98,7 @@ fn block_after(doc: &str, heading: &str) -> String {
 #[test]
 fn the_defaults_block_of_mcp_md_is_what_codebox_config_defaults_prints() {
     let shown = block_after("docs/mcp.md", "Every setting, at its shipped default");
-    let rendered = Config::defaults_toml();
+    let rendered = codebox::config::defaults_toml();
     assert!(
         shown == rendered,
         "docs/mcp.md's defaults block differs from `codebox config --defaults`; replace it with:\n{rendered}"
