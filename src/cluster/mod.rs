@@ -16,13 +16,18 @@ mod forward;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request};
+use axum::response::Response;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 use crate::runs::RunManager;
 
+use forward::{with_causes, PASSED};
 pub use forward::{ForwardError, Forwarded};
 
 /// The header that carries the cluster secret from one server to another.
@@ -287,6 +292,117 @@ impl Cluster {
             instance: instance.to_string(),
             url: url?.trim_end_matches('/').to_string(),
         })
+    }
+}
+
+/// Requests to another server of the cluster.
+impl Cluster {
+    /// Send `method path_and_query` with `body` (and the headers of `PASSED` from
+    /// `headers`) to `peer`, within `timeout` if given; the answer as it comes.
+    pub async fn send(
+        &self,
+        peer: &Peer,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        timeout: Option<Duration>,
+    ) -> Result<Response, ForwardError> {
+        let unreachable = |detail: String| ForwardError::Unreachable {
+            instance: peer.instance.clone(),
+            url: peer.url.clone(),
+            detail,
+            lease_seconds: self.lease.as_secs(),
+        };
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path_and_query}", peer.url));
+        for name in PASSED {
+            if let Some(v) = headers.get(&name) {
+                request = request.header(name, v.clone());
+            }
+        }
+        let request = request
+            .header(
+                SECRET_HEADER,
+                HeaderValue::from_str(&self.secret).map_err(|e| unreachable(e.to_string()))?,
+            )
+            .header(FORWARDED_BY_HEADER, self.instance.as_str())
+            .body(Full::new(body))
+            .map_err(|e| unreachable(format!("cannot build the request: {e}")))?;
+        let sent = self.client.request(request);
+        let answer = match timeout {
+            None => sent.await,
+            Some(t) => match tokio::time::timeout(t, sent).await {
+                Ok(a) => a,
+                Err(_) => {
+                    return Err(ForwardError::TimedOut {
+                        instance: peer.instance.clone(),
+                        url: peer.url.clone(),
+                        seconds: t.as_secs_f64(),
+                    })
+                }
+            },
+        };
+        let answer = answer.map_err(|e| {
+            self.forget_owner(peer);
+            unreachable(with_causes(&e))
+        })?;
+        Ok(answer.map(Body::new))
+    }
+
+    /// [`Cluster::send`] of a JSON body (or none), the JSON answer read whole.
+    pub async fn call_json(
+        &self,
+        peer: &Peer,
+        method: Method,
+        path_and_query: &str,
+        body: Option<&serde_json::Value>,
+        timeout: Option<Duration>,
+    ) -> Result<Forwarded, ForwardError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let bytes = match body {
+            Some(v) => {
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+            }
+            None => Bytes::new(),
+        };
+        let read = async {
+            let response = self
+                .send(peer, method, path_and_query, &headers, bytes, None)
+                .await?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| ForwardError::Unreachable {
+                    instance: peer.instance.clone(),
+                    url: peer.url.clone(),
+                    detail: format!("its answer broke off: {e}"),
+                    lease_seconds: self.lease.as_secs(),
+                })?
+                .to_bytes();
+            let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                serde_json::json!({"error": {"code": "bad_gateway", "message": String::from_utf8_lossy(&bytes)}})
+            });
+            Ok(Forwarded { status, body })
+        };
+        match timeout {
+            None => read.await,
+            Some(t) => tokio::time::timeout(t, read).await.unwrap_or_else(|_| {
+                Err(ForwardError::TimedOut {
+                    instance: peer.instance.clone(),
+                    url: peer.url.clone(),
+                    seconds: t.as_secs_f64(),
+                })
+            }),
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! MCP tool calls about another server's run or session (SPEC section 15): forwarded as they
-//! are to that server's `POST /cluster/tools/{tool}`, where [`CodeboxServer::call_here`]
+//! are to that server's `POST /cluster/tools/{tool}`, where `CodeboxServer::call_here`
 //! carries them out; the owner's result is the client's.
 //!
 //! A forwarded `run_code` whose caller asked for progress (a `progressToken`) asks the owner
@@ -14,17 +14,17 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::BodyExt as _;
-use rmcp::model::{CallToolResult, ContentBlock, ProgressNotificationParam, ProgressToken};
+use rmcp::model::{CallToolResult, ProgressNotificationParam, ProgressToken};
 use rmcp::service::Peer as McpPeer;
 use rmcp::RoleServer;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::CodeboxServer;
 use crate::cluster::{Cluster, Held, Peer};
+use crate::contract::ids;
 use crate::contract::params::MAX_WAIT_SECONDS;
-use crate::contract::{ids, RunRequest};
+use crate::runs::RunManager;
 
 /// Where a server takes the tool calls another forwards (`/cluster/tools/{tool}`).
 pub const TOOLS_PATH: &str = "/cluster/tools";
@@ -79,56 +79,41 @@ pub enum StreamLine {
     Result(CallToolResult),
 }
 
-impl CodeboxServer {
-    /// This server as a member of a cluster (`None`: alone, or stdio).
-    pub fn with_cluster(mut self, cluster: Option<Arc<Cluster>>) -> CodeboxServer {
-        self.cluster = cluster;
-        self
+/// This server's way to another server of its cluster: who holds a run or a session, and
+/// the tool calls about it sent there.
+#[derive(Clone)]
+pub(super) struct Forwarder {
+    cluster: Arc<Cluster>,
+    manager: RunManager,
+}
+
+impl Forwarder {
+    pub(super) fn new(cluster: Arc<Cluster>, manager: RunManager) -> Forwarder {
+        Forwarder { cluster, manager }
     }
 
-    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
-        self.cluster.as_ref()
+    pub(super) fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
     }
 
     /// The other server that holds run `run_id`, if one does.
     pub(super) async fn run_owner(&self, run_id: &str) -> Option<Peer> {
-        let cluster = self.cluster.as_ref()?;
-        cluster.run_owner(&self.manager, &ids::run_id(run_id)).await
-    }
-
-    /// The other server that holds the session `request` runs in, if one does, and that
-    /// session's id.
-    pub(super) async fn session_owner_of(&self, request: &RunRequest) -> Option<(Peer, String)> {
-        let sid = request.session_id.as_deref()?;
-        let peer = self.session_owner(Some(sid)).await?;
-        Some((peer, sid.to_string()))
-    }
-
-    /// The other server that holds session `session_id`, if one does.
-    pub(super) async fn session_owner(&self, session_id: Option<&str>) -> Option<Peer> {
-        let cluster = self.cluster.as_ref()?;
-        cluster.session_owner(&self.manager, session_id?).await
-    }
-
-    /// Send `tool(params)`, a call about `what`, to `peer` and return its result; `ct`
-    /// cancelled drops the call (the owner sees its caller leave, as it would a client).
-    /// `None` when `peer` can no longer answer for `what` ([`Cluster::released`]): this
-    /// server answers then.
-    pub(super) async fn forward<P: Serialize>(
-        &self,
-        peer: &Peer,
-        what: Held<'_>,
-        tool: &str,
-        params: &P,
-        ct: &CancellationToken,
-    ) -> Option<Result<CallToolResult, String>> {
-        self.forward_with_progress(peer, what, tool, params, ct, None)
+        self.cluster
+            .run_owner(&self.manager, &ids::run_id(run_id))
             .await
     }
 
-    /// [`CodeboxServer::forward`], passing the owner's progress notifications on to the
-    /// caller (`progress`: its token and its MCP peer) as they come.
-    pub(super) async fn forward_with_progress<P: Serialize>(
+    /// The other server that holds session `session_id`, if one does.
+    pub(super) async fn session_owner(&self, session_id: &str) -> Option<Peer> {
+        self.cluster.session_owner(&self.manager, session_id).await
+    }
+
+    /// Send `tool(params)`, a call about `what`, to `peer` and return its result, passing the
+    /// owner's progress notifications on to the caller (`progress`: its token and its MCP
+    /// peer) as they come; `ct` cancelled drops the call (the owner sees its caller leave, as
+    /// it would a client). `None` when `peer` can no longer answer for `what`
+    /// ([`Cluster::released`]): this server answers then.
+    pub(super) async fn forward<P: Serialize>(
         &self,
         peer: &Peer,
         what: Held<'_>,
@@ -137,66 +122,15 @@ impl CodeboxServer {
         ct: &CancellationToken,
         progress: Option<(ProgressToken, McpPeer<RoleServer>)>,
     ) -> Option<Result<CallToolResult, String>> {
-        let Some(cluster) = self.cluster.as_ref() else {
-            return Some(Err("this server is not part of a cluster".into()));
-        };
+        let cluster = &self.cluster;
         tokio::select! {
             r = forward_call(cluster, peer, tool, params, ct, progress) => Some(r),
             _ = cluster.released(&self.manager, peer, what) => None,
         }
     }
-
-    /// Carry out a tool call another server forwarded: `tool` is one of
-    /// [`FORWARDED_TOOLS`], done here whoever holds it (never forwarded again); `ct`
-    /// cancelled (the forwarding server left) stops a `run_code` run as a client's
-    /// cancellation does.
-    /// `progress`: where `run_code`'s progress notifications go (the forwarding server's
-    /// stream), if its caller asked for them.
-    pub async fn call_here(
-        &self,
-        tool: &str,
-        args: serde_json::Value,
-        ct: CancellationToken,
-        progress: Option<tokio::sync::mpsc::Sender<ProgressNotificationParam>>,
-    ) -> CallToolResult {
-        let outcome = match tool {
-            "run_code" => match parse(args) {
-                Ok(request) => {
-                    let sink = progress.map(ProgressSink::Stream);
-                    self.run_code_here(request, sink, ct).await
-                }
-                Err(e) => Err(e),
-            },
-            "start_run" => match parse(args) {
-                Ok(request) => self.start_run_here(request).await.map(structured_result),
-                Err(e) => Err(e),
-            },
-            "get_result" => match parse(args) {
-                Ok(p) => self.get_result_here(p, ct).await,
-                Err(e) => Err(e),
-            },
-            "stop_run" => match parse(args) {
-                Ok(p) => self.stop_run_here(p).await,
-                Err(e) => Err(e),
-            },
-            "read_session_file" => match parse(args) {
-                Ok(p) => self.read_session_file_here(p).await,
-                Err(e) => Err(e),
-            },
-            "close_session" => match parse(args) {
-                Ok(p) => self.close_session_here(p).await.map(structured_result),
-                Err(e) => Err(e),
-            },
-            other => Err(format!(
-                "`{other}` is not a tool another server forwards; those are {}",
-                FORWARDED_TOOLS.join(", ")
-            )),
-        };
-        outcome.unwrap_or_else(|text| CallToolResult::error(vec![ContentBlock::text(text)]))
-    }
 }
 
-/// Send `tool(params)` to `peer` and return its result (see [`CodeboxServer::forward`]).
+/// Send `tool(params)` to `peer` and return its result (see [`Forwarder::forward`]).
 async fn forward_call<P: Serialize>(
     cluster: &Cluster,
     peer: &Peer,
@@ -308,7 +242,7 @@ async fn forward_streamed<P: Serialize>(
 }
 
 /// A forwarded call's arguments, read as the tool reads them.
-fn parse<P: DeserializeOwned>(args: serde_json::Value) -> Result<P, String> {
+pub(super) fn parse<P: DeserializeOwned>(args: serde_json::Value) -> Result<P, String> {
     serde_path_to_error::deserialize(args).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -321,7 +255,7 @@ fn parse<P: DeserializeOwned>(args: serde_json::Value) -> Result<P, String> {
 }
 
 /// A typed result as rmcp's `Json` wrapper makes it.
-fn structured_result<T: Serialize>(
+pub(super) fn structured_result<T: Serialize>(
     json: rmcp::handler::server::wrapper::Json<T>,
 ) -> CallToolResult {
     CallToolResult::structured(serde_json::to_value(json.0).unwrap_or_default())

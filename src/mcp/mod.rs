@@ -17,13 +17,17 @@ use std::time::Duration;
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Json;
-use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig,
+};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{catalog, Catalog};
 use crate::cluster::Held;
+use crate::cluster::{Cluster, Peer};
 use crate::contract::answers::SessionFileResult;
 use crate::contract::params::{
     check_wait, GetResultParams, HistoryParams, ReadSessionFileParams, SessionIdParams,
@@ -35,7 +39,7 @@ use crate::history::{HistoryResult, Query};
 use crate::report::{RunReport, Status};
 use crate::runs::sessions::{Closed, SessionError, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager, SubmitError};
-use forward::ProgressSink;
+use forward::{parse, structured_result, Forwarder, ProgressSink};
 pub use forward::{StreamLine, FORWARDED_TOOLS, PROGRESS_STREAM, TOOLS_PATH};
 pub use params::Parameters;
 pub use results::{report_result, session_file_result};
@@ -53,8 +57,8 @@ pub struct CodeboxServer {
     manager: RunManager,
     tool_router: ToolRouter<Self>,
     /// This server as a member of a cluster: calls about another server's runs and sessions
-    /// are forwarded to it ([`forward`]).
-    cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// are forwarded to it ([`Forwarder`]).
+    forwarder: Option<Forwarder>,
 }
 
 impl CodeboxServer {
@@ -116,12 +120,83 @@ impl CodeboxServer {
         CodeboxServer {
             manager,
             tool_router,
-            cluster: None,
+            forwarder: None,
         }
     }
 
     pub fn manager(&self) -> &RunManager {
         &self.manager
+    }
+
+    /// This server as a member of a cluster (`None`: alone, or stdio).
+    pub fn with_cluster(mut self, cluster: Option<Arc<Cluster>>) -> CodeboxServer {
+        self.forwarder = cluster.map(|c| Forwarder::new(c, self.manager.clone()));
+        self
+    }
+
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.forwarder.as_ref().map(Forwarder::cluster)
+    }
+
+    /// The other server that holds run `run_id`, if one does, and the way there.
+    async fn run_owner(&self, run_id: &str) -> Option<(&Forwarder, Peer)> {
+        let f = self.forwarder.as_ref()?;
+        Some((f, f.run_owner(run_id).await?))
+    }
+
+    /// The other server that holds session `session_id`, if one does, and the way there.
+    async fn session_owner(&self, session_id: Option<&str>) -> Option<(&Forwarder, Peer)> {
+        let f = self.forwarder.as_ref()?;
+        Some((f, f.session_owner(session_id?).await?))
+    }
+
+    /// Carry out a tool call another server forwarded: `tool` is one of
+    /// [`FORWARDED_TOOLS`], done here whoever holds it (never forwarded again); `ct`
+    /// cancelled (the forwarding server left) stops a `run_code` run as a client's
+    /// cancellation does.
+    /// `progress`: where `run_code`'s progress notifications go (the forwarding server's
+    /// stream), if its caller asked for them.
+    pub async fn call_here(
+        &self,
+        tool: &str,
+        args: serde_json::Value,
+        ct: CancellationToken,
+        progress: Option<tokio::sync::mpsc::Sender<ProgressNotificationParam>>,
+    ) -> CallToolResult {
+        let outcome = match tool {
+            "run_code" => match parse(args) {
+                Ok(request) => {
+                    let sink = progress.map(ProgressSink::Stream);
+                    self.run_code_here(request, sink, ct).await
+                }
+                Err(e) => Err(e),
+            },
+            "start_run" => match parse(args) {
+                Ok(request) => self.start_run_here(request).await.map(structured_result),
+                Err(e) => Err(e),
+            },
+            "get_result" => match parse(args) {
+                Ok(p) => self.get_result_here(p, ct).await,
+                Err(e) => Err(e),
+            },
+            "stop_run" => match parse(args) {
+                Ok(p) => self.stop_run_here(p).await,
+                Err(e) => Err(e),
+            },
+            "read_session_file" => match parse(args) {
+                Ok(p) => self.read_session_file_here(p).await,
+                Err(e) => Err(e),
+            },
+            "close_session" => match parse(args) {
+                Ok(p) => self.close_session_here(p).await.map(structured_result),
+                Err(e) => Err(e),
+            },
+            other => Err(format!(
+                "`{other}` is not a tool another server forwards; those are {}",
+                FORWARDED_TOOLS.join(", ")
+            )),
+        };
+        outcome.unwrap_or_else(|text| CallToolResult::error(vec![ContentBlock::text(text)]))
     }
 }
 
@@ -268,10 +343,11 @@ impl CodeboxServer {
             .meta
             .get_progress_token()
             .map(|token| (token, ctx.peer.clone()));
-        if let Some((peer, sid)) = self.session_owner_of(&request).await {
-            let what = Held::Session(&sid);
-            let forwarded = self
-                .forward_with_progress(&peer, what, "run_code", &request, &ctx.ct, progress.clone())
+        let sid = request.session_id.clone();
+        if let Some((f, peer)) = self.session_owner(sid.as_deref()).await {
+            let what = Held::Session(sid.as_deref().unwrap_or_default());
+            let forwarded = f
+                .forward(&peer, what, "run_code", &request, &ctx.ct, progress.clone())
                 .await;
             if let Some(r) = forwarded {
                 return r;
@@ -287,9 +363,13 @@ impl CodeboxServer {
         Parameters(request): Parameters<RunRequest>,
         ct: CancellationToken,
     ) -> Result<Json<Accepted>, String> {
-        if let Some((peer, sid)) = self.session_owner_of(&request).await {
-            let what = Held::Session(&sid);
-            if let Some(r) = self.forward(&peer, what, "start_run", &request, &ct).await {
+        let sid = request.session_id.clone();
+        if let Some((f, peer)) = self.session_owner(sid.as_deref()).await {
+            let what = Held::Session(sid.as_deref().unwrap_or_default());
+            if let Some(r) = f
+                .forward(&peer, what, "start_run", &request, &ct, None)
+                .await
+            {
                 return forward::structured(r?).map(Json);
             }
         }
@@ -302,10 +382,10 @@ impl CodeboxServer {
         Parameters(p): Parameters<GetResultParams>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
-        if let Some(peer) = self.run_owner(&p.run_id).await {
+        if let Some((f, peer)) = self.run_owner(&p.run_id).await {
             let id = ids::run_id(&p.run_id);
             let what = Held::Run(&id);
-            if let Some(r) = self.forward(&peer, what, "get_result", &p, &ct).await {
+            if let Some(r) = f.forward(&peer, what, "get_result", &p, &ct, None).await {
                 return r;
             }
         }
@@ -318,10 +398,10 @@ impl CodeboxServer {
         Parameters(p): Parameters<StopRunParams>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
-        if let Some(peer) = self.run_owner(&p.run_id).await {
+        if let Some((f, peer)) = self.run_owner(&p.run_id).await {
             let id = ids::run_id(&p.run_id);
             let what = Held::Run(&id);
-            if let Some(r) = self.forward(&peer, what, "stop_run", &p, &ct).await {
+            if let Some(r) = f.forward(&peer, what, "stop_run", &p, &ct, None).await {
                 return r;
             }
         }
@@ -354,10 +434,10 @@ impl CodeboxServer {
         Parameters(p): Parameters<ReadSessionFileParams>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
-        if let Some(peer) = self.session_owner(Some(&p.session_id)).await {
+        if let Some((f, peer)) = self.session_owner(Some(&p.session_id)).await {
             let what = Held::Session(&p.session_id);
-            if let Some(r) = self
-                .forward(&peer, what, "read_session_file", &p, &ct)
+            if let Some(r) = f
+                .forward(&peer, what, "read_session_file", &p, &ct, None)
                 .await
             {
                 return r;
@@ -377,9 +457,9 @@ impl CodeboxServer {
         Parameters(p): Parameters<SessionIdParams>,
         ct: CancellationToken,
     ) -> Result<Json<Closed>, String> {
-        if let Some(peer) = self.session_owner(Some(&p.session_id)).await {
+        if let Some((f, peer)) = self.session_owner(Some(&p.session_id)).await {
             let what = Held::Session(&p.session_id);
-            if let Some(r) = self.forward(&peer, what, "close_session", &p, &ct).await {
+            if let Some(r) = f.forward(&peer, what, "close_session", &p, &ct, None).await {
                 return forward::structured(r?).map(Json);
             }
         }
