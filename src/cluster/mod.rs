@@ -406,8 +406,10 @@ impl Cluster {
     }
 }
 
-/// How much longer than the wait itself a forwarded wait may take (the way there and back).
-const WAIT_SLACK: Duration = Duration::from_secs(30);
+/// How much longer than the wait itself a forwarded wait may take (the way there and back):
+/// the time given to the owner beyond a forwarded `wait_seconds`, whoever forwards it (`/v1`,
+/// an MCP tool, this module's own waits).
+pub const WAIT_SLACK: Duration = Duration::from_secs(30);
 /// How long a forwarded stop may take (the owner waits for the containers' removal).
 const STOP_TIMEOUT: Duration = Duration::from_secs(150);
 

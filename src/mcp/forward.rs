@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, Held, Peer};
+use crate::cluster::{Cluster, Held, Peer, WAIT_SLACK};
 use crate::contract::ids;
 use crate::contract::params::MAX_WAIT_SECONDS;
 use crate::runs::RunManager;
@@ -37,8 +37,6 @@ pub const FORWARDED_TOOLS: [&str; 6] = [
     "read_session_file",
     "close_session",
 ];
-/// Time given to the owner beyond the call's own wait.
-const SLACK: Duration = Duration::from_secs(30);
 /// The type of a forwarded `run_code`'s stream of progress lines and result.
 pub const PROGRESS_STREAM: &str = "application/x-ndjson";
 
@@ -148,7 +146,7 @@ async fn forward_call<P: Serialize>(
             .as_f64()
             .unwrap_or(0.0)
             .clamp(0.0, MAX_WAIT_SECONDS);
-        Duration::from_secs_f64(wait) + SLACK
+        Duration::from_secs_f64(wait) + WAIT_SLACK
     });
     let path = format!("{TOOLS_PATH}/{tool}");
     let call = cluster.call_json(peer, Method::POST, &path, Some(&args), timeout);

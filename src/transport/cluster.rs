@@ -22,13 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::v1::V1Error;
 use crate::api::{read_body, Client};
-use crate::cluster::{Cluster, Held, Peer};
+use crate::cluster::{Cluster, Held, Peer, WAIT_SLACK};
 use crate::contract::ids;
 use crate::contract::params::MAX_WAIT_SECONDS;
 use crate::mcp::CodeboxServer;
-
-/// Time given to the owner beyond a `GET /v1/runs/{id}?wait_seconds=N`'s own wait.
-const SLACK: Duration = Duration::from_secs(30);
 
 /// What the forwarding middleware needs.
 #[derive(Clone)]
@@ -155,7 +152,7 @@ pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Nex
     let (peer, timeout) = match &subject {
         Subject::Run(id) => (
             f.cluster.run_owner(m, id).await,
-            (method == Method::GET).then(|| wait_of(request.uri().query()) + SLACK),
+            (method == Method::GET).then(|| wait_of(request.uri().query()) + WAIT_SLACK),
         ),
         Subject::Session(id) => (f.cluster.session_owner(m, id).await, None),
     };
