@@ -182,7 +182,7 @@ async fn compile(
     let Some(phase) = result.decoded.phase(PhaseName::Run) else {
         let o = classify(None, &result);
         return Err(match o.problem {
-            Some(problem) => SandboxFailure::Reported(problem),
+            Some(problem) => SandboxFailure::Unexplained(problem),
             None => SandboxFailure::CompileNotStarted,
         }
         .into());
@@ -193,7 +193,7 @@ async fn compile(
     }
     known.compile = Some(compile_report(Status::Succeeded, phase, &result, o.usage));
     if let Some(fatal) = &result.decoded.fatal {
-        return Err(SandboxFailure::Reported(fatal.clone()).into());
+        return Err(SandboxFailure::InitFatal(fatal.clone()).into());
     }
     let mut artifacts = Vec::with_capacity(result.decoded.files.len());
     for f in result.decoded.files {

@@ -156,7 +156,7 @@ impl Containers {
         if let Some(e) = &self.egress {
             with_program_egress(&mut spec, e, &image, &want.image_name)
                 .await
-                .map_err(|m| Halt::Failed(SandboxFailure::Reported(m)))?;
+                .map_err(|m| Halt::Failed(SandboxFailure::Egress(m)))?;
         }
         posture::check(&spec, &self.config.sandbox)?;
         let mut guard = ContainerGuard::new(

@@ -56,10 +56,49 @@ pub enum SandboxFailure {
     ArtifactPath { path: String },
     #[error("the compile stage did not start")]
     CompileNotStarted,
-    /// What the container or the engine reported (`codebox-init`'s fatal error, a stream
-    /// that broke the protocol, an unexplained end).
+    /// `codebox-init`'s own fatal error, as the container wrote it.
     #[error("{0}")]
-    Reported(String),
+    InitFatal(String),
+    /// A stage's end that classifying its frames could not explain (the problem found).
+    #[error("{0}")]
+    Unexplained(String),
+    /// A stop came while the image was being looked up.
+    #[error("stopped")]
+    Stopped,
+    /// A stop came while a session's container was being opened.
+    #[error("stopped while opening")]
+    StoppedOpening,
+    /// The packages' install step ended the opening (its own message).
+    #[error("{0}")]
+    Install(String),
+    /// The image cannot carry the programs' egress relay (the reason, naming the image).
+    #[error("{0}")]
+    Egress(String),
+    /// A session's helper answered its opening with an error (its text).
+    #[error("{0}")]
+    OpenRefused(String),
+    /// A session's helper ended its opening without an answer.
+    #[error("the session's container did not open")]
+    NotOpened,
+    /// A session's container broke while it was being opened.
+    #[error("the session's container did not open: {0}")]
+    OpenBroken(#[source] Broken),
+    /// A session's container broke during an execution (why).
+    #[error("the session ended: its sandbox failed: {0}")]
+    SessionBroke(String),
+    /// A session's helper answered an execution with an error (its text).
+    #[error("{0}")]
+    ExecutionRefused(String),
+}
+
+/// Why a session's container serves nothing more.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Broken {
+    /// The container died of an out-of-memory kill (under gVisor, one takes its kernel).
+    #[error("out of memory")]
+    OutOfMemory,
+    #[error("its sandbox failed: {0}")]
+    Failed(String),
 }
 
 /// Why the stage sequence ended before its end.

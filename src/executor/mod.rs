@@ -80,7 +80,7 @@ impl From<InstallEnd> for OpenError {
         if matches!(end, InstallEnd::Failed { .. }) {
             OpenError::Packages(install_failure(end))
         } else {
-            OpenError::Sandbox(SandboxFailure::Reported(install_failure(end)))
+            OpenError::Sandbox(SandboxFailure::Install(install_failure(end)))
         }
     }
 }
@@ -185,7 +185,7 @@ impl Executor {
                 .await
                 .map_err(|h| match h {
                     Halt::Failed(f) => f,
-                    Halt::Stopped => SandboxFailure::Reported("stopped".into()),
+                    Halt::Stopped => SandboxFailure::Stopped,
                 })?;
             // Named after the container's name (a prefix of the id only).
             let name = spec.name.trim_start_matches("codebox-").to_string();

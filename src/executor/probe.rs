@@ -71,7 +71,7 @@ pub(super) async fn run(
     let phase = result.decoded.phase(PhaseName::Run);
     let o = classify(phase, &result);
     if let Some(problem) = o.problem {
-        return Err(SandboxFailure::Reported(problem));
+        return Err(SandboxFailure::Unexplained(problem));
     }
     let s = Streams::of(phase);
     Ok(ProbeOutput {

@@ -22,6 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::compile::{check_failed, Compiler};
 use super::containers::{Containers, Mount, Want};
+pub use super::ends::Broken;
 use super::ends::{
     budget_with_install, sources, Call, CompileEnd, Ended, Halt, Known, SandboxFailure,
     BACKSTOP_GRACE,
@@ -54,16 +55,6 @@ const STOP_REPEAT: Duration = Duration::from_millis(500);
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// The value of `codebox.run` on a session's container.
 pub const SESSION_RUN_LABEL: &str = "session";
-
-/// Why a session's container serves nothing more.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum Broken {
-    /// The container died of an out-of-memory kill (under gVisor, one takes its kernel).
-    #[error("out of memory")]
-    OutOfMemory,
-    #[error("its sandbox failed: {0}")]
-    Failed(String),
-}
 
 /// What a session's container is made of.
 pub struct SessionSpec<'a> {
@@ -467,7 +458,7 @@ impl SessionBox {
         };
         let halted = |h: Halt| match h {
             Halt::Failed(f) => f,
-            Halt::Stopped => SandboxFailure::Reported("stopped while opening".into()),
+            Halt::Stopped => SandboxFailure::StoppedOpening,
         };
         let acquired = containers.create(&want, bound).await.map_err(halted)?;
         let image_id = acquired.image.id.clone();
@@ -514,16 +505,12 @@ impl SessionBox {
             .await
         {
             Ok(x) => match (x.decoded.fatal, x.decoded.done) {
-                (Some(fatal), _) => Err(SandboxFailure::Reported(fatal)),
+                (Some(fatal), _) => Err(SandboxFailure::InitFatal(fatal)),
                 (None, Some(Done { error: None, .. })) => Ok(sbox),
-                (None, Some(Done { error: Some(e), .. })) => Err(SandboxFailure::Reported(e)),
-                (None, None) => Err(SandboxFailure::Reported(
-                    "the session's container did not open".into(),
-                )),
+                (None, Some(Done { error: Some(e), .. })) => Err(SandboxFailure::OpenRefused(e)),
+                (None, None) => Err(SandboxFailure::NotOpened),
             },
-            Err(broken) => Err(SandboxFailure::Reported(format!(
-                "the session's container did not open: {broken}"
-            ))),
+            Err(broken) => Err(SandboxFailure::OpenBroken(broken)),
         }
     }
 
@@ -638,9 +625,9 @@ impl SessionBox {
                                     files: Vec::new(),
                                     result: None,
                                 },
-                                Broken::Failed(why) => Ended::Failed(SandboxFailure::Reported(
-                                    format!("the session ended: its sandbox failed: {why}"),
-                                )),
+                                Broken::Failed(why) => {
+                                    Ended::Failed(SandboxFailure::SessionBroke(why.clone()))
+                                }
                             };
                             broken = Some(b);
                             ended
@@ -797,7 +784,7 @@ async fn prepare_execution(
 /// How an execution's frames end the run.
 fn session_ended(req: &ValidRequest, known: &mut Known, x: Heard, done: Done) -> Ended {
     if let Some(error) = done.error {
-        return Ended::Failed(SandboxFailure::Reported(error));
+        return Ended::Failed(SandboxFailure::ExecutionRefused(error));
     }
     let result = Answer {
         decoded: x.decoded,
