@@ -33,7 +33,7 @@ use super::labels::labels;
 use super::outcome::classify;
 use super::outcome::Streams;
 use super::packages::session::SessionPrefix;
-use super::packages::{InstallEnd, Packages};
+use super::packages::{InstallEnd, InstallFailure, Packages};
 use super::stage::{Answer, Bound, StageTimes};
 use crate::config::Config;
 use crate::contract::ValidRequest;
@@ -666,10 +666,10 @@ impl SessionBox {
     ) -> Result<(), InstallEnd> {
         known.stage = Some(Stage::Install);
         let Some(p) = &self.packages else {
-            return Err(InstallEnd::Sandbox(format!(
-                "this {} session has no packages volume",
-                req.language.id
-            )));
+            return Err(InstallFailure::NoVolume {
+                language: req.language.id.clone(),
+            }
+            .into());
         };
         let report = p
             .add(

@@ -88,14 +88,58 @@ pub enum InstallEnd {
     },
     Stopped,
     /// codebox or Docker failed (`sandbox_error`).
-    Sandbox(String),
+    Sandbox(InstallFailure),
+}
+
+/// Why codebox or the engine could not carry out an install (`sandbox_error`), one variant
+/// per failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallFailure {
+    #[error("{language} has no install step")]
+    NoInstallStep { language: String },
+    #[error("packages are not enabled for {language}")]
+    NotEnabled { language: String },
+    #[error("this {language} session has no packages volume")]
+    NoVolume { language: String },
+    #[error("image {tag} is not present: build it with `codebox images build {image}`")]
+    ImageMissing { tag: String, image: String },
+    #[error("image {tag} was built before codebox-init had its egress relay, which installs need: rebuild it with `codebox images build {image}`")]
+    NoEgressRelay { tag: String, image: String },
+    #[error("the install proxy could not listen in {}: {source}", dir.display())]
+    ProxyListen {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
+    #[error(transparent)]
+    Posture(#[from] crate::engine::posture::PostureViolation),
+    /// The deadline or the engine interrupted a call of the install.
+    #[error(transparent)]
+    Interrupted(BoundError),
+    /// The install container ended in a way its frames do not explain (the problem found).
+    #[error("{0}")]
+    Unexplained(String),
+    /// `codebox-init`'s own fatal error, as the container wrote it.
+    #[error("{0}")]
+    InitFatal(String),
+    /// The installed files could not be packed (why).
+    #[error("{0}")]
+    Tar(String),
+}
+
+impl From<InstallFailure> for InstallEnd {
+    fn from(f: InstallFailure) -> InstallEnd {
+        InstallEnd::Sandbox(f)
+    }
 }
 
 impl From<BoundError> for InstallEnd {
     fn from(e: BoundError) -> InstallEnd {
         match e {
             BoundError::Interrupted(Interrupted::Stopped) => InstallEnd::Stopped,
-            other => InstallEnd::Sandbox(other.to_string()),
+            other => InstallEnd::Sandbox(InstallFailure::Interrupted(other)),
         }
     }
 }
@@ -230,16 +274,16 @@ impl Packages {
         bound: Bound<'_>,
     ) -> Result<(Prefix, PackagesReport), InstallEnd> {
         let Some(install) = &lang.install else {
-            return Err(InstallEnd::Sandbox(format!(
-                "{} has no install step",
-                lang.id
-            )));
+            return Err(InstallFailure::NoInstallStep {
+                language: lang.id.clone(),
+            }
+            .into());
         };
         let Some((index, _)) = self.config.packages.index_for(&lang.id) else {
-            return Err(InstallEnd::Sandbox(format!(
-                "packages are not enabled for {}",
-                lang.id
-            )));
+            return Err(InstallFailure::NotEnabled {
+                language: lang.id.clone(),
+            }
+            .into());
         };
         let key = key(&lang.id, image_id, index, requirements);
         let claim = KeyLock::new(&self.locks, &key);
@@ -334,22 +378,21 @@ impl Packages {
             .engine
             .inspect_image(&lang.image.tag)
             .await
-            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?
-            .ok_or_else(|| {
-                InstallEnd::Sandbox(format!(
-                    "image {} is not present: build it with `codebox images build {}`",
-                    lang.image.tag, lang.image.name
-                ))
+            .map_err(InstallFailure::Engine)?
+            .ok_or_else(|| InstallFailure::ImageMissing {
+                tag: lang.image.tag.clone(),
+                image: lang.image.name.clone(),
             })?;
         let relays = image
             .labels
             .get(LABEL_INIT_FEATURES)
             .is_some_and(|f| f.split_whitespace().any(|x| x == "egress"));
         if !relays {
-            return Err(InstallEnd::Sandbox(format!(
-                "image {} was built before codebox-init had its egress relay, which installs need: rebuild it with `codebox images build {}`",
-                lang.image.tag, lang.image.name
-            )));
+            return Err(InstallFailure::NoEgressRelay {
+                tag: lang.image.tag.clone(),
+                image: lang.image.name.clone(),
+            }
+            .into());
         }
         let install_name = self.unique(run_id, "install");
         let dir = self.config.data_dir.join("egress").join(&install_name);
@@ -359,11 +402,9 @@ impl Packages {
             p.max_download_mb * 1024 * 1024,
         )
         .await
-        .map_err(|e| {
-            InstallEnd::Sandbox(format!(
-                "the install proxy could not listen in {}: {e}",
-                dir.display()
-            ))
+        .map_err(|source| InstallFailure::ProxyListen {
+            dir: dir.clone(),
+            source,
         })?;
         let lease = self.uids.lease();
         let name = format!("codebox-{install_name}");
@@ -384,8 +425,7 @@ impl Packages {
             .unwrap_or(&self.config.sandbox.runtime);
         let spec = posture::install(&plan, &self.config.sandbox, runtime, gate.dir());
         let role = Role::Install { runtime };
-        posture::check_as(&spec, &self.config.sandbox, role)
-            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        posture::check_as(&spec, &self.config.sandbox, role).map_err(InstallFailure::Posture)?;
         let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
         bound
             .call("creating the install container", guard.create(&spec))
@@ -450,9 +490,10 @@ impl Packages {
             let message = match o.status {
                 Status::Stopped => return Err(InstallEnd::Stopped),
                 Status::SandboxError => {
-                    return Err(InstallEnd::Sandbox(o.problem.unwrap_or_else(|| {
+                    return Err(InstallFailure::Unexplained(o.problem.unwrap_or_else(|| {
                         "the install container ended without a report".into()
-                    })))
+                    }))
+                    .into())
                 }
                 Status::TimedOut => format!(
                     "installing {} was killed at its {} s limit (packages.install_timeout_seconds)",
@@ -484,10 +525,10 @@ impl Packages {
             });
         }
         if let Some(fatal) = &answer.decoded.fatal {
-            return Err(InstallEnd::Sandbox(fatal.clone()));
+            return Err(InstallFailure::InitFatal(fatal.clone()).into());
         }
         let (tar, bytes, installed) =
-            prefix_tar(&answer.decoded.files).map_err(InstallEnd::Sandbox)?;
+            prefix_tar(&answer.decoded.files).map_err(InstallFailure::Tar)?;
         let copy_began = Instant::now();
         // A name of its own: an evicted volume of this key may still be being removed, and
         // another server on this daemon may cache the same key.
@@ -525,7 +566,7 @@ impl Packages {
             Duration::from_secs(10 * 365 * 86400),
         );
         vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
-        let engine_error = |e: crate::engine::EngineError| InstallEnd::Sandbox(e.to_string());
+        let engine_error = InstallFailure::Engine;
         self.engine
             .create_volume(volume, vlabels)
             .await
@@ -573,8 +614,7 @@ impl Packages {
         let (plan, lease) = self.created_only(run_id, "fill", image_id);
         let name = plan.name.clone();
         let spec = posture::filler(&plan, sandbox, volume, target);
-        posture::check_as(&spec, sandbox, Role::Fill)
-            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        posture::check_as(&spec, sandbox, Role::Fill).map_err(InstallFailure::Posture)?;
         let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
         bound
             .call(
@@ -609,7 +649,7 @@ impl Packages {
         let mut spec = posture::locked_down(&plan, sandbox);
         spec.open_stdin = false;
         posture::with_prefix(&mut spec, volume, target);
-        posture::check(&spec, sandbox).map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+        posture::check(&spec, sandbox).map_err(InstallFailure::Posture)?;
         let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
         bound
             .call(
@@ -628,7 +668,7 @@ impl Packages {
             )
             .await;
         guard.remove_later();
-        relative_tar(&read?).map_err(InstallEnd::Sandbox)
+        Ok(relative_tar(&read?).map_err(InstallFailure::Tar)?)
     }
 
     /// Forget every cached prefix and remove its volume (`codebox bench` measures cold

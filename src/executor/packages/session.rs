@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{InstallEnd, Packages};
+use super::{InstallEnd, InstallFailure, Packages};
 use crate::contract::run::MAX_PACKAGES;
 use crate::engine::guard::Cleanup;
 use crate::engine::posture::PACKAGES_VOLUME_PREFIX;
@@ -73,10 +73,10 @@ impl SessionPrefix {
         lifetime: Duration,
     ) -> Result<SessionPrefix, InstallEnd> {
         let Some(install) = &lang.install else {
-            return Err(InstallEnd::Sandbox(format!(
-                "{} has no install step",
-                lang.id
-            )));
+            return Err(InstallFailure::NoInstallStep {
+                language: lang.id.clone(),
+            }
+            .into());
         };
         let suffix = name.strip_prefix("codebox-").unwrap_or(name);
         let volume = format!(
@@ -93,7 +93,7 @@ impl SessionPrefix {
             .engine
             .create_volume(&volume, vlabels)
             .await
-            .map_err(|e| InstallEnd::Sandbox(e.to_string()))?;
+            .map_err(InstallFailure::Engine)?;
         let (removed, _) = watch::channel(false);
         Ok(SessionPrefix {
             volume,
