@@ -444,6 +444,7 @@ impl RunManager {
                     if let Some(run) = st.live.remove(&run_id) {
                         st.admission.release(&run.ticket);
                         self.inner.executor.pool().done(&run.shapes);
+                        run.feed.abandon();
                     }
                     queue.wake();
                     self.inner.changed.notify_waiters();
@@ -1017,6 +1018,7 @@ impl RunManager {
                 st.admission.withdraw(id);
                 if let Some(run) = st.live.remove(id) {
                     self.inner.executor.pool().done(&run.shapes);
+                    run.feed.abandon();
                 }
             }
             ids
