@@ -757,6 +757,7 @@ impl RunManager {
         let grace = start + timeout.min(UNKNOWN_GRACE);
         // What the server holding it said last (returned if the wait ends before the run).
         let mut elsewhere: Option<RunReport> = None;
+        let mut unknown_nap = UNKNOWN_POLL;
         loop {
             let (rx, pending) = {
                 let st = self.lock();
@@ -831,7 +832,9 @@ impl RunManager {
                     Err(LookupError::Unknown { .. })
                         if now < grace && self.inner.history.is_some() =>
                     {
-                        UNKNOWN_POLL
+                        // Back off (doubling): an unknown id costs a handful of lookups.
+                        unknown_nap = (unknown_nap * 2).min(UNKNOWN_GRACE);
+                        unknown_nap / 2
                     }
                     _ => return outcome,
                 }
