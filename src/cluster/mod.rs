@@ -163,7 +163,8 @@ impl Cluster {
                 Ok(Some(w)) => break w,
                 Ok(None) if tokio::time::Instant::now() < deadline => {
                     // Back off (doubling): an unknown id costs a handful of lookups.
-                    tokio::time::sleep(nap).await;
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(nap.min(left)).await;
                     nap *= 2;
                     // This server may have accepted it meanwhile (a retried call).
                     if manager.holds_run(run_id) {
@@ -201,7 +202,8 @@ impl Cluster {
                 Ok(Some(r)) => break r,
                 Ok(None) if tokio::time::Instant::now() < deadline => {
                     // Back off (doubling): an unknown id costs a handful of lookups.
-                    tokio::time::sleep(nap).await;
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(nap.min(left)).await;
                     nap *= 2;
                     if manager.knows_session(session_id) {
                         return None;
