@@ -839,7 +839,13 @@ impl RunManager {
                     _ => return outcome,
                 }
             };
-            let nap = pause.min(deadline.saturating_duration_since(Instant::now()));
+            // An insert pending here answers soon (and wakes `changed`): never a zero nap
+            // past the deadline, which would spin.
+            let nap = if pending {
+                pause
+            } else {
+                pause.min(deadline.saturating_duration_since(Instant::now()))
+            };
             let moved = self.shared().map(|q| q.moved().notified());
             tokio::select! {
                 () = tokio::time::sleep(nap) => {}
