@@ -214,8 +214,16 @@ impl Feed {
         self.push(&mut self.lock(), Event::Report(report));
     }
 
-    /// The events after the first `seen`, with their ids; and whether the report is among
-    /// them (nothing follows it).
+    /// The run left this server without a report (a claim given back to the shared queue):
+    /// readers stop here and look for the report where the run goes on.
+    pub fn abandon(&self) {
+        let mut st = self.lock();
+        st.ended = true;
+        self.count.send_replace(st.events.len() as u64);
+    }
+
+    /// The events after the first `seen`, with their ids; and whether the feed has ended
+    /// (with the report among them, or [`Feed::abandon`]ed): nothing follows.
     pub fn after(&self, seen: u64) -> (Vec<(u64, Event)>, bool) {
         let st = self.lock();
         let from = (seen as usize).min(st.events.len());
@@ -464,6 +472,20 @@ mod tests {
         let ids: Vec<u64> = events.iter().map(|(i, _)| *i).collect();
         assert_eq!(ids, vec![3, 4]);
         assert_eq!(events[1].1.name(), "report");
+    }
+
+    #[tokio::test]
+    async fn a_feed_given_back_without_a_report_ends_for_its_waiting_readers() {
+        let feed = Feed::new(1 << 20);
+        let mut changes = feed.subscribe();
+        changes.borrow_and_update();
+        let waiter = tokio::spawn(async move { changes.changed().await.is_ok() });
+        tokio::task::yield_now().await;
+        feed.abandon();
+        let woke = tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await;
+        assert!(matches!(woke, Ok(Ok(true))), "a waiting reader wakes");
+        let (events, ended) = feed.after(1);
+        assert!(events.is_empty() && ended, "and finds the feed ended");
     }
 
     #[test]

@@ -162,11 +162,15 @@ impl Cluster {
         }
         let history = manager.history()?;
         let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
+        let mut nap = UNKNOWN_POLL;
         let w = loop {
             match history.whereabouts(run_id).await {
                 Ok(Some(w)) => break w,
                 Ok(None) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(UNKNOWN_POLL).await;
+                    // Back off (doubling): an unknown id costs a handful of lookups.
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(nap.min(left)).await;
+                    nap *= 2;
                     // This server may have accepted it meanwhile (a retried call).
                     if manager.holds_run(run_id) {
                         return None;
@@ -197,11 +201,15 @@ impl Cluster {
         }
         let history = manager.history()?;
         let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
+        let mut nap = UNKNOWN_POLL;
         let record = loop {
             match history.session(session_id).await {
                 Ok(Some(r)) => break r,
                 Ok(None) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(UNKNOWN_POLL).await;
+                    // Back off (doubling): an unknown id costs a handful of lookups.
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(nap.min(left)).await;
+                    nap *= 2;
                     if manager.knows_session(session_id) {
                         return None;
                     }

@@ -273,6 +273,8 @@ pub struct History {
     /// The weight of the commands sent and not yet carried out (the thread subtracts).
     queued_bytes: Arc<std::sync::atomic::AtomicU64>,
     max_bytes: u64,
+    /// Queries sent to the history thread (its one connection serves them one at a time).
+    lookups: Arc<std::sync::atomic::AtomicU64>,
     /// Counts the times this instance found its lease judged lapsed.
     lapses: tokio::sync::watch::Receiver<Lapse>,
 }
@@ -350,6 +352,7 @@ impl History {
             store: store.to_string(),
             dropping: Default::default(),
             queued_bytes,
+            lookups: Arc::default(),
             max_bytes: bounds.bytes,
             lapses,
         }
@@ -445,6 +448,8 @@ impl History {
         &self,
         query: impl FnOnce(&mut dyn Database) -> Result<T, DbError> + Send + 'static,
     ) -> Result<T, HistoryError> {
+        self.lookups
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
         self.send(Command::Ask(Box::new(
             move |db: Result<&mut dyn Database, HistoryError>| {
@@ -465,6 +470,11 @@ impl History {
                 detail: NO_ANSWER.to_string(),
             })
         })
+    }
+
+    /// How many queries this handle (and its clones) sent so far.
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A finished run's full report, if it is still stored (and, with `ended_after_ms`, if the

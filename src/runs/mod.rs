@@ -444,6 +444,7 @@ impl RunManager {
                     if let Some(run) = st.live.remove(&run_id) {
                         st.admission.release(&run.ticket);
                         self.inner.executor.pool().done(&run.shapes);
+                        run.feed.abandon();
                     }
                     queue.wake();
                     self.inner.changed.notify_waiters();
@@ -756,6 +757,7 @@ impl RunManager {
         let grace = start + timeout.min(UNKNOWN_GRACE);
         // What the server holding it said last (returned if the wait ends before the run).
         let mut elsewhere: Option<RunReport> = None;
+        let mut unknown_nap = UNKNOWN_POLL;
         loop {
             let (rx, pending) = {
                 let st = self.lock();
@@ -830,12 +832,20 @@ impl RunManager {
                     Err(LookupError::Unknown { .. })
                         if now < grace && self.inner.history.is_some() =>
                     {
-                        UNKNOWN_POLL
+                        // Back off (doubling): an unknown id costs a handful of lookups.
+                        unknown_nap = (unknown_nap * 2).min(UNKNOWN_GRACE);
+                        unknown_nap / 2
                     }
                     _ => return outcome,
                 }
             };
-            let nap = pause.min(deadline.saturating_duration_since(Instant::now()));
+            // An insert pending here answers soon (and wakes `changed`): never a zero nap
+            // past the deadline, which would spin.
+            let nap = if pending {
+                pause
+            } else {
+                pause.min(deadline.saturating_duration_since(Instant::now()))
+            };
             let moved = self.shared().map(|q| q.moved().notified());
             tokio::select! {
                 () = tokio::time::sleep(nap) => {}
@@ -1017,6 +1027,7 @@ impl RunManager {
                 st.admission.withdraw(id);
                 if let Some(run) = st.live.remove(id) {
                     self.inner.executor.pool().done(&run.shapes);
+                    run.feed.abandon();
                 }
             }
             ids

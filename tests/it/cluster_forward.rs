@@ -149,3 +149,18 @@ async fn a_forwarded_event_stream_ends_once_the_owners_lease_lapses() {
     );
     stop.cancel();
 }
+
+#[tokio::test]
+async fn an_unknown_id_costs_a_handful_of_lookups_before_a_forward() {
+    let (history, _dir) = temp_history();
+    let m = manager_on(Arc::new(FakeEngine::new()), |_| {}, Some(history.clone()));
+    let cluster = Cluster::new(SECRET, "me", Duration::from_secs(3));
+    let before = history.lookups();
+    assert!(cluster.run_owner(&m, "r_unknown").await.is_none());
+    assert!(cluster.session_owner(&m, "s_unknown").await.is_none());
+    let lookups = history.lookups() - before;
+    assert!(
+        lookups <= 16,
+        "{lookups} history lookups for two unknown ids"
+    );
+}

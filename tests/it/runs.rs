@@ -509,3 +509,21 @@ async fn a_run_with_packages_is_charged_its_install_containers_memory() {
     }
     m.shutdown(Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn an_unknown_run_id_costs_a_handful_of_history_lookups() {
+    let fake = Arc::new(FakeEngine::new());
+    let (history, _dir) = temp_history();
+    let m = manager_on(fake, |_| {}, Some(history.clone()));
+    let before = history.lookups();
+    let answer = m.wait("r_0123456789abcdef", Duration::from_secs(5)).await;
+    assert!(
+        matches!(answer, Err(LookupError::Unknown { .. })),
+        "{answer:?}"
+    );
+    let lookups = history.lookups() - before;
+    assert!(
+        lookups <= 12,
+        "{lookups} history lookups for one unknown id"
+    );
+}

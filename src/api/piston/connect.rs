@@ -16,6 +16,7 @@
 //! `codebox-init`'s own stdin, passed to the program, so it needs nothing of the images.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -202,7 +203,16 @@ impl Connection {
         let mut stdin = Some(stdin);
         let mut held = Held::default();
         loop {
-            let (events, _) = feed.after(seen);
+            let (mut events, ended) = feed.after(seen);
+            if ended && !matches!(events.last(), Some((_, Event::Report(_)))) {
+                // Given back to the shared queue without a report: another server's report
+                // (or this one's, after a new claim) ends it.
+                let Ok(report) = m.wait_end(&run_id).await else {
+                    return self.close(4999, "Job Completed").await;
+                };
+                let last = events.last().map(|(i, _)| *i).unwrap_or(seen);
+                events.push((last + 1, Event::Report(Arc::new(report))));
+            }
             for (id, event) in events {
                 seen = id;
                 let message = match event {

@@ -19,7 +19,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use super::{query, run_id, V1Error};
 use crate::api::Api;
 use crate::live::{Event, Feed};
-use crate::report::RunReport;
+use crate::report::{RunReport, Status};
 use crate::runs::metrics::LiveReader;
 use crate::runs::RunManager;
 
@@ -66,22 +66,44 @@ fn follow(
     .flatten()
 }
 
-/// A report once it is final.
+/// How often a run waiting in the shared queue is looked at again, in case this server claims
+/// it (its feed then appears here and is followed live).
+const CLAIM_CHECK: Duration = Duration::from_secs(1);
+
+/// A run not held here: its live feed if this server claims it while it waits in the shared
+/// queue, or else its report once it is final.
 fn report_when_ended(
     manager: RunManager,
     id: String,
     first: RunReport,
+    seen: u64,
     reader: LiveReader,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     stream::once(async move {
+        let mut last = first;
+        loop {
+            if !last.status.is_terminal() {
+                if let Some(feed) = manager.feed(&id) {
+                    return follow(feed, seen, reader).boxed();
+                }
+            }
+            if last.status.is_terminal() || last.status != Status::Queued {
+                break;
+            }
+            last = match manager.wait(&id, CLAIM_CHECK).await {
+                Ok(r) => r,
+                Err(_) => break,
+            };
+        }
         let _reader = reader;
-        let report = if first.status.is_terminal() {
-            first
+        let report = if last.status.is_terminal() {
+            last
         } else {
-            manager.wait_end(&id).await.unwrap_or(first)
+            manager.wait_end(&id).await.unwrap_or(last)
         };
-        Ok(sse("report".into(), &Event::Report(Arc::new(report))))
+        stream::iter([Ok(sse("report".into(), &Event::Report(Arc::new(report))))]).boxed()
     })
+    .flatten()
 }
 
 pub async fn run_events(
@@ -106,7 +128,9 @@ pub async fn run_events(
             .into_response());
     }
     let first = m.wait(&id, Duration::ZERO).await?;
-    Ok(Sse::new(report_when_ended(m, id, first, reader).boxed())
-        .keep_alive(keep)
-        .into_response())
+    Ok(
+        Sse::new(report_when_ended(m, id, first, seen, reader).boxed())
+            .keep_alive(keep)
+            .into_response(),
+    )
 }
