@@ -3,7 +3,9 @@
 //!
 //! # Layout
 //! One line per folder, top to bottom: a module uses only modules below it (a test in
-//! `tests/it/layers.rs` keeps it so), and no file imports a file that imports it back.
+//! `tests/it/layers.rs` keeps it so). Inside `executor/` and `runs/` the face stands on top:
+//! no child imports its parent (`../shared/tools/structure.py` lists the folders where a
+//! child still does: registry, config, history, api, transport, cli).
 //! - [`cli`]: the `codebox` commands, one file each (`bench/`: codebox beside `docker run`);
 //!   with `main.rs` the only place that uses clap and anyhow, and that picks Docker.
 //! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth).
@@ -14,8 +16,11 @@
 //! - [`mcp`]: the ten MCP tools, their results and descriptions from the running config.
 //! - [`cluster`]: several servers as one (SPEC section 15): which server holds a run or a
 //!   session, and forwarding a call to it with the cluster secret.
-//! - [`runs`]: the run manager, whole in `mod.rs` (ids, queue, stop, retention, lookup),
-//!   with `admission.rs`, which alone owns the budget (runs, the pool, sessions).
+//! - [`runs`]: the run manager, whole in `mod.rs` (ids, queue, stop, retention, lookup, and
+//!   still the sessions' execution path and the cluster's shared queue), with `admission.rs`,
+//!   the sans-IO ledger of slots and memory (runs, the pool's ready containers, sessions and
+//!   sessions opened ahead of time; the pool's own count of what it holds is read from it),
+//!   and `budget.rs`, what a run or execution is charged (its install step's memory too).
 //! - `runs/sessions/`: sessions, a room of their own: `Sessions` owns the table, its lock and
 //!   every verb (create, execute, read, list, close, expire, keep ready); `ends.rs` their
 //!   names, ends and errors; it reaches the run manager only through the `Host` trait.
@@ -23,15 +28,18 @@
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.
 //! - [`reaper`]: removing what a dead instance left.
-//! - [`executor`]: `Executor` (whole in `mod.rs`: the stage sequence and the report) holds
+//! - [`executor`]: `Executor` (whole in `mod.rs`: the stage sequence) holds
 //!   `Containers` (`containers.rs`: engine, pool, uid leases, image ids, removals; how a
 //!   stage gets, checks and runs its container) and the `Compiler` (`compile.rs`, with its
 //!   cache); test cases (`cases.rs`), a session's container (`SessionBox`, `session.rs`),
-//!   outcomes, and `exchange.rs`, the one client of codebox-init's protocol that one-shot
+//!   outcomes; `ends.rs`, the words the stages share (`Call`, `Halt`, `Known`, `Ended`, the
+//!   backstop grace, budgets), a leaf; `finish.rs`, the report built once; `program.rs`,
+//!   what the run stage lays out; and `exchange.rs`, the one client of codebox-init's protocol that one-shot
 //!   stages and session executions share; `pool/` keeps containers ready; `packages/` is
 //!   the install step (its container, the egress proxy, the prefix cache).
-//! - [`live`]: a run's live events (output as it comes, files, the report), which the
-//!   executor writes and `/v1/runs/{id}/events`, MCP progress and Piston's WebSocket read.
+//! - [`live`]: a run's live events (output as it comes, files, the report), bounded in bytes
+//!   and in events; the executor is handed the feed (in its `Call`) and writes it with one
+//!   `Pen` per stage or test case, and `/v1/runs/{id}/events`, MCP progress and Piston's WebSocket read.
 //! - [`engine`]: the [`engine::ContainerEngine`] trait; `docker/` (the only bollard user),
 //!   `fake.rs` and `fake/` (only with the `testing` feature), `guard.rs` (each container's
 //!   one owner, which removes it on every path), `posture.rs` (the locked-down spec),
