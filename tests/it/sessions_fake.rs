@@ -860,3 +860,45 @@ async fn metrics_show_sessions_opened_ahead_of_time_and_what_they_hold() {
     assert!(text.contains("\ncodebox_sessions_open 0\n"), "{text}");
     m.shutdown(Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn a_session_installing_its_packages_holds_the_install_containers_memory() {
+    // The install step's container runs while the session opens: runs admitted meanwhile
+    // cannot take the memory it uses.
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(
+        codebox::engine::fake::Step::Start,
+        Duration::from_millis(400),
+    );
+    let m = fake_manager(&fake, |c| {
+        c.runs.memory_budget_mb = 2048;
+        c.sessions.memory_budget_mb = Some(1024);
+        c.packages.install_memory_mb = 1024;
+        c.packages.python.index_url = Some("http://127.0.0.1:9/simple/".into());
+        c.pool.sizes.clear();
+        c.sessions.ready.clear();
+    });
+    let req = SessionRequest {
+        packages: Some(vec!["tinypkg==1.0".into()]),
+        ..open("python")
+    };
+    let opening = {
+        let m = m.clone();
+        tokio::spawn(async move { m.create_session(req).await })
+    };
+    eventually(10, "the install container is created", || {
+        !fake.specs().is_empty()
+    })
+    .await;
+    let run = m.submit(asking("python", 1024)).unwrap().run_id;
+    assert_eq!(
+        m.stats().queued,
+        1,
+        "a run was admitted into the memory the install uses"
+    );
+    let s = opening.await.unwrap();
+    assert!(s.is_ok(), "{:?}", s.err().map(|e| e.to_string()));
+    let r = m.wait(&run, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(r.status, Status::Succeeded, "{}", r.message);
+    m.shutdown(Duration::from_secs(10)).await;
+}

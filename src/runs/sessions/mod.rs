@@ -337,6 +337,18 @@ struct Opening<'a> {
     armed: bool,
 }
 
+/// Memory held for a session's install container while it opens; given back when dropped.
+struct Installing<'a> {
+    host: &'a dyn Host,
+    mb: u64,
+}
+
+impl Drop for Installing<'_> {
+    fn drop(&mut self) {
+        self.host.unhold(self.mb, false);
+    }
+}
+
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
         if !self.armed {
@@ -463,6 +475,18 @@ impl Sessions {
         };
         host.hold(memory_mb, false).map_err(SessionError::Full)?;
         opening.held = true;
+        // Its packages install in a container of their own while it opens: that memory is
+        // held too, until the install is over.
+        let installing = if valid.packages.is_empty() {
+            None
+        } else {
+            let mb = self.config.packages.install_memory_mb;
+            host.hold(mb, false).map_err(SessionError::Full)?;
+            Some(Installing {
+                host: host.as_ref(),
+                mb,
+            })
+        };
         let id = new_session_id();
         let entries: Vec<Entry> = valid
             .files
@@ -481,7 +505,9 @@ impl Sessions {
             files: Files::new(&entries),
             lifetime: Duration::from_secs(settings.max_lifetime_seconds),
         };
-        let container = match self.executor.open_session(spec).await {
+        let opened = self.executor.open_session(spec).await;
+        drop(installing);
+        let container = match opened {
             Ok(c) => Arc::new(c),
             // The client's requirements did not install: its own to fix (400), not a retry.
             Err(OpenError::Packages(message)) => {
