@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::outcome::{Outcome, Streams};
 use super::packages::{InstallEnd, Prefix};
-use super::stage::{BoundError, Interrupted};
+use super::stage::{Bound, BoundError, Interrupted};
 use crate::config::Config;
 use crate::contract::ValidRequest;
 use crate::engine::posture::PostureViolation;
@@ -32,6 +32,21 @@ pub struct Call<'a> {
     pub cancel: CancellationToken,
     /// Where it is shown as it goes, when someone may watch.
     pub feed: Option<&'a Arc<Feed>>,
+}
+
+impl Call<'_> {
+    /// What its stages answer to: its stop, its deadline (its limits, the install step's
+    /// when it asks for packages, and the backstop grace) and its feed.
+    pub(super) fn bound(&self, config: &Config) -> Bound<'_> {
+        Bound {
+            cancel: &self.cancel,
+            deadline: tokio::time::Instant::now()
+                + budget_with_install(config, self.req)
+                + BACKSTOP_GRACE,
+            feed: self.feed,
+            case: None,
+        }
+    }
 }
 
 /// Why a run could not be carried out: the sandbox's fault, never the program's.

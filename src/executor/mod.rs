@@ -53,7 +53,7 @@ use crate::report::{RunReport, SessionExecution, Stage, Status};
 pub use cases::parallelism;
 use compile::Compiler;
 use containers::Containers;
-use ends::{mb, ms, Ended, Halt, Known, BACKSTOP_GRACE, ENTRY_OVERHEAD_BYTES};
+use ends::{mb, ms, Ended, Halt, Known, ENTRY_OVERHEAD_BYTES};
 pub use ends::{new_run_id, Call, SandboxFailure};
 pub use labels::labels;
 use outcome::{classify, Streams};
@@ -169,16 +169,14 @@ impl Executor {
         let prefix = SessionPrefix::create(&self.packages, lang, &spec.name, spec.lifetime).await?;
         if !spec.packages.is_empty() {
             let never = CancellationToken::new();
-            let bound = Bound {
-                case: None,
-                cancel: &never,
-                deadline: tokio::time::Instant::now()
+            let bound = Bound::new(
+                &never,
+                tokio::time::Instant::now()
                     + Duration::from_secs_f64(
                         self.containers.config.packages.install_timeout_seconds,
                     )
                     + Duration::from_secs(60),
-                feed: None,
-            };
+            );
             let image = self
                 .containers
                 .image(&lang.image.tag, &lang.image.name, bound)
@@ -270,22 +268,9 @@ impl Executor {
 
     /// [`Executor::execute`], shown as it goes in `feed`.
     pub async fn execute_live(&self, call: Call<'_>) -> RunReport {
-        let Call {
-            run_id,
-            req,
-            queued_ms,
-            cancel,
-            feed,
-        } = call;
         let started = Instant::now();
-        let bound = Bound {
-            case: None,
-            cancel: &cancel,
-            deadline: tokio::time::Instant::now()
-                + ends::budget_with_install(&self.containers.config, req)
-                + BACKSTOP_GRACE,
-            feed,
-        };
+        let (run_id, req, queued_ms) = (call.run_id, call.req, call.queued_ms);
+        let bound = call.bound(&self.containers.config);
         let mut known = Known::default();
         let ended = match self.stages(run_id, req, &mut known, bound).await {
             Ok(ended) => ended,

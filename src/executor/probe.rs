@@ -51,12 +51,10 @@ pub(super) async fn run(
         ..Default::default()
     };
     let never = CancellationToken::new();
-    let bound = Bound {
-        case: None,
-        cancel: &never,
-        deadline: tokio::time::Instant::now() + timeout + BACKSTOP_GRACE,
-        feed: None,
-    };
+    let bound = Bound::new(
+        &never,
+        tokio::time::Instant::now() + timeout + BACKSTOP_GRACE,
+    );
     let result = async {
         let container = containers.create(&want, bound).await?;
         containers

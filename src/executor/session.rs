@@ -23,10 +23,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::compile::{check_failed, Compiler};
 use super::containers::{Containers, Mount, Want};
 pub use super::ends::Broken;
-use super::ends::{
-    budget_with_install, sources, Call, CompileEnd, Ended, Halt, Known, SandboxFailure,
-    BACKSTOP_GRACE,
-};
+use super::ends::{sources, Call, CompileEnd, Ended, Halt, Known, SandboxFailure, BACKSTOP_GRACE};
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
 use super::finish::report;
 use super::labels::labels;
@@ -450,12 +447,7 @@ impl SessionBox {
             }),
         };
         let never = CancellationToken::new();
-        let bound = Bound {
-            case: None,
-            cancel: &never,
-            deadline: tokio::time::Instant::now() + start + BACKSTOP_GRACE,
-            feed: None,
-        };
+        let bound = Bound::new(&never, tokio::time::Instant::now() + start + BACKSTOP_GRACE);
         let halted = |h: Halt| match h {
             Halt::Failed(f) => f,
             Halt::Stopped => SandboxFailure::StoppedOpening,
@@ -522,22 +514,9 @@ impl SessionBox {
         session: SessionExecution,
         call: Call<'_>,
     ) -> SessionRun {
-        let Call {
-            run_id,
-            req,
-            queued_ms,
-            cancel,
-            feed,
-        } = call;
         let started = Instant::now();
-        let bound = Bound {
-            case: None,
-            feed,
-            cancel: &cancel,
-            deadline: tokio::time::Instant::now()
-                + budget_with_install(&stages.containers.config, req)
-                + BACKSTOP_GRACE,
-        };
+        let (run_id, req, queued_ms) = (call.run_id, call.req, call.queued_ms);
+        let bound = call.bound(&stages.containers.config);
         let mut known = Known::default();
         let mut broken = None;
         let mut workspace_bytes = None;
@@ -588,7 +567,7 @@ impl SessionBox {
                         feed.started(Stage::Run);
                     }
                     match self
-                        .ask(exec.encode(), limits, backstop, Some(&cancel), live)
+                        .ask(exec.encode(), limits, backstop, Some(bound.cancel), live)
                         .await
                     {
                         Ok(x) if x.closed => {

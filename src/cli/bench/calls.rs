@@ -108,12 +108,10 @@ impl Pricing<'_> {
             let mut spec = spec.clone();
             spec.name = format!("codebox-bench-{}", uuid::Uuid::new_v4().simple());
             self.engine.create_container(&spec).await?;
-            let bound = Bound {
-                case: None,
-                cancel: &never,
-                deadline: tokio::time::Instant::now() + Duration::from_secs(30),
-                feed: None,
-            };
+            let bound = Bound::new(
+                &never,
+                tokio::time::Instant::now() + Duration::from_secs(30),
+            );
             let ran = run_stage(
                 self.engine.as_ref(),
                 &spec.name,

@@ -228,12 +228,7 @@ impl SessionPrefix {
         let never = tokio_util::sync::CancellationToken::new();
         let mut failed = None;
         for _ in 0..COPY_TRIES {
-            let bound = Bound {
-                cancel: &never,
-                deadline: tokio::time::Instant::now() + COPY_LIMIT,
-                feed: None,
-                case: None,
-            };
+            let bound = Bound::new(&never, tokio::time::Instant::now() + COPY_LIMIT);
             let copied = packages
                 .upload_into(
                     run_id,
