@@ -1172,7 +1172,7 @@ impl RunManager {
         let slots = parallelism(&valid, &self.inner.config);
         let charge_mb = run_charge(&valid, &self.inner.config, slots);
         let install_mb = self.inner.config.packages.install_memory_mb;
-        if charge_mb > budget_mb && !valid.packages.is_empty() && install_mb > budget_mb {
+        if !valid.packages.is_empty() && install_mb > budget_mb {
             return Err(SubmitError::Invalid(RequestError {
                 field: "packages".into(),
                 message: format!(
