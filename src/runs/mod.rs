@@ -950,7 +950,12 @@ impl RunManager {
     /// session, and wait (up to `grace` for the stops, and as long again for the removals)
     /// until their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
-        self.hand_back_unstarted().await;
+        if tokio::time::timeout(grace, self.hand_back_unstarted())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the shared queue did not take the unstarted claims back in time; they go back once this server's lease lapses");
+        }
         self.inner.executor.pool().close();
         // Closed first: a session opened ahead of time that is ready from now on is dropped
         // (and removed), not kept for runs that will never come.
@@ -973,7 +978,12 @@ impl RunManager {
         // Sessions' containers (and those of the stopped runs) are removed in the background.
         self.inner.executor.cleanup().drain(grace).await;
         // Then the installed prefixes they mounted.
-        self.inner.executor.packages().close().await;
+        if tokio::time::timeout(grace, self.inner.executor.packages().close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some installed package prefixes could not be removed in time; the next start reaps them");
+        }
     }
 
     /// Drain (SIGTERM in a cluster): refuse new runs and sessions, let every queued and

@@ -562,7 +562,7 @@ pub async fn serve(
     let stop = ct.clone();
     serve_connections(listener, app, async move {
         shutdown.await;
-        tracing::info!("shutting down on signal");
+        tracing::info!("shutting down: closing the connections");
         stop.cancel();
     })
     .await;
@@ -572,6 +572,10 @@ pub async fn serve(
 /// How long a client may take to send a request's headers (slow clients would otherwise
 /// hold connections forever).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the open connections have to finish once shutdown begins (the runs have
+/// ended or been stopped by then): a client that never finishes its request, or never reads
+/// its answer, must not keep the server from exiting.
+const CLOSING_GRACE: Duration = Duration::from_secs(10);
 /// Pause after a failed accept (e.g. out of file descriptors) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -661,5 +665,17 @@ pub async fn serve_connections(
         while connections.try_join_next().is_some() {}
     }
     let _ = closing.send(true);
-    while connections.join_next().await.is_some() {}
+    let finished = tokio::time::timeout(CLOSING_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            "connections still open {} s after shutdown began are cut",
+            CLOSING_GRACE.as_secs()
+        );
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
+    }
 }

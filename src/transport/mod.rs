@@ -78,19 +78,19 @@ pub async fn serve(
             // running ones here finish (their callers, direct or forwarded, get their reports),
             // then the server shuts down as it does alone.
             let drain = cluster.is_some().then(|| {
-                let runs = runs.clone();
-                let limit =
-                    Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0) + DRAIN_SLACK;
-                (runs, limit)
+                Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0) + DRAIN_SLACK
             });
-            let server = CodeboxServer::new(runs).with_cluster(cluster);
+            let server = CodeboxServer::new(runs.clone()).with_cluster(cluster);
+            // Then every run left is stopped while its callers are still connected, so that
+            // they get its `stopped` report before the connections close.
             let shutdown = async move {
                 shutdown.await;
-                if let Some((runs, limit)) = drain {
+                if let Some(limit) = drain {
                     if !runs.drain(limit).await {
                         tracing::warn!("the drain took too long; stopping what is left");
                     }
                 }
+                runs.shutdown(crate::app::SHUTDOWN_GRACE).await;
             };
             http::serve(server, &config.http, token, shutdown).await
         }

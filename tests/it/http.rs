@@ -445,3 +445,64 @@ async fn a_request_reusing_an_id_in_flight_over_http_is_refused_and_the_first_ke
     assert_eq!(r.status(), 200);
     assert_eq!(messages(r).await[0]["result"], json!({}));
 }
+
+/// A connection still open when shutdown begins (here a run's event stream, whose run is
+/// stuck) does not keep the server from exiting: the open connections have a grace to
+/// finish, then are cut. (A server in the cluster tests, asked to stop, was seen still
+/// running 90 s later.)
+#[tokio::test]
+async fn an_open_connection_does_not_hold_the_shutdown() {
+    use codebox::engine::fake::Step;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fake = Arc::new(FakeEngine::new());
+    fake.delay(Step::CreateContainer, std::time::Duration::from_secs(3000));
+    let m = fake_manager(&fake, |_| {});
+    let run = m
+        .submit(codebox::contract::RunRequest {
+            language: "python".into(),
+            code: "print(1)".into(),
+            limits: Some(codebox::contract::LimitsInput {
+                timeout_seconds: Some(3000.0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+    let stop = CancellationToken::new();
+    let app = router(
+        CodeboxServer::new(m),
+        Some(Token::new(TOKEN)),
+        &HttpSettings::default(),
+        stop.child_token(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ct = stop.clone();
+    let served = tokio::spawn(serve_connections(listener, app, async move {
+        ct.cancelled().await
+    }));
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "GET /v1/runs/{}/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
+        run.run_id
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\r\n\r\n") {
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the server closed the connection: {seen:?}");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+    stop.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(60), served)
+        .await
+        .expect("the server still serves 60 s after shutdown began")
+        .unwrap();
+    drop(c);
+}
