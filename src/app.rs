@@ -14,6 +14,7 @@ use crate::instance::Instance;
 use crate::reaper;
 use crate::registry::Registry;
 use crate::runs::{self, RunManager};
+use crate::sessions::Sessions;
 
 /// How long [`App::shutdown`] waits for unfinished runs to stop and remove their containers.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -39,6 +40,8 @@ pub struct App {
     pub executor: Arc<Executor>,
     pub history: History,
     pub runs: RunManager,
+    /// The sessions, a wing above the runs.
+    pub sessions: Arc<Sessions>,
 }
 
 impl App {
@@ -75,7 +78,9 @@ impl App {
             config.clone(),
             Some(history.clone()),
         );
+        let sessions = Sessions::new(runs.clone());
         Ok(App {
+            sessions,
             config,
             registry,
             engine,
@@ -122,13 +127,13 @@ impl App {
         }
     }
 
-    /// Stop every unfinished run, then wait (up to `grace` each) until every container of
+    /// End every session and stop every unfinished run, then wait (up to `grace` each) until every container of
     /// this process is gone, and (up to [`HISTORY_FLUSH`]) until the history has written what
     /// it was sent. If some could not be removed, the instance's lock file is kept
     /// when the process ends, so the next start knows this instance died with objects left
     /// and reaps them at once (not after their expiry).
     pub async fn shutdown(&self, grace: Duration) {
-        self.runs.shutdown(grace).await;
+        self.sessions.shutdown(grace).await;
         let cleanup = self.executor.cleanup();
         if !cleanup.drain(grace).await || cleanup.failed() {
             tracing::warn!(

@@ -11,19 +11,22 @@
 //! - [`transport`]: stdio and Streamable HTTP (`/mcp`, `/healthz`, `/metrics`, bearer auth).
 //! - [`api`]: the HTTP APIs for programs: `v1/` (runs, sessions, OpenAPI, refusals), Piston
 //!   v2, `judge0/` (Judge0 CE); `client.rs` stops a run whose waiting client went away.
-//! - [`app`]: the composition root: one builder wires engine, executor, instance, history and
-//!   run manager for every command.
+//! - [`app`]: the composition root: one builder wires engine, executor, instance, history,
+//!   run manager and sessions for every command.
 //! - [`mcp`]: the ten MCP tools, their results and descriptions from the running config.
 //! - [`cluster`]: several servers as one (SPEC section 15): which server holds a run or a
 //!   session, and forwarding a call to it with the cluster secret.
+//! - [`sessions`]: sessions, a wing above runs: `Sessions` owns the table, its lock and
+//!   every verb (create, execute, read, list, close, expire, keep ready); it holds its memory
+//!   through the run manager's ledger and submits each execution to it as a `Job` that runs
+//!   in the session's container; `ends.rs` their names and ends.
 //! - [`runs`]: the run manager, whole in `mod.rs` (ids, queue, stop, retention, lookup, and
-//!   still the sessions' execution path and the cluster's shared queue), with `admission.rs`,
-//!   the sans-IO ledger of slots and memory (runs, the pool's ready containers, sessions and
-//!   sessions opened ahead of time; the pool's own count of what it holds is read from it),
-//!   and `budget.rs`, what a run or execution is charged (its install step's memory too).
-//! - `runs/sessions/`: sessions, a room of their own: `Sessions` owns the table, its lock and
-//!   every verb (create, execute, read, list, close, expire, keep ready); `ends.rs` their
-//!   names, ends and errors; it reaches the run manager only through the `Host` trait.
+//!   still the cluster's shared queue), with `admission.rs`, the sans-IO ledger of slots and
+//!   memory (runs, the pool's ready containers, and what others hold: sessions and sessions
+//!   opened ahead of time, which give way through `budget::Ahead`), `budget.rs`, what a run
+//!   or execution is charged (its install step's memory too), and `submit.rs`, what taking
+//!   a request answers and a `Job`: a run whoever submits it carries out. It knows nothing
+//!   of sessions.
 //! - [`history`]: the run history on its own thread, in SQLite or a shared PostgreSQL.
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.
@@ -70,4 +73,5 @@ pub mod reaper;
 pub mod registry;
 pub mod report;
 pub mod runs;
+pub mod sessions;
 pub mod transport;

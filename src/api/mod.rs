@@ -26,15 +26,17 @@ use crate::catalog::catalog;
 use crate::registry::Language;
 use crate::report::RunReport;
 use crate::runs::{LookupError, RunManager};
+use crate::sessions::Sessions;
 
 /// How long the toolchain versions read from the images are reused.
 const VERSIONS_TTL: Duration = Duration::from_secs(30);
 
-/// What the three APIs share: the run manager, the body cap, the Judge0 submissions and
-/// the toolchain versions.
+/// What the three APIs share: the run manager and the sessions, the body cap, the Judge0
+/// submissions and the toolchain versions.
 #[derive(Clone)]
 pub struct Api {
     manager: RunManager,
+    sessions: Arc<Sessions>,
     max_body: usize,
     judge0: Arc<judge0::Store>,
     versions: Arc<Mutex<Option<(Instant, Versions)>>>,
@@ -45,10 +47,12 @@ pub type Versions = Arc<BTreeMap<String, String>>;
 
 impl Api {
     /// `max_body`: the largest request body read, in bytes (`http.max_body_bytes`).
-    pub fn new(manager: RunManager, max_body: usize) -> Api {
+    pub fn new(sessions: Arc<Sessions>, max_body: usize) -> Api {
+        let manager = sessions.runs().clone();
         let retention = Duration::from_secs(manager.config().runs.result_retention_seconds);
         Api {
             manager,
+            sessions,
             max_body,
             judge0: Arc::new(judge0::Store::new(retention)),
             versions: Arc::default(),
@@ -57,6 +61,10 @@ impl Api {
 
     pub fn manager(&self) -> &RunManager {
         &self.manager
+    }
+
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
     }
 
     /// Each language's toolchain version as a dotted number (`3.11.2`): from the version

@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use crate::app::App;
 use crate::contract::{LimitsInput, RunRequest, SessionRequest};
 use crate::report::{fmt_num, RunReport, Status};
-use crate::runs::sessions::SessionInfo;
 use crate::runs::SubmitError;
+use crate::sessions::SessionInfo;
 
 #[derive(Debug, clap::Args)]
 pub struct ReplArgs {
@@ -124,7 +124,7 @@ async fn run_cell(
         }),
         ..Default::default()
     };
-    let accepted = app.runs.submit(req).map_err(|e| match e {
+    let accepted = app.sessions.submit(req).map_err(|e| match e {
         SubmitError::Invalid(e) => anyhow!("invalid argument {e}"),
         other => anyhow!(other),
     })?;
@@ -174,8 +174,8 @@ pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
         }
     }
     let session = app
-        .runs
-        .create_session(SessionRequest {
+        .sessions
+        .create(SessionRequest {
             language: args.language.clone(),
             limits: Some(LimitsInput {
                 memory_mb: args.memory_mb,
@@ -218,7 +218,7 @@ pub async fn repl(app: &App, args: ReplArgs) -> anyhow::Result<i32> {
         let report = run_cell(app, &session, all.join("\n") + "\n", args.timeout_seconds).await;
         report.map(|r| super::exit_status(&r))
     };
-    let _ = app.runs.close_session_removed(&session.session_id).await;
+    let _ = app.sessions.close_removed(&session.session_id).await;
     if terminal {
         eprintln!(
             "codebox repl: session {} closed; its executions: codebox history --session {}",

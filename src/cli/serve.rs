@@ -78,8 +78,8 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
         }
     }
     app.runs.start_pool();
-    app.runs.start_ready_sessions();
-    transport::serve(app.runs.clone(), &config, transport, shutdown).await?;
+    app.sessions.start_ready();
+    transport::serve(app.sessions.clone(), &config, transport, shutdown).await?;
     Ok(0)
 }
 

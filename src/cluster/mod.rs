@@ -26,6 +26,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 use crate::runs::RunManager;
+use crate::sessions::Sessions;
 
 use forward::{with_causes, PASSED};
 pub use forward::{ForwardError, Forwarded};
@@ -192,14 +193,14 @@ impl Cluster {
 
     /// The server that holds session `session_id` open, when it is another one that is alive
     /// and reachable; `None` when this server answers.
-    pub async fn session_owner(&self, manager: &RunManager, session_id: &str) -> Option<Peer> {
-        if manager.knows_session(session_id) {
+    pub async fn session_owner(&self, sessions: &Sessions, session_id: &str) -> Option<Peer> {
+        if sessions.knows(session_id) {
             return None;
         }
         if let Some(peer) = self.known_owner(session_id) {
             return Some(peer);
         }
-        let history = manager.history()?;
+        let history = sessions.runs().history()?;
         let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
         let mut nap = UNKNOWN_POLL;
         let record = loop {
@@ -210,7 +211,7 @@ impl Cluster {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     tokio::time::sleep(nap.min(left)).await;
                     nap *= 2;
-                    if manager.knows_session(session_id) {
+                    if sessions.knows(session_id) {
                         return None;
                     }
                 }

@@ -32,4 +32,4 @@ pub use run::{
     Compare, CompileLimitsInput, RunRequest, SessionTarget, SessionTerms, TestInput, ValidRequest,
     ValidTest, MAX_TESTS,
 };
-pub use session::{session_ceilings, SessionRequest, ValidSession};
+pub use session::{session_ceilings, SessionError, SessionRequest, ValidSession};

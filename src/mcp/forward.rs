@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::{Cluster, Held, Peer, WAIT_SLACK};
 use crate::contract::ids;
 use crate::contract::params::MAX_WAIT_SECONDS;
-use crate::runs::RunManager;
+use crate::sessions::Sessions;
 
 /// Where a server takes the tool calls another forwards (`/cluster/tools/{tool}`).
 pub const TOOLS_PATH: &str = "/cluster/tools";
@@ -82,12 +82,12 @@ pub enum StreamLine {
 #[derive(Clone)]
 pub(super) struct Forwarder {
     cluster: Arc<Cluster>,
-    manager: RunManager,
+    sessions: Arc<Sessions>,
 }
 
 impl Forwarder {
-    pub(super) fn new(cluster: Arc<Cluster>, manager: RunManager) -> Forwarder {
-        Forwarder { cluster, manager }
+    pub(super) fn new(cluster: Arc<Cluster>, sessions: Arc<Sessions>) -> Forwarder {
+        Forwarder { cluster, sessions }
     }
 
     pub(super) fn cluster(&self) -> &Arc<Cluster> {
@@ -97,13 +97,13 @@ impl Forwarder {
     /// The other server that holds run `run_id`, if one does.
     pub(super) async fn run_owner(&self, run_id: &str) -> Option<Peer> {
         self.cluster
-            .run_owner(&self.manager, &ids::run_id(run_id))
+            .run_owner(self.sessions.runs(), &ids::run_id(run_id))
             .await
     }
 
     /// The other server that holds session `session_id`, if one does.
     pub(super) async fn session_owner(&self, session_id: &str) -> Option<Peer> {
-        self.cluster.session_owner(&self.manager, session_id).await
+        self.cluster.session_owner(&self.sessions, session_id).await
     }
 
     /// Send `tool(params)`, a call about `what`, to `peer` and return its result, passing the
@@ -123,7 +123,7 @@ impl Forwarder {
         let cluster = &self.cluster;
         tokio::select! {
             r = forward_call(cluster, peer, tool, params, ct, progress) => Some(r),
-            _ = cluster.released(&self.manager, peer, what) => None,
+            _ = cluster.released(self.sessions.runs(), peer, what) => None,
         }
     }
 }

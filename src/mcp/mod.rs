@@ -34,11 +34,12 @@ use crate::contract::params::{
     StopRunParams,
 };
 use crate::contract::schema::standard_schema;
+use crate::contract::SessionError;
 use crate::contract::{ids, RunRequest, SessionRequest};
 use crate::history::{HistoryResult, Query};
 use crate::report::{RunReport, Status};
-use crate::runs::sessions::{Closed, SessionError, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager, SubmitError};
+use crate::sessions::{Closed, SessionInfo, SessionList, Sessions};
 use forward::{parse, structured_result, Forwarder, ProgressSink};
 pub use forward::{StreamLine, FORWARDED_TOOLS, PROGRESS_STREAM, TOOLS_PATH};
 pub use params::Parameters;
@@ -55,6 +56,7 @@ const PROGRESS_BYTES: usize = 1024;
 #[derive(Clone)]
 pub struct CodeboxServer {
     manager: RunManager,
+    sessions: Arc<Sessions>,
     tool_router: ToolRouter<Self>,
     /// This server as a member of a cluster: calls about another server's runs and sessions
     /// are forwarded to it ([`Forwarder`]).
@@ -73,7 +75,7 @@ impl CodeboxServer {
     }
 
     async fn session_error(&self, e: SessionError) -> String {
-        match self.manager.explain(e).await {
+        match self.sessions.explain(e).await {
             SessionError::Invalid(e) => format!("invalid argument {e}"),
             other => other.to_string(),
         }
@@ -81,7 +83,9 @@ impl CodeboxServer {
 }
 
 impl CodeboxServer {
-    pub fn new(manager: RunManager) -> CodeboxServer {
+    /// The MCP server of these sessions and of the runs they run on.
+    pub fn new(sessions: Arc<Sessions>) -> CodeboxServer {
+        let manager = sessions.runs().clone();
         let mut tool_router = Self::tool_router();
         let run_schema = tool_router
             .map
@@ -119,6 +123,7 @@ impl CodeboxServer {
         }
         CodeboxServer {
             manager,
+            sessions,
             tool_router,
             forwarder: None,
         }
@@ -128,9 +133,13 @@ impl CodeboxServer {
         &self.manager
     }
 
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
+    }
+
     /// This server as a member of a cluster (`None`: alone, or stdio).
     pub fn with_cluster(mut self, cluster: Option<Arc<Cluster>>) -> CodeboxServer {
-        self.forwarder = cluster.map(|c| Forwarder::new(c, self.manager.clone()));
+        self.forwarder = cluster.map(|c| Forwarder::new(c, self.sessions.clone()));
         self
     }
 
@@ -211,7 +220,7 @@ impl CodeboxServer {
         progress: Option<ProgressSink>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
-        let accepted = match self.manager.submit(request) {
+        let accepted = match self.sessions.submit(request) {
             Ok(a) => a,
             Err(e) => return Err(self.submit_error(e).await),
         };
@@ -264,7 +273,7 @@ impl CodeboxServer {
     }
 
     async fn start_run_here(&self, request: RunRequest) -> Result<Json<Accepted>, String> {
-        match self.manager.submit(request) {
+        match self.sessions.submit(request) {
             Ok(a) => Ok(Json(a)),
             Err(e) => Err(self.submit_error(e).await),
         }
@@ -314,8 +323,8 @@ impl CodeboxServer {
             }
         };
         match self
-            .manager
-            .read_session_file(&p.session_id, &p.path, offset, max_bytes)
+            .sessions
+            .read(&p.session_id, &p.path, offset, max_bytes)
             .await
         {
             Ok(f) => Ok(session_file_result(f, &p.session_id)),
@@ -324,7 +333,7 @@ impl CodeboxServer {
     }
 
     async fn close_session_here(&self, p: SessionIdParams) -> Result<Json<Closed>, String> {
-        match self.manager.close_session_removed(&p.session_id).await {
+        match self.sessions.close_removed(&p.session_id).await {
             Ok(c) => Ok(Json(c)),
             Err(e) => Err(self.session_error(e).await),
         }
@@ -422,7 +431,7 @@ impl CodeboxServer {
         &self,
         Parameters(request): Parameters<SessionRequest>,
     ) -> Result<Json<SessionInfo>, String> {
-        match self.manager.create_session(request).await {
+        match self.sessions.create(request).await {
             Ok(info) => Ok(Json(info)),
             Err(e) => Err(self.session_error(e).await),
         }
@@ -448,7 +457,7 @@ impl CodeboxServer {
 
     #[tool(description = "List the open sessions.")]
     async fn list_sessions(&self) -> Result<Json<SessionList>, String> {
-        Ok(Json(self.manager.list_sessions()))
+        Ok(Json(self.sessions.list()))
     }
 
     #[tool(description = "Close a session.")]

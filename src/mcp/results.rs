@@ -7,7 +7,7 @@ use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use crate::contract::answers::SENT_AS_BLOCK;
 use crate::executor::outputs;
 use crate::report::RunReport;
-use crate::runs::sessions::SessionFile;
+use crate::sessions::SessionFile;
 
 /// A run report as a tool result. Each file's bytes travel once: a returned image is an image
 /// block, any other returned file an embedded resource whose URI ends with its path, in the

@@ -6,6 +6,14 @@ use crate::contract::ValidRequest;
 use crate::registry::{Language, Registry};
 use crate::report::RunLimits;
 
+/// Memory held by what was opened ahead of time beside the pool (sessions' containers
+/// opened ahead): given back when a queued run needs it.
+pub trait Ahead: Send + Sync {
+    /// Give back at least `mb` if it is held; returns what was freed at once. Called with
+    /// the run manager locked: it must not call the run manager.
+    fn shed(&self, mb: u64) -> u64;
+}
+
 /// A language whose compile stage alone needs more memory than the whole budget.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("setting `runs.memory_budget_mb` = {budget_mb} is invalid: language `{language}` compiles with {compile_mb} MB, which would never fit")]

@@ -88,11 +88,11 @@ impl Metrics {
         LiveReader(self.clone())
     }
 
-    pub(super) fn session_opened(&self) {
+    pub fn session_opened(&self) {
         self.sessions_opened.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn session_ended(&self) {
+    pub fn session_ended(&self) {
         self.sessions_ended.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -221,19 +221,19 @@ impl Metrics {
         }
         let _ = writeln!(w, "# HELP codebox_sessions_open Sessions open now.");
         let _ = writeln!(w, "# TYPE codebox_sessions_open gauge");
-        let _ = writeln!(w, "codebox_sessions_open {}", stats.sessions_open);
+        let _ = writeln!(w, "codebox_sessions_open {}", stats.sessions.open);
         let _ = writeln!(
             w,
             "# HELP codebox_sessions_ready Sessions opened ahead of time (sessions.ready), waiting for a create_session; they give way to sessions and runs that need their memory."
         );
         let _ = writeln!(w, "# TYPE codebox_sessions_ready gauge");
-        let _ = writeln!(w, "codebox_sessions_ready {}", stats.sessions_ready);
+        let _ = writeln!(w, "codebox_sessions_ready {}", stats.sessions.ready);
         let _ = writeln!(
             w,
             "# HELP codebox_sessions_memory_mb Memory sessions (open, and opened ahead of time) hold of runs.memory_budget_mb."
         );
         let _ = writeln!(w, "# TYPE codebox_sessions_memory_mb gauge");
-        let _ = writeln!(w, "codebox_sessions_memory_mb {}", stats.sessions_memory_mb);
+        let _ = writeln!(w, "codebox_sessions_memory_mb {}", stats.sessions.memory_mb);
         for (name, help, n) in [
             (
                 "codebox_sessions_opened_total",

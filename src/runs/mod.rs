@@ -18,9 +18,11 @@
 //! Several servers may share one history database (PostgreSQL): a run not in memory is
 //! looked up there ([`lookup`]).
 //!
-//! Sessions are a room of their own ([`sessions`]); an execution in one is a run here, and the
-//! two meet at admission, which alone owns the budget (runs, the pool, sessions). Here:
-//! [`RunManager`] whole; beside it its vocabulary ([`submit`], [`lookup`], [`stats`]) and its
+//! Admission alone owns the budget: runs, the pool's ready containers, and what others hold
+//! through [`RunManager::hold`] (sessions, and what is opened ahead of time, which gives way
+//! through [`Ahead`]). A run carried out by whoever submits it (an execution in a session's
+//! container) is a [`Job`]: queued, charged and reported like any run. Here: [`RunManager`]
+//! whole; beside it its vocabulary ([`submit`], [`lookup`], [`stats`], [`budget`]) and its
 //! parts with state of their own ([`admission`], [`retention`], [`metrics`]).
 
 pub mod admission;
@@ -28,7 +30,6 @@ mod budget;
 mod lookup;
 pub mod metrics;
 pub mod retention;
-pub mod sessions;
 mod stats;
 mod submit;
 
@@ -37,33 +38,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
-use crate::contract::{RequestError, RunRequest, SessionRequest, SessionTerms, ValidRequest};
+use crate::contract::{RequestError, RunRequest, ValidRequest};
 use crate::executor::pool::{floors_for, shapes_of, Change, Shape};
-use crate::executor::session::{Broken, SessionBox};
 use crate::executor::{new_run_id, parallelism, Call, Executor};
 use crate::history::{now_ms, Claimed, History, NewRun, Room, SharedQueue, Submitted};
 use crate::live::Feed;
 use crate::registry::Registry;
-use crate::report::{InterpreterState, RunReport, SessionExecution, Status};
+use crate::report::{RunReport, Status};
 use admission::{Admission, Next, Policy, Refusal, Ticket};
-pub use budget::{check_budget, execution_charge, memory_charge, run_charge, BudgetError};
+pub use budget::{check_budget, execution_charge, memory_charge, run_charge, Ahead, BudgetError};
 pub use lookup::LookupError;
 use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use metrics::Metrics;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
-use sessions::{
-    Closed, Effects, Host, SessionError, SessionFile, SessionInfo, SessionList, Sessions,
-    SESSION_TICK,
-};
-pub use stats::{PoolSnapshot, Stats};
-pub use submit::{Accepted, SubmitError};
+pub use stats::{PoolSnapshot, SessionCounts, Stats};
+pub use submit::{Accepted, Job, Start, SubmitError, Work};
 
 /// How long `stop` waits for a running run's containers to be killed and removed.
 const STOP_WAIT: Duration = Duration::from_secs(120);
@@ -71,8 +68,6 @@ const STOP_WAIT: Duration = Duration::from_secs(120);
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the pool is checked for containers to replace or add.
 const POOL_INTERVAL: Duration = Duration::from_millis(500);
-/// How long a door's `close_session` waits for the container's removal before it answers.
-const CLOSE_REMOVAL_WAIT: Duration = Duration::from_secs(10);
 /// The limits of a run whose request is not at hand.
 const NO_LIMITS: crate::report::RunLimits = crate::report::RunLimits {
     memory_mb: 0,
@@ -97,6 +92,13 @@ enum Origin {
     Claimed { waited_ms: u64 },
 }
 
+/// What a job brings to the queue beside its request.
+struct Held {
+    serial: String,
+    at: crate::report::SessionExecution,
+    work: Box<dyn Work>,
+}
+
 /// Where an unfinished run stands, for progress notifications.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Progress {
@@ -115,23 +117,16 @@ enum RunState {
     Running { started: Instant },
 }
 
-/// The session a live execution belongs to.
-#[derive(Clone)]
-struct LiveSession {
-    id: String,
-    container: Arc<SessionBox>,
-    execution: u64,
-}
-
 /// A run not finished yet.
 struct Live {
     /// The report before anything happened (status `queued`).
     base: RunReport,
-    /// What admission charged it (slots, memory, its session).
+    /// What admission charged it (slots, memory, its serial key).
     ticket: Ticket,
-    /// The containers it asked the pool for, by shape (none in a session).
+    /// The containers it asked the pool for, by shape (none for a job).
     shapes: Vec<(Shape, usize)>,
-    session: Option<LiveSession>,
+    /// A job's work, until it starts.
+    work: Option<Box<dyn Work>>,
     budget: Duration,
     accepted: Instant,
     state: RunState,
@@ -172,34 +167,18 @@ struct State {
     retention: Retention,
 }
 
-/// How a run's task ended: its report, and for a session's execution what became of the
-/// session.
-struct Finished {
-    report: RunReport,
-    broken: Option<Broken>,
-    workspace_bytes: Option<u64>,
-}
-
-impl From<RunReport> for Finished {
-    fn from(report: RunReport) -> Finished {
-        Finished {
-            report,
-            broken: None,
-            workspace_bytes: None,
-        }
-    }
-}
-
 struct Inner {
     executor: Arc<Executor>,
     registry: Arc<Registry>,
     config: Arc<Config>,
     history: Option<History>,
     metrics: Arc<Metrics>,
-    sessions: Arc<Sessions>,
     state: Mutex<State>,
-    /// The loops that keep the pool, the sessions and the retention (ended with the manager,
-    /// and at shutdown).
+    /// What was opened ahead of time beside the pool, asked for memory back when a queued
+    /// run needs it.
+    ahead: OnceLock<Weak<dyn Ahead>>,
+    /// The loops that keep the pool and the retention (ended with the manager, and at
+    /// shutdown).
     tasks: Mutex<Vec<AbortOnDropHandle<()>>>,
     /// The queue shared with the other servers of a cluster (PostgreSQL), once joined.
     shared: OnceLock<SharedQueue>,
@@ -230,20 +209,13 @@ impl RunManager {
             memory_budget_mb: config.runs.memory_budget_mb,
         };
         let metrics = Arc::new(Metrics::default());
-        let sessions = Arc::new(Sessions::new(
-            config.clone(),
-            registry.clone(),
-            executor.clone(),
-            history.clone(),
-            metrics.clone(),
-        ));
         let inner = Arc::new(Inner {
             executor,
             registry,
             config,
             history,
             metrics,
-            sessions,
+            ahead: OnceLock::new(),
             state: Mutex::new(State {
                 live: HashMap::new(),
                 pending: HashMap::new(),
@@ -277,7 +249,6 @@ impl RunManager {
             )));
         }
         manager.own(tokio::spawn(purge_loop(Arc::downgrade(&manager.inner))));
-        manager.own(tokio::spawn(session_loop(Arc::downgrade(&manager.inner))));
         manager
     }
 
@@ -304,9 +275,10 @@ impl RunManager {
         self.inner.shared.get()
     }
 
-    /// This manager as the run manager sessions ask for budget and stops.
-    fn host(&self) -> Arc<dyn Host> {
-        Arc::new(self.clone())
+    /// Ask `ahead` for memory back when a queued run needs it (held weakly: it may hold
+    /// this manager). Called once.
+    pub fn give_way_from(&self, ahead: Weak<dyn Ahead>) {
+        let _ = self.inner.ahead.set(ahead);
     }
 
     fn retention(&self) -> Duration {
@@ -374,7 +346,10 @@ impl RunManager {
     /// first, then sessions opened ahead of time. Returns what was freed at once.
     fn shed(&self, st: &mut State, mb: u64) -> u64 {
         let from_pool = self.inner.executor.pool().shed(mb);
-        let ahead = self.inner.sessions.shed_ready(mb.saturating_sub(from_pool));
+        let ahead = match self.inner.ahead.get().and_then(Weak::upgrade) {
+            Some(a) => a.shed(mb.saturating_sub(from_pool)),
+            None => 0,
+        };
         st.admission.unhold_ahead(ahead);
         from_pool + ahead
     }
@@ -393,11 +368,8 @@ impl RunManager {
         };
         let queued_ms = now.duration_since(run.accepted).as_millis() as u64;
         let cancel = run.cancel.clone();
-        let session = run.session.clone();
+        let work = run.work.take();
         let feed = run.feed.clone();
-        if let Some(s) = &session {
-            self.inner.sessions.started(&s.id, &run_id);
-        }
         if run.shared {
             if let Some(q) = self.shared().cloned() {
                 let manager = self.clone();
@@ -412,7 +384,7 @@ impl RunManager {
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
         }
-        self.spawn(run_id, *request, queued_ms, cancel, session, feed);
+        self.spawn(run_id, *request, queued_ms, cancel, work, feed);
     }
 
     /// Start a run claimed from the shared queue (its slot is held): only once the database
@@ -462,7 +434,7 @@ impl RunManager {
                         r
                     });
                     if let Some(r) = report {
-                        self.finish(&mut st, &run_id, Ok(r.into()));
+                        self.finish(&mut st, &run_id, Ok(r));
                     }
                     return;
                 }
@@ -513,35 +485,32 @@ impl RunManager {
         request: ValidRequest,
         queued_ms: u64,
         cancel: CancellationToken,
-        session: Option<LiveSession>,
+        work: Option<Box<dyn Work>>,
         feed: Arc<Feed>,
     ) {
         let executor = self.inner.executor.clone();
         let id = run_id.clone();
-        let task = tokio::spawn(async move {
-            let call = Call {
-                run_id: &id,
-                req: &request,
+        // A job's work begins now, as the run starts (see [`Work::run`]).
+        let run: BoxFuture<'static, RunReport> = match work {
+            Some(work) => work.run(Start {
+                run_id: id,
+                request,
                 queued_ms,
                 cancel,
-                feed: Some(&feed),
-            };
-            let Some(s) = session else {
-                return Finished::from(executor.execute_live(call).await);
-            };
-            let at = SessionExecution {
-                session_id: s.id.clone(),
-                execution_count: s.execution,
-                state: InterpreterState::Kept,
-                reset_reason: None,
-            };
-            let r = executor.execute_in_session(&s.container, at, call).await;
-            Finished {
-                report: r.report,
-                broken: r.broken,
-                workspace_bytes: r.workspace_bytes,
-            }
-        });
+                feed,
+            }),
+            None => Box::pin(async move {
+                let call = Call {
+                    run_id: &id,
+                    req: &request,
+                    queued_ms,
+                    cancel,
+                    feed: Some(&feed),
+                };
+                executor.execute_live(call).await
+            }),
+        };
+        let task = tokio::spawn(run);
         let manager = self.clone();
         tokio::spawn(async move {
             let outcome = task.await.map_err(|e| {
@@ -564,18 +533,13 @@ impl RunManager {
 
     /// Record a run's end, free its slot and memory, wake waiters, start what can start.
     /// `Err` carries why the run's task failed.
-    fn finish(&self, st: &mut State, run_id: &str, outcome: Result<Finished, String>) {
+    fn finish(&self, st: &mut State, run_id: &str, outcome: Result<RunReport, String>) {
         let Some(run) = st.live.remove(run_id) else {
             return;
         };
-        let (mut broken, mut workspace_bytes) = (None, None);
         let fenced = run.fenced.is_some();
         let report = match outcome {
-            Ok(f) => {
-                broken = f.broken;
-                workspace_bytes = f.workspace_bytes;
-                f.report
-            }
+            Ok(report) => report,
             Err(message) => {
                 tracing::error!(run_id, %message, "a run's task failed");
                 let mut r = run.base.clone();
@@ -610,7 +574,6 @@ impl RunManager {
             q.wake();
         }
         self.inner.executor.pool().done(&run.shapes);
-        let session_state = report.session.as_ref().map(|x| x.state);
         let report = Arc::new(report);
         if let Some(h) = self.inner.history.as_ref().filter(|_| !fenced) {
             h.finish(report.clone());
@@ -628,31 +591,12 @@ impl RunManager {
         for _ in 0..st.retention.evict_over(max_bytes) {
             self.inner.metrics.report_evicted();
         }
-        if let Some(s) = &run.session {
-            let effects = self.inner.sessions.execution_ended(
-                &s.id,
-                run_id,
-                session_state,
-                workspace_bytes,
-                broken,
-            );
-            self.apply(st, effects);
-        }
         self.pump(st);
     }
 
-    /// What a change to the sessions asks of runs and the budget, under this manager's lock.
-    fn apply(&self, st: &mut State, effects: Effects) {
-        st.admission.unhold(effects.unhold_mb);
-        st.admission.unhold_ahead(effects.unhold_ahead_mb);
-        for (ids, message) in effects.stop {
-            self.stop_executions_locked(st, &ids, &message);
-        }
-    }
-
-    /// Stop executions of an ending session: queued ones end `stopped` naming the end,
-    /// running ones are stopped.
-    fn stop_executions_locked(&self, st: &mut State, run_ids: &[String], message: &str) {
+    /// Stop these runs (a job's holder ended): queued ones end `stopped`, naming why in
+    /// `message`; running ones are stopped.
+    fn stop_runs_locked(&self, st: &mut State, run_ids: &[String], message: &str) {
         let message = format!("stopped before it started: {message}");
         for run_id in run_ids {
             if self.stop_queued(st, run_id, &message).is_none() {
@@ -673,7 +617,7 @@ impl RunManager {
         r.status = Status::Stopped;
         r.queued_ms = run.accepted.elapsed().as_millis() as u64;
         r.message = message.to_string();
-        self.finish(st, run_id, Ok(r.clone().into()));
+        self.finish(st, run_id, Ok(r.clone()));
         Some(r)
     }
 
@@ -946,9 +890,16 @@ impl RunManager {
         }
     }
 
-    /// Refuse new runs, start no queued one, stop every queued and running one, end every
-    /// session, and wait (up to `grace` for the stops, and as long again for the removals)
-    /// until their containers are gone.
+    /// Refuse new runs and start no queued one; the pool fills no more. What holds memory
+    /// beside runs (sessions) is closed before [`RunManager::shutdown`] with this.
+    pub fn close(&self) {
+        self.inner.executor.pool().close();
+        self.lock().admission.close();
+    }
+
+    /// Give the unstarted claims back, [`RunManager::close`], stop every queued and running
+    /// run, and wait (up to `grace` for the stops, and as long again for the removals) until
+    /// their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
         if tokio::time::timeout(grace, self.hand_back_unstarted())
             .await
@@ -956,20 +907,13 @@ impl RunManager {
         {
             tracing::warn!("the shared queue did not take the unstarted claims back in time; they go back once this server's lease lapses");
         }
-        self.inner.executor.pool().close();
-        // Closed first: a session opened ahead of time that is ready from now on is dropped
-        // (and removed), not kept for runs that will never come.
-        let ids: Vec<String> = {
-            let mut st = self.lock();
-            st.admission.close();
-            st.live.keys().cloned().collect()
-        };
+        self.close();
+        let ids: Vec<String> = self.lock().live.keys().cloned().collect();
         self.inner
             .tasks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        self.inner.sessions.shutdown(self);
         if !ids.is_empty() {
             tracing::info!(runs = ids.len(), "stopping unfinished runs");
             let stops = ids.iter().map(|id| self.stop(id));
@@ -988,7 +932,7 @@ impl RunManager {
 
     /// Drain (SIGTERM in a cluster): refuse new runs and sessions, let every queued and
     /// running run finish, and return once none is left (`true`) or `limit` has passed.
-    /// [`RunManager::shutdown`] then ends the sessions and stops what is left.
+    /// [`RunManager::shutdown`] then stops what is left.
     pub async fn drain(&self, limit: Duration) -> bool {
         /// How often a drain looks whether the last run has ended.
         const DRAIN_POLL: Duration = Duration::from_millis(100);
@@ -1117,21 +1061,11 @@ impl RunManager {
             }
             self.pump(&mut st);
         }
-        let mut sessions = Vec::new();
-        for id in self.inner.sessions.open_ids() {
-            if let Ok(Some(record)) = history.session(&id).await {
-                if record.ended.is_some() {
-                    sessions.push(id);
-                }
-            }
-        }
         tracing::warn!(
             runs,
             replaced,
-            sessions = sessions.len(),
-            "stopping the runs and sessions the other servers ended while this server's lease was judged lapsed"
+            "stopping the runs the other servers ended while this server's lease was judged lapsed"
         );
-        self.inner.sessions.end_lapsed(self, &sessions);
     }
 
     /// Whether the server is draining (its `/healthz` says so, for a balancer).
@@ -1171,8 +1105,12 @@ impl RunManager {
         feed: Arc<Feed>,
         interactive: bool,
     ) -> Result<Accepted, SubmitError> {
-        if let Some(id) = req.session_id.clone() {
-            return self.submit_in_session(&id, req, feed);
+        if req.session_id.is_some() {
+            // The doors hand these to the sessions, which submit them as jobs.
+            return Err(SubmitError::Invalid(RequestError {
+                field: "session_id".into(),
+                message: "this door runs no session executions; leave session_id out".into(),
+            }));
         }
         // A run whose stdin comes while it runs stays here, where its client is.
         let shared = self.shared().filter(|_| !interactive).cloned();
@@ -1202,7 +1140,7 @@ impl RunManager {
         if let (Some(queue), Some(request)) = (shared, original) {
             return self.submit_shared(queue, request, valid, slots, charge_mb, feed);
         }
-        self.enqueue(valid, slots, charge_mb, None, feed)
+        self.enqueue(valid, slots, charge_mb, feed)
     }
 
     /// A run's history row, as this server records it.
@@ -1343,50 +1281,25 @@ impl RunManager {
         }
     }
 
-    /// An execution in session `id`: the session's language, memory and CPU; one run slot,
-    /// and the compile stage's memory for a compiled language (the session holds its own).
-    fn submit_in_session(
-        &self,
-        id: &str,
-        req: RunRequest,
-        feed: Arc<Feed>,
-    ) -> Result<Accepted, SubmitError> {
-        let sessions = &self.inner.sessions;
-        let begun = sessions.begin_execution(id)?;
-        let registry = &self.inner.registry;
-        let checked = match registry.languages.get(&begun.language) {
-            None => Err(SessionError::Unknown { id: id.to_string() }.into()),
-            Some(lang) => {
-                let terms = SessionTerms {
-                    language: lang,
-                    limits: begun.limits,
-                    max_upload_bytes: self.inner.config.sessions.max_upload_bytes,
-                };
-                ValidRequest::for_session(req, registry, terms, &self.inner.config)
-                    .map_err(SubmitError::from)
-            }
+    /// Queue a job: a run its submitter carries out (one slot, `job.charge_mb`, one at a
+    /// time per `job.serial`). Refused as a run is; its work is then dropped unrun.
+    pub fn submit_job(&self, job: Job) -> Result<Accepted, SubmitError> {
+        let feed = Feed::new(self.feed_bytes());
+        let (charge_mb, request) = (job.charge_mb, job.request);
+        let held = Held {
+            serial: job.serial,
+            at: job.at,
+            work: job.work,
         };
-        let valid = match checked {
-            Ok(v) => v,
-            Err(e) => {
-                let effects = sessions.abandon(id);
-                self.apply(&mut self.lock(), effects);
-                return Err(e);
-            }
-        };
-        let charge_mb = execution_charge(&valid, &self.inner.config);
-        let session = LiveSession {
-            id: id.to_string(),
-            container: begun.container,
-            execution: begun.execution,
-        };
-        let at = SessionExecution {
-            session_id: id.to_string(),
-            execution_count: begun.execution,
-            state: begun.state,
-            reset_reason: None,
-        };
-        self.enqueue(valid, 1, charge_mb, Some((session, at)), feed)
+        self.enqueue_as(
+            job.run_id,
+            Origin::New,
+            request,
+            1,
+            charge_mb,
+            Some(held),
+            feed,
+        )
     }
 
     fn enqueue(
@@ -1394,7 +1307,6 @@ impl RunManager {
         valid: ValidRequest,
         slots: usize,
         charge_mb: u64,
-        session: Option<(LiveSession, SessionExecution)>,
         feed: Arc<Feed>,
     ) -> Result<Accepted, SubmitError> {
         self.enqueue_as(
@@ -1403,7 +1315,7 @@ impl RunManager {
             valid,
             slots,
             charge_mb,
-            session,
+            None,
             feed,
         )
     }
@@ -1416,7 +1328,7 @@ impl RunManager {
         valid: ValidRequest,
         slots: usize,
         charge_mb: u64,
-        session: Option<(LiveSession, SessionExecution)>,
+        job: Option<Held>,
         feed: Arc<Feed>,
     ) -> Result<Accepted, SubmitError> {
         self.purge_expired();
@@ -1428,34 +1340,35 @@ impl RunManager {
         let row = history.map(|_| self.history_row(&run_id, &valid));
         let mut base = Executor::blank_report(&run_id, &valid);
         let budget = Executor::budget(&valid);
-        // The pool follows what runs ask for (a session's execution runs in its own container).
-        let shapes = if valid.session.is_none() {
+        // The pool follows what runs ask for (a job runs where its submitter says).
+        let shapes = if job.is_none() {
             shapes_of(&valid, &self.inner.config, slots)
         } else {
             Vec::new()
         };
         let mut row = row;
-        let session = session.map(|(s, at)| {
-            row = row.take().map(|r| r.in_session(&s.id, s.execution));
-            base.session = Some(at);
-            s
-        });
+        let (serial, work) = match job {
+            Some(h) => {
+                row = row.map(|r| r.in_session(&h.at.session_id, h.at.execution_count));
+                base.session = Some(h.at);
+                (Some(h.serial), Some(h.work))
+            }
+            None => (None, None),
+        };
         let mut st = self.lock();
         let ticket = Ticket {
             run_id: run_id.clone(),
             slots,
             charge_mb,
-            session: session.as_ref().map(|s| s.id.clone()),
+            session: serial,
         };
         let queued = match origin {
             Origin::New => st.admission.enqueue(ticket.clone()),
             Origin::Taken | Origin::Claimed { .. } => st.admission.enqueue_taken(ticket.clone()),
         };
         if let Err(refusal) = queued {
-            if let Some(s) = &session {
-                let effects = self.inner.sessions.abandon(&s.id);
-                self.apply(&mut st, effects);
-            }
+            drop(st);
+            drop(work);
             return Err(match refusal {
                 Refusal::Closed => SubmitError::ShuttingDown,
                 Refusal::QueueFull { waiting, max } => {
@@ -1469,9 +1382,6 @@ impl RunManager {
         }
         self.inner.executor.pool().asked(&valid.language, &shapes);
         let (done, _) = watch::channel(None);
-        let ending = session
-            .as_ref()
-            .and_then(|s| self.inner.sessions.attach(&s.id, &run_id));
         let now = Instant::now();
         let accepted = match origin {
             Origin::Claimed { waited_ms } => now
@@ -1485,7 +1395,7 @@ impl RunManager {
                 base,
                 ticket,
                 shapes,
-                session,
+                work,
                 budget,
                 accepted,
                 state: RunState::Queued {
@@ -1498,10 +1408,6 @@ impl RunManager {
                 fenced: None,
             },
         );
-        if let Some(message) = ending {
-            // The session began ending since this execution was accepted.
-            self.stop_executions_locked(&mut st, std::slice::from_ref(&run_id), &message);
-        }
         self.pump(&mut st);
         let status = match st.live.get(&run_id).map(|r| &r.state) {
             Some(RunState::Queued { .. }) => Status::Queued,
@@ -1512,57 +1418,6 @@ impl RunManager {
             status,
             limits,
         })
-    }
-
-    // ---- sessions: the doors' verbs, carried out by the room
-
-    /// Open a session: at once, or refused at once (never queued).
-    pub async fn create_session(&self, req: SessionRequest) -> Result<SessionInfo, SessionError> {
-        self.inner.sessions.create(&self.host(), req).await
-    }
-
-    /// Keep `sessions.ready` containers opened ahead of time from now on (`codebox serve`).
-    pub fn start_ready_sessions(&self) {
-        self.inner.sessions.start_ready(&self.host());
-    }
-
-    /// The open sessions of this server.
-    pub fn list_sessions(&self) -> SessionList {
-        self.inner.sessions.list()
-    }
-
-    /// Close a session: its container is removed at once (an execution under way is
-    /// stopped). Closing it again answers the same.
-    pub fn close_session(&self, id: &str) -> Result<Closed, SessionError> {
-        self.inner.sessions.close(self, id)
-    }
-
-    /// Close a session and answer once its container is gone (at most 10 s): what the doors'
-    /// `close_session` does.
-    pub async fn close_session_removed(&self, id: &str) -> Result<Closed, SessionError> {
-        self.inner
-            .sessions
-            .close_removed(self, id, CLOSE_REMOVAL_WAIT)
-            .await
-    }
-
-    /// A file or folder of a session's working directory, without running anything.
-    pub async fn read_session_file(
-        &self,
-        id: &str,
-        path: &str,
-        offset: u64,
-        max_bytes: Option<u64>,
-    ) -> Result<SessionFile, SessionError> {
-        self.inner
-            .sessions
-            .read(self, id, path, offset, max_bytes)
-            .await
-    }
-
-    /// An error about a session, told better where the history knows more.
-    pub async fn explain(&self, e: SessionError) -> SessionError {
-        self.inner.sessions.explain(e).await
     }
 
     // ---- reports not in memory
@@ -1680,11 +1535,6 @@ impl RunManager {
             || st.pending.contains_key(run_id)
     }
 
-    /// Whether this server knows session `session_id` (open here, or ended here lately).
-    pub fn knows_session(&self, session_id: &str) -> bool {
-        self.inner.sessions.knows(session_id)
-    }
-
     // ---- counts
 
     pub fn stats(&self) -> Stats {
@@ -1717,7 +1567,6 @@ impl RunManager {
                 cached_prefixes,
             }
         };
-        let (sessions_open, sessions_ready, sessions_memory_mb) = self.inner.sessions.counts();
         let st = self.lock();
         Stats {
             pool,
@@ -1731,15 +1580,19 @@ impl RunManager {
             compile_cache_hits,
             compile_cache_misses,
             packages,
-            sessions_open,
-            sessions_ready,
-            sessions_memory_mb,
+            sessions: SessionCounts::default(),
         }
     }
 }
 
-impl Host for RunManager {
-    fn hold(&self, mb: u64, ahead: bool) -> Result<(), String> {
+// ---- memory held beside runs (sessions): one ledger, admission's
+
+impl RunManager {
+    /// Hold `mb` of the budget beside runs, now or never: the pool's containers and what
+    /// was opened ahead of time give theirs back when that makes room. `ahead`: for
+    /// something opened ahead of time, only while nobody waits and the budget has room.
+    /// Locks the manager: never call it holding a lock [`Ahead::shed`] takes.
+    pub fn hold(&self, mb: u64, ahead: bool) -> Result<(), String> {
         let mut st = self.lock();
         if st.admission.refuses_new() {
             return Err("the server is shutting down".into());
@@ -1766,7 +1619,8 @@ impl Host for RunManager {
         Ok(())
     }
 
-    fn unhold(&self, mb: u64, ahead: bool) {
+    /// Give back what [`RunManager::hold`] held, and start what can start.
+    pub fn unhold(&self, mb: u64, ahead: bool) {
         let mut st = self.lock();
         if ahead {
             st.admission.unhold_ahead(mb);
@@ -1776,27 +1630,29 @@ impl Host for RunManager {
         self.pump(&mut st);
     }
 
-    fn claim(&self, mb: u64) {
+    /// What was held ahead of time is now held for good: no longer given back on demand.
+    pub fn claim(&self, mb: u64) {
         self.lock().admission.claim(mb);
     }
 
-    fn opened_ahead(&self) {
+    /// Something opened ahead of time is ready: a queued run that asked for its memory
+    /// while it was being opened may take it back now.
+    pub fn opened_ahead(&self) {
         let mut st = self.lock();
         self.admit(&mut st);
     }
 
-    fn stop_executions(&self, run_ids: &[String], message: &str) {
+    /// Stop these runs (their holder ended): queued ones end `stopped`, naming why in
+    /// `message`; running ones are stopped.
+    pub fn stop_runs(&self, run_ids: &[String], message: &str) {
         let mut st = self.lock();
-        self.stop_executions_locked(&mut st, run_ids, message);
+        self.stop_runs_locked(&mut st, run_ids, message);
         self.pump(&mut st);
     }
 
-    fn is_closed(&self) -> bool {
+    /// Whether the manager was closed ([`RunManager::close`]).
+    pub fn is_closed(&self) -> bool {
         self.lock().admission.is_closed()
-    }
-
-    fn metrics(&self) -> &Metrics {
-        &self.inner.metrics
     }
 }
 
@@ -1812,16 +1668,6 @@ async fn pool_loop(inner: Weak<Inner>) {
             return;
         }
         manager.refill(&st);
-    }
-}
-
-async fn session_loop(inner: Weak<Inner>) {
-    let mut tick = tokio::time::interval(SESSION_TICK);
-    loop {
-        tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        let manager = RunManager { inner };
-        manager.inner.sessions.expire(&manager.host());
     }
 }
 

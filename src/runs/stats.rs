@@ -22,11 +22,18 @@ pub struct Stats {
     /// Packages on request: cache hits, misses (installs), failed installs, bytes installed
     /// and downloaded, and what the cache holds now (bytes, prefixes).
     pub packages: PackagesSnapshot,
-    /// Sessions open, those opened ahead of time (`sessions.ready`), and the memory all of
-    /// them hold.
-    pub sessions_open: usize,
-    pub sessions_ready: usize,
-    pub sessions_memory_mb: u64,
+    /// What holds memory beside runs: counted by its holder, and added by whoever shows the
+    /// whole (the run manager's own [`super::RunManager::stats`] leaves it empty).
+    pub sessions: SessionCounts,
+}
+
+/// Sessions open, those opened ahead of time (`sessions.ready`), and the memory all of them
+/// hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SessionCounts {
+    pub open: usize,
+    pub ready: usize,
+    pub memory_mb: u64,
 }
 
 /// What the packages cache and install step have done.

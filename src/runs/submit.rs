@@ -1,11 +1,52 @@
-//! What taking a request answers: the run accepted, or why not.
+//! What taking a request answers (the run accepted, or why not), and a [`Job`]: a run that
+//! whoever submits it carries out.
 
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
-use super::sessions::ends::SessionError;
-use crate::contract::RequestError;
-use crate::report::{RunLimits, Status};
+use crate::contract::{RequestError, SessionError, ValidRequest};
+use crate::live::Feed;
+use crate::report::{RunLimits, RunReport, SessionExecution, Status};
+
+/// A run carried out by whoever submits it rather than in containers of its own: an
+/// execution in a session's container (the sessions wing makes these). It is queued,
+/// charged, started in turn and reported like any run.
+pub struct Job {
+    /// Its id, chosen by the submitter (who may need it before the run starts).
+    pub run_id: String,
+    pub request: ValidRequest,
+    /// The memory it holds while admitted (it takes one slot).
+    pub charge_mb: u64,
+    /// Jobs with the same key run one at a time, in order of submission.
+    pub serial: String,
+    /// What the report says of where it ran, before it runs.
+    pub at: SessionExecution,
+    /// Carries it out once admitted; dropped unrun when it never starts.
+    pub work: Box<dyn Work>,
+}
+
+/// What a [`Job`] does once admitted.
+pub trait Work: Send {
+    /// Carry the run out; its report is the run's. Called as the run starts, with the run
+    /// manager locked: what it does before its future is first polled must not call the
+    /// run manager (the future itself runs on a task of its own).
+    fn run(self: Box<Self>, start: Start) -> BoxFuture<'static, RunReport>;
+}
+
+/// An admitted run, as its work receives it.
+pub struct Start {
+    pub run_id: String,
+    pub request: ValidRequest,
+    pub queued_ms: u64,
+    /// Cancelled when the run is stopped.
+    pub cancel: CancellationToken,
+    /// Its live events.
+    pub feed: Arc<Feed>,
+}
 
 /// A run accepted by [`RunManager::submit`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

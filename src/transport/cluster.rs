@@ -132,7 +132,7 @@ pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Nex
             .ok()
             .and_then(|v| v.get("session_id")?.as_str().map(str::to_string));
         if let Some(session) = session {
-            if let Some(peer) = f.cluster.session_owner(f.server.manager(), &session).await {
+            if let Some(peer) = f.cluster.session_owner(f.server.sessions(), &session).await {
                 let client = Client::of(&parts);
                 let held = Held::Session(&session);
                 let sent = send(&f, &peer, held, &parts, bytes.clone(), None, client).await;
@@ -154,7 +154,7 @@ pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Nex
             f.cluster.run_owner(m, id).await,
             (method == Method::GET).then(|| wait_of(request.uri().query()) + WAIT_SLACK),
         ),
-        Subject::Session(id) => (f.cluster.session_owner(m, id).await, None),
+        Subject::Session(id) => (f.cluster.session_owner(f.server.sessions(), id).await, None),
     };
     let Some(peer) = peer else {
         return next.run(request).await;

@@ -43,12 +43,14 @@ use crate::cluster::Cluster;
 use crate::config::HttpSettings;
 use crate::mcp::CodeboxServer;
 use crate::runs::RunManager;
+use crate::sessions::Sessions;
 
 pub use super::auth::{resolve_auth, Token};
 
 #[derive(Clone)]
 struct AppState {
     manager: RunManager,
+    sessions: Arc<Sessions>,
     token: Option<Token>,
     cluster: Option<Arc<Cluster>>,
 }
@@ -85,17 +87,17 @@ fn capacity(m: &RunManager, s: &crate::runs::Stats) -> serde_json::Value {
         "slots": c.runs.max_concurrent_runs,
         "slots_free": c.runs.max_concurrent_runs.saturating_sub(s.active),
         "memory_budget_mb": c.runs.memory_budget_mb,
-        "memory_free_mb": c.runs.memory_budget_mb.saturating_sub(s.active_memory_mb + s.sessions_memory_mb),
+        "memory_free_mb": c.runs.memory_budget_mb.saturating_sub(s.active_memory_mb + s.sessions.memory_mb),
         "queued": s.queued,
         "max_queued": c.runs.max_queued_runs,
-        "sessions": s.sessions_open,
+        "sessions": s.sessions.open,
         "max_sessions": c.sessions.max_sessions,
     })
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
     let m = &state.manager;
-    let s = m.stats();
+    let s = state.sessions.stats();
     // A draining server answers 503, so that a balancer's health check sends no new work.
     let (code, status) = if m.is_draining() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining")
@@ -115,7 +117,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.manager;
-    let stats = m.stats();
+    let stats = state.sessions.stats();
     let mut body = m.metrics().render(&stats, m.executor().timings());
     let c = m.config();
     for (name, help, value) in [
@@ -449,6 +451,7 @@ pub fn router(
     ct: CancellationToken,
 ) -> Router {
     let manager = server.manager().clone();
+    let sessions = server.sessions().clone();
     let cluster = server.cluster().cloned();
     let forwarding = cluster.clone().map(|cluster| Forwarding {
         server: server.clone(),
@@ -464,7 +467,7 @@ pub fn router(
         Arc::new(LocalSessionManager::default()),
         mcp_config,
     );
-    let programs_api = Api::new(manager.clone(), policy.max_body_bytes);
+    let programs_api = Api::new(sessions.clone(), policy.max_body_bytes);
     let mut programs = Router::new()
         .nest("/v1", api::v1::router(programs_api.clone()))
         .merge(api::piston::router(programs_api.clone()))
@@ -497,6 +500,7 @@ pub fn router(
     };
     let state = AppState {
         manager,
+        sessions,
         token,
         cluster,
     };

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crate::cluster::{Cluster, ClusterError};
 use crate::config::Config;
 use crate::mcp::CodeboxServer;
-use crate::runs::RunManager;
+use crate::sessions::Sessions;
 
 /// Which transport to serve, with what it needs.
 #[derive(Debug, Clone)]
@@ -63,16 +63,16 @@ pub enum ServeError {
     Session(String),
 }
 
-/// Serve the MCP tools of `runs` until the stdio client leaves or `shutdown` resolves. The
-/// caller stops unfinished runs afterwards.
+/// Serve the MCP tools of `sessions` and their runs until the stdio client leaves or
+/// `shutdown` resolves. The caller ends the sessions and stops unfinished runs afterwards.
 pub async fn serve(
-    runs: RunManager,
+    sessions: Arc<Sessions>,
     config: &Config,
     transport: Transport,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     match transport {
-        Transport::Stdio => stdio::serve(CodeboxServer::new(runs), shutdown).await,
+        Transport::Stdio => stdio::serve(CodeboxServer::new(sessions), shutdown).await,
         Transport::Http { token, cluster } => {
             // In a cluster, SIGTERM drains: new runs go to the other servers, the queued and
             // running ones here finish (their callers, direct or forwarded, get their reports),
@@ -80,17 +80,18 @@ pub async fn serve(
             let drain = cluster.is_some().then(|| {
                 Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0) + DRAIN_SLACK
             });
-            let server = CodeboxServer::new(runs.clone()).with_cluster(cluster);
-            // Then every run left is stopped while its callers are still connected, so that
-            // they get its `stopped` report before the connections close.
+            let server = CodeboxServer::new(sessions.clone()).with_cluster(cluster);
+            // Then the sessions end and every run left is stopped while its callers are still
+            // connected, so that they get its `stopped` report before the connections close.
             let shutdown = async move {
                 shutdown.await;
+                let runs = sessions.runs();
                 if let Some(limit) = drain {
                     if !runs.drain(limit).await {
                         tracing::warn!("the drain took too long; stopping what is left");
                     }
                 }
-                runs.shutdown(crate::app::SHUTDOWN_GRACE).await;
+                sessions.shutdown(crate::app::SHUTDOWN_GRACE).await;
             };
             http::serve(server, &config.http, token, shutdown).await
         }

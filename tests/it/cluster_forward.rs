@@ -90,7 +90,8 @@ async fn a_forwarded_event_stream_ends_once_the_owners_lease_lapses() {
     let m = manager_on(Arc::new(FakeEngine::new()), |_| {}, Some(history.clone()));
     let lease = Duration::from_secs(1);
     let cluster = Arc::new(Cluster::new(SECRET, "me", lease));
-    let server = CodeboxServer::new(m).with_cluster(Some(cluster));
+    let server =
+        CodeboxServer::new(codebox::sessions::Sessions::new(m)).with_cluster(Some(cluster));
     let policy = HttpSettings::default();
     let stop = CancellationToken::new();
     let app = router(server, Some(Token::new(TOKEN)), &policy, stop.child_token());
@@ -157,7 +158,11 @@ async fn an_unknown_id_costs_a_handful_of_lookups_before_a_forward() {
     let cluster = Cluster::new(SECRET, "me", Duration::from_secs(3));
     let before = history.lookups();
     assert!(cluster.run_owner(&m, "r_unknown").await.is_none());
-    assert!(cluster.session_owner(&m, "s_unknown").await.is_none());
+    let sessions = codebox::sessions::Sessions::new(m.clone());
+    assert!(cluster
+        .session_owner(&sessions, "s_unknown")
+        .await
+        .is_none());
     let lookups = history.lookups() - before;
     assert!(
         lookups <= 16,

@@ -10,6 +10,7 @@ use codebox::config::HttpSettings;
 use codebox::engine::fake::FakeEngine;
 use codebox::mcp::CodeboxServer;
 use codebox::runs::RunManager;
+use codebox::sessions::Sessions;
 use codebox::transport::http::{resolve_auth, router, serve_connections, Token};
 use codebox::transport::ServeError;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -46,6 +47,15 @@ pub async fn start_with(
     token: Option<&str>,
     tweak: impl FnOnce(&mut HttpSettings),
 ) -> Server {
+    start_sessions(Sessions::new(manager), token, tweak).await
+}
+
+/// [`start_with`] for these sessions (and their runs).
+pub async fn start_sessions(
+    sessions: Arc<Sessions>,
+    token: Option<&str>,
+    tweak: impl FnOnce(&mut HttpSettings),
+) -> Server {
     let mut policy = HttpSettings {
         max_body_bytes: BODY_CAP,
         ..HttpSettings::default()
@@ -53,7 +63,7 @@ pub async fn start_with(
     tweak(&mut policy);
     let stop = CancellationToken::new();
     let app = router(
-        CodeboxServer::new(manager),
+        CodeboxServer::new(sessions),
         token.map(Token::new),
         &policy,
         stop.child_token(),
@@ -470,7 +480,7 @@ async fn an_open_connection_does_not_hold_the_shutdown() {
         .unwrap();
     let stop = CancellationToken::new();
     let app = router(
-        CodeboxServer::new(m),
+        CodeboxServer::new(codebox::sessions::Sessions::new(m)),
         Some(Token::new(TOKEN)),
         &HttpSettings::default(),
         stop.child_token(),

@@ -28,6 +28,17 @@ pub async fn start(manager: RunManager, token: Option<&str>) -> Server {
     }
 }
 
+/// [`start`] for these sessions (and their runs).
+pub async fn start_sessions(
+    sessions: std::sync::Arc<codebox::sessions::Sessions>,
+    token: Option<&str>,
+) -> Server {
+    Server {
+        app: crate::http::start_sessions(sessions, token, |_| {}).await,
+        http: reqwest::Client::new(),
+    }
+}
+
 impl Server {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.app.addr)

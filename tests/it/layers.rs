@@ -15,6 +15,7 @@ const LAYERS: &[&str] = &[
     "app",
     "mcp",
     "cluster",
+    "sessions",
     "runs",
     "history",
     "catalog",

@@ -174,7 +174,7 @@ impl RawClient {
     fn start(manager: codebox::runs::RunManager) -> RawClient {
         use rmcp::service::Service;
         let (server_io, client_io) = tokio::io::duplex(1 << 20);
-        let server = codebox::mcp::CodeboxServer::new(manager);
+        let server = codebox::mcp::CodeboxServer::new(codebox::sessions::Sessions::new(manager));
         let (r, w) = tokio::io::split(server_io);
         let supported = server.supported_protocol_versions().into_owned();
         let transport = codebox::transport::stdio::LineTransport::new(r, w, supported);

@@ -20,6 +20,8 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 
+use codebox::sessions::Sessions;
+
 use crate::common::{instance, registry};
 
 /// A manager on any engine; `tweak` edits the config (not validated, so tests may use
@@ -53,6 +55,16 @@ pub fn docker_manager(tweak: impl FnOnce(&mut Config), history: Option<History>)
         },
         history,
     )
+}
+
+/// The sessions of a manager on the fake engine (and through them, its runs).
+pub fn fake_sessions(fake: &Arc<FakeEngine>, tweak: impl FnOnce(&mut Config)) -> Arc<Sessions> {
+    Sessions::new(fake_manager(fake, tweak))
+}
+
+/// The sessions of a manager on Docker.
+pub fn docker_sessions(tweak: impl FnOnce(&mut Config), history: Option<History>) -> Arc<Sessions> {
+    Sessions::new(docker_manager(tweak, history))
 }
 
 /// A history database in a fresh temporary folder (kept alive by the returned guard).
@@ -90,7 +102,7 @@ pub type Session = RunningService<RoleClient, Client>;
 /// Serve `manager`'s tools in-process and connect a client over a duplex pipe.
 pub async fn connect(manager: RunManager) -> Session {
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
-    let server = CodeboxServer::new(manager);
+    let server = CodeboxServer::new(Sessions::new(manager));
     tokio::spawn(async move {
         if let Ok(running) = server.serve(server_io).await {
             let _ = running.waiting().await;

@@ -514,14 +514,14 @@ fn packages_are_refused_naming_the_field_when_not_enabled() {
 async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
     let index = Index::start();
     let url = index.url();
-    let m = crate::mcp_support::docker_manager(
+    let m = crate::mcp_support::docker_sessions(
         |c| {
             c.packages.python.index_url = Some(url);
             c.sessions.ready.clear();
         },
         None,
     );
-    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    let _cleanup = RemovedIfFailed(m.runs().executor().packages().clone());
     // Through the run manager, as run_code and POST /v1/runs submit.
     let id = m
         .submit(with_packages(
@@ -530,8 +530,9 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
         ))
         .expect("accepted")
         .run_id;
-    let feed = m.feed(&id).expect("the run's live events");
+    let feed = m.runs().feed(&id).expect("the run's live events");
     let r = m
+        .runs()
         .wait(&id, std::time::Duration::from_secs(120))
         .await
         .unwrap();
@@ -561,7 +562,7 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
     );
 
     let s = m
-        .create_session(codebox::contract::SessionRequest {
+        .create(codebox::contract::SessionRequest {
             language: "python".into(),
             packages: Some(vec!["other==1.0".into()]),
             ..Default::default()
@@ -579,6 +580,7 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
             .expect("accepted")
             .run_id;
         let r = m
+            .runs()
             .wait(&id, std::time::Duration::from_secs(60))
             .await
             .unwrap();
@@ -593,9 +595,9 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
             assert_eq!(r.stdout, "other one other one\n");
         }
     }
-    let volumes = m.executor().packages().volumes();
+    let volumes = m.runs().executor().packages().volumes();
     assert_eq!(existing(&volumes).len(), 2, "{volumes:?}");
-    m.close_session(&s.session_id).unwrap();
+    m.close(&s.session_id).unwrap();
     m.shutdown(std::time::Duration::from_secs(20)).await;
     let left = existing(&volumes);
     assert!(left.is_empty(), "left: {left:?}");
@@ -608,7 +610,7 @@ async fn a_session_keeps_its_packages_and_shutdown_removes_everything() {
 
 /// One execution in session `session`, with `packages` installed first when given.
 async fn in_session(
-    m: &codebox::runs::RunManager,
+    m: &std::sync::Arc<codebox::sessions::Sessions>,
     session: &str,
     code: &str,
     packages: &[&str],
@@ -623,7 +625,8 @@ async fn in_session(
         })
         .expect("accepted")
         .run_id;
-    m.wait(&id, std::time::Duration::from_secs(120))
+    m.runs()
+        .wait(&id, std::time::Duration::from_secs(120))
         .await
         .unwrap()
 }
@@ -656,7 +659,7 @@ async fn gone_within(what: impl Fn() -> Vec<String>, seconds: u64) -> Vec<String
 async fn packages_installed_in_a_running_session_keep_its_state_and_go_at_close() {
     let index = Index::start();
     let url = index.url();
-    let m = crate::mcp_support::docker_manager(
+    let m = crate::mcp_support::docker_sessions(
         |c| {
             c.packages.python.index_url = Some(url);
             c.packages.install_runtime = Some("runc".into());
@@ -665,9 +668,9 @@ async fn packages_installed_in_a_running_session_keep_its_state_and_go_at_close(
         },
         None,
     );
-    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    let _cleanup = RemovedIfFailed(m.runs().executor().packages().clone());
     let s = m
-        .create_session(codebox::contract::SessionRequest {
+        .create(codebox::contract::SessionRequest {
             language: "python".into(),
             ..Default::default()
         })
@@ -746,7 +749,7 @@ except OSError:
     assert_eq!(names, ["half1", "tinypkg"]);
 
     let volumes = session_volumes(&sid);
-    m.close_session(&sid).unwrap();
+    m.close(&sid).unwrap();
     let left = gone_within(|| session_volumes(&sid), 30).await;
     assert!(
         left.is_empty(),
@@ -759,7 +762,7 @@ except OSError:
 async fn a_javascript_session_resolves_packages_installed_after_it_started() {
     let registry = Index::npm();
     let url = format!("http://127.0.0.1:{}/", registry.port);
-    let m = crate::mcp_support::docker_manager(
+    let m = crate::mcp_support::docker_sessions(
         |c| {
             c.packages.javascript.registry_url = Some(url);
             c.packages.install_runtime = Some("runc".into());
@@ -767,9 +770,9 @@ async fn a_javascript_session_resolves_packages_installed_after_it_started() {
         },
         None,
     );
-    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
+    let _cleanup = RemovedIfFailed(m.runs().executor().packages().clone());
     let s = m
-        .create_session(codebox::contract::SessionRequest {
+        .create(codebox::contract::SessionRequest {
             language: "javascript".into(),
             ..Default::default()
         })
@@ -800,7 +803,7 @@ async fn a_javascript_session_resolves_packages_installed_after_it_started() {
         .map(|i| (i.name.as_str(), i.version.as_str()))
         .collect();
     assert_eq!(names, [("leftpadx", "1.0.0"), ("tinydep", "1.2.0")]);
-    m.close_session(&sid).unwrap();
+    m.close(&sid).unwrap();
     let left = gone_within(|| session_volumes(&sid), 30).await;
     assert!(
         left.is_empty(),
@@ -829,7 +832,7 @@ fn pooled_with(volume: &str) -> usize {
 async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_else_does() {
     let index = Index::start();
     let url = index.url();
-    let m = crate::mcp_support::docker_manager(
+    let m = crate::mcp_support::docker_sessions(
         |c| {
             c.packages.python.index_url = Some(url);
             c.packages.install_runtime = Some("runc".into());
@@ -838,8 +841,8 @@ async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_el
         },
         None,
     );
-    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
-    m.start_pool();
+    let _cleanup = RemovedIfFailed(m.runs().executor().packages().clone());
+    m.runs().start_pool();
     let submit = |code: &str, packages: &[&str]| {
         let req = if packages.is_empty() {
             py(code)
@@ -851,7 +854,8 @@ async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_el
     let wait = |id: String| {
         let m = &m;
         async move {
-            m.wait(&id, std::time::Duration::from_secs(120))
+            m.runs()
+                .wait(&id, std::time::Duration::from_secs(120))
                 .await
                 .unwrap()
         }
@@ -862,6 +866,7 @@ async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_el
         assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
     }
     let volume = m
+        .runs()
         .executor()
         .packages()
         .volumes()
@@ -902,11 +907,11 @@ async fn cache_hits_take_ready_containers_that_mount_their_prefix_and_nothing_el
 
 #[tokio::test]
 async fn post_v1_runs_in_a_session_installs_and_its_events_show_the_install_stage() {
-    use crate::http_api::{start, TOKEN};
+    use crate::http_api::{start_sessions, TOKEN};
     use crate::live::{start_run, Events};
     let index = Index::start();
     let url = index.url();
-    let m = crate::mcp_support::docker_manager(
+    let m = crate::mcp_support::docker_sessions(
         |c| {
             c.packages.python.index_url = Some(url);
             c.packages.install_runtime = Some("runc".into());
@@ -914,8 +919,8 @@ async fn post_v1_runs_in_a_session_installs_and_its_events_show_the_install_stag
         },
         None,
     );
-    let _cleanup = RemovedIfFailed(m.executor().packages().clone());
-    let server = start(m.clone(), Some(TOKEN)).await;
+    let _cleanup = RemovedIfFailed(m.runs().executor().packages().clone());
+    let server = start_sessions(m.clone(), Some(TOKEN)).await;
     let (status, session) = server
         .send("POST", "/v1/sessions", Some(r#"{"language": "python"}"#))
         .await;

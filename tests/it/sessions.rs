@@ -3,15 +3,15 @@
 //! the recovery after it, isolation between sessions, expiry, one execution at a time, stop,
 //! files read without running code, and nothing left after close or a server's SIGKILL.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use codebox::contract::{FileInput, LimitsInput, RunRequest, SessionRequest};
 use codebox::report::{InterpreterState, ResetReason, RunReport, Status};
-use codebox::runs::sessions::{SessionFile, SessionInfo};
-use codebox::runs::RunManager;
+use codebox::sessions::{SessionFile, SessionInfo, Sessions};
 
 use crate::common::gvisor;
-use crate::mcp_support::{docker_manager, eventually, settle};
+use crate::mcp_support::{docker_sessions, eventually, settle};
 
 fn open(language: &str) -> SessionRequest {
     SessionRequest {
@@ -28,9 +28,9 @@ fn exec(s: &SessionInfo, code: &str) -> RunRequest {
     }
 }
 
-async fn run(m: &RunManager, req: RunRequest) -> RunReport {
+async fn run(m: &Arc<Sessions>, req: RunRequest) -> RunReport {
     let id = m.submit(req).expect("accepted").run_id;
-    m.wait(&id, Duration::from_secs(120)).await.unwrap()
+    m.runs().wait(&id, Duration::from_secs(120)).await.unwrap()
 }
 
 fn state(r: &RunReport) -> (InterpreterState, Option<ResetReason>) {
@@ -71,9 +71,9 @@ fn containers_of(s: &SessionInfo) -> Vec<String> {
 
 #[tokio::test]
 async fn python_keeps_variables_imports_and_files_and_echoes_the_final_value() {
-    let m = docker_manager(|_| {}, None);
+    let m = docker_sessions(|_| {}, None);
     let s = m
-        .create_session(SessionRequest {
+        .create(SessionRequest {
             files: Some(vec![FileInput {
                 path: "data.csv".into(),
                 content: "a,b\n1,2\n3,4\n".into(),
@@ -130,8 +130,8 @@ async fn python_keeps_variables_imports_and_files_and_echoes_the_final_value() {
         Some("'4'"),
         "state kept through errors"
     );
-    m.close_session(&s.session_id).unwrap();
-    settle(&m).await;
+    m.close(&s.session_id).unwrap();
+    settle(m.runs()).await;
     assert!(
         containers_of(&s).is_empty(),
         "closed: its container is gone"
@@ -140,8 +140,8 @@ async fn python_keeps_variables_imports_and_files_and_echoes_the_final_value() {
 
 #[tokio::test]
 async fn outputs_come_back_only_when_changed_and_open_figures_as_images() {
-    let m = docker_manager(|_| {}, None);
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = docker_sessions(|_| {}, None);
+    let s = m.create(open("python")).await.unwrap();
     let write =
         "import os\nos.makedirs('outputs', exist_ok=True)\nopen('outputs/a.txt', 'w').write('one')";
     let first = run(&m, exec(&s, write)).await;
@@ -180,8 +180,8 @@ async fn outputs_come_back_only_when_changed_and_open_figures_as_images() {
 
 #[tokio::test]
 async fn a_timeout_interrupts_and_keeps_the_state_unless_the_code_ignores_the_interrupt() {
-    let m = docker_manager(|_| {}, None);
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = docker_sessions(|_| {}, None);
+    let s = m.create(open("python")).await.unwrap();
     run(&m, exec(&s, "kept = 42")).await;
     let mut sleepy = exec(&s, "import time\ntime.sleep(60)");
     sleepy.limits = Some(LimitsInput {
@@ -217,8 +217,8 @@ async fn a_timeout_interrupts_and_keeps_the_state_unless_the_code_ignores_the_in
 
 #[tokio::test]
 async fn a_stop_interrupts_the_running_execution_and_the_session_goes_on() {
-    let m = docker_manager(|_| {}, None);
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = docker_sessions(|_| {}, None);
+    let s = m.create(open("python")).await.unwrap();
     run(&m, exec(&s, "n = 7")).await;
     let id = m
         .submit(exec(
@@ -228,11 +228,13 @@ async fn a_stop_interrupts_the_running_execution_and_the_session_goes_on() {
         .unwrap()
         .run_id;
     eventually(30, "it runs", || {
-        m.report(&id).is_some_and(|r| r.status == Status::Running)
+        m.runs()
+            .report(&id)
+            .is_some_and(|r| r.status == Status::Running)
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let r = m.stop(&id).await.unwrap();
+    let r = m.runs().stop(&id).await.unwrap();
     assert_eq!(r.status, Status::Stopped, "{r:?}");
     assert_eq!(state(&r), (InterpreterState::Kept, None));
     assert_eq!(run(&m, exec(&s, "n")).await.result.as_deref(), Some("7"));
@@ -241,9 +243,9 @@ async fn a_stop_interrupts_the_running_execution_and_the_session_goes_on() {
 
 #[tokio::test]
 async fn an_out_of_memory_kill_takes_the_interpreter_and_the_files_stay() {
-    let m = docker_manager(|_| {}, None);
+    let m = docker_sessions(|_| {}, None);
     let s = m
-        .create_session(SessionRequest {
+        .create(SessionRequest {
             limits: Some(LimitsInput {
                 memory_mb: Some(256.0),
                 ..Default::default()
@@ -276,6 +278,7 @@ async fn an_out_of_memory_kill_takes_the_interpreter_and_the_files_stay() {
         (InterpreterState::Reset, Some(ResetReason::OutOfMemory))
     );
     let next = m
+        .runs()
         .wait(&later.unwrap().run_id, Duration::from_secs(60))
         .await
         .unwrap();
@@ -286,9 +289,9 @@ async fn an_out_of_memory_kill_takes_the_interpreter_and_the_files_stay() {
 
 #[tokio::test]
 async fn sessions_share_nothing_with_each_other() {
-    let m = docker_manager(|_| {}, None);
-    let a = m.create_session(open("python")).await.unwrap();
-    let b = m.create_session(open("python")).await.unwrap();
+    let m = docker_sessions(|_| {}, None);
+    let a = m.create(open("python")).await.unwrap();
+    let b = m.create(open("python")).await.unwrap();
     run(
         &m,
         exec(&a, "secret = 'a'\nopen('mine.txt', 'w').write('a')"),
@@ -318,8 +321,8 @@ async fn sessions_share_nothing_with_each_other() {
 
 #[tokio::test]
 async fn concurrent_calls_on_one_session_run_one_at_a_time_in_order() {
-    let m = docker_manager(|_| {}, None);
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = docker_sessions(|_| {}, None);
+    let s = m.create(open("python")).await.unwrap();
     run(&m, exec(&s, "log = []")).await;
     let ids: Vec<String> = (0..4)
         .map(|i| {
@@ -333,7 +336,12 @@ async fn concurrent_calls_on_one_session_run_one_at_a_time_in_order() {
         .collect();
     let mut last = None;
     for id in ids {
-        last = m.wait(&id, Duration::from_secs(60)).await.unwrap().result;
+        last = m
+            .runs()
+            .wait(&id, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .result;
     }
     assert_eq!(
         last.as_deref(),
@@ -345,22 +353,22 @@ async fn concurrent_calls_on_one_session_run_one_at_a_time_in_order() {
 
 #[tokio::test]
 async fn an_idle_session_expires_and_its_container_is_removed() {
-    let m = docker_manager(|_| {}, None);
+    let m = docker_sessions(|_| {}, None);
     let s = m
-        .create_session(SessionRequest {
+        .create(SessionRequest {
             idle_timeout_seconds: Some(2.0),
             ..open("python")
         })
         .await
         .unwrap();
     assert_eq!(containers_of(&s).len(), 1);
-    eventually(30, "it expired", || m.list_sessions().sessions.is_empty()).await;
+    eventually(30, "it expired", || m.list().sessions.is_empty()).await;
     let e = m.submit(exec(&s, "1")).unwrap_err().to_string();
     assert!(
         e.contains("expired after 2 s idle; create a new one"),
         "{e}"
     );
-    settle(&m).await;
+    settle(m.runs()).await;
     assert!(
         containers_of(&s).is_empty(),
         "expired: its container is gone"
@@ -369,15 +377,11 @@ async fn an_idle_session_expires_and_its_container_is_removed() {
 
 #[tokio::test]
 async fn files_are_read_without_running_code_and_links_are_not_followed() {
-    let m = docker_manager(|_| {}, None);
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = docker_sessions(|_| {}, None);
+    let s = m.create(open("python")).await.unwrap();
     run(&m, exec(&s, "import os\nos.makedirs('d', exist_ok=True)\nopen('d/t.txt', 'w').write('hello world')\nos.symlink('/etc/passwd', 'd/link')")).await;
-    let executions = m.list_sessions().sessions[0].executions;
-    match m
-        .read_session_file(&s.session_id, "d/t.txt", 6, Some(3))
-        .await
-        .unwrap()
-    {
+    let executions = m.list().sessions[0].executions;
+    match m.read(&s.session_id, "d/t.txt", 6, Some(3)).await.unwrap() {
         SessionFile::File {
             size_bytes,
             content,
@@ -389,11 +393,7 @@ async fn files_are_read_without_running_code_and_links_are_not_followed() {
         ),
         other => panic!("{other:?}"),
     }
-    match m
-        .read_session_file(&s.session_id, "d", 0, None)
-        .await
-        .unwrap()
-    {
+    match m.read(&s.session_id, "d", 0, None).await.unwrap() {
         SessionFile::Folder { entries, .. } => {
             let names: Vec<(&str, &str)> = entries
                 .iter()
@@ -404,13 +404,13 @@ async fn files_are_read_without_running_code_and_links_are_not_followed() {
         other => panic!("{other:?}"),
     }
     let e = m
-        .read_session_file(&s.session_id, "d/link", 0, None)
+        .read(&s.session_id, "d/link", 0, None)
         .await
         .unwrap_err()
         .to_string();
     assert!(e.contains("symbolic link"), "{e}");
     assert_eq!(
-        m.list_sessions().sessions[0].executions,
+        m.list().sessions[0].executions,
         executions,
         "reading ran nothing"
     );
@@ -419,7 +419,7 @@ async fn files_are_read_without_running_code_and_links_are_not_followed() {
 
 #[tokio::test]
 async fn every_stateful_language_keeps_its_state_and_echoes_its_value() {
-    let m = docker_manager(|_| {}, None);
+    let m = docker_sessions(|_| {}, None);
     for (language, set, get, want) in [
         (
             "javascript",
@@ -441,7 +441,7 @@ async fn every_stateful_language_keeps_its_state_and_echoes_its_value() {
             None,
         ),
     ] {
-        let s = m.create_session(open(language)).await.unwrap();
+        let s = m.create(open(language)).await.unwrap();
         assert!(s.stateful, "{language}");
         let first = run(&m, exec(&s, set)).await;
         assert_eq!(first.status, Status::Succeeded, "{language}: {first:?}");
@@ -452,15 +452,15 @@ async fn every_stateful_language_keeps_its_state_and_echoes_its_value() {
             assert_eq!(r.stdout, "42\n/tmp\n", "functions, variables and cwd kept");
         }
         assert_eq!(state(&r), (InterpreterState::Kept, None), "{language}");
-        m.close_session(&s.session_id).unwrap();
+        m.close(&s.session_id).unwrap();
     }
     m.shutdown(Duration::from_secs(30)).await;
 }
 
 #[tokio::test]
 async fn a_files_only_session_keeps_its_files_between_programs() {
-    let m = docker_manager(|_| {}, None);
-    let s = m.create_session(open("perl")).await.unwrap();
+    let m = docker_sessions(|_| {}, None);
+    let s = m.create(open("perl")).await.unwrap();
     assert!(!s.stateful);
     let w = run(
         &m,
@@ -561,7 +561,7 @@ async fn a_killed_servers_sessions_are_reaped_and_later_calls_are_told_it_restar
 
 #[tokio::test]
 async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further() {
-    let m = docker_manager(|_| {}, None);
+    let m = docker_sessions(|_| {}, None);
     let timeout = |s: &SessionInfo, code: &str| {
         let mut r = exec(s, code);
         r.limits = Some(LimitsInput {
@@ -571,7 +571,7 @@ async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further
         r
     };
     let mut leftovers = RemovedIfFailed::default();
-    let py = m.create_session(open("python")).await.unwrap();
+    let py = m.create(open("python")).await.unwrap();
     leftovers.hold(&py);
     run(&m, exec(&py, "pass")).await;
     let r = run(
@@ -591,7 +591,7 @@ async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further
         Some("False"),
         "the cell stopped at the deadline"
     );
-    let sh = m.create_session(open("bash")).await.unwrap();
+    let sh = m.create(open("bash")).await.unwrap();
     leftovers.hold(&sh);
     run(&m, exec(&sh, "n=5")).await;
     let r = run(&m, timeout(&sh, "while :; do sleep 1; done")).await;
@@ -611,9 +611,9 @@ async fn an_interrupt_stops_what_the_cell_waits_for_and_the_cell_goes_no_further
 /// next execution answers.
 #[tokio::test]
 async fn a_stop_during_an_upload_leaves_the_session_usable() {
-    let m = docker_manager(|c| c.sandbox.max_files_bytes = 16 << 20, None);
+    let m = docker_sessions(|c| c.sandbox.max_files_bytes = 16 << 20, None);
     let mut leftovers = RemovedIfFailed::default();
-    let s = m.create_session(open("python")).await.unwrap();
+    let s = m.create(open("python")).await.unwrap();
     leftovers.hold(&s);
     let size = 12usize << 20;
     let big = "x".repeat(size);
@@ -634,13 +634,13 @@ async fn a_stop_during_an_upload_leaves_the_session_usable() {
         let name = format!("big{attempt}.txt");
         let id = m.submit(upload(&name)).expect("accepted").run_id;
         for _ in 0..60_000 {
-            if m.report(&id).unwrap().status != Status::Queued {
+            if m.runs().report(&id).unwrap().status != Status::Queued {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         tokio::time::sleep(took * attempt / 6).await;
-        let stopped = m.stop(&id).await.unwrap();
+        let stopped = m.runs().stop(&id).await.unwrap();
         assert!(
             matches!(stopped.status, Status::Stopped | Status::Succeeded),
             "{stopped:?}"
@@ -657,8 +657,8 @@ async fn a_stop_during_an_upload_leaves_the_session_usable() {
             "the file is whole or absent, not {got} bytes"
         );
     }
-    m.close_session(&s.session_id).unwrap();
-    settle(&m).await;
+    m.close(&s.session_id).unwrap();
+    settle(m.runs()).await;
     assert!(
         containers_of(&s).is_empty(),
         "closed: its container is gone"
@@ -672,11 +672,11 @@ async fn a_stop_during_an_upload_leaves_the_session_usable() {
 /// reset at least one shell.
 #[tokio::test]
 async fn eight_shell_loops_timing_out_at_once_are_interrupted_not_their_shells() {
-    let m = docker_manager(|c| c.runs.max_concurrent_runs = 8, None);
+    let m = docker_sessions(|c| c.runs.max_concurrent_runs = 8, None);
     let mut shells = Vec::new();
     let mut leftovers = RemovedIfFailed::default();
     for _ in 0..8 {
-        let sh = m.create_session(open("bash")).await.unwrap();
+        let sh = m.create(open("bash")).await.unwrap();
         leftovers.hold(&sh);
         run(&m, exec(&sh, "n=5")).await;
         shells.push(sh);
@@ -694,7 +694,7 @@ async fn eight_shell_loops_timing_out_at_once_are_interrupted_not_their_shells()
             })
             .collect();
         for (id, sh) in ids.iter().zip(&shells) {
-            let r = m.wait(id, Duration::from_secs(120)).await.unwrap();
+            let r = m.runs().wait(id, Duration::from_secs(120)).await.unwrap();
             assert_eq!(r.status, Status::TimedOut, "{r:?}");
             assert_eq!(
                 state(&r),
@@ -706,9 +706,9 @@ async fn eight_shell_loops_timing_out_at_once_are_interrupted_not_their_shells()
         }
     }
     for sh in &shells {
-        m.close_session(&sh.session_id).unwrap();
+        m.close(&sh.session_id).unwrap();
     }
-    settle(&m).await;
+    settle(m.runs()).await;
     for sh in &shells {
         assert!(
             containers_of(sh).is_empty(),
@@ -722,13 +722,13 @@ async fn eight_shell_loops_timing_out_at_once_are_interrupted_not_their_shells()
 /// the answer came, and went a moment later).
 #[tokio::test]
 async fn close_session_answers_once_its_container_is_gone() {
-    let m = docker_manager(|_| {}, None);
+    let m = docker_sessions(|_| {}, None);
     for lang in ["python", "bash"] {
-        let s = m.create_session(open(lang)).await.unwrap();
+        let s = m.create(open(lang)).await.unwrap();
         let mut leftovers = RemovedIfFailed::default();
         leftovers.hold(&s);
         run(&m, exec(&s, "x=1")).await;
-        let closed = m.close_session_removed(&s.session_id).await.unwrap();
+        let closed = m.close_removed(&s.session_id).await.unwrap();
         assert!(closed.closed);
         assert!(
             containers_of(&s).is_empty(),

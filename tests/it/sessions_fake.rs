@@ -6,13 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use codebox::contract::SessionError;
 use codebox::contract::{LimitsInput, RunRequest, SessionRequest};
 use codebox::engine::fake::{exited, Behaviour, FakeEngine};
 use codebox::report::{InterpreterState, ResetReason, Status};
-use codebox::runs::sessions::{SessionError, SessionInfo};
-use codebox::runs::{RunManager, SubmitError};
+use codebox::runs::SubmitError;
+use codebox::sessions::{SessionInfo, Sessions};
 
-use crate::mcp_support::{eventually, fake_manager};
+use crate::mcp_support::{eventually, fake_sessions};
 
 fn open(language: &str) -> SessionRequest {
     SessionRequest {
@@ -29,9 +30,9 @@ fn cell(session: &SessionInfo, code: &str) -> RunRequest {
     }
 }
 
-async fn run(m: &RunManager, req: RunRequest) -> codebox::report::RunReport {
+async fn run(m: &Arc<Sessions>, req: RunRequest) -> codebox::report::RunReport {
     let id = m.submit(req).expect("accepted").run_id;
-    m.wait(&id, Duration::from_secs(20)).await.unwrap()
+    m.runs().wait(&id, Duration::from_secs(20)).await.unwrap()
 }
 
 fn state(r: &codebox::report::RunReport) -> (u64, InterpreterState, Option<ResetReason>) {
@@ -42,8 +43,8 @@ fn state(r: &codebox::report::RunReport) -> (u64, InterpreterState, Option<Reset
 #[tokio::test]
 async fn executions_count_keep_state_and_return_the_final_value() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     assert!(s.stateful);
     assert_eq!(s.language, "python");
     assert_eq!(fake.specs().len(), 1, "one container");
@@ -65,7 +66,7 @@ async fn executions_count_keep_state_and_return_the_final_value() {
     assert!(sent[1]
         .iter()
         .any(|(k, v)| k == "cell" && v == b"x = 41\nx + 1"));
-    m.close_session(&s.session_id).unwrap();
+    m.close(&s.session_id).unwrap();
     eventually(10, "the container removed", || {
         fake.live_containers().is_empty()
     })
@@ -75,8 +76,8 @@ async fn executions_count_keep_state_and_return_the_final_value() {
 #[tokio::test]
 async fn a_syntax_error_is_a_compile_error_and_keeps_the_state() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(exited(0, ""));
     fake.script(Behaviour::Syntax("SyntaxError: invalid syntax".into()));
     run(&m, cell(&s, "x = 1")).await;
@@ -90,8 +91,8 @@ async fn a_syntax_error_is_a_compile_error_and_keeps_the_state() {
 #[tokio::test]
 async fn a_stop_interrupts_and_keeps_the_state_unless_the_driver_does_not_answer() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::Hang {
         stdout: "working\n".into(),
     });
@@ -103,11 +104,11 @@ async fn a_stop_interrupts_and_keeps_the_state_unless_the_driver_does_not_answer
     ] {
         let id = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
         eventually(10, "it runs", || {
-            m.report(&id).unwrap().status == Status::Running
+            m.runs().report(&id).unwrap().status == Status::Running
         })
         .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let r = m.stop(&id).await.unwrap();
+        let r = m.runs().stop(&id).await.unwrap();
         assert_eq!(r.status, Status::Stopped, "{}", r.message);
         assert_eq!(state(&r), (count, expect.0, expect.1));
     }
@@ -124,8 +125,8 @@ async fn a_stop_interrupts_and_keeps_the_state_unless_the_driver_does_not_answer
 #[tokio::test]
 async fn an_out_of_memory_kill_resets_the_interpreter_not_the_session() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::Signal {
         signal: 9,
         oom: true,
@@ -146,8 +147,8 @@ async fn an_out_of_memory_kill_resets_the_interpreter_not_the_session() {
 #[tokio::test]
 async fn a_container_killed_whole_by_an_oom_ends_the_session_and_later_calls_say_so() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::KilledWhole { oom_event: true });
     let r = run(&m, cell(&s, "b = bytearray(10**10)")).await;
     assert_eq!(r.status, Status::OutOfMemory, "{}", r.message);
@@ -163,15 +164,15 @@ async fn a_container_killed_whole_by_an_oom_ends_the_session_and_later_calls_say
         fake.live_containers().is_empty()
     })
     .await;
-    assert_eq!(m.stats().sessions_memory_mb, 0, "its memory is back");
+    assert_eq!(m.stats().sessions.memory_mb, 0, "its memory is back");
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_session_expires_and_later_calls_are_told_how_long_it_waited() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
+    let m = fake_sessions(&fake, |_| {});
     let s = m
-        .create_session(SessionRequest {
+        .create(SessionRequest {
             idle_timeout_seconds: Some(30.0),
             ..open("python")
         })
@@ -181,13 +182,9 @@ async fn an_idle_session_expires_and_later_calls_are_told_how_long_it_waited() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     run(&m, cell(&s, "1")).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert_eq!(
-        m.list_sessions().sessions.len(),
-        1,
-        "a call restarted its clock"
-    );
+    assert_eq!(m.list().sessions.len(), 1, "a call restarted its clock");
     tokio::time::sleep(Duration::from_secs(15)).await;
-    assert!(m.list_sessions().sessions.is_empty());
+    assert!(m.list().sessions.is_empty());
     let err = m.submit(cell(&s, "1")).unwrap_err().to_string();
     assert_eq!(
         err,
@@ -196,7 +193,7 @@ async fn an_idle_session_expires_and_later_calls_are_told_how_long_it_waited() {
             s.session_id
         )
     );
-    let closed = m.close_session(&s.session_id).unwrap();
+    let closed = m.close(&s.session_id).unwrap();
     assert!(
         closed.closed,
         "an ended session is closed: closing it is not an error"
@@ -206,8 +203,8 @@ async fn an_idle_session_expires_and_later_calls_are_told_how_long_it_waited() {
 #[tokio::test(start_paused = true)]
 async fn a_session_ends_at_its_maximum_lifetime_even_when_busy() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |c| c.sessions.max_lifetime_seconds = 120);
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |c| c.sessions.max_lifetime_seconds = 120);
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::Hang {
         stdout: String::new(),
     });
@@ -219,9 +216,13 @@ async fn a_session_ends_at_its_maximum_lifetime_even_when_busy() {
     let busy = m.submit(forever).unwrap().run_id;
     let queued = m.submit(cell(&s, "print(1)")).unwrap().run_id;
     tokio::time::sleep(Duration::from_secs(121)).await;
-    let r = m.wait(&busy, Duration::from_secs(30)).await.unwrap();
+    let r = m.runs().wait(&busy, Duration::from_secs(30)).await.unwrap();
     assert_eq!(r.status, Status::Stopped, "{}", r.message);
-    let q = m.wait(&queued, Duration::from_secs(30)).await.unwrap();
+    let q = m
+        .runs()
+        .wait(&queued, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(q.status, Status::Stopped);
     assert!(
         q.message.contains("reached its maximum lifetime of 120 s"),
@@ -235,17 +236,17 @@ async fn a_session_ends_at_its_maximum_lifetime_even_when_busy() {
 #[tokio::test]
 async fn over_max_sessions_or_the_memory_share_creation_is_refused_at_once() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |c| {
+    let m = fake_sessions(&fake, |c| {
         c.sessions.max_sessions = 2;
         c.runs.memory_budget_mb = 4096;
     });
-    let a = m.create_session(open("python")).await.unwrap();
-    m.create_session(open("python")).await.unwrap();
-    let err = m.create_session(open("python")).await.unwrap_err();
+    let a = m.create(open("python")).await.unwrap();
+    m.create(open("python")).await.unwrap();
+    let err = m.create(open("python")).await.unwrap_err();
     assert!(matches!(err, SessionError::Full(_)), "{err}");
     assert!(err.is_retryable());
     assert!(err.to_string().contains("sessions.max_sessions"), "{err}");
-    m.close_session(&a.session_id).unwrap();
+    m.close(&a.session_id).unwrap();
     // Half of the 4096 MB budget is the sessions' share: 512 MB open, 2048 MB more is over.
     let big = SessionRequest {
         limits: Some(LimitsInput {
@@ -254,20 +255,20 @@ async fn over_max_sessions_or_the_memory_share_creation_is_refused_at_once() {
         }),
         ..open("python")
     };
-    let err = m.create_session(big).await.unwrap_err();
+    let err = m.create(big).await.unwrap_err();
     assert!(
         err.to_string().contains("sessions.memory_budget_mb"),
         "{err}"
     );
-    assert_eq!(m.stats().sessions_memory_mb, 512);
+    assert_eq!(m.stats().sessions.memory_mb, 512);
     m.shutdown(Duration::from_secs(10)).await;
 }
 
 #[tokio::test]
 async fn what_a_session_fixes_cannot_be_asked_per_execution() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     let field = |req: RunRequest| match m.submit(req).unwrap_err() {
         SubmitError::Invalid(e) => e.field,
         other => panic!("{other}"),
@@ -304,8 +305,8 @@ async fn what_a_session_fixes_cannot_be_asked_per_execution() {
 #[tokio::test]
 async fn executions_of_one_session_run_one_at_a_time_in_arrival_order() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::Hang {
         stdout: String::new(),
     });
@@ -324,12 +325,17 @@ async fn executions_of_one_session_run_one_at_a_time_in_arrival_order() {
             ..Default::default()
         })
         .unwrap();
-    m.wait(&other.run_id, Duration::from_secs(10))
+    m.runs()
+        .wait(&other.run_id, Duration::from_secs(10))
         .await
         .unwrap();
-    assert_eq!(m.report(&second.run_id).unwrap().status, Status::Queued);
-    m.stop(&first).await.unwrap();
+    assert_eq!(
+        m.runs().report(&second.run_id).unwrap().status,
+        Status::Queued
+    );
+    m.runs().stop(&first).await.unwrap();
     let r = m
+        .runs()
         .wait(&second.run_id, Duration::from_secs(10))
         .await
         .unwrap();
@@ -346,23 +352,31 @@ async fn executions_of_one_session_run_one_at_a_time_in_arrival_order() {
 #[tokio::test]
 async fn closing_a_session_stops_what_is_queued_and_removes_its_container() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::Hang {
         stdout: String::new(),
     });
     let running = m.submit(cell(&s, "a")).unwrap().run_id;
     let queued = m.submit(cell(&s, "b")).unwrap().run_id;
     eventually(10, "it runs", || {
-        m.report(&running).unwrap().status == Status::Running
+        m.runs().report(&running).unwrap().status == Status::Running
     })
     .await;
-    let closed = m.close_session(&s.session_id).unwrap();
+    let closed = m.close(&s.session_id).unwrap();
     assert_eq!((closed.executions, closed.closed), (2, true));
-    let q = m.wait(&queued, Duration::from_secs(10)).await.unwrap();
+    let q = m
+        .runs()
+        .wait(&queued, Duration::from_secs(10))
+        .await
+        .unwrap();
     assert_eq!(q.status, Status::Stopped);
     assert!(q.message.contains("was closed"), "{}", q.message);
-    let r = m.wait(&running, Duration::from_secs(10)).await.unwrap();
+    let r = m
+        .runs()
+        .wait(&running, Duration::from_secs(10))
+        .await
+        .unwrap();
     assert_eq!(r.status, Status::Stopped);
     eventually(10, "the container removed", || {
         fake.live_containers().is_empty()
@@ -377,8 +391,8 @@ async fn closing_a_session_stops_what_is_queued_and_removes_its_container() {
 #[tokio::test]
 async fn files_only_sessions_run_the_program_each_time_and_never_reset() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("perl")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("perl")).await.unwrap();
     assert!(!s.stateful, "perl has no session driver");
     let mut req = cell(&s, "print 'hi'");
     req.args = Some(vec!["x".into()]);
@@ -398,14 +412,11 @@ async fn files_only_sessions_run_the_program_each_time_and_never_reset() {
 #[tokio::test]
 async fn a_session_file_is_read_without_running_anything() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
-    let f = m
-        .read_session_file(&s.session_id, "data.txt", 0, None)
-        .await
-        .unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
+    let f = m.read(&s.session_id, "data.txt", 0, None).await.unwrap();
     match f {
-        codebox::runs::sessions::SessionFile::File {
+        codebox::sessions::SessionFile::File {
             size_bytes,
             content,
             ..
@@ -416,7 +427,7 @@ async fn a_session_file_is_read_without_running_anything() {
         other => panic!("{other:?}"),
     }
     let err = m
-        .read_session_file(&s.session_id, "../etc/passwd", 0, None)
+        .read(&s.session_id, "../etc/passwd", 0, None)
         .await
         .unwrap_err();
     assert!(err.to_string().starts_with("path:"), "{err}");
@@ -430,23 +441,23 @@ async fn a_session_file_is_read_without_running_anything() {
 #[tokio::test]
 async fn a_session_opened_ahead_of_time_serves_one_create_session_and_is_replaced() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    m.start_ready_sessions();
+    let m = fake_sessions(&fake, |_| {});
+    m.start_ready();
     eventually(10, "one python session is ready", || {
         fake.specs().len() == 1 && fake.session_requests().is_empty()
     })
     .await;
     let ready = fake.specs()[0].name.clone();
     assert_eq!(
-        m.stats().sessions_memory_mb,
+        m.stats().sessions.memory_mb,
         512,
         "its memory is held while it waits"
     );
     assert!(
-        m.list_sessions().sessions.is_empty(),
+        m.list().sessions.is_empty(),
         "a ready container is no session yet"
     );
-    let s = m.create_session(open("python")).await.unwrap();
+    let s = m.create(open("python")).await.unwrap();
     assert_eq!(fake.specs().len(), 1, "it took the ready container");
     // (The replacement's attach takes a behaviour from the script: script after it.)
     eventually(10, "a replacement is ready", || fake.specs().len() == 2).await;
@@ -455,7 +466,7 @@ async fn a_session_opened_ahead_of_time_serves_one_create_session_and_is_replace
     assert_eq!(r.result.as_deref(), Some("1"), "{}", r.message);
     assert_eq!(state(&r).1, InterpreterState::New);
     assert_eq!(
-        m.stats().sessions_memory_mb,
+        m.stats().sessions.memory_mb,
         1024,
         "the session and its replacement"
     );
@@ -468,9 +479,9 @@ async fn a_session_opened_ahead_of_time_serves_one_create_session_and_is_replace
         }]),
         ..open("python")
     };
-    m.create_session(with_files).await.unwrap();
+    m.create(with_files).await.unwrap();
     assert_eq!(fake.specs().len(), 3);
-    m.close_session(&s.session_id).unwrap();
+    m.close(&s.session_id).unwrap();
     eventually(10, "the used one is removed", || {
         !fake.live_containers().contains(&ready)
     })
@@ -480,7 +491,7 @@ async fn a_session_opened_ahead_of_time_serves_one_create_session_and_is_replace
         fake.live_containers().is_empty()
     })
     .await;
-    assert_eq!(m.stats().sessions_memory_mb, 0);
+    assert_eq!(m.stats().sessions.memory_mb, 0);
 }
 
 #[tokio::test]
@@ -492,8 +503,8 @@ async fn shutdown_waits_for_a_session_being_opened_ahead_of_time_and_removes_it(
         codebox::engine::fake::Step::Start,
         Duration::from_millis(500),
     );
-    let m = fake_manager(&fake, |_| {});
-    m.start_ready_sessions();
+    let m = fake_sessions(&fake, |_| {});
+    m.start_ready();
     eventually(10, "a session's container is created", || {
         fake.specs().len() == 1
     })
@@ -506,7 +517,7 @@ async fn shutdown_waits_for_a_session_being_opened_ahead_of_time_and_removes_it(
     );
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(fake.live_containers(), Vec::<String>::new());
-    assert_eq!(m.stats().sessions_memory_mb, 0);
+    assert_eq!(m.stats().sessions.memory_mb, 0);
 }
 
 /// A run for `language` asking for `memory_mb`.
@@ -527,18 +538,18 @@ async fn a_run_needing_the_memory_of_a_session_opened_ahead_of_time_gets_it_back
     // Found with `serve`: a run asking for the whole budget right after start waited until
     // the ready python session expired, and every run behind it waited too.
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |c| {
+    let m = fake_sessions(&fake, |c| {
         c.pool.idle_seconds = 3600;
         c.limits.max_memory_mb = c.runs.memory_budget_mb;
     });
-    m.start_ready_sessions();
+    m.start_ready();
     eventually(10, "one python session is ready", || {
-        fake.specs().len() == 1 && m.stats().sessions_memory_mb == 512
+        fake.specs().len() == 1 && m.stats().sessions.memory_mb == 512
     })
     .await;
-    let budget = m.config().runs.memory_budget_mb;
+    let budget = m.runs().config().runs.memory_budget_mb;
     let id = m.submit(asking("python", budget)).unwrap().run_id;
-    let r = m.wait(&id, Duration::from_secs(20)).await.unwrap();
+    let r = m.runs().wait(&id, Duration::from_secs(20)).await.unwrap();
     assert_eq!(
         r.status,
         Status::Succeeded,
@@ -559,20 +570,20 @@ async fn a_whole_budget_run_right_after_start_gets_back_what_is_still_being_open
         codebox::engine::fake::Step::Start,
         Duration::from_millis(300),
     );
-    let m = fake_manager(&fake, |c| {
+    let m = fake_sessions(&fake, |c| {
         c.pool.idle_seconds = 3600;
         c.pool.sizes = [("python".to_string(), 1)].into_iter().collect();
         c.limits.max_memory_mb = c.runs.memory_budget_mb;
     });
-    m.start_pool();
-    m.start_ready_sessions();
+    m.runs().start_pool();
+    m.start_ready();
     assert!(
-        m.stats().sessions_memory_mb > 0 && m.stats().pool.stats.filling > 0,
+        m.stats().sessions.memory_mb > 0 && m.stats().pool.stats.filling > 0,
         "the pool and a session are being opened ahead of time"
     );
-    let budget = m.config().runs.memory_budget_mb;
+    let budget = m.runs().config().runs.memory_budget_mb;
     let id = m.submit(asking("python", budget)).unwrap().run_id;
-    let r = m.wait(&id, Duration::from_secs(30)).await.unwrap();
+    let r = m.runs().wait(&id, Duration::from_secs(30)).await.unwrap();
     assert_eq!(
         r.status,
         Status::Succeeded,
@@ -587,19 +598,19 @@ async fn a_whole_budget_run_right_after_start_gets_back_what_is_still_being_open
 async fn sessions_opened_ahead_of_time_give_way_to_a_create_session() {
     // Found with `serve`: 7 javascript sessions plus the ready python one refused the 8th.
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |c| {
+    let m = fake_sessions(&fake, |c| {
         c.pool.idle_seconds = 3600;
         c.sessions.max_sessions = 2;
         c.sessions.memory_budget_mb = Some(1024);
     });
-    m.start_ready_sessions();
+    m.start_ready();
     eventually(10, "one python session is ready", || {
-        fake.specs().len() == 1 && m.stats().sessions_memory_mb == 512
+        fake.specs().len() == 1 && m.stats().sessions.memory_mb == 512
     })
     .await;
     let ready = fake.specs()[0].name.clone();
-    m.create_session(open("javascript")).await.unwrap();
-    let second = m.create_session(open("javascript")).await;
+    m.create(open("javascript")).await.unwrap();
+    let second = m.create(open("javascript")).await;
     assert!(
         second.is_ok(),
         "the ready python session did not give way: {:?}",
@@ -609,12 +620,12 @@ async fn sessions_opened_ahead_of_time_give_way_to_a_create_session() {
         !fake.live_containers().contains(&ready)
     })
     .await;
-    let err = m.create_session(open("javascript")).await.unwrap_err();
+    let err = m.create(open("javascript")).await.unwrap_err();
     assert!(
         err.is_retryable() && err.to_string().contains("sessions.max_sessions"),
         "{err}"
     );
-    assert_eq!(m.stats().sessions_memory_mb, 1024);
+    assert_eq!(m.stats().sessions.memory_mb, 1024);
     m.shutdown(Duration::from_secs(10)).await;
 }
 
@@ -625,14 +636,13 @@ async fn a_create_session_whose_caller_goes_away_gives_back_its_place_and_memory
         codebox::engine::fake::Step::Start,
         Duration::from_secs(3600),
     );
-    let m = fake_manager(&fake, |c| {
+    let m = fake_sessions(&fake, |c| {
         c.sessions.max_sessions = 2;
         c.sessions.ready.clear();
     });
     for attempt in 1..=3 {
         let answer =
-            tokio::time::timeout(Duration::from_millis(300), m.create_session(open("python")))
-                .await;
+            tokio::time::timeout(Duration::from_millis(300), m.create(open("python"))).await;
         assert!(
             answer.is_err(),
             "attempt {attempt}: answered while its container was still starting: {:?}",
@@ -640,7 +650,7 @@ async fn a_create_session_whose_caller_goes_away_gives_back_its_place_and_memory
         );
     }
     assert_eq!(
-        m.stats().sessions_memory_mb,
+        m.stats().sessions.memory_mb,
         0,
         "the memory of callers that went away is still held"
     );
@@ -654,25 +664,25 @@ async fn a_create_session_whose_caller_goes_away_gives_back_its_place_and_memory
 #[tokio::test]
 async fn reading_a_file_while_an_execution_runs_is_answered_at_once() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::Hang {
         stdout: String::new(),
     });
     let id = m.submit(cell(&s, "while True: pass")).unwrap().run_id;
     eventually(10, "it runs", || {
-        m.report(&id).unwrap().status == Status::Running
+        m.runs().report(&id).unwrap().status == Status::Running
     })
     .await;
     let read = tokio::time::timeout(
         Duration::from_secs(5),
-        m.read_session_file(&s.session_id, "data.txt", 0, None),
+        m.read(&s.session_id, "data.txt", 0, None),
     )
     .await
     .expect("the read waited behind the running execution");
     let err = read.unwrap_err().to_string();
     assert!(err.contains("is busy: an execution is running"), "{err}");
-    let r = m.stop(&id).await.unwrap();
+    let r = m.runs().stop(&id).await.unwrap();
     assert_eq!(r.status, Status::Stopped);
     m.shutdown(Duration::from_secs(10)).await;
 }
@@ -684,8 +694,8 @@ async fn reading_a_file_while_an_execution_runs_is_answered_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_driver_restart_within_its_start_limit_keeps_the_session_after_a_stop_or_timeout() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     let times = codebox::executor::session::SESSION_TIMES;
     let restart = times.driver_start - Duration::from_secs(1);
     fake.script(Behaviour::Slow {
@@ -697,7 +707,7 @@ async fn a_driver_restart_within_its_start_limit_keeps_the_session_after_a_stop_
         fake.session_requests().len() == 1
     })
     .await;
-    let r = m.stop(&id).await.unwrap();
+    let r = m.runs().stop(&id).await.unwrap();
     assert_eq!(r.status, Status::Stopped, "{}", r.message);
     assert_eq!(
         state(&r),
@@ -716,7 +726,7 @@ async fn a_driver_restart_within_its_start_limit_keeps_the_session_after_a_stop_
         }),
     });
     let id = m.submit(req).unwrap().run_id;
-    let r = m.wait(&id, Duration::from_secs(300)).await.unwrap();
+    let r = m.runs().wait(&id, Duration::from_secs(300)).await.unwrap();
     assert_eq!(r.status, Status::TimedOut, "{}", r.message);
     let after = run(&m, cell(&s, "1")).await;
     assert_eq!(
@@ -733,12 +743,12 @@ async fn a_driver_restart_within_its_start_limit_keeps_the_session_after_a_stop_
 #[tokio::test(start_paused = true)]
 async fn a_read_whose_caller_went_away_leaves_the_next_execution_its_own_answer() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.slow_reads(Duration::from_secs(5));
     let gone = tokio::time::timeout(
         Duration::from_secs(1),
-        m.read_session_file(&s.session_id, "data.txt", 0, None),
+        m.read(&s.session_id, "data.txt", 0, None),
     )
     .await;
     assert!(gone.is_err(), "the caller went away before the answer");
@@ -752,11 +762,11 @@ async fn a_read_whose_caller_went_away_leaves_the_next_execution_its_own_answer(
         r.message
     );
     let f = m
-        .read_session_file(&s.session_id, "data.txt", 0, None)
+        .read(&s.session_id, "data.txt", 0, None)
         .await
         .expect("the session still reads");
     assert!(
-        matches!(f, codebox::runs::sessions::SessionFile::File { .. }),
+        matches!(f, codebox::sessions::SessionFile::File { .. }),
         "{f:?}"
     );
     m.shutdown(Duration::from_secs(10)).await;
@@ -767,8 +777,8 @@ async fn a_read_whose_caller_went_away_leaves_the_next_execution_its_own_answer(
 #[tokio::test(start_paused = true)]
 async fn closing_a_session_with_a_stuck_cell_removes_its_container_at_once() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     fake.script(Behaviour::Slow {
         after: Duration::from_secs(33),
         then: Box::new(Behaviour::HangHard),
@@ -778,14 +788,18 @@ async fn closing_a_session_with_a_stuck_cell_removes_its_container_at_once() {
         fake.session_requests().len() == 1
     })
     .await;
-    m.close_session(&s.session_id).unwrap();
+    m.close(&s.session_id).unwrap();
     eventually(
         5,
         "the container is removed at once, not after the interrupt and a driver restart",
         || fake.live_containers().is_empty(),
     )
     .await;
-    let r = m.wait(&running, Duration::from_secs(5)).await.unwrap();
+    let r = m
+        .runs()
+        .wait(&running, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert_eq!(r.status, Status::Stopped, "{}", r.message);
     m.shutdown(Duration::from_secs(10)).await;
 }
@@ -793,11 +807,11 @@ async fn closing_a_session_with_a_stuck_cell_removes_its_container_at_once() {
 #[tokio::test]
 async fn closing_a_session_twice_answers_the_same() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    let s = m.create_session(open("python")).await.unwrap();
+    let m = fake_sessions(&fake, |_| {});
+    let s = m.create(open("python")).await.unwrap();
     run(&m, cell(&s, "1")).await;
-    let first = m.close_session(&s.session_id).unwrap();
-    let second = m.close_session(&s.session_id);
+    let first = m.close(&s.session_id).unwrap();
+    let second = m.close(&s.session_id);
     assert_eq!(
         second.as_ref().map_err(|e| e.to_string()),
         Ok(&first),
@@ -814,10 +828,10 @@ async fn a_session_opened_as_the_server_shuts_down_is_removed_not_kept() {
     // the entry are now one step under the table's lock; this runs the race many times.
     for round in 0..40 {
         let fake = Arc::new(FakeEngine::new());
-        let m = fake_manager(&fake, |c| c.sessions.ready.clear());
+        let m = fake_sessions(&fake, |c| c.sessions.ready.clear());
         let opening = {
             let m = m.clone();
-            tokio::spawn(async move { m.create_session(open("python")).await })
+            tokio::spawn(async move { m.create(open("python")).await })
         };
         // Let the create reach its container now and then, not always.
         for _ in 0..(round % 7) {
@@ -831,25 +845,26 @@ async fn a_session_opened_as_the_server_shuts_down_is_removed_not_kept() {
         .await;
         if let Ok(s) = created {
             assert!(
-                m.list_sessions().sessions.is_empty(),
+                m.list().sessions.is_empty(),
                 "round {round}: {} is still listed after shutdown",
                 s.session_id
             );
         }
-        assert_eq!(m.stats().sessions_memory_mb, 0, "round {round}");
+        assert_eq!(m.stats().sessions.memory_mb, 0, "round {round}");
     }
 }
 
 #[tokio::test]
 async fn metrics_show_sessions_opened_ahead_of_time_and_what_they_hold() {
     let fake = Arc::new(FakeEngine::new());
-    let m = fake_manager(&fake, |_| {});
-    m.start_ready_sessions();
+    let m = fake_sessions(&fake, |_| {});
+    m.start_ready();
     eventually(10, "one python session is ready", || {
-        m.stats().sessions_ready == 1
+        m.stats().sessions.ready == 1
     })
     .await;
     let text = m
+        .runs()
         .metrics()
         .render(&m.stats(), &codebox::executor::timings::Timings::default());
     assert!(text.contains("\ncodebox_sessions_ready 1\n"), "{text}");
@@ -870,7 +885,7 @@ async fn a_session_installing_its_packages_holds_the_install_containers_memory()
         codebox::engine::fake::Step::Start,
         Duration::from_millis(400),
     );
-    let m = fake_manager(&fake, |c| {
+    let m = fake_sessions(&fake, |c| {
         c.runs.memory_budget_mb = 2048;
         c.sessions.memory_budget_mb = Some(1024);
         c.packages.install_memory_mb = 1024;
@@ -884,7 +899,7 @@ async fn a_session_installing_its_packages_holds_the_install_containers_memory()
     };
     let opening = {
         let m = m.clone();
-        tokio::spawn(async move { m.create_session(req).await })
+        tokio::spawn(async move { m.create(req).await })
     };
     eventually(10, "the install container is created", || {
         !fake.specs().is_empty()
@@ -898,7 +913,7 @@ async fn a_session_installing_its_packages_holds_the_install_containers_memory()
     );
     let s = opening.await.unwrap();
     assert!(s.is_ok(), "{:?}", s.err().map(|e| e.to_string()));
-    let r = m.wait(&run, Duration::from_secs(30)).await.unwrap();
+    let r = m.runs().wait(&run, Duration::from_secs(30)).await.unwrap();
     assert_eq!(r.status, Status::Succeeded, "{}", r.message);
     m.shutdown(Duration::from_secs(10)).await;
 }

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::api::{query_pairs, BodyError};
-use crate::runs::sessions::SessionError;
+use crate::contract::SessionError;
 use crate::runs::{LookupError, SubmitError};
 
 /// Seconds a client is told to wait (`Retry-After`) after a full queue.

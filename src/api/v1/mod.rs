@@ -98,9 +98,9 @@ async fn post_run(State(api): State<Api>, client: Client, body: Body) -> Result<
     let bytes = read_body(body, api.max_body).await?;
     let (request, wait) = parse_run_body(&bytes)?;
     let m = api.manager();
-    let accepted = match m.submit(request) {
+    let accepted = match api.sessions().submit(request) {
         Ok(a) => a,
-        Err(SubmitError::Session(e)) => return Err(m.explain(e).await.into()),
+        Err(SubmitError::Session(e)) => return Err(api.sessions().explain(e).await.into()),
         Err(e) => return Err(e.into()),
     };
     if !wait {

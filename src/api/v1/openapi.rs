@@ -17,8 +17,8 @@ use crate::contract::session_ceilings;
 use crate::contract::{RunRequest, SessionRequest};
 use crate::history::HistoryResult;
 use crate::report::{fmt_num, RunReport};
-use crate::runs::sessions::{Closed, SessionInfo, SessionList};
 use crate::runs::{Accepted, RunManager};
+use crate::sessions::{Closed, SessionInfo, SessionList};
 
 /// Where the schemas live in the document.
 const SCHEMAS: &str = "#/components/schemas/";

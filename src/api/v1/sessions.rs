@@ -17,12 +17,12 @@ use axum::Json;
 
 use super::error::{query, V1Error};
 use crate::api::{from_value, read_body, Api};
+use crate::contract::SessionError;
 use crate::contract::SessionRequest;
-use crate::runs::sessions::SessionError;
 
 /// A session error, told better where the history knows more.
 async fn refused(api: &Api, e: SessionError) -> V1Error {
-    api.manager().explain(e).await.into()
+    api.sessions().explain(e).await.into()
 }
 
 pub async fn create(State(api): State<Api>, body: Body) -> Result<Response, V1Error> {
@@ -30,7 +30,7 @@ pub async fn create(State(api): State<Api>, body: Body) -> Result<Response, V1Er
     let value: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| V1Error::invalid("body", format!("the body is not JSON: {e}")))?;
     let request: SessionRequest = from_value(value)?;
-    match api.manager().create_session(request).await {
+    match api.sessions().create(request).await {
         Ok(info) => Ok(Json(info).into_response()),
         Err(e) => Err(refused(&api, e).await),
     }
@@ -38,7 +38,7 @@ pub async fn create(State(api): State<Api>, body: Body) -> Result<Response, V1Er
 
 pub async fn list(State(api): State<Api>, RawQuery(raw): RawQuery) -> Result<Response, V1Error> {
     query(raw.as_deref(), &[])?;
-    Ok(Json(api.manager().list_sessions()).into_response())
+    Ok(Json(api.sessions().list()).into_response())
 }
 
 fn session_id(path: Result<Path<String>, PathRejection>) -> Result<String, V1Error> {
@@ -53,7 +53,7 @@ pub async fn close(
 ) -> Result<Response, V1Error> {
     let id = session_id(path)?;
     query(raw.as_deref(), &[])?;
-    match api.manager().close_session_removed(&id).await {
+    match api.sessions().close_removed(&id).await {
         Ok(closed) => Ok(Json(closed).into_response()),
         Err(e) => Err(refused(&api, e).await),
     }
@@ -92,11 +92,7 @@ async fn read(api: &Api, id: String, file: &str, raw: Option<&str>) -> Result<Re
             max_bytes = Some(n);
         }
     }
-    match api
-        .manager()
-        .read_session_file(&id, file, offset, max_bytes)
-        .await
-    {
+    match api.sessions().read(&id, file, offset, max_bytes).await {
         // The bytes read travel in `content_base64`.
         Ok(f) => Ok(Json(f.answer(false)).into_response()),
         Err(e) => Err(refused(api, e).await),

@@ -1,10 +1,10 @@
 //! `read_session_file`: a file or a folder of a session's working directory, without running
 //! anything.
 
-use super::ends::SessionError;
 pub use crate::contract::answers::FolderEntry;
 use crate::contract::answers::{FileRead, SessionFileResult};
 use crate::contract::RequestError;
+use crate::contract::SessionError;
 use crate::engine::protocol::{EntryKind, FileEntry};
 use crate::executor::outputs;
 

@@ -1,4 +1,4 @@
-//! Sessions (SPEC section 11), a room of their own: the table of sessions, its lock and every
+//! Sessions (SPEC section 11), a wing above runs: the table of sessions, its lock and every
 //! verb (create, execute, read, list, close, expire, keep ready).
 //!
 //! A session is opened at once or refused at once, holds its memory from the admission budget
@@ -13,9 +13,11 @@
 //! the sessions' share of memory, and give way: to a `create_session` that needs their place
 //! or memory, and to a queued run that needs their memory (the run manager asks for it back).
 //!
-//! The run manager alone owns the budget and the runs; sessions reach it through [`Host`].
-//! Lock order: the run manager may lock the table while it holds its own lock; the table is
-//! never held while a [`Host`] method that locks the run manager is called.
+//! The run manager alone owns the budget and the runs: a session holds its memory through
+//! [`RunManager::hold`], and an execution is a [`Job`] submitted to it like any run, which
+//! runs in the session's container ([`Execution`]). Lock order: the run manager may lock the
+//! table while it holds its own lock ([`Ahead::shed`]); the table is never held while a
+//! method that locks the run manager is called.
 //!
 //! [`ends`]: names, end reasons, errors and what the tools show of a session;
 //! [`files`]: what `read_session_file` found.
@@ -24,55 +26,41 @@ pub mod ends;
 mod files;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
+use futures_util::future::BoxFuture;
+use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
-use crate::contract::{check_relative_path, RequestError, SessionRequest, ValidSession};
+use crate::contract::{
+    check_relative_path, RequestError, RunRequest, SessionError, SessionRequest, SessionTerms,
+    ValidRequest, ValidSession,
+};
 use crate::engine::posture::Limits;
 use crate::engine::protocol::{Entry, Files};
 use crate::executor::session::{Broken, ReadError, SessionBox, SessionSpec};
-use crate::executor::{Executor, OpenError};
-use crate::history::History;
+use crate::executor::{new_run_id, Call, Executor, OpenError};
+use crate::history::{History, Lapse};
 use crate::registry::Registry;
-use crate::report::{InterpreterState, RunLimits};
-use crate::runs::metrics::Metrics;
+use crate::report::{InterpreterState, RunLimits, RunReport, SessionExecution};
+use crate::runs::Metrics;
+use crate::runs::{
+    execution_charge, Accepted, Ahead, Job, RunManager, SessionCounts, Start, SubmitError, Work,
+};
 pub use ends::{
-    log_id, new_session_id, Closed, EndReason, SessionError, SessionInfo, SessionList,
-    SERVER_STOPPED, SESSION_PREFIX, SESSION_TICK,
+    log_id, new_session_id, Closed, EndReason, SessionInfo, SessionList, SERVER_STOPPED,
+    SESSION_PREFIX, SESSION_TICK,
 };
 use ends::{rfc3339, ENDED_KEPT};
 pub use files::{FolderEntry, SessionFile};
 
-/// What sessions ask of the run manager, which owns the admission budget and the runs.
-/// `hold`, `unhold`, `claim` and `stop_executions` lock the run manager: never call them with
-/// the session table locked. `is_closed` and `metrics` lock nothing.
-pub trait Host: Send + Sync + 'static {
-    /// Hold `mb` of the budget for an open session, now or never: the pool's containers and
-    /// sessions opened ahead of time give theirs back when that makes room. `ahead`: for a
-    /// session opened ahead of time, only while nobody waits and the budget has room.
-    fn hold(&self, mb: u64, ahead: bool) -> Result<(), String>;
-    /// Give back what [`Host::hold`] held, and start what can start.
-    fn unhold(&self, mb: u64, ahead: bool);
-    /// A session opened ahead of time is now a session: its memory is no longer given back
-    /// on demand.
-    fn claim(&self, mb: u64);
-    /// A session opened ahead of time is ready: a queued run that asked for its memory while
-    /// it was being opened may take it back now.
-    fn opened_ahead(&self);
-    /// End these executions of an ending session: queued ones `stopped`, naming the end in
-    /// `message`; running ones stopped.
-    fn stop_executions(&self, run_ids: &[String], message: &str);
-    fn is_closed(&self) -> bool;
-    fn metrics(&self) -> &Metrics;
-}
-
 /// What a change to the table asks of the run manager once the table is unlocked.
 #[derive(Debug, Default)]
 #[must_use]
-pub struct Effects {
+struct Effects {
     /// Executions to stop, with the end to name.
     pub stop: Vec<(Vec<String>, String)>,
     /// Memory of ended sessions, and of sessions opened ahead of time, to give back.
@@ -81,6 +69,10 @@ pub struct Effects {
 }
 
 impl Effects {
+    fn is_empty(&self) -> bool {
+        self.stop.is_empty() && self.unhold_mb == 0 && self.unhold_ahead_mb == 0
+    }
+
     fn and(mut self, other: Effects) -> Effects {
         self.stop.extend(other.stop);
         self.unhold_mb += other.unhold_mb;
@@ -88,29 +80,103 @@ impl Effects {
         self
     }
 
-    /// Carry them out through `host` (not under the run manager's lock).
-    pub fn apply(self, host: &dyn Host) {
+    /// Carry them out (not with the table locked).
+    fn apply(self, runs: &RunManager) {
         for (ids, message) in &self.stop {
-            host.stop_executions(ids, message);
+            runs.stop_runs(ids, message);
         }
         if self.unhold_ahead_mb > 0 {
-            host.unhold(self.unhold_ahead_mb, true);
+            runs.unhold(self.unhold_ahead_mb, true);
         }
         if self.unhold_mb > 0 {
-            host.unhold(self.unhold_mb, false);
+            runs.unhold(self.unhold_mb, false);
         }
     }
 }
 
 /// What an execution starts from: the session's container, terms and count.
-pub struct Begun {
-    pub container: Arc<SessionBox>,
-    pub language: String,
-    pub limits: RunLimits,
+struct Begun {
+    container: Arc<SessionBox>,
+    language: String,
+    limits: RunLimits,
     /// 1-based count of this execution.
-    pub execution: u64,
+    execution: u64,
     /// The interpreter as the execution finds it.
-    pub state: InterpreterState,
+    state: InterpreterState,
+}
+
+/// What became of the session in an execution that ran (nothing, for one that did not).
+#[derive(Default)]
+struct After {
+    state: Option<InterpreterState>,
+    workspace_bytes: Option<u64>,
+    broken: Option<Broken>,
+}
+
+/// An execution in a session, as runs carries it out: in the session's container. Dropped
+/// unrun (stopped while queued, refused, or its task ended early), it ends in the session
+/// all the same.
+struct Execution {
+    sessions: Arc<Sessions>,
+    id: String,
+    run_id: String,
+    container: Arc<SessionBox>,
+    count: u64,
+    /// Its end was told to the session.
+    over: bool,
+}
+
+impl Work for Execution {
+    fn run(mut self: Box<Self>, start: Start) -> BoxFuture<'static, RunReport> {
+        // At once: a call that finds the run running finds the session busy.
+        self.sessions.started(&self.id, &start.run_id);
+        Box::pin(async move {
+            let call = Call {
+                run_id: &start.run_id,
+                req: &start.request,
+                queued_ms: start.queued_ms,
+                cancel: start.cancel,
+                feed: Some(&start.feed),
+            };
+            let at = SessionExecution {
+                session_id: self.id.clone(),
+                execution_count: self.count,
+                state: InterpreterState::Kept,
+                reset_reason: None,
+            };
+            let executor = self.sessions.executor.clone();
+            let r = executor.execute_in_session(&self.container, at, call).await;
+            let end = After {
+                state: r.report.session.as_ref().map(|x| x.state),
+                workspace_bytes: r.workspace_bytes,
+                broken: r.broken,
+            };
+            self.over = true;
+            // Told before runs publishes the report: the next call sees the session as is.
+            let effects = self.sessions.ended(&self.id, &self.run_id, end);
+            effects.apply(&self.sessions.runs);
+            r.report
+        })
+    }
+}
+
+impl Drop for Execution {
+    fn drop(&mut self) {
+        if self.over {
+            return;
+        }
+        // Possibly under the run manager's lock: the table now, what it asks of runs on a
+        // task of its own.
+        let effects = self
+            .sessions
+            .ended(&self.id, &self.run_id, After::default());
+        if !effects.is_empty() {
+            let runs = self.sessions.runs.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { effects.apply(&runs) });
+            }
+        }
+    }
 }
 
 /// An open session.
@@ -207,11 +273,11 @@ impl Table {
     /// The open session `id`, or why there is none to use.
     fn usable(&mut self, id: &str) -> Result<&mut OpenSession, SessionError> {
         if let Some(e) = self.ended.get(id) {
-            return Err(SessionError::ended(id, &e.reason));
+            return Err(e.reason.error(id));
         }
         match self.open.get_mut(id) {
             Some(s) => match &s.ending {
-                Some(reason) => Err(SessionError::ended(id, reason)),
+                Some(reason) => Err(reason.error(id)),
                 None => Ok(s),
             },
             None => Err(SessionError::Unknown { id: id.to_string() }),
@@ -317,21 +383,26 @@ impl Table {
     }
 }
 
+/// How long a door's `close_session` waits for the container's removal before it answers.
+const CLOSE_REMOVAL_WAIT: Duration = Duration::from_secs(10);
+
 /// The sessions of one server.
 pub struct Sessions {
+    runs: RunManager,
     config: Arc<Config>,
     registry: Arc<Registry>,
     executor: Arc<Executor>,
     history: Option<History>,
-    metrics: Arc<Metrics>,
     table: Mutex<Table>,
+    /// Its loops (expiry, and ending what the others ended after a lapse).
+    tasks: Mutex<Vec<AbortOnDropHandle<()>>>,
 }
 
 /// A session being opened: until it is in the table, dropping this (an error, or a caller
 /// that went away) gives back its place and the memory it holds.
 struct Opening<'a> {
     sessions: &'a Sessions,
-    host: &'a dyn Host,
+    runs: &'a RunManager,
     mb: u64,
     held: bool,
     armed: bool,
@@ -339,13 +410,13 @@ struct Opening<'a> {
 
 /// Memory held for a session's install container while it opens; given back when dropped.
 struct Installing<'a> {
-    host: &'a dyn Host,
+    runs: &'a RunManager,
     mb: u64,
 }
 
 impl Drop for Installing<'_> {
     fn drop(&mut self) {
-        self.host.unhold(self.mb, false);
+        self.runs.unhold(self.mb, false);
     }
 }
 
@@ -360,27 +431,49 @@ impl Drop for Opening<'_> {
             t.opening_mb -= self.mb;
         }
         if self.held {
-            self.host.unhold(self.mb, false);
+            self.runs.unhold(self.mb, false);
         }
     }
 }
 
+impl Ahead for Sessions {
+    fn shed(&self, mb: u64) -> u64 {
+        self.lock().shed_ready(mb)
+    }
+}
+
 impl Sessions {
-    pub fn new(
-        config: Arc<Config>,
-        registry: Arc<Registry>,
-        executor: Arc<Executor>,
-        history: Option<History>,
-        metrics: Arc<Metrics>,
-    ) -> Sessions {
-        Sessions {
-            config,
-            registry,
-            executor,
-            history,
-            metrics,
+    /// The sessions of the server whose runs `runs` manages; they give the memory of those
+    /// opened ahead of time back when its queued runs need it. Must be called inside a tokio
+    /// runtime (it starts the expiry).
+    pub fn new(runs: RunManager) -> Arc<Sessions> {
+        let sessions = Arc::new(Sessions {
+            config: runs.config().clone(),
+            registry: runs.registry().clone(),
+            executor: runs.executor().clone(),
+            history: runs.history().cloned(),
+            runs,
             table: Mutex::new(Table::default()),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let weak: Weak<Sessions> = Arc::downgrade(&sessions);
+        sessions.runs.give_way_from(weak.clone());
+        let mut tasks = vec![AbortOnDropHandle::new(tokio::spawn(expire_loop(
+            weak.clone(),
+        )))];
+        if let Some(h) = &sessions.history {
+            let lapses = h.lapses();
+            tasks.push(AbortOnDropHandle::new(tokio::spawn(lapse_loop(
+                weak, lapses,
+            ))));
         }
+        *sessions.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+        sessions
+    }
+
+    /// The run manager the sessions' executions run on.
+    pub fn runs(&self) -> &RunManager {
+        &self.runs
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -391,7 +484,6 @@ impl Sessions {
     /// Open a session: at once, or refused at once (never queued).
     pub async fn create(
         self: &Arc<Self>,
-        host: &Arc<dyn Host>,
         req: SessionRequest,
     ) -> Result<SessionInfo, SessionError> {
         let config = self.config.clone();
@@ -403,7 +495,7 @@ impl Sessions {
         let default_limits = memory_mb == d.memory_mb && valid.limits.cpus == d.cpus;
         let taken = {
             let mut t = self.lock();
-            if t.closed || host.is_closed() {
+            if t.closed || self.runs.is_closed() {
                 return Err(SessionError::ShuttingDown);
             }
             let at = t.ready.iter().position(|r| r.language == valid.language.id);
@@ -417,9 +509,9 @@ impl Sessions {
             }
         };
         if let Some(ready) = taken {
-            host.claim(ready.memory_mb);
-            let info = self.insert(host.as_ref(), ready.container, &valid, &new_session_id());
-            self.refill_ready(host);
+            self.runs.claim(ready.memory_mb);
+            let info = self.insert(ready.container, &valid, &new_session_id());
+            self.refill_ready();
             return info;
         }
         let mut evicted = Vec::new();
@@ -460,7 +552,7 @@ impl Sessions {
                 r.container.close();
             }
             if freed > 0 {
-                host.unhold(freed, true);
+                self.runs.unhold(freed, true);
             }
             if let Some(why) = refusal {
                 return Err(SessionError::Full(why));
@@ -468,12 +560,14 @@ impl Sessions {
         }
         let mut opening = Opening {
             sessions: self,
-            host: host.as_ref(),
+            runs: &self.runs,
             mb: memory_mb,
             held: false,
             armed: true,
         };
-        host.hold(memory_mb, false).map_err(SessionError::Full)?;
+        self.runs
+            .hold(memory_mb, false)
+            .map_err(SessionError::Full)?;
         opening.held = true;
         // Its packages install in a container of their own while it opens: that memory is
         // held too, until the install is over.
@@ -481,9 +575,9 @@ impl Sessions {
             None
         } else {
             let mb = self.config.packages.install_memory_mb;
-            host.hold(mb, false).map_err(SessionError::Full)?;
+            self.runs.hold(mb, false).map_err(SessionError::Full)?;
             Some(Installing {
-                host: host.as_ref(),
+                runs: &self.runs,
                 mb,
             })
         };
@@ -523,14 +617,13 @@ impl Sessions {
             opening.armed = false;
         }
         // Its memory moves from "being opened" to the session (or back, if shut down).
-        self.insert(host.as_ref(), container, &valid, &id)
+        self.insert(container, &valid, &id)
     }
 
     /// Record an opened container as session `id` (its memory is held already); after a
     /// shutdown it is removed instead, and its memory given back.
     fn insert(
         &self,
-        host: &dyn Host,
         container: Arc<SessionBox>,
         valid: &ValidSession,
         id: &str,
@@ -560,7 +653,7 @@ impl Sessions {
         if t.closed {
             session.container.close();
             drop(t);
-            host.unhold(valid.limits.memory_mb, false);
+            self.runs.unhold(valid.limits.memory_mb, false);
             return Err(SessionError::ShuttingDown);
         }
         t.open.insert(id.to_string(), session);
@@ -578,17 +671,88 @@ impl Sessions {
                 created_at_ms: crate::history::now_ms(),
             });
         }
-        self.metrics.session_opened();
+        self.runs.metrics().session_opened();
         Ok(info)
     }
 
-    /// An execution in session `id` is accepted: counted, the idle clock stands still.
-    /// Follow with [`Sessions::attach`] once it has a run id, or [`Sessions::abandon`].
-    pub fn begin_execution(&self, id: &str) -> Result<Begun, SessionError> {
+    /// A run request as the doors take it: executed in its session when it names one
+    /// ([`Sessions::execute`]), otherwise a run like any other.
+    pub fn submit(self: &Arc<Self>, req: RunRequest) -> Result<Accepted, SubmitError> {
+        match req.session_id.clone() {
+            Some(id) => self.execute(&id, req),
+            None => self.runs.submit(req),
+        }
+    }
+
+    /// Run `req` in session `id`: checked against the session's terms (its language, memory
+    /// and CPU), then submitted to runs as a [`Job`] that executes in the session's
+    /// container: one slot, and the compile stage's memory for a compiled language (the
+    /// session holds its own).
+    fn execute(self: &Arc<Self>, id: &str, req: RunRequest) -> Result<Accepted, SubmitError> {
+        let run_id = new_run_id();
+        let begun = self.begin_execution(id, &run_id)?;
+        let checked = match self.registry.languages.get(&begun.language) {
+            None => Err(SessionError::Unknown { id: id.to_string() }.into()),
+            Some(lang) => {
+                let terms = SessionTerms {
+                    language: lang,
+                    limits: begun.limits,
+                    max_upload_bytes: self.config.sessions.max_upload_bytes,
+                };
+                ValidRequest::for_session(req, &self.registry, terms, &self.config)
+                    .map_err(SubmitError::from)
+            }
+        };
+        let execution = Execution {
+            sessions: self.clone(),
+            id: id.to_string(),
+            run_id: run_id.clone(),
+            container: begun.container,
+            count: begun.execution,
+            over: false,
+        };
+        let valid = match checked {
+            Ok(v) => v,
+            Err(e) => {
+                drop(execution);
+                self.uncount(id);
+                return Err(e);
+            }
+        };
+        let job = Job {
+            run_id: run_id.clone(),
+            charge_mb: execution_charge(&valid, &self.config),
+            request: valid,
+            serial: id.to_string(),
+            at: SessionExecution {
+                session_id: id.to_string(),
+                execution_count: begun.execution,
+                state: begun.state,
+                reset_reason: None,
+            },
+            work: Box::new(execution),
+        };
+        // Refused: its work was dropped unrun, which ended it here; it counts for nothing.
+        let accepted = self
+            .runs
+            .submit_job(job)
+            .inspect_err(|_| self.uncount(id))?;
+        // The session began ending since the execution was counted: it is stopped, naming
+        // the end (an end after this stops it through the session's runs).
+        if let Some(message) = self.ending_message(id) {
+            self.runs.stop_runs(&[run_id], &message);
+        }
+        Ok(accepted)
+    }
+
+    /// An execution in session `id` is accepted as run `run_id`: counted, the idle clock
+    /// stands still.
+    fn begin_execution(&self, id: &str, run_id: &str) -> Result<Begun, SessionError> {
         let mut t = self.lock();
         let s = t.usable(id)?;
         s.executions += 1;
         s.pending += 1;
+        s.runs.push(run_id.to_string());
         s.touch();
         Ok(Begun {
             container: s.container.clone(),
@@ -599,62 +763,55 @@ impl Sessions {
         })
     }
 
-    /// The execution begun was not accepted after all.
-    pub fn abandon(&self, id: &str) -> Effects {
-        let mut t = self.lock();
-        if let Some(s) = t.open.get_mut(id) {
-            s.executions -= 1;
-            s.pending -= 1;
+    /// An execution counted by [`Sessions::begin_execution`] was refused: it is not one of
+    /// the session's (its [`Sessions::ended`] came first).
+    fn uncount(&self, id: &str) {
+        if let Some(s) = self.lock().open.get_mut(id) {
+            s.executions = s.executions.saturating_sub(1);
         }
-        t.complete(id, self.history.as_ref(), &self.metrics)
     }
 
-    /// The execution begun is run `run_id`. `Some(message)` when the session began ending
-    /// meanwhile: stop it, naming the end.
-    pub fn attach(&self, id: &str, run_id: &str) -> Option<String> {
-        let mut t = self.lock();
-        let s = t.open.get_mut(id)?;
-        s.runs.push(run_id.to_string());
-        s.ending.as_ref().map(|reason| end_message(id, reason))
+    /// Why session `id` is ending, as its stopped executions say it; `None` if it is not.
+    fn ending_message(&self, id: &str) -> Option<String> {
+        let t = self.lock();
+        let reason = t.open.get(id)?.ending.as_ref()?;
+        Some(end_message(id, reason))
     }
 
     /// Execution `run_id` of session `id` started running.
-    pub fn started(&self, id: &str, run_id: &str) {
+    fn started(&self, id: &str, run_id: &str) {
         if let Some(s) = self.lock().open.get_mut(id) {
             s.running = Some(run_id.to_string());
         }
     }
 
-    /// Execution `run_id` of session `id` ended: the idle clock starts again, the
-    /// interpreter's state is noted, and a broken container ends the session.
-    pub fn execution_ended(
-        &self,
-        id: &str,
-        run_id: &str,
-        state: Option<InterpreterState>,
-        workspace_bytes: Option<u64>,
-        broken: Option<Broken>,
-    ) -> Effects {
+    /// Execution `run_id` of session `id` ended (or will never run): the idle clock starts
+    /// again, the interpreter's state is noted, and a broken container ends the session.
+    /// Locks only the table (the run manager may hold its lock); once per execution.
+    fn ended(&self, id: &str, run_id: &str, end: After) -> Effects {
         let mut t = self.lock();
         if let Some(s) = t.open.get_mut(id) {
+            let Some(at) = s.runs.iter().position(|r| r == run_id) else {
+                return Effects::default();
+            };
+            s.runs.remove(at);
             s.pending = s.pending.saturating_sub(1);
-            s.runs.retain(|r| r != run_id);
             if s.running.as_deref() == Some(run_id) {
                 s.running = None;
             }
             s.touch();
-            if let Some(state) = state {
+            if let Some(state) = end.state {
                 s.state = state;
             }
-            if let Some(b) = workspace_bytes {
+            if let Some(b) = end.workspace_bytes {
                 s.workspace_bytes = b;
             }
         }
         let mut effects = Effects::default();
-        if let Some(b) = broken {
+        if let Some(b) = end.broken {
             effects = t.begin_end(id, broken_reason(b));
         }
-        effects.and(t.complete(id, self.history.as_ref(), &self.metrics))
+        effects.and(t.complete(id, self.history.as_ref(), self.runs.metrics()))
     }
 
     /// The open sessions.
@@ -683,14 +840,27 @@ impl Sessions {
     }
 
     /// Open sessions, those opened ahead of time, and the memory all of them hold.
-    pub fn counts(&self) -> (usize, usize, u64) {
+    pub fn counts(&self) -> SessionCounts {
         let t = self.lock();
-        (t.open.len(), t.ready.len(), t.held_mb())
+        SessionCounts {
+            open: t.open.len(),
+            ready: t.ready.len(),
+            memory_mb: t.held_mb(),
+        }
+    }
+
+    /// The run manager's counts with the sessions' own: the whole picture for `/metrics`
+    /// and `/healthz`.
+    pub fn stats(&self) -> crate::runs::Stats {
+        crate::runs::Stats {
+            sessions: self.counts(),
+            ..self.runs.stats()
+        }
     }
 
     /// Close a session: its container is removed at once, an execution under way is
     /// stopped. Closing a session that has ended answers as its close did.
-    pub fn close(&self, host: &dyn Host, id: &str) -> Result<Closed, SessionError> {
+    pub fn close(&self, id: &str) -> Result<Closed, SessionError> {
         let mut t = self.lock();
         if let Some(e) = t.ended.get(id) {
             return Ok(Closed {
@@ -707,9 +877,14 @@ impl Sessions {
             });
         }
         let executions = t.usable(id)?.executions;
-        let effects = t.end(id, EndReason::Closed, self.history.as_ref(), &self.metrics);
+        let effects = t.end(
+            id,
+            EndReason::Closed,
+            self.history.as_ref(),
+            self.runs.metrics(),
+        );
         drop(t);
-        effects.apply(host);
+        effects.apply(&self.runs);
         Ok(Closed {
             session_id: id.to_string(),
             executions,
@@ -718,15 +893,12 @@ impl Sessions {
     }
 
     /// [`Sessions::close`], answered once the session's container is gone (or, if Docker is
-    /// slow to remove it, after `within`): a caller told "closed" finds nothing of it left.
-    pub async fn close_removed(
-        &self,
-        host: &dyn Host,
-        id: &str,
-        within: Duration,
-    ) -> Result<Closed, SessionError> {
+    /// slow to remove it, after 10 s): a caller told "closed" finds nothing of it left. What
+    /// the doors' `close_session` does.
+    pub async fn close_removed(&self, id: &str) -> Result<Closed, SessionError> {
+        let within = CLOSE_REMOVAL_WAIT;
         let removed = self.lock().open.get(id).map(|s| s.container.removed());
-        let closed = self.close(host, id)?;
+        let closed = self.close(id)?;
         if let Some(removed) = removed {
             let _ = tokio::time::timeout(within, removed).await;
         }
@@ -739,7 +911,6 @@ impl Sessions {
     /// starts again.
     pub async fn read(
         &self,
-        host: &dyn Host,
         id: &str,
         path: &str,
         offset: u64,
@@ -798,10 +969,15 @@ impl Sessions {
             Err(ReadError::Broken(b)) => {
                 let reason = broken_reason(b);
                 let mut t = self.lock();
-                let effects = t.end(id, reason.clone(), self.history.as_ref(), &self.metrics);
+                let effects = t.end(
+                    id,
+                    reason.clone(),
+                    self.history.as_ref(),
+                    self.runs.metrics(),
+                );
                 drop(t);
-                effects.apply(host);
-                return Err(SessionError::ended(id, &reason));
+                effects.apply(&self.runs);
+                return Err(reason.error(id));
             }
         };
         SessionFile::from_entries(&path, offset, read.decoded.files)
@@ -809,7 +985,7 @@ impl Sessions {
 
     /// End sessions past their idle timeout or their lifetime; replace containers opened
     /// ahead of time that waited too long, and open what `sessions.ready` asks for.
-    pub fn expire(self: &Arc<Self>, host: &Arc<dyn Host>) {
+    pub fn expire(self: &Arc<Self>) {
         let mut t = self.lock();
         let due: Vec<(String, EndReason)> = t
             .open
@@ -829,7 +1005,7 @@ impl Sessions {
             .collect();
         let mut effects = Effects::default();
         for (id, reason) in due {
-            effects = effects.and(t.end(&id, reason, self.history.as_ref(), &self.metrics));
+            effects = effects.and(t.end(&id, reason, self.history.as_ref(), self.runs.metrics()));
         }
         let max = Duration::from_secs(self.config.pool.idle_seconds);
         let (old, keep): (Vec<Ready>, Vec<Ready>) = std::mem::take(&mut t.ready)
@@ -841,19 +1017,19 @@ impl Sessions {
             effects.unhold_ahead_mb += r.memory_mb;
         }
         drop(t);
-        effects.apply(host.as_ref());
-        self.refill_ready(host);
+        effects.apply(&self.runs);
+        self.refill_ready();
     }
 
     /// Keep `sessions.ready` containers opened ahead of time from now on (`codebox serve`).
-    pub fn start_ready(self: &Arc<Self>, host: &Arc<dyn Host>) {
+    pub fn start_ready(self: &Arc<Self>) {
         self.lock().keep_ready = true;
-        self.refill_ready(host);
+        self.refill_ready();
     }
 
     /// Open containers ahead of time where `sessions.ready` asks for more, while the
     /// sessions' share and count and the budget have room for them.
-    fn refill_ready(self: &Arc<Self>, host: &Arc<dyn Host>) {
+    fn refill_ready(self: &Arc<Self>) {
         let config = self.config.clone();
         let settings = &config.sessions;
         let d = config.limits.defaults();
@@ -877,14 +1053,14 @@ impl Sessions {
                     }
                     t.filling.push((lang.id.clone(), d.memory_mb));
                 }
-                if host.hold(d.memory_mb, true).is_err() {
+                if self.runs.hold(d.memory_mb, true).is_err() {
                     let mut t = self.lock();
                     if let Some(i) = t.filling.iter().position(|(l, _)| *l == lang.id) {
                         t.filling.swap_remove(i);
                     }
                     break;
                 }
-                let (sessions, host, lang) = (self.clone(), host.clone(), lang.clone());
+                let (sessions, lang) = (self.clone(), lang.clone());
                 // Tracked with removals: shutdown waits for it, so the container it opens is
                 // removed before the process exits.
                 self.executor.cleanup().spawn(async move {
@@ -917,14 +1093,14 @@ impl Sessions {
                                 memory_mb: d.memory_mb,
                             });
                             drop(t);
-                            host.opened_ahead();
+                            sessions.runs.opened_ahead();
                         }
                         other => {
                             drop(t);
                             if let Err(e) = other {
                                 tracing::warn!(language = lang.id, error = %e, "could not open a session ahead of time");
                             }
-                            host.unhold(d.memory_mb, true);
+                            sessions.runs.unhold(d.memory_mb, true);
                         }
                     }
                 });
@@ -932,37 +1108,35 @@ impl Sessions {
         }
     }
 
-    /// Give back at least `mb` held by sessions opened ahead of time, if they hold it: a
-    /// queued run or a new session needs it. Returns what was freed. Called by the run
-    /// manager under its lock: calls no [`Host`] method.
-    pub fn shed_ready(&self, mb: u64) -> u64 {
-        self.lock().shed_ready(mb)
-    }
-
-    /// The ids of the open sessions.
-    pub fn open_ids(&self) -> Vec<String> {
-        self.lock().open.keys().cloned().collect()
-    }
-
     /// End these sessions, which the other servers ended while this server's lease was
     /// judged lapsed ("the server that held it stopped"): their containers go, a call
     /// naming one is told so.
-    pub fn end_lapsed(&self, host: &dyn Host, ids: &[String]) {
+    fn end_lapsed(&self, ids: &[String]) {
         let mut t = self.lock();
         let mut effects = Effects::default();
         for id in ids {
             if t.open.contains_key(id) {
                 let reason = EndReason::Failed(SERVER_STOPPED.to_string());
-                effects = effects.and(t.end(id, reason, self.history.as_ref(), &self.metrics));
+                effects =
+                    effects.and(t.end(id, reason, self.history.as_ref(), self.runs.metrics()));
             }
         }
         drop(t);
-        effects.apply(host);
+        effects.apply(&self.runs);
     }
 
-    /// End every session (shutdown), and remove the containers opened ahead of time. From
-    /// now on nothing opens.
-    pub fn shutdown(&self, host: &dyn Host) {
+    /// Shut down: end every session and remove the containers opened ahead of time (from
+    /// now on nothing opens, and runs start nothing), then [`RunManager::shutdown`] with
+    /// `grace`.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.end_all();
+        self.runs.shutdown(grace).await;
+    }
+
+    /// End every session, and remove the containers opened ahead of time.
+    fn end_all(&self) {
+        self.runs.close();
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let mut t = self.lock();
         t.closed = true;
         t.keep_ready = false;
@@ -977,12 +1151,12 @@ impl Sessions {
                 &id,
                 EndReason::ShuttingDown,
                 self.history.as_ref(),
-                &self.metrics,
+                self.runs.metrics(),
             );
             effects = effects.and(e);
         }
         drop(t);
-        effects.apply(host);
+        effects.apply(&self.runs);
     }
 
     /// An error about a session, told better where the history knows more: a session this
@@ -1007,7 +1181,7 @@ impl Sessions {
                 };
             }
             return match EndReason::from_record(reason) {
-                Some(r) => SessionError::ended(&id, &r),
+                Some(r) => r.error(&id),
                 None => SessionError::Restarted { id },
             };
         }
@@ -1034,7 +1208,7 @@ fn container_name(id: &str) -> String {
 
 /// What an execution stopped by the session's end is told (the end, without the field name).
 fn end_message(id: &str, reason: &EndReason) -> String {
-    let message = SessionError::ended(id, reason).to_string();
+    let message = reason.error(id).to_string();
     message.trim_start_matches("session_id: ").to_string()
 }
 
@@ -1042,5 +1216,46 @@ fn broken_reason(b: Broken) -> EndReason {
     match b {
         Broken::OutOfMemory => EndReason::OutOfMemory,
         Broken::Failed(why) => EndReason::Failed(format!("its sandbox failed: {why}")),
+    }
+}
+
+/// End sessions past their idle timeout or lifetime, every [`SESSION_TICK`].
+async fn expire_loop(sessions: Weak<Sessions>) {
+    let mut tick = tokio::time::interval(SESSION_TICK);
+    loop {
+        tick.tick().await;
+        let Some(sessions) = sessions.upgrade() else {
+            return;
+        };
+        sessions.expire();
+    }
+}
+
+/// Each time this server finds its lease was judged lapsed (SPEC section 15): end the
+/// sessions the other servers ended meanwhile.
+async fn lapse_loop(sessions: Weak<Sessions>, mut lapses: watch::Receiver<Lapse>) {
+    while lapses.changed().await.is_ok() {
+        let Some(sessions) = sessions.upgrade() else {
+            return;
+        };
+        let Some(history) = sessions.history.clone() else {
+            return;
+        };
+        let ids: Vec<String> = sessions.lock().open.keys().cloned().collect();
+        let mut ended = Vec::new();
+        for id in ids {
+            if let Ok(Some(record)) = history.session(&id).await {
+                if record.ended.is_some() {
+                    ended.push(id);
+                }
+            }
+        }
+        if !ended.is_empty() {
+            tracing::warn!(
+                sessions = ended.len(),
+                "ending the sessions the other servers ended while this server's lease was judged lapsed"
+            );
+        }
+        sessions.end_lapsed(&ended);
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::contract::RequestError;
+use crate::contract::SessionError;
 use crate::report::{InterpreterState, RunLimits};
 
 /// How often sessions are checked for their idle timeout and lifetime.
@@ -45,45 +45,6 @@ pub enum EndReason {
     ShuttingDown,
 }
 
-/// Why a call naming a session cannot be served, or a session not created.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SessionError {
-    #[error("session_id: unknown session {id}")]
-    Unknown { id: String },
-    #[error("session_id: session {id} was closed")]
-    Closed { id: String },
-    #[error("session_id: session {id} expired after {seconds} s idle; create a new one")]
-    Expired { id: String, seconds: u64 },
-    #[error(
-        "session_id: session {id} reached its maximum lifetime of {seconds} s; create a new one"
-    )]
-    Lifetime { id: String, seconds: u64 },
-    #[error("session_id: session {id} ended: out of memory; create a new one")]
-    OutOfMemory { id: String },
-    #[error("session_id: session {id} ended: the server restarted; create a new one")]
-    Restarted { id: String },
-    #[error("session_id: session {id} ended: {why}; create a new one")]
-    Failed { id: String, why: String },
-    #[error("session_id: session {id} is held by another codebox server ({owner}); only that server can use it")]
-    Elsewhere { id: String, owner: String },
-    #[error(transparent)]
-    Invalid(#[from] RequestError),
-    /// `read_session_file` of a path the working directory does not have.
-    #[error("path: the session's working directory has no file or folder `{path}`")]
-    NoSuchFile { path: String },
-    /// Over `sessions.max_sessions` or a memory budget. Retryable.
-    #[error("{0}; retry later or close a session")]
-    Full(String),
-    /// The session's container could not be opened.
-    #[error("the session could not be opened: {0}")]
-    Unavailable(String),
-    #[error("the server is shutting down and opens no new sessions")]
-    ShuttingDown,
-    /// An execution is running in it: its driver's stream is in use until it ends.
-    #[error("session_id: session {id} is busy: an execution is running in it; read its files once that ends (get_result waits for it), or stop it with stop_run")]
-    Busy { id: String },
-}
-
 impl EndReason {
     /// How the history records it.
     pub fn as_record(&self) -> String {
@@ -116,10 +77,11 @@ impl EndReason {
     }
 }
 
-impl SessionError {
-    pub fn ended(id: &str, reason: &EndReason) -> SessionError {
+impl EndReason {
+    /// What a later call naming the session is told.
+    pub fn error(&self, id: &str) -> SessionError {
         let id = id.to_string();
-        match reason {
+        match self {
             EndReason::Closed => SessionError::Closed { id },
             EndReason::Idle { seconds } => SessionError::Expired {
                 id,
@@ -139,24 +101,6 @@ impl SessionError {
                 why: "the server shut down".into(),
             },
         }
-    }
-
-    /// Whether the same call may succeed later.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, SessionError::Full(_))
-    }
-
-    /// The session existed and has ended (HTTP 409), as opposed to never known (404).
-    pub fn is_ended(&self) -> bool {
-        matches!(
-            self,
-            SessionError::Closed { .. }
-                | SessionError::Expired { .. }
-                | SessionError::Lifetime { .. }
-                | SessionError::OutOfMemory { .. }
-                | SessionError::Restarted { .. }
-                | SessionError::Failed { .. }
-        )
     }
 }
 
@@ -226,7 +170,7 @@ mod tests {
     #[test]
     fn every_end_is_named_to_a_later_call() {
         let id = "cbx_1";
-        let text = |r: EndReason| SessionError::ended(id, &r).to_string();
+        let text = |r: EndReason| r.error(id).to_string();
         assert_eq!(
             text(EndReason::Closed),
             "session_id: session cbx_1 was closed"
@@ -238,7 +182,7 @@ mod tests {
         assert!(text(EndReason::Lifetime { seconds: 3600 })
             .contains("reached its maximum lifetime of 3600 s"));
         assert!(text(EndReason::OutOfMemory).contains("ended: out of memory"));
-        assert!(SessionError::ended(id, &EndReason::Closed).is_ended());
+        assert!(EndReason::Closed.error(id).is_ended());
         assert!(!SessionError::Unknown { id: id.into() }.is_ended());
         assert!(SessionError::Full("x".into()).is_retryable());
     }
