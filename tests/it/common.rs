@@ -81,6 +81,11 @@ pub fn cpp(code: &str) -> RunRequest {
     request("cpp", code)
 }
 
+/// `req` validated against the shipped registry and the default configuration.
+pub fn valid(req: RunRequest) -> ValidRequest {
+    ValidRequest::new(req, &registry(), &Config::default()).expect("valid")
+}
+
 /// Limits with the given memory and timeout, the default CPU.
 pub fn limits(memory_mb: Option<f64>, timeout_seconds: Option<f64>) -> Option<LimitsInput> {
     Some(LimitsInput {
@@ -181,4 +186,12 @@ pub fn codebox_command() -> Command {
         .env_remove("CODEBOX_CONFIG")
         .env_remove("CODEBOX_TOKEN");
     c
+}
+
+/// A port nobody listens on now (the OS's pick).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
 }

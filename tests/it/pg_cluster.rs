@@ -295,11 +295,7 @@ impl PgCluster {
                 std::os::unix::fs::chown(&path, Some(id_of("-u")), Some(id_of("-g"))).unwrap();
             }
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::common::free_port();
         cluster.extra = format!(
             "-c listen_addresses=127.0.0.1 -p {port} -c ssl=on -c ssl_cert_file={0}/server.pem \
              -c ssl_key_file={0}/server.key",

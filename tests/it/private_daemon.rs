@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use codebox::config::DockerSettings;
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::common::{codebox_bin, root};
+use crate::common::{codebox_bin, free_port, root};
 use crate::mcp_support::eventually;
 
 /// The images the private daemon gets (built there by codebox).
@@ -167,13 +167,6 @@ fn start_daemon(dir: &Path, args: &[&str]) {
         interfaces,
         "starting a private daemon changed the host's network interfaces"
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// The host's network interfaces (a second daemon in the host's network namespace started

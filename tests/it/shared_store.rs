@@ -81,15 +81,7 @@ async fn two_servers_on_one_postgres_history_record_answer_and_reap_only_for_the
     let secret = keys.path().join("cluster.secret");
     std::fs::write(&secret, "shared-store-test-secret-0123456789\n").unwrap();
     let secret_set = format!("cluster.secret_file={}", secret.display());
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
+    let ports: Vec<u16> = (0..2).map(|_| crate::common::free_port()).collect();
     let listens: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let advertise: Vec<String> = listens
         .iter()
