@@ -24,6 +24,7 @@ mod containers;
 pub mod egress;
 mod ends;
 pub mod exchange;
+mod factory;
 mod finish;
 pub mod images;
 mod labels;
@@ -96,10 +97,7 @@ impl Executor {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
         let containers = Containers::new(engine, config, instance);
         let packages = Arc::new(Packages::new(
-            containers.config.clone(),
-            containers.engine.clone(),
-            containers.cleanup.clone(),
-            containers.uids.clone(),
+            containers.factory.clone(),
             containers.instance.clone(),
         ));
         Executor {

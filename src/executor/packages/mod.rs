@@ -25,13 +25,11 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Allowed, Config};
 use crate::contract::stays_inside;
-use crate::engine::guard::{Cleanup, ContainerGuard};
-use crate::engine::posture::{
-    self, Limits, Plan, Role, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE,
-};
+use crate::engine::guard::Cleanup;
+use crate::engine::posture::{Limits, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE};
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
-use crate::engine::uids::{UidLease, UidPool};
 use crate::engine::{ContainerEngine, LABEL_INIT_FEATURES};
+use crate::executor::factory::{Factory, Made, MakeError, Order, Purpose, Volume};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
 use crate::executor::stage::{
@@ -115,6 +113,9 @@ pub enum InstallFailure {
     Engine(#[from] crate::engine::EngineError),
     #[error(transparent)]
     Posture(#[from] crate::engine::posture::PostureViolation),
+    /// The programs' egress could not be given to a container (why).
+    #[error("{0}")]
+    Egress(String),
     /// The deadline or the engine interrupted a call of the install.
     #[error(transparent)]
     Interrupted(BoundError),
@@ -135,6 +136,16 @@ impl From<InstallFailure> for InstallEnd {
     }
 }
 
+impl From<MakeError> for InstallEnd {
+    fn from(e: MakeError) -> InstallEnd {
+        match e {
+            MakeError::Egress(m) => InstallFailure::Egress(m).into(),
+            MakeError::Posture(v) => InstallFailure::Posture(v).into(),
+            MakeError::Create(e) => e.into(),
+        }
+    }
+}
+
 impl From<BoundError> for InstallEnd {
     fn from(e: BoundError) -> InstallEnd {
         match e {
@@ -149,7 +160,8 @@ pub struct Packages {
     config: Arc<Config>,
     engine: Arc<dyn ContainerEngine>,
     cleanup: Cleanup,
-    uids: Arc<UidPool>,
+    /// Where its containers are made.
+    factory: Factory,
     instance: String,
     cache: Mutex<cache::Lru>,
     locks: Locks,
@@ -213,18 +225,13 @@ pub fn key(language: &str, image_id: &str, index: &str, requirements: &[String])
 }
 
 impl Packages {
-    pub fn new(
-        config: Arc<Config>,
-        engine: Arc<dyn ContainerEngine>,
-        cleanup: Cleanup,
-        uids: Arc<UidPool>,
-        instance: String,
-    ) -> Packages {
+    /// The install step and its cache, whose containers `factory` makes.
+    pub(crate) fn new(factory: Factory, instance: String) -> Packages {
         Packages {
-            config,
-            engine,
-            cleanup,
-            uids,
+            config: factory.config().clone(),
+            engine: factory.engine().clone(),
+            cleanup: factory.cleanup().clone(),
+            factory,
             instance,
             cache: Mutex::new(cache::Lru::default()),
             locks: Mutex::new(HashMap::new()),
@@ -406,30 +413,25 @@ impl Packages {
             dir: dir.clone(),
             source,
         })?;
-        let lease = self.uids.lease();
-        let name = format!("codebox-{install_name}");
-        let plan = Plan {
-            name: name.clone(),
-            image: image.id.clone(),
-            uid: lease.uid,
+        let runtime = p
+            .install_runtime
+            .as_deref()
+            .unwrap_or(&self.config.sandbox.runtime);
+        let order = Order {
+            name: format!("codebox-{install_name}"),
+            image: &image.id,
             limits: Limits {
                 memory_mb: p.install_memory_mb,
                 cpus: 1.0,
             },
             workspace_mb: p.prefix_mb,
             labels: labels(run_id, &self.instance, timeout + Duration::from_secs(600)),
+            purpose: Purpose::Install {
+                runtime,
+                egress: gate.dir(),
+            },
         };
-        let runtime = p
-            .install_runtime
-            .as_deref()
-            .unwrap_or(&self.config.sandbox.runtime);
-        let spec = posture::install(&plan, &self.config.sandbox, runtime, gate.dir());
-        let role = Role::Install { runtime };
-        posture::check_as(&spec, &self.config.sandbox, role).map_err(InstallFailure::Posture)?;
-        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
-        bound
-            .call("creating the install container", guard.create(&spec))
-            .await?;
+        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         let mut run: Vec<String> = install
             .command
             .iter()
@@ -580,23 +582,26 @@ impl Packages {
         uploaded
     }
 
-    /// The plan of a container that is created to copy files in or out, never started, and
-    /// removed: named after the run and what it does (numbered: one run may copy twice), with
-    /// a uid of its own.
-    fn created_only(&self, run_id: &str, what: &str, image_id: &str) -> (Plan, UidLease) {
-        let lease = self.uids.lease();
-        let plan = Plan {
+    /// The order for a container that is created to copy files in or out, never started, and
+    /// removed: named after the run and what it does (numbered: one run may copy twice).
+    fn created_only<'a>(
+        &self,
+        run_id: &str,
+        what: &str,
+        image_id: &'a str,
+        purpose: Purpose<'a>,
+    ) -> Order<'a> {
+        Order {
             name: format!("codebox-{}", self.unique(run_id, what)),
-            image: image_id.to_string(),
-            uid: lease.uid,
+            image: image_id,
             limits: Limits {
                 memory_mb: 64,
                 cpus: 1.0,
             },
             workspace_mb: 1,
             labels: labels(run_id, &self.instance, Duration::from_secs(600)),
-        };
-        (plan, lease)
+            purpose,
+        }
     }
 
     /// Unpack a prefix's tar into `volume` (at `target`) through a container that is created,
@@ -610,18 +615,12 @@ impl Packages {
         tar: Vec<u8>,
         bound: Bound<'_>,
     ) -> Result<(), InstallEnd> {
-        let sandbox = &self.config.sandbox;
-        let (plan, lease) = self.created_only(run_id, "fill", image_id);
-        let name = plan.name.clone();
-        let spec = posture::filler(&plan, sandbox, volume, target);
-        posture::check_as(&spec, sandbox, Role::Fill).map_err(InstallFailure::Posture)?;
-        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
-        bound
-            .call(
-                "creating the container that fills the packages volume",
-                guard.create(&spec),
-            )
-            .await?;
+        let into = Purpose::Fill(Volume {
+            name: volume,
+            target,
+        });
+        let order = self.created_only(run_id, "fill", image_id, into);
+        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         let uploaded = bound
             .call(
                 "copying the installed packages",
@@ -643,20 +642,12 @@ impl Packages {
         image_id: &str,
         bound: Bound<'_>,
     ) -> Result<Vec<u8>, InstallEnd> {
-        let sandbox = &self.config.sandbox;
-        let (plan, lease) = self.created_only(run_id, "read", image_id);
-        let name = plan.name.clone();
-        let mut spec = posture::locked_down(&plan, sandbox);
-        spec.open_stdin = false;
-        posture::with_prefix(&mut spec, volume, target);
-        posture::check(&spec, sandbox).map_err(InstallFailure::Posture)?;
-        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
-        bound
-            .call(
-                "creating the container that reads the packages volume",
-                guard.create(&spec),
-            )
-            .await?;
+        let from = Purpose::Read(Volume {
+            name: volume,
+            target,
+        });
+        let order = self.created_only(run_id, "read", image_id, from);
+        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         // The prefix's tar, its files' headers and the archive's own ending.
         let max = (self.config.packages.prefix_mb * 1024 * 1024)
             .saturating_mul(2)
@@ -912,13 +903,8 @@ mod tests {
         let lang = registry.resolve("python").unwrap().clone();
         let fake = Arc::new(FakeEngine::new());
         let cleanup = Cleanup::default();
-        let packages = Packages::new(
-            Arc::new(config),
-            fake.clone(),
-            cleanup.clone(),
-            UidPool::new(data.path()),
-            "test".into(),
-        );
+        let factory = Factory::new(fake.clone(), Arc::new(config), cleanup.clone(), None);
+        let packages = Packages::new(factory, "test".into());
         Harness {
             fake,
             packages,
