@@ -113,7 +113,8 @@ pub enum InstallFailure {
     Engine(#[from] crate::engine::EngineError),
     #[error(transparent)]
     Posture(#[from] crate::engine::posture::PostureViolation),
-    /// The programs' egress could not be given to a container (why).
+    /// The programs' egress could not be given to a container (why); never to the install's
+    /// own, which go out through the install's proxy.
     #[error("{0}")]
     Egress(String),
     /// The deadline or the engine interrupted a call of the install.
