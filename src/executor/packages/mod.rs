@@ -23,12 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::{Allowed, Config};
+use crate::config::Allowed;
 use crate::contract::stays_inside;
-use crate::engine::guard::Cleanup;
 use crate::engine::posture::{Limits, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE};
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
-use crate::engine::{ContainerEngine, LABEL_INIT_FEATURES};
+use crate::engine::LABEL_INIT_FEATURES;
 use crate::executor::factory::{Factory, Made, MakeError, Order, Purpose, Volume};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
@@ -158,10 +157,7 @@ impl From<BoundError> for InstallEnd {
 
 /// The install step and its cache, one per executor.
 pub struct Packages {
-    config: Arc<Config>,
-    engine: Arc<dyn ContainerEngine>,
-    cleanup: Cleanup,
-    /// Where its containers are made.
+    /// Where its containers are made; its engine, settings and background removals.
     factory: Factory,
     instance: String,
     cache: Mutex<cache::Lru>,
@@ -229,9 +225,6 @@ impl Packages {
     /// The install step and its cache, whose containers `factory` makes.
     pub(crate) fn new(factory: Factory, instance: String) -> Packages {
         Packages {
-            config: factory.config().clone(),
-            engine: factory.engine().clone(),
-            cleanup: factory.cleanup().clone(),
             factory,
             instance,
             cache: Mutex::new(cache::Lru::default()),
@@ -268,7 +261,7 @@ impl Packages {
     /// Whether `lang` takes packages here: its entry has an install step and the operator
     /// named its index.
     pub fn takes(&self, lang: &Language) -> bool {
-        lang.install.is_some() && self.config.packages.index_for(&lang.id).is_some()
+        lang.install.is_some() && self.factory.config().packages.index_for(&lang.id).is_some()
     }
 
     /// A prefix with `requirements` installed for `lang` on image `image_id`: from the cache,
@@ -287,7 +280,7 @@ impl Packages {
             }
             .into());
         };
-        let Some((index, _)) = self.config.packages.index_for(&lang.id) else {
+        let Some((index, _)) = self.factory.config().packages.index_for(&lang.id) else {
             return Err(InstallFailure::NotEnabled {
                 language: lang.id.clone(),
             }
@@ -343,7 +336,7 @@ impl Packages {
         let evicted = {
             let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             c.insert(key.clone(), entry.clone());
-            c.evict(self.config.packages.cache_mb * 1024 * 1024)
+            c.evict(self.factory.config().packages.cache_mb * 1024 * 1024)
         };
         for e in evicted {
             self.remove_volume_later(e.volume.clone());
@@ -354,8 +347,8 @@ impl Packages {
 
     /// Remove an evicted prefix's volume once no container holds it any more.
     fn remove_volume_later(&self, volume: String) {
-        let engine = self.engine.clone();
-        self.cleanup.spawn(async move {
+        let engine = self.factory.engine().clone();
+        self.factory.cleanup().spawn(async move {
             for _ in 0..30 {
                 if engine.remove_volume(&volume).await.is_ok() {
                     return;
@@ -376,14 +369,15 @@ impl Packages {
         requirements: &[String],
         bound: Bound<'_>,
     ) -> Result<cache::Entry, InstallEnd> {
-        let p = &self.config.packages;
+        let p = &self.factory.config().packages;
         let install = lang.install.as_ref().expect("checked by prepare");
         let (_, also) = p.index_for(&lang.id).unwrap_or((index, &[]));
         let mut allowed: Vec<Allowed> = Allowed::from_url(index).into_iter().collect();
         allowed.extend(also.iter().filter_map(|h| Allowed::from_host(h)));
         let timeout = Duration::from_secs_f64(p.install_timeout_seconds);
         let image = self
-            .engine
+            .factory
+            .engine()
             .inspect_image(&lang.image.tag)
             .await
             .map_err(InstallFailure::Engine)?
@@ -403,7 +397,12 @@ impl Packages {
             .into());
         }
         let install_name = self.unique(run_id, "install");
-        let dir = self.config.data_dir.join("egress").join(&install_name);
+        let dir = self
+            .factory
+            .config()
+            .data_dir
+            .join("egress")
+            .join(&install_name);
         let gate = proxy::Proxy::start(
             &dir,
             proxy::Policy { allowed },
@@ -417,7 +416,7 @@ impl Packages {
         let runtime = p
             .install_runtime
             .as_deref()
-            .unwrap_or(&self.config.sandbox.runtime);
+            .unwrap_or(&self.factory.config().sandbox.runtime);
         let order = Order {
             name: format!("codebox-{install_name}"),
             image: &image.id,
@@ -449,7 +448,7 @@ impl Packages {
             env,
             run: Some(run),
             timeout,
-            output_limit: self.config.sandbox.output_limit_bytes,
+            output_limit: self.factory.config().sandbox.output_limit_bytes,
             collect: Some(Collect::WorkspaceOnSuccess {
                 max_bytes: prefix_bytes,
             }),
@@ -466,13 +465,20 @@ impl Packages {
                 case: None,
             }),
             limits: DecodeLimits {
-                output: self.config.sandbox.output_limit_bytes,
+                output: self.factory.config().sandbox.output_limit_bytes,
                 content: prefix_bytes,
                 entries: MAX_PREFIX_ENTRIES,
             },
         };
         let began = Instant::now();
-        let answer = run_stage(self.engine.as_ref(), guard.name(), true, request, bound).await;
+        let answer = run_stage(
+            self.factory.engine().as_ref(),
+            guard.name(),
+            true,
+            request,
+            bound,
+        )
+        .await;
         self.counters
             .install_container_ms
             .fetch_add(began.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -570,7 +576,8 @@ impl Packages {
         );
         vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
         let engine_error = InstallFailure::Engine;
-        self.engine
+        self.factory
+            .engine()
             .create_volume(volume, vlabels)
             .await
             .map_err(engine_error)?;
@@ -578,7 +585,7 @@ impl Packages {
             .upload_into(run_id, volume, target, image_id, tar, bound)
             .await;
         if uploaded.is_err() {
-            let _ = self.engine.remove_volume(volume).await;
+            let _ = self.factory.engine().remove_volume(volume).await;
         }
         uploaded
     }
@@ -625,7 +632,7 @@ impl Packages {
         let uploaded = bound
             .call(
                 "copying the installed packages",
-                self.engine.upload(guard.name(), target, tar),
+                self.factory.engine().upload(guard.name(), target, tar),
             )
             .await;
         guard.remove_later();
@@ -650,13 +657,13 @@ impl Packages {
         let order = self.created_only(run_id, "read", image_id, from);
         let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         // The prefix's tar, its files' headers and the archive's own ending.
-        let max = (self.config.packages.prefix_mb * 1024 * 1024)
+        let max = (self.factory.config().packages.prefix_mb * 1024 * 1024)
             .saturating_mul(2)
             .saturating_add(64 * 1024 * 1024);
         let read = bound
             .call(
                 "reading the installed packages",
-                self.engine.download(guard.name(), target, max),
+                self.factory.engine().download(guard.name(), target, max),
             )
             .await;
         guard.remove_later();
@@ -669,7 +676,13 @@ impl Packages {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
             // A container that mounted it may still be being removed: try again then.
-            if self.engine.remove_volume(&e.volume).await.is_err() {
+            if self
+                .factory
+                .engine()
+                .remove_volume(&e.volume)
+                .await
+                .is_err()
+            {
                 self.remove_volume_later(e.volume.clone());
             }
         }
@@ -679,7 +692,7 @@ impl Packages {
     pub async fn close(&self) {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
-            let _ = self.engine.remove_volume(&e.volume).await;
+            let _ = self.factory.engine().remove_volume(&e.volume).await;
         }
     }
 }
@@ -871,7 +884,9 @@ fn npm_package(path: &str, content: &[u8]) -> Option<InstalledPackage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::engine::fake::FakeEngine;
+    use crate::engine::guard::Cleanup;
     use session::SessionPrefix;
     use std::collections::BTreeSet;
     use tokio_util::sync::CancellationToken;
