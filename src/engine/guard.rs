@@ -1,7 +1,7 @@
-//! Ownership of containers: each container has exactly one [`ContainerGuard`], created before
-//! the engine is asked to create it (so an interrupted create is still cleaned up), whose
-//! removal runs on every path: explicitly ([`ContainerGuard::remove`],
-//! [`ContainerGuard::remove_later`]) or from `Drop` (error, panic, cancellation). Removal is
+//! Ownership of containers: each container has exactly one [`ContainerGuard`], made by the
+//! executor's container factory right before the engine is asked to create it (so an
+//! interrupted create is still cleaned up), whose removal runs on every path: explicitly
+//! ([`ContainerGuard::remove_later`]) or from `Drop` (error, panic, cancellation). Removal is
 //! idempotent. The sandbox uid the container runs as is returned only once it is gone.
 //!
 //! Removals that happen in the background are tracked by [`Cleanup`], so that shutdown can
@@ -89,8 +89,9 @@ pub struct ContainerGuard {
 }
 
 impl ContainerGuard {
-    /// Own the container `name` (not created yet) that runs as the lease's uid.
-    pub fn new(
+    /// Own the container `name` (not created yet) that runs as the lease's uid. Only the
+    /// executor's container factory makes guards, right after the spec passed its check.
+    pub(crate) fn new(
         engine: Arc<dyn ContainerEngine>,
         cleanup: Cleanup,
         name: String,
@@ -115,7 +116,7 @@ impl ContainerGuard {
     /// caller stops waiting (a stop, a deadline, shutdown), and the removal waits for that
     /// answer: whatever path creates a container is the one that removes it, and nothing is
     /// left `Created`.
-    pub async fn create(&mut self, spec: &ContainerSpec) -> Result<String, EngineError> {
+    pub(crate) async fn create(&mut self, spec: &ContainerSpec) -> Result<String, EngineError> {
         let (answered, rx) = watch::channel(false);
         self.created = Some(rx);
         let engine = self.engine.clone();

@@ -6,20 +6,20 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use super::egress::{with_program_egress, ProgramEgress};
+use super::egress::ProgramEgress;
 use super::ends::{Halt, SandboxFailure, BACKSTOP_GRACE};
+use super::factory::{Factory, MakeError, Order, Purpose, Volume};
 use super::images::{ImageIds, ImageRef};
 use super::labels::labels;
 pub(super) use super::pool::Mount;
 use super::pool::{run_workspace_mb, Pool, Shape};
-use super::stage::{run_stage, Answer, Bound, LiveStage, StageRequest};
+use super::stage::{run_stage, Answer, Bound, BoundError, LiveStage, StageRequest};
 use super::timings::{Leg, Timings};
 use crate::config::Config;
 use crate::contract::ValidRequest;
 use crate::engine::guard::{Cleanup, ContainerGuard};
-use crate::engine::posture::{self, Limits, Plan};
+use crate::engine::posture::Limits;
 use crate::engine::protocol::{Collect, DecodeLimits, Payload};
-use crate::engine::uids::UidPool;
 use crate::engine::{ContainerEngine, EngineError};
 use crate::report::Stage;
 
@@ -52,20 +52,20 @@ pub(super) struct Acquired {
     pub image: ImageRef,
 }
 
-/// Where a run's stages get their containers: the engine, the pool of ready ones, the uid
-/// leases, the image ids and the background removals, with the rules every container of a
-/// stage follows (posture checked, one stage each, removed after).
+/// Where a run's stages get their containers: the pool of ready ones, else the factory (which
+/// leases the uids and checks the posture), the image ids and the background removals, with
+/// the rules every container of a stage follows (posture checked, one stage each, removed
+/// after).
 pub struct Containers {
     pub(super) engine: Arc<dyn ContainerEngine>,
     pub(super) config: Arc<Config>,
     pub(super) instance: String,
-    pub(super) uids: Arc<UidPool>,
+    /// Where every container is made (the pool's and the install step's too).
+    pub(super) factory: Factory,
     pub(super) cleanup: Cleanup,
     pub(super) pool: Pool,
     images: Arc<ImageIds>,
     pub(super) timings: Arc<Timings>,
-    /// Programs' own egress (`sandbox.egress_hosts`), when the operator set it.
-    pub(super) egress: Option<Arc<ProgramEgress>>,
 }
 
 impl Containers {
@@ -74,7 +74,6 @@ impl Containers {
         config: Arc<Config>,
         instance: String,
     ) -> Containers {
-        let uids = UidPool::new(&config.data_dir);
         let timings = Arc::new(Timings::default());
         let cleanup = {
             let timings = timings.clone();
@@ -82,25 +81,17 @@ impl Containers {
         };
         let images = Arc::new(ImageIds::new(engine.clone()));
         let egress = ProgramEgress::new(&config, &instance).map(Arc::new);
-        let pool = Pool::new(
-            engine.clone(),
-            config.clone(),
-            instance.clone(),
-            uids.clone(),
-            images.clone(),
-            cleanup.clone(),
-            egress.clone(),
-        );
+        let factory = Factory::new(engine.clone(), config.clone(), cleanup.clone(), egress);
+        let pool = Pool::new(factory.clone(), instance.clone(), images.clone());
         Containers {
             engine,
             config,
             instance,
-            uids,
+            factory,
             cleanup,
             pool,
             images,
             timings,
-            egress,
         }
     }
 
@@ -136,45 +127,34 @@ impl Containers {
         }
     }
 
-    /// Create one locked-down container (not started): lease a uid, build the spec, check
-    /// it, and hand back its owner.
+    /// Create one locked-down container (not started) through the factory, and hand back
+    /// its owner.
     pub(super) async fn create(&self, want: &Want, bound: Bound<'_>) -> Result<Acquired, Halt> {
         let image = self.image(&want.image_tag, &want.image_name, bound).await?;
-        let lease = self.uids.lease();
-        let plan = Plan {
+        let order = Order {
             name: want.name.clone(),
-            image: image.id.clone(),
-            uid: lease.uid,
+            image: &image.id,
             limits: want.limits,
             workspace_mb: want.workspace_mb,
             labels: want.labels.clone(),
+            purpose: Purpose::Program {
+                prefix: want.prefix.as_ref().map(|p| Volume {
+                    name: &p.volume,
+                    target: &p.target,
+                }),
+                relay: image.egress,
+                image_name: &want.image_name,
+            },
         };
-        let mut spec = posture::locked_down(&plan, &self.config.sandbox);
-        if let Some(p) = &want.prefix {
-            posture::with_prefix(&mut spec, &p.volume, &p.target);
-        }
-        if let Some(e) = &self.egress {
-            with_program_egress(&mut spec, e, &image, &want.image_name)
-                .await
-                .map_err(|m| Halt::Failed(SandboxFailure::Egress(m)))?;
-        }
-        posture::check(&spec, &self.config.sandbox)?;
-        let mut guard = ContainerGuard::new(
-            self.engine.clone(),
-            self.cleanup.clone(),
-            want.name.clone(),
-            lease,
-        );
-        match bound
-            .call("creating the container", guard.create(&spec))
-            .await
-        {
-            Ok(_) => Ok(Acquired {
-                guard,
+        match self.factory.make(order, Some(bound)).await {
+            Ok(made) => Ok(Acquired {
+                guard: made.guard,
                 started: false,
                 image,
             }),
-            Err(super::stage::BoundError::Engine(EngineError::ImageMissing { .. })) => {
+            Err(MakeError::Egress(m)) => Err(Halt::Failed(SandboxFailure::Egress(m))),
+            Err(MakeError::Posture(v)) => Err(v.into()),
+            Err(MakeError::Create(BoundError::Engine(EngineError::ImageMissing { .. }))) => {
                 self.images.forget(&want.image_tag);
                 Err(SandboxFailure::ImageMissing {
                     tag: want.image_tag.clone(),
@@ -182,7 +162,7 @@ impl Containers {
                 }
                 .into())
             }
-            Err(e) => Err(Halt::bound(e)),
+            Err(MakeError::Create(e)) => Err(Halt::bound(e)),
         }
     }
 
@@ -276,7 +256,7 @@ impl Containers {
             let dead_on_arrival = container.started
                 && !bound.cancel.is_cancelled()
                 && match &result {
-                    Err(super::stage::BoundError::Engine(EngineError::Attach(_))) => true,
+                    Err(BoundError::Engine(EngineError::Attach(_))) => true,
                     Ok(r) => {
                         r.decoded.phases.is_empty()
                             && !r.decoded.complete

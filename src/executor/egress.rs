@@ -78,14 +78,14 @@ impl ProgramEgress {
 }
 
 /// Give a program's container its way out through the programs' egress proxy; an image whose
-/// codebox-init has no relay is refused, naming the rebuild.
-pub async fn with_program_egress(
+/// codebox-init has no relay (`relay`) is refused, naming the rebuild.
+pub(crate) async fn with_program_egress(
     spec: &mut crate::engine::ContainerSpec,
     egress: &ProgramEgress,
-    image: &crate::executor::images::ImageRef,
+    relay: bool,
     image_name: &str,
 ) -> Result<(), String> {
-    if !image.egress {
+    if !relay {
         return Err(format!(
             "sandbox.egress_hosts is set, but image {image_name} was built before codebox-init had its egress relay: rebuild it with `codebox images build {image_name}`"
         ));

@@ -8,12 +8,13 @@
 //! `sandbox_error`, and the report says what broke.
 //!
 //! The run path reads in one direction: [`Executor::execute`] runs the stage sequence
-//! (`stages` below), which gets its containers from [`Containers`] (the pool, the engine, the
-//! uid leases and removals), compiles through the [`Compiler`] (and its cache), and runs the
-//! program once or once per test case ([`cases`]); what the stages found is an [`Ended`],
-//! which becomes the report in one place (`finish.rs`). A session's execution takes the same
-//! path through its [`SessionBox`]; the `Executor` holds the two parts and is the one face
-//! callers see. The face stands on top: the words its children share (`Halt`, `Known`,
+//! (`stages` below), which gets its containers from [`Containers`] (the pool, else the one
+//! container factory, `factory.rs`, which makes the pool's and the install step's too: uid
+//! lease, spec, posture check, guard, create), compiles through the [`Compiler`] (and its
+//! cache), and runs the program once or once per test case ([`cases`]); what the stages
+//! found is an [`Ended`], which becomes the report in one place (`finish.rs`). A session's
+//! execution takes the same path through its [`SessionBox`]; the `Executor` holds the two
+//! parts and is the one face callers see. The face stands on top: the words its children share (`Halt`, `Known`,
 //! `Ended`, the grace and the budgets) live in the leaf `ends.rs`, the run stage's layout in
 //! `program.rs`, and no child imports this file.
 
@@ -24,6 +25,7 @@ mod containers;
 pub mod egress;
 mod ends;
 pub mod exchange;
+mod factory;
 mod finish;
 pub mod images;
 mod labels;
@@ -96,10 +98,7 @@ impl Executor {
     pub fn new(engine: Arc<dyn ContainerEngine>, config: Arc<Config>, instance: String) -> Self {
         let containers = Containers::new(engine, config, instance);
         let packages = Arc::new(Packages::new(
-            containers.config.clone(),
-            containers.engine.clone(),
-            containers.cleanup.clone(),
-            containers.uids.clone(),
+            containers.factory.clone(),
             containers.instance.clone(),
         ));
         Executor {

@@ -23,15 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::{Allowed, Config};
+use crate::config::Allowed;
 use crate::contract::stays_inside;
-use crate::engine::guard::{Cleanup, ContainerGuard};
-use crate::engine::posture::{
-    self, Limits, Plan, Role, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE,
-};
+use crate::engine::posture::{Limits, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE};
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
-use crate::engine::uids::{UidLease, UidPool};
-use crate::engine::{ContainerEngine, LABEL_INIT_FEATURES};
+use crate::engine::LABEL_INIT_FEATURES;
+use crate::executor::factory::{Factory, Made, MakeError, Order, Purpose, Volume};
 use crate::executor::labels;
 use crate::executor::outcome::classify;
 use crate::executor::stage::{
@@ -115,6 +112,10 @@ pub enum InstallFailure {
     Engine(#[from] crate::engine::EngineError),
     #[error(transparent)]
     Posture(#[from] crate::engine::posture::PostureViolation),
+    /// The programs' egress could not be given to a container (why); never to the install's
+    /// own, which go out through the install's proxy.
+    #[error("{0}")]
+    Egress(String),
     /// The deadline or the engine interrupted a call of the install.
     #[error(transparent)]
     Interrupted(BoundError),
@@ -135,6 +136,16 @@ impl From<InstallFailure> for InstallEnd {
     }
 }
 
+impl From<MakeError> for InstallEnd {
+    fn from(e: MakeError) -> InstallEnd {
+        match e {
+            MakeError::Egress(m) => InstallFailure::Egress(m).into(),
+            MakeError::Posture(v) => InstallFailure::Posture(v).into(),
+            MakeError::Create(e) => e.into(),
+        }
+    }
+}
+
 impl From<BoundError> for InstallEnd {
     fn from(e: BoundError) -> InstallEnd {
         match e {
@@ -146,10 +157,8 @@ impl From<BoundError> for InstallEnd {
 
 /// The install step and its cache, one per executor.
 pub struct Packages {
-    config: Arc<Config>,
-    engine: Arc<dyn ContainerEngine>,
-    cleanup: Cleanup,
-    uids: Arc<UidPool>,
+    /// Where its containers are made; its engine, settings and background removals.
+    factory: Factory,
     instance: String,
     cache: Mutex<cache::Lru>,
     locks: Locks,
@@ -213,18 +222,10 @@ pub fn key(language: &str, image_id: &str, index: &str, requirements: &[String])
 }
 
 impl Packages {
-    pub fn new(
-        config: Arc<Config>,
-        engine: Arc<dyn ContainerEngine>,
-        cleanup: Cleanup,
-        uids: Arc<UidPool>,
-        instance: String,
-    ) -> Packages {
+    /// The install step and its cache, whose containers `factory` makes.
+    pub(crate) fn new(factory: Factory, instance: String) -> Packages {
         Packages {
-            config,
-            engine,
-            cleanup,
-            uids,
+            factory,
             instance,
             cache: Mutex::new(cache::Lru::default()),
             locks: Mutex::new(HashMap::new()),
@@ -260,7 +261,7 @@ impl Packages {
     /// Whether `lang` takes packages here: its entry has an install step and the operator
     /// named its index.
     pub fn takes(&self, lang: &Language) -> bool {
-        lang.install.is_some() && self.config.packages.index_for(&lang.id).is_some()
+        lang.install.is_some() && self.factory.config().packages.index_for(&lang.id).is_some()
     }
 
     /// A prefix with `requirements` installed for `lang` on image `image_id`: from the cache,
@@ -279,7 +280,7 @@ impl Packages {
             }
             .into());
         };
-        let Some((index, _)) = self.config.packages.index_for(&lang.id) else {
+        let Some((index, _)) = self.factory.config().packages.index_for(&lang.id) else {
             return Err(InstallFailure::NotEnabled {
                 language: lang.id.clone(),
             }
@@ -335,7 +336,7 @@ impl Packages {
         let evicted = {
             let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             c.insert(key.clone(), entry.clone());
-            c.evict(self.config.packages.cache_mb * 1024 * 1024)
+            c.evict(self.factory.config().packages.cache_mb * 1024 * 1024)
         };
         for e in evicted {
             self.remove_volume_later(e.volume.clone());
@@ -346,8 +347,8 @@ impl Packages {
 
     /// Remove an evicted prefix's volume once no container holds it any more.
     fn remove_volume_later(&self, volume: String) {
-        let engine = self.engine.clone();
-        self.cleanup.spawn(async move {
+        let engine = self.factory.engine().clone();
+        self.factory.cleanup().spawn(async move {
             for _ in 0..30 {
                 if engine.remove_volume(&volume).await.is_ok() {
                     return;
@@ -368,14 +369,15 @@ impl Packages {
         requirements: &[String],
         bound: Bound<'_>,
     ) -> Result<cache::Entry, InstallEnd> {
-        let p = &self.config.packages;
+        let p = &self.factory.config().packages;
         let install = lang.install.as_ref().expect("checked by prepare");
         let (_, also) = p.index_for(&lang.id).unwrap_or((index, &[]));
         let mut allowed: Vec<Allowed> = Allowed::from_url(index).into_iter().collect();
         allowed.extend(also.iter().filter_map(|h| Allowed::from_host(h)));
         let timeout = Duration::from_secs_f64(p.install_timeout_seconds);
         let image = self
-            .engine
+            .factory
+            .engine()
             .inspect_image(&lang.image.tag)
             .await
             .map_err(InstallFailure::Engine)?
@@ -395,7 +397,12 @@ impl Packages {
             .into());
         }
         let install_name = self.unique(run_id, "install");
-        let dir = self.config.data_dir.join("egress").join(&install_name);
+        let dir = self
+            .factory
+            .config()
+            .data_dir
+            .join("egress")
+            .join(&install_name);
         let gate = proxy::Proxy::start(
             &dir,
             proxy::Policy { allowed },
@@ -406,30 +413,25 @@ impl Packages {
             dir: dir.clone(),
             source,
         })?;
-        let lease = self.uids.lease();
-        let name = format!("codebox-{install_name}");
-        let plan = Plan {
-            name: name.clone(),
-            image: image.id.clone(),
-            uid: lease.uid,
+        let runtime = p
+            .install_runtime
+            .as_deref()
+            .unwrap_or(&self.factory.config().sandbox.runtime);
+        let order = Order {
+            name: format!("codebox-{install_name}"),
+            image: &image.id,
             limits: Limits {
                 memory_mb: p.install_memory_mb,
                 cpus: 1.0,
             },
             workspace_mb: p.prefix_mb,
             labels: labels(run_id, &self.instance, timeout + Duration::from_secs(600)),
+            purpose: Purpose::Install {
+                runtime,
+                egress: gate.dir(),
+            },
         };
-        let runtime = p
-            .install_runtime
-            .as_deref()
-            .unwrap_or(&self.config.sandbox.runtime);
-        let spec = posture::install(&plan, &self.config.sandbox, runtime, gate.dir());
-        let role = Role::Install { runtime };
-        posture::check_as(&spec, &self.config.sandbox, role).map_err(InstallFailure::Posture)?;
-        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
-        bound
-            .call("creating the install container", guard.create(&spec))
-            .await?;
+        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         let mut run: Vec<String> = install
             .command
             .iter()
@@ -446,7 +448,7 @@ impl Packages {
             env,
             run: Some(run),
             timeout,
-            output_limit: self.config.sandbox.output_limit_bytes,
+            output_limit: self.factory.config().sandbox.output_limit_bytes,
             collect: Some(Collect::WorkspaceOnSuccess {
                 max_bytes: prefix_bytes,
             }),
@@ -463,13 +465,20 @@ impl Packages {
                 case: None,
             }),
             limits: DecodeLimits {
-                output: self.config.sandbox.output_limit_bytes,
+                output: self.factory.config().sandbox.output_limit_bytes,
                 content: prefix_bytes,
                 entries: MAX_PREFIX_ENTRIES,
             },
         };
         let began = Instant::now();
-        let answer = run_stage(self.engine.as_ref(), guard.name(), true, request, bound).await;
+        let answer = run_stage(
+            self.factory.engine().as_ref(),
+            guard.name(),
+            true,
+            request,
+            bound,
+        )
+        .await;
         self.counters
             .install_container_ms
             .fetch_add(began.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -567,7 +576,8 @@ impl Packages {
         );
         vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
         let engine_error = InstallFailure::Engine;
-        self.engine
+        self.factory
+            .engine()
             .create_volume(volume, vlabels)
             .await
             .map_err(engine_error)?;
@@ -575,28 +585,31 @@ impl Packages {
             .upload_into(run_id, volume, target, image_id, tar, bound)
             .await;
         if uploaded.is_err() {
-            let _ = self.engine.remove_volume(volume).await;
+            let _ = self.factory.engine().remove_volume(volume).await;
         }
         uploaded
     }
 
-    /// The plan of a container that is created to copy files in or out, never started, and
-    /// removed: named after the run and what it does (numbered: one run may copy twice), with
-    /// a uid of its own.
-    fn created_only(&self, run_id: &str, what: &str, image_id: &str) -> (Plan, UidLease) {
-        let lease = self.uids.lease();
-        let plan = Plan {
+    /// The order for a container that is created to copy files in or out, never started, and
+    /// removed: named after the run and what it does (numbered: one run may copy twice).
+    fn created_only<'a>(
+        &self,
+        run_id: &str,
+        what: &str,
+        image_id: &'a str,
+        purpose: Purpose<'a>,
+    ) -> Order<'a> {
+        Order {
             name: format!("codebox-{}", self.unique(run_id, what)),
-            image: image_id.to_string(),
-            uid: lease.uid,
+            image: image_id,
             limits: Limits {
                 memory_mb: 64,
                 cpus: 1.0,
             },
             workspace_mb: 1,
             labels: labels(run_id, &self.instance, Duration::from_secs(600)),
-        };
-        (plan, lease)
+            purpose,
+        }
     }
 
     /// Unpack a prefix's tar into `volume` (at `target`) through a container that is created,
@@ -610,22 +623,16 @@ impl Packages {
         tar: Vec<u8>,
         bound: Bound<'_>,
     ) -> Result<(), InstallEnd> {
-        let sandbox = &self.config.sandbox;
-        let (plan, lease) = self.created_only(run_id, "fill", image_id);
-        let name = plan.name.clone();
-        let spec = posture::filler(&plan, sandbox, volume, target);
-        posture::check_as(&spec, sandbox, Role::Fill).map_err(InstallFailure::Posture)?;
-        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
-        bound
-            .call(
-                "creating the container that fills the packages volume",
-                guard.create(&spec),
-            )
-            .await?;
+        let into = Purpose::Fill(Volume {
+            name: volume,
+            target,
+        });
+        let order = self.created_only(run_id, "fill", image_id, into);
+        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         let uploaded = bound
             .call(
                 "copying the installed packages",
-                self.engine.upload(guard.name(), target, tar),
+                self.factory.engine().upload(guard.name(), target, tar),
             )
             .await;
         guard.remove_later();
@@ -643,28 +650,20 @@ impl Packages {
         image_id: &str,
         bound: Bound<'_>,
     ) -> Result<Vec<u8>, InstallEnd> {
-        let sandbox = &self.config.sandbox;
-        let (plan, lease) = self.created_only(run_id, "read", image_id);
-        let name = plan.name.clone();
-        let mut spec = posture::locked_down(&plan, sandbox);
-        spec.open_stdin = false;
-        posture::with_prefix(&mut spec, volume, target);
-        posture::check(&spec, sandbox).map_err(InstallFailure::Posture)?;
-        let mut guard = ContainerGuard::new(self.engine.clone(), self.cleanup.clone(), name, lease);
-        bound
-            .call(
-                "creating the container that reads the packages volume",
-                guard.create(&spec),
-            )
-            .await?;
+        let from = Purpose::Read(Volume {
+            name: volume,
+            target,
+        });
+        let order = self.created_only(run_id, "read", image_id, from);
+        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         // The prefix's tar, its files' headers and the archive's own ending.
-        let max = (self.config.packages.prefix_mb * 1024 * 1024)
+        let max = (self.factory.config().packages.prefix_mb * 1024 * 1024)
             .saturating_mul(2)
             .saturating_add(64 * 1024 * 1024);
         let read = bound
             .call(
                 "reading the installed packages",
-                self.engine.download(guard.name(), target, max),
+                self.factory.engine().download(guard.name(), target, max),
             )
             .await;
         guard.remove_later();
@@ -677,7 +676,13 @@ impl Packages {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
             // A container that mounted it may still be being removed: try again then.
-            if self.engine.remove_volume(&e.volume).await.is_err() {
+            if self
+                .factory
+                .engine()
+                .remove_volume(&e.volume)
+                .await
+                .is_err()
+            {
                 self.remove_volume_later(e.volume.clone());
             }
         }
@@ -687,7 +692,7 @@ impl Packages {
     pub async fn close(&self) {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
-            let _ = self.engine.remove_volume(&e.volume).await;
+            let _ = self.factory.engine().remove_volume(&e.volume).await;
         }
     }
 }
@@ -879,7 +884,9 @@ fn npm_package(path: &str, content: &[u8]) -> Option<InstalledPackage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::engine::fake::FakeEngine;
+    use crate::engine::guard::Cleanup;
     use session::SessionPrefix;
     use std::collections::BTreeSet;
     use tokio_util::sync::CancellationToken;
@@ -912,13 +919,8 @@ mod tests {
         let lang = registry.resolve("python").unwrap().clone();
         let fake = Arc::new(FakeEngine::new());
         let cleanup = Cleanup::default();
-        let packages = Packages::new(
-            Arc::new(config),
-            fake.clone(),
-            cleanup.clone(),
-            UidPool::new(data.path()),
-            "test".into(),
-        );
+        let factory = Factory::new(fake.clone(), Arc::new(config), cleanup.clone(), None);
+        let packages = Packages::new(factory, "test".into());
         Harness {
             fake,
             packages,

@@ -90,7 +90,8 @@ impl SessionPrefix {
             lifetime + Duration::from_secs(600),
         );
         packages
-            .engine
+            .factory
+            .engine()
             .create_volume(&volume, vlabels)
             .await
             .map_err(InstallFailure::Engine)?;
@@ -99,8 +100,8 @@ impl SessionPrefix {
             volume,
             target: install.prefix.clone(),
             env: install.env.clone(),
-            engine: packages.engine.clone(),
-            cleanup: packages.cleanup.clone(),
+            engine: packages.factory.engine().clone(),
+            cleanup: packages.factory.cleanup().clone(),
             held: tokio::sync::Mutex::new(Held::default()),
             removing: AtomicBool::new(false),
             removed,

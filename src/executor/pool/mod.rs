@@ -35,14 +35,14 @@ use demand::Demand;
 pub use demand::{CLASS_MIN_RUNS, DEMAND_WINDOW};
 pub use shape::{floors_for, run_workspace_mb, shapes_of, Mount, Shape};
 
+use super::factory::{Factory, Made, MakeError, Order, Purpose, Volume};
 use super::images::{ImageIds, ImageRef};
 use super::packages::Prefix;
-use crate::config::{Config, MAX_POOLED};
-use crate::engine::guard::{Cleanup, ContainerGuard};
-use crate::engine::posture::{self, Plan, PostureViolation};
-use crate::engine::uids::UidPool;
-use crate::engine::{ContainerEngine, ContainerSpec, EngineError};
-use crate::executor::egress::{with_program_egress, ProgramEgress};
+use super::stage::BoundError;
+use crate::config::MAX_POOLED;
+use crate::engine::guard::ContainerGuard;
+use crate::engine::posture::PostureViolation;
+use crate::engine::{ContainerSpec, EngineError};
 use crate::registry::Language;
 
 /// Containers started at once to fill the pool (filling competes with runs for the CPU).
@@ -138,14 +138,11 @@ pub struct PoolStats {
 }
 
 struct Inner {
-    engine: Arc<dyn ContainerEngine>,
-    config: Arc<Config>,
+    /// Makes its containers as every run's are made (their egress too), and checks a ready
+    /// one again before it serves a run.
+    factory: Factory,
     instance: String,
-    uids: Arc<UidPool>,
     images: Arc<ImageIds>,
-    cleanup: Cleanup,
-    /// Programs' own egress: ready containers get it as every run's does.
-    egress: Option<Arc<ProgramEgress>>,
     state: Mutex<State>,
     counters: PoolCounters,
     /// Set when the runtime refused to change a started container's limits (runsc cannot):
@@ -178,10 +175,24 @@ pub enum FillError {
     Posture(#[from] PostureViolation),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// A stop or a deadline cut its create short (fills have neither today).
+    #[error(transparent)]
+    Interrupted(super::stage::Interrupted),
     #[error("{0}")]
     Egress(String),
     #[error("its packages prefix is no longer held")]
     PrefixGone,
+}
+
+impl From<MakeError> for FillError {
+    fn from(e: MakeError) -> FillError {
+        match e {
+            MakeError::Egress(m) => FillError::Egress(m),
+            MakeError::Posture(v) => FillError::Posture(v),
+            MakeError::Create(BoundError::Engine(e)) => FillError::Engine(e),
+            MakeError::Create(BoundError::Interrupted(i)) => FillError::Interrupted(i),
+        }
+    }
 }
 
 /// Demand told to the pool, taken back (`Pool::done`) when dropped.
@@ -209,24 +220,12 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(
-        engine: Arc<dyn ContainerEngine>,
-        config: Arc<Config>,
-        instance: String,
-        uids: Arc<UidPool>,
-        images: Arc<ImageIds>,
-        cleanup: Cleanup,
-        egress: Option<Arc<ProgramEgress>>,
-    ) -> Pool {
+    pub(super) fn new(factory: Factory, instance: String, images: Arc<ImageIds>) -> Pool {
         Pool {
             inner: Arc::new(Inner {
-                engine,
-                config,
+                factory,
                 instance,
-                uids,
                 images,
-                cleanup,
-                egress,
                 state: Mutex::new(State::default()),
                 counters: PoolCounters::default(),
                 no_updates: AtomicBool::new(false),
@@ -268,7 +267,7 @@ impl Pool {
     /// Runs in flight ask for `shapes` (from [`shapes_of`]) until [`Pool::done`]: what
     /// the pool keeps ready follows the most that were asked for at once lately.
     pub fn asked(&self, lang: &Language, shapes: &[(Shape, usize)]) {
-        let config = &self.inner.config.pool;
+        let config = &self.inner.factory.config().pool;
         let ceiling = config
             .max_ready
             .get(&lang.id)
@@ -387,7 +386,7 @@ impl Pool {
     pub fn fill(&self, shape: Shape) {
         let pool = self.clone();
         self.state().filling.push(shape.clone());
-        self.inner.cleanup.spawn(async move {
+        self.inner.factory.cleanup().spawn(async move {
             let began = Instant::now();
             let made = pool.make(&shape).await;
             if made.is_ok() {
@@ -431,9 +430,8 @@ impl Pool {
 
     async fn make(&self, shape: &Shape) -> Result<Idle, FillError> {
         let i = &self.inner;
-        let lease = i.uids.lease();
         let name = format!("codebox-pool-{}", uuid::Uuid::new_v4().simple());
-        let c = &i.config;
+        let c = i.factory.config();
         // A pooled container may wait `pool.idle_seconds`, then serve the longest run.
         let lifetime = Duration::from_secs(c.pool.idle_seconds)
             + Duration::from_secs_f64(c.limits.max_timeout_seconds)
@@ -446,15 +444,6 @@ impl Pool {
                 .ok_or_else(|| FillError::ImageMissing {
                     tag: shape.image.clone(),
                 })?;
-        let plan = Plan {
-            name: name.clone(),
-            image: image.id.clone(),
-            uid: lease.uid,
-            limits: shape.limits(),
-            workspace_mb: shape.workspace_mb,
-            labels,
-        };
-        let mut spec = posture::locked_down(&plan, &c.sandbox);
         let prefix = match &shape.packages {
             None => None,
             Some(m) => {
@@ -462,25 +451,35 @@ impl Pool {
                 let Some(p) = held else {
                     return Err(FillError::PrefixGone);
                 };
-                posture::with_prefix(&mut spec, &m.volume, &m.target);
                 Some(p)
             }
         };
         // Ready containers get the programs' egress as every run's container does.
-        if let Some(e) = &i.egress {
-            with_program_egress(&mut spec, e, &image, &shape.image)
-                .await
-                .map_err(FillError::Egress)?;
-        }
-        posture::check(&spec, &c.sandbox)?;
-        let mut guard = ContainerGuard::new(i.engine.clone(), i.cleanup.clone(), name, lease);
-        if let Err(e) = guard.create(&spec).await {
-            if matches!(e, EngineError::ImageMissing { .. }) {
-                i.images.forget(&shape.image);
+        let order = Order {
+            name,
+            image: &image.id,
+            limits: shape.limits(),
+            workspace_mb: shape.workspace_mb,
+            labels,
+            purpose: Purpose::Program {
+                prefix: shape.packages.as_ref().map(|m| Volume {
+                    name: &m.volume,
+                    target: &m.target,
+                }),
+                relay: image.egress,
+                image_name: &shape.image,
+            },
+        };
+        let Made { guard, spec } = match i.factory.make(order, None).await {
+            Ok(made) => made,
+            Err(e) => {
+                if let MakeError::Create(BoundError::Engine(EngineError::ImageMissing { .. })) = e {
+                    i.images.forget(&shape.image);
+                }
+                return Err(e.into());
             }
-            return Err(e.into());
-        }
-        i.engine.start_container(guard.name()).await?;
+        };
+        i.factory.engine().start_container(guard.name()).await?;
         i.counters.created.fetch_add(1, Ordering::Relaxed);
         Ok(Idle {
             guard,
@@ -522,7 +521,7 @@ impl Pool {
         // The pool holds less now: a queued run may start. Its replacement waits until runs
         // end (or the pool's tick): made now, it would take CPU from the run that took it.
         self.changed(Change::Taken);
-        let sandbox = &self.inner.config.sandbox;
+        let factory = &self.inner.factory;
         let mut spec = idle.spec.clone();
         if !exact {
             let limits = shape.limits();
@@ -533,13 +532,12 @@ impl Pool {
             spec.cpu_period_us = r.cpu_period_us;
             // /tmp and /dev/shm were sized for the old memory: the update may only keep
             // them within the new one.
-            if posture::check(&spec, sandbox).is_err() {
+            if factory.check_ready(&spec).is_err() {
                 self.inner.counters.misses.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
-            if let Err(e) = self
-                .inner
-                .engine
+            if let Err(e) = factory
+                .engine()
                 .update_container(idle.guard.name(), r)
                 .await
             {
@@ -562,7 +560,7 @@ impl Pool {
             self.inner.counters.hits.fetch_add(1, Ordering::Relaxed);
         }
         // The spec may only have been tightened while it waited; check it once more.
-        if posture::check(&spec, sandbox).is_err() {
+        if factory.check_ready(&spec).is_err() {
             return None;
         }
         Some(Taken {
@@ -589,7 +587,7 @@ impl Pool {
     /// the next fill), and those beyond what demand has asked for over the last window
     /// (oldest first); forget demand older than the window.
     pub fn expire(&self) {
-        let max = Duration::from_secs(self.inner.config.pool.idle_seconds);
+        let max = Duration::from_secs(self.inner.factory.config().pool.idle_seconds);
         let now = Instant::now();
         let mut st = self.state();
         for d in st.demand.values_mut() {
