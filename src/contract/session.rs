@@ -89,8 +89,14 @@ impl ValidSession {
         let files = check_files(req.files, source, ss.max_upload_bytes, config)?;
         let packages = super::run::check_packages(req.packages, language, config)?;
         let ceilings = session_ceilings(config);
+        // Over the sessions' ceiling: said with why a session's memory is bounded so.
+        let over = req
+            .limits
+            .as_ref()
+            .and_then(|l| l.memory_mb)
+            .is_some_and(|mb| mb > ceilings.memory_mb as f64);
         let limits = check_limits(req.limits, config.limits.defaults(), ceilings).map_err(|e| {
-            if e.field == "limits.memory_mb" && e.message.contains("the maximum is") {
+            if e.field == "limits.memory_mb" && over {
                 RequestError {
                     message: format!(
                         "{}: a session holds its memory for its whole life, and sessions may hold {} MB in all (sessions.memory_budget_mb)",

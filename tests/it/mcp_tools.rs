@@ -777,7 +777,17 @@ async fn a_session_over_the_sessions_memory_share_is_an_invalid_argument_naming_
         msg.contains("invalid argument limits.memory_mb") && msg.contains("4096 MB"),
         "{msg}"
     );
+    assert!(msg.contains("holds its memory for its whole life"), "{msg}");
     assert!(!msg.contains("retry"), "it is not worth retrying: {msg}");
+    // Under the ceiling but not a whole number: refused without the ceiling's story.
+    let msg = tool_error(
+        &client,
+        "create_session",
+        json!({"language": "python", "limits": {"memory_mb": 100.5}}),
+    )
+    .await;
+    assert!(msg.contains("invalid argument limits.memory_mb"), "{msg}");
+    assert!(!msg.contains("whole life"), "{msg}");
     let tools = client.list_all_tools().await.unwrap();
     let d = tools
         .iter()
