@@ -47,6 +47,8 @@ pub use results::{report_result, session_file_result};
 
 /// How often `run_code` reports progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// How long one wait of `run_code` for its run lasts when it reports no progress.
+const RUN_WAIT: Duration = Duration::from_secs(60);
 /// The newest output a progress message carries: at most this many lines...
 const PROGRESS_LINES: usize = 10;
 /// ...and this many bytes.
@@ -226,6 +228,12 @@ impl CodeboxServer {
         };
         let run_id = accepted.run_id;
         let mut notified = 0.0_f64;
+        // Without a progress token nothing is told on the way: one wait until the end.
+        let nap = if progress.is_some() {
+            PROGRESS_INTERVAL
+        } else {
+            RUN_WAIT
+        };
         loop {
             if let (Some(sink), Some(p)) = (&progress, self.manager.progress(&run_id)) {
                 if !p.status.is_terminal() {
@@ -263,7 +271,7 @@ impl CodeboxServer {
                     tracing::info!(run_id, "run_code was cancelled by the client; stopping the run");
                     return self.manager.stop(&run_id).await.map(report_result).map_err(|e| e.to_string());
                 }
-                report = self.manager.wait(&run_id, PROGRESS_INTERVAL) => match report {
+                report = self.manager.wait(&run_id, nap) => match report {
                     Ok(r) if r.status.is_terminal() => return Ok(report_result(r)),
                     Ok(_) => {}
                     Err(e) => return Err(e.to_string()),
