@@ -5,7 +5,24 @@
 
 use std::time::Duration;
 
-use crate::report::Status;
+use crate::history::{now_ms, History};
+use crate::report::{RunLimits, RunReport, Status};
+
+/// The limits of a run whose request is not at hand.
+pub(super) const NO_LIMITS: RunLimits = RunLimits {
+    memory_mb: 0,
+    timeout_seconds: 0.0,
+    cpus: 0.0,
+};
+
+/// Where reports not in memory are looked for, and how long they are kept.
+pub(super) struct Where<'a> {
+    pub history: Option<&'a History>,
+    /// This server's instance id.
+    pub instance: &'a str,
+    pub retention: Duration,
+    pub retained_reports_mb: u64,
+}
 
 /// How often `get_result` with `wait_seconds` looks again at a run another server holds.
 pub(super) const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
@@ -42,4 +59,109 @@ pub enum LookupError {
         retained_reports_mb: u64,
         detail: String,
     },
+}
+
+/// The final report of a run that is not in memory: evicted (within the retention;
+/// `evicted_live` says whether it was, `None` when it was never held here), or finished
+/// by an earlier server on the same history database. Either comes from the history while
+/// its retention lasts; anything else is unknown.
+pub(super) async fn stored(
+    at: Where<'_>,
+    run_id: &str,
+    evicted_live: Option<bool>,
+) -> Result<RunReport, LookupError> {
+    let retention = at.retention;
+    let unknown = || LookupError::Unknown {
+        run_id: run_id.to_string(),
+        retention_seconds: retention.as_secs(),
+    };
+    let evicted = |detail: String| LookupError::Evicted {
+        run_id: run_id.to_string(),
+        retained_reports_mb: at.retained_reports_mb,
+        detail,
+    };
+    let history = at.history;
+    match (evicted_live, history) {
+        (Some(false), _) | (None, None) => Err(unknown()),
+        (None, Some(h)) => {
+            let since = now_ms().saturating_sub(retention.as_millis() as i64);
+            match h.report(run_id, Some(since)).await {
+                Ok(Some(r)) => Ok(r),
+                Ok(None) => held_elsewhere(h, run_id, at.instance)
+                    .await
+                    .unwrap_or_else(|| Err(unknown())),
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
+                    Err(unknown())
+                }
+            }
+        }
+        (Some(true), None) => Err(evicted("this server keeps no history".into())),
+        (Some(true), Some(h)) => match h.report(run_id, None).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => Err(evicted(
+                "the history database holds no copy of it (its write failed; see the log)".into(),
+            )),
+            Err(e) => Err(evicted(e.to_string())),
+        },
+    }
+}
+
+/// [`LookupError::Elsewhere`] if the history says another instance holds the run
+/// unfinished; its report as it stands (`queued`) while it waits in the shared queue,
+/// claimed by no server.
+async fn held_elsewhere(
+    history: &History,
+    run_id: &str,
+    instance: &str,
+) -> Option<Result<RunReport, LookupError>> {
+    let w = match history.whereabouts(run_id).await {
+        Ok(w) => w?,
+        Err(e) => {
+            tracing::warn!(run_id, error = %e, "cannot look up a run in the history");
+            return None;
+        }
+    };
+    // Waiting in the shared queue; or claimed by this server a moment ago (the claim
+    // is committed, the run not queued here yet): its report as it stands.
+    let mine = w.instance == instance;
+    if (w.unclaimed && w.status == Status::Queued) || (mine && !w.status.is_terminal()) {
+        let row = history.get(run_id).await.ok().flatten();
+        let mut r = RunReport::new(
+            run_id,
+            row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
+            if mine { w.status } else { Status::Queued },
+            row.as_ref().map(|r| r.limits).unwrap_or(NO_LIMITS),
+            if mine {
+                "claimed by this server from the shared queue; starting"
+            } else {
+                "waiting in the shared queue: no codebox server has room for it yet"
+            },
+        );
+        if let Some(created) =
+            row.and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.created_at).ok())
+        {
+            r.queued_ms = (now_ms() - created.timestamp_millis()).max(0) as u64;
+        }
+        return Some(Ok(r));
+    }
+    if w.status.is_terminal() {
+        // It ended between the two looks (on another server): its report is stored now.
+        return history.report(run_id, None).await.ok().flatten().map(Ok);
+    }
+    let mut owner = format!("instance {}", w.instance);
+    if let Some(host) = &w.host {
+        owner.push_str(&format!(" on host {host}"));
+    }
+    if let Some(ms) = w.last_seen_ms_ago {
+        owner.push_str(&format!(
+            ", last heard from {:.0} s ago",
+            ms as f64 / 1000.0
+        ));
+    }
+    Some(Err(LookupError::Elsewhere {
+        run_id: run_id.to_string(),
+        status: w.status,
+        owner,
+    }))
 }

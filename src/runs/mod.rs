@@ -34,7 +34,6 @@ mod stats;
 mod submit;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -55,7 +54,7 @@ use crate::report::{RunReport, Status};
 use admission::{Admission, Next, Policy, Refusal, Ticket};
 pub use budget::{check_budget, execution_charge, memory_charge, run_charge, Ahead, BudgetError};
 pub use lookup::LookupError;
-use lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
+use lookup::{ELSEWHERE_POLL, NO_LIMITS, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use metrics::Metrics;
 use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
@@ -68,12 +67,6 @@ const STOP_WAIT: Duration = Duration::from_secs(120);
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the pool is checked for containers to replace or add.
 const POOL_INTERVAL: Duration = Duration::from_millis(500);
-/// The limits of a run whose request is not at hand.
-const NO_LIMITS: crate::report::RunLimits = crate::report::RunLimits {
-    memory_mb: 0,
-    timeout_seconds: 0.0,
-    cpus: 0.0,
-};
 /// The message of a run stopped before it left the queue.
 const QUEUED_STOP: &str = "stopped while waiting in the queue; it never started";
 /// How often an idle server looks at the shared queue when no notification came.
@@ -1422,107 +1415,17 @@ impl RunManager {
 
     // ---- reports not in memory
 
-    /// The final report of a run that is not in memory: evicted (within the retention), or
-    /// finished by an earlier server on the same history database. Either comes from the
-    /// history while its retention lasts; anything else is unknown.
+    /// The final report of a run that is not in memory ([`lookup::stored`]).
     async fn stored_report(&self, run_id: &str) -> Result<RunReport, LookupError> {
         let retention = self.retention();
         let evicted_live = self.lock().retention.evicted_within(run_id, retention);
-        let unknown = || LookupError::Unknown {
-            run_id: run_id.to_string(),
-            retention_seconds: retention.as_secs(),
-        };
-        let evicted = |detail: String| LookupError::Evicted {
-            run_id: run_id.to_string(),
+        let at = lookup::Where {
+            history: self.inner.history.as_ref(),
+            instance: self.inner.executor.instance(),
+            retention,
             retained_reports_mb: self.inner.config.runs.retained_reports_mb,
-            detail,
         };
-        let history = self.inner.history.as_ref();
-        match (evicted_live, history) {
-            (Some(false), _) | (None, None) => Err(unknown()),
-            (None, Some(h)) => {
-                let since = now_ms().saturating_sub(retention.as_millis() as i64);
-                match h.report(run_id, Some(since)).await {
-                    Ok(Some(r)) => Ok(r),
-                    Ok(None) => self
-                        .held_elsewhere(h, run_id)
-                        .await
-                        .unwrap_or_else(|| Err(unknown())),
-                    Err(e) => {
-                        tracing::warn!(run_id, error = %e, "cannot look up a report in the history");
-                        Err(unknown())
-                    }
-                }
-            }
-            (Some(true), None) => Err(evicted("this server keeps no history".into())),
-            (Some(true), Some(h)) => match h.report(run_id, None).await {
-                Ok(Some(r)) => Ok(r),
-                Ok(None) => Err(evicted(
-                    "the history database holds no copy of it (its write failed; see the log)"
-                        .into(),
-                )),
-                Err(e) => Err(evicted(e.to_string())),
-            },
-        }
-    }
-
-    /// [`LookupError::Elsewhere`] if the history says another instance holds the run
-    /// unfinished; its report as it stands (`queued`) while it waits in the shared queue,
-    /// claimed by no server.
-    async fn held_elsewhere(
-        &self,
-        history: &History,
-        run_id: &str,
-    ) -> Option<Result<RunReport, LookupError>> {
-        let w = match history.whereabouts(run_id).await {
-            Ok(w) => w?,
-            Err(e) => {
-                tracing::warn!(run_id, error = %e, "cannot look up a run in the history");
-                return None;
-            }
-        };
-        // Waiting in the shared queue; or claimed by this server a moment ago (the claim
-        // is committed, the run not queued here yet): its report as it stands.
-        let mine = w.instance == self.inner.executor.instance();
-        if (w.unclaimed && w.status == Status::Queued) || (mine && !w.status.is_terminal()) {
-            let row = history.get(run_id).await.ok().flatten();
-            let mut r = RunReport::new(
-                run_id,
-                row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
-                if mine { w.status } else { Status::Queued },
-                row.as_ref().map(|r| r.limits).unwrap_or(NO_LIMITS),
-                if mine {
-                    "claimed by this server from the shared queue; starting"
-                } else {
-                    "waiting in the shared queue: no codebox server has room for it yet"
-                },
-            );
-            if let Some(created) =
-                row.and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.created_at).ok())
-            {
-                r.queued_ms = (now_ms() - created.timestamp_millis()).max(0) as u64;
-            }
-            return Some(Ok(r));
-        }
-        if w.status.is_terminal() {
-            // It ended between the two looks (on another server): its report is stored now.
-            return history.report(run_id, None).await.ok().flatten().map(Ok);
-        }
-        let mut owner = format!("instance {}", w.instance);
-        if let Some(host) = &w.host {
-            owner.push_str(&format!(" on host {host}"));
-        }
-        if let Some(ms) = w.last_seen_ms_ago {
-            owner.push_str(&format!(
-                ", last heard from {:.0} s ago",
-                ms as f64 / 1000.0
-            ));
-        }
-        Some(Err(LookupError::Elsewhere {
-            run_id: run_id.to_string(),
-            status: w.status,
-            owner,
-        }))
+        lookup::stored(at, run_id, evicted_live).await
     }
 
     // ---- whose is it (several servers as one: the cluster module asks)
@@ -1538,38 +1441,8 @@ impl RunManager {
     // ---- counts
 
     pub fn stats(&self) -> Stats {
-        let executor = self.executor();
-        let pool = executor.pool();
-        let c = pool.counters();
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let pool = PoolSnapshot {
-            stats: pool.stats(),
-            hits: load(&c.hits),
-            updated_hits: load(&c.updated_hits),
-            misses: load(&c.misses),
-            created: load(&c.created),
-            failed: load(&c.failed),
-            expired: load(&c.expired),
-            trimmed: load(&c.trimmed),
-        };
-        let (compile_cache_hits, compile_cache_misses) = executor.cache_counts();
-        let packages = {
-            let p = executor.packages();
-            let c = p.counters();
-            let (cached_bytes, cached_prefixes) = p.cached();
-            crate::runs::stats::PackagesSnapshot {
-                hits: load(&c.hits),
-                misses: load(&c.misses),
-                failures: load(&c.failures),
-                installed_bytes: load(&c.installed_bytes),
-                downloaded_bytes: load(&c.downloaded_bytes),
-                cached_bytes,
-                cached_prefixes,
-            }
-        };
         let st = self.lock();
         Stats {
-            pool,
             queued: st.admission.queued(),
             active: st.admission.active(),
             active_memory_mb: st.admission.active_memory_mb(),
@@ -1577,10 +1450,7 @@ impl RunManager {
             retained: st.retention.len(),
             retained_report_bytes: st.retention.bytes(),
             evicted: st.retention.evicted(),
-            compile_cache_hits,
-            compile_cache_misses,
-            packages,
-            sessions: SessionCounts::default(),
+            ..stats::of_executor(&self.inner.executor)
         }
     }
 }

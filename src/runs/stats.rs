@@ -1,5 +1,9 @@
 //! Counts for tests, `/metrics` and the logs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::executor::Executor;
+
 /// What the run manager, the pool and the compile cache hold and have done.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
@@ -60,4 +64,42 @@ pub struct PoolSnapshot {
     pub expired: u64,
     /// Removed because demand fell below what the pool held.
     pub trimmed: u64,
+}
+
+/// What the executor's pool, compile cache and packages hold and have done; the run
+/// manager's own counts left at zero.
+pub(super) fn of_executor(executor: &Executor) -> Stats {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let pool = executor.pool();
+    let c = pool.counters();
+    let pool = PoolSnapshot {
+        stats: pool.stats(),
+        hits: load(&c.hits),
+        updated_hits: load(&c.updated_hits),
+        misses: load(&c.misses),
+        created: load(&c.created),
+        failed: load(&c.failed),
+        expired: load(&c.expired),
+        trimmed: load(&c.trimmed),
+    };
+    let (compile_cache_hits, compile_cache_misses) = executor.cache_counts();
+    let p = executor.packages();
+    let c = p.counters();
+    let (cached_bytes, cached_prefixes) = p.cached();
+    let packages = PackagesSnapshot {
+        hits: load(&c.hits),
+        misses: load(&c.misses),
+        failures: load(&c.failures),
+        installed_bytes: load(&c.installed_bytes),
+        downloaded_bytes: load(&c.downloaded_bytes),
+        cached_bytes,
+        cached_prefixes,
+    };
+    Stats {
+        pool,
+        compile_cache_hits,
+        compile_cache_misses,
+        packages,
+        ..Stats::default()
+    }
 }
