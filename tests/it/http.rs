@@ -29,6 +29,15 @@ pub const BODY_CAP: usize = 64 * 1024;
 pub struct Server {
     pub addr: SocketAddr,
     stop: CancellationToken,
+    served: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Begin the shutdown and wait up to `limit` for the server to end; whether it did.
+    pub async fn stop_within(&mut self, limit: std::time::Duration) -> bool {
+        self.stop.cancel();
+        tokio::time::timeout(limit, &mut self.served).await.is_ok()
+    }
 }
 
 impl Drop for Server {
@@ -71,10 +80,10 @@ pub async fn start_sessions(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ct = stop.clone();
-    tokio::spawn(serve_connections(listener, app, async move {
+    let served = tokio::spawn(serve_connections(listener, app, async move {
         ct.cancelled().await
     }));
-    Server { addr, stop }
+    Server { addr, stop, served }
 }
 
 fn initialize() -> serde_json::Value {
@@ -478,19 +487,8 @@ async fn an_open_connection_does_not_hold_the_shutdown() {
             ..Default::default()
         })
         .unwrap();
-    let stop = CancellationToken::new();
-    let app = router(
-        CodeboxServer::new(codebox::sessions::Sessions::new(m)),
-        Some(Token::new(TOKEN)),
-        &HttpSettings::default(),
-        stop.child_token(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let ct = stop.clone();
-    let served = tokio::spawn(serve_connections(listener, app, async move {
-        ct.cancelled().await
-    }));
+    let mut server = start_with(m, Some(TOKEN), |p| *p = HttpSettings::default()).await;
+    let addr = server.addr;
     let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
     let head = format!(
         "GET /v1/runs/{}/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
@@ -509,10 +507,9 @@ async fn an_open_connection_does_not_hold_the_shutdown() {
         "{}",
         String::from_utf8_lossy(&seen)
     );
-    stop.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(60), served)
-        .await
-        .expect("the server still serves 60 s after shutdown began")
-        .unwrap();
+    assert!(
+        server.stop_within(std::time::Duration::from_secs(60)).await,
+        "the server still serves 60 s after shutdown began"
+    );
     drop(c);
 }
