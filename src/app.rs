@@ -78,6 +78,7 @@ impl App {
             config.clone(),
             Some(history.clone()),
         );
+        crate::cluster::fence::watch(&runs);
         let sessions = Sessions::new(runs.clone());
         Ok(App {
             sessions,

@@ -74,7 +74,7 @@ pub async fn serve(app: &App, args: ServeArgs) -> anyhow::Result<i32> {
         if let Some(queue) =
             crate::history::SharedQueue::connect(&app.config.history_store(), &app.instance.id)
         {
-            app.runs.share_queue(queue, cluster.clone());
+            crate::cluster::dispatch::ClusterDispatch::join(&app.runs, queue, cluster.clone());
         }
     }
     app.runs.start_pool();

@@ -11,6 +11,8 @@
 //! token. A request that carries it is another server's: it is never forwarded again (so two
 //! servers that each think the other holds a run cannot bounce a call between them).
 
+pub mod dispatch;
+pub mod fence;
 mod forward;
 
 use std::path::{Path, PathBuf};
@@ -452,46 +454,43 @@ impl Cluster {
             }
         }
     }
-}
 
-impl crate::runs::Peers for Cluster {
-    fn wait<'a>(
-        &'a self,
-        manager: &'a RunManager,
-        run_id: &'a str,
+    /// Wait at most `timeout` at the server that holds `run_id` for its report (as it then
+    /// stands); `None` when no other living server holds it or it does not answer.
+    pub async fn wait_at_owner(
+        &self,
+        manager: &RunManager,
+        run_id: &str,
         timeout: Duration,
-    ) -> futures_util::future::BoxFuture<'a, Option<crate::report::RunReport>> {
-        Box::pin(async move {
-            let secs = timeout
-                .as_secs_f64()
-                .min(crate::contract::params::MAX_WAIT_SECONDS);
-            let query = format!("?wait_seconds={secs:.3}");
-            self.report_from_owner(
-                manager,
-                run_id,
-                axum::http::Method::GET,
-                &query,
-                timeout + WAIT_SLACK,
-            )
-            .await
-        })
+    ) -> Option<crate::report::RunReport> {
+        let secs = timeout
+            .as_secs_f64()
+            .min(crate::contract::params::MAX_WAIT_SECONDS);
+        let query = format!("?wait_seconds={secs:.3}");
+        self.report_from_owner(
+            manager,
+            run_id,
+            axum::http::Method::GET,
+            &query,
+            timeout + WAIT_SLACK,
+        )
+        .await
     }
 
-    fn stop<'a>(
-        &'a self,
-        manager: &'a RunManager,
-        run_id: &'a str,
-    ) -> futures_util::future::BoxFuture<'a, Option<crate::report::RunReport>> {
-        Box::pin(async move {
-            self.report_from_owner(
-                manager,
-                run_id,
-                axum::http::Method::DELETE,
-                "",
-                STOP_TIMEOUT,
-            )
-            .await
-        })
+    /// Stop `run_id` at the server that holds it; `None` as for [`Cluster::wait_at_owner`].
+    pub async fn stop_at_owner(
+        &self,
+        manager: &RunManager,
+        run_id: &str,
+    ) -> Option<crate::report::RunReport> {
+        self.report_from_owner(
+            manager,
+            run_id,
+            axum::http::Method::DELETE,
+            "",
+            STOP_TIMEOUT,
+        )
+        .await
     }
 }
 

@@ -2,7 +2,7 @@
 //! ever be admitted.
 
 use crate::config::Config;
-use crate::contract::ValidRequest;
+use crate::contract::{RequestError, ValidRequest};
 use crate::registry::{Language, Registry};
 use crate::report::RunLimits;
 
@@ -52,6 +52,34 @@ pub fn execution_charge(valid: &ValidRequest, config: &Config) -> u64 {
         0
     };
     with_install(compile, valid, config)
+}
+
+/// Whether a run charged `charge_mb` (and its install step) can ever be admitted here.
+pub(super) fn fits(
+    valid: &ValidRequest,
+    config: &Config,
+    charge_mb: u64,
+) -> Result<(), RequestError> {
+    let budget_mb = config.runs.memory_budget_mb;
+    let install_mb = config.packages.install_memory_mb;
+    if !valid.packages.is_empty() && install_mb > budget_mb {
+        return Err(RequestError {
+            field: "packages".into(),
+            message: format!(
+                "installing packages takes {install_mb} MB (packages.install_memory_mb), more than the {budget_mb} MB this server runs at once (runs.memory_budget_mb)"
+            ),
+        });
+    }
+    if charge_mb > budget_mb {
+        return Err(RequestError {
+            field: "limits.memory_mb".into(),
+            message: format!(
+                "requested {} MB of memory; this server runs at most {budget_mb} MB of runs at once, so the maximum here is {budget_mb} MB",
+                valid.limits.memory_mb
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn with_install(charge: u64, valid: &ValidRequest, config: &Config) -> u64 {

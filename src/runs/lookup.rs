@@ -9,7 +9,7 @@ use crate::history::{now_ms, History};
 use crate::report::{RunLimits, RunReport, Status};
 
 /// The limits of a run whose request is not at hand.
-pub(super) const NO_LIMITS: RunLimits = RunLimits {
+pub const NO_LIMITS: RunLimits = RunLimits {
     memory_mb: 0,
     timeout_seconds: 0.0,
     cpus: 0.0,
@@ -25,13 +25,13 @@ pub(super) struct Where<'a> {
 }
 
 /// How often `get_result` with `wait_seconds` looks again at a run another server holds.
-pub(super) const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
+pub const ELSEWHERE_POLL: Duration = Duration::from_millis(500);
 /// How long `get_result` with `wait_seconds` looks again for a run id the history does not
 /// know yet: another server sharing it may have accepted the run a moment ago (its history
 /// writes trail its answers).
-pub(super) const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
+pub const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
 /// How often it looks during that grace.
-pub(super) const UNKNOWN_POLL: Duration = Duration::from_millis(100);
+pub const UNKNOWN_POLL: Duration = Duration::from_millis(100);
 
 /// Why a run's report cannot be given.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

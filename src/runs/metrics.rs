@@ -52,7 +52,8 @@ impl Drop for LiveReader {
 }
 
 impl Metrics {
-    pub(super) fn record(&self, report: &RunReport) {
+    /// Count a finished run (one withdrawn where it was placed, too).
+    pub fn record(&self, report: &RunReport) {
         let key = (report.status.as_str().to_string(), report.language.clone());
         *self
             .finished

@@ -15,51 +15,54 @@
 //! Each run executes in its own tokio task, watched by a second task: if the first panics,
 //! the run still ends, as `sandbox_error` (the executor's guards remove its containers).
 //!
-//! Several servers may share one history database (PostgreSQL): a run not in memory is
-//! looked up there ([`lookup`]).
+//! Where a new run is queued and who answers for a run not held here is the [`Dispatch`]'s
+//! to say: by default this server's queue, and the history database (several servers may
+//! share one: [`lookup`]); another part may plug in its own.
 //!
 //! Admission alone owns the budget: runs, the pool's ready containers, and what others hold
 //! through [`RunManager::hold`] (sessions, and what is opened ahead of time, which gives way
 //! through [`Ahead`]). A run carried out by whoever submits it (an execution in a session's
 //! container) is a [`Job`]: queued, charged and reported like any run. Here: [`RunManager`]
-//! whole; beside it its vocabulary ([`submit`], [`lookup`], [`stats`], [`budget`]) and its
-//! parts with state of their own ([`admission`], [`retention`], [`metrics`]).
+//! whole; beside it its vocabulary ([`submit`], [`dispatch`], [`lookup`], [`stats`],
+//! [`budget`]), its run table ([`table`]), and its parts with state of
+//! their own ([`admission`], [`retention`], [`metrics`]).
 
 pub mod admission;
 mod budget;
+mod dispatch;
 mod lookup;
 pub mod metrics;
 pub mod retention;
 mod stats;
 mod submit;
+mod table;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
 use crate::contract::{RequestError, RunRequest, ValidRequest};
-use crate::executor::pool::{floors_for, shapes_of, Change, Shape};
-use crate::executor::{new_run_id, parallelism, Call, Executor};
-use crate::history::{now_ms, Claimed, History, NewRun, Room, SharedQueue, Submitted};
+use crate::executor::pool::{floors_for, Change};
+use crate::executor::{new_run_id, parallelism, Executor};
+use crate::history::{now_ms, History, NewRun};
 use crate::live::Feed;
 use crate::registry::Registry;
 use crate::report::{RunReport, Status};
-use admission::{Admission, Next, Policy, Refusal, Ticket};
+use admission::{Next, Policy, Refusal, Ticket};
 pub use budget::{check_budget, execution_charge, memory_charge, run_charge, Ahead, BudgetError};
-pub use lookup::LookupError;
-use lookup::{ELSEWHERE_POLL, NO_LIMITS, UNKNOWN_GRACE, UNKNOWN_POLL};
+pub use dispatch::{Confirmed, Dispatch, Local, Submission, Taken};
+pub use lookup::{LookupError, ELSEWHERE_POLL, NO_LIMITS, UNKNOWN_GRACE, UNKNOWN_POLL};
 pub use metrics::Metrics;
-use retention::Retention;
 pub use retention::{report_bytes, REPORT_OVERHEAD_BYTES};
 pub use stats::{PoolSnapshot, SessionCounts, Stats};
 pub use submit::{Accepted, Job, Start, SubmitError, Work};
+use table::{Live, Origin, Queued, RunState, State};
+pub use table::{Progress, Room};
 
 /// How long `stop` waits for a running run's containers to be killed and removed.
 const STOP_WAIT: Duration = Duration::from_secs(120);
@@ -68,97 +71,7 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the pool is checked for containers to replace or add.
 const POOL_INTERVAL: Duration = Duration::from_millis(500);
 /// The message of a run stopped before it left the queue.
-const QUEUED_STOP: &str = "stopped while waiting in the queue; it never started";
-/// How often an idle server looks at the shared queue when no notification came.
-const QUEUE_POLL: Duration = Duration::from_secs(2);
-/// How long a claimer that could not reach the shared queue waits before it tries again.
-const QUEUE_RETRY: Duration = Duration::from_secs(1);
-
-/// Where a run being queued comes from.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Origin {
-    /// Submitted here, for this server's own queue.
-    New,
-    /// Submitted here for the shared queue, which could not take it: it runs here.
-    Taken,
-    /// Claimed from the shared queue (its history row exists), after waiting there.
-    Claimed { waited_ms: u64 },
-}
-
-/// What a job brings to the queue beside its request.
-struct Held {
-    serial: String,
-    at: crate::report::SessionExecution,
-    work: Box<dyn Work>,
-}
-
-/// Where an unfinished run stands, for progress notifications.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Progress {
-    pub status: Status,
-    /// Time since the run was accepted.
-    pub elapsed: Duration,
-    /// 1-based place in the queue while `queued`.
-    pub queue_position: Option<usize>,
-    /// Wall-clock limit of the whole run (compile and run stages).
-    pub budget: Duration,
-}
-
-/// Where an unfinished run is.
-enum RunState {
-    Queued { request: Box<ValidRequest> },
-    Running { started: Instant },
-}
-
-/// A run not finished yet.
-struct Live {
-    /// The report before anything happened (status `queued`).
-    base: RunReport,
-    /// What admission charged it (slots, memory, its serial key).
-    ticket: Ticket,
-    /// The containers it asked the pool for, by shape (none for a job).
-    shapes: Vec<(Shape, usize)>,
-    /// A job's work, until it starts.
-    work: Option<Box<dyn Work>>,
-    budget: Duration,
-    accepted: Instant,
-    state: RunState,
-    cancel: CancellationToken,
-    done: watch::Sender<Option<Arc<RunReport>>>,
-    /// Its live events (output as it comes), ended with the report.
-    feed: Arc<Feed>,
-    /// Claimed from the shared queue: it starts only if its row is still this server's
-    /// claim ([`SharedQueue::take`]).
-    shared: bool,
-    /// The final report the others wrote for it while this server's lease was judged lapsed:
-    /// its report here too, whatever its task ends with ([`RunManager::fence`]).
-    fenced: Option<RunReport>,
-}
-
-impl State {
-    /// What this server could start now: admission's room, less what runs submitted here a
-    /// moment ago and a claim in flight reserved.
-    fn room(&self) -> (usize, u64) {
-        let (slots, mb) = self.admission.room();
-        let (rs, rm) = self
-            .pending
-            .values()
-            .fold(self.claiming, |(s, m), (a, b)| (s + a, m + b));
-        (slots.saturating_sub(rs), mb.saturating_sub(rm))
-    }
-}
-
-struct State {
-    live: HashMap<String, Live>,
-    /// Runs submitted here to the shared queue whose insert has not answered yet, and the
-    /// slots and memory each reserved here (claimed at once when there was room).
-    pending: HashMap<String, (usize, u64)>,
-    /// The slots and memory a claim from the shared queue in flight may fill: a run
-    /// submitted meanwhile does not count on them too (it waits in the shared queue instead).
-    claiming: (usize, u64),
-    admission: Admission,
-    retention: Retention,
-}
+pub const QUEUED_STOP: &str = "stopped while waiting in the queue; it never started";
 
 struct Inner {
     executor: Arc<Executor>,
@@ -173,12 +86,10 @@ struct Inner {
     /// The loops that keep the pool and the retention (ended with the manager, and at
     /// shutdown).
     tasks: Mutex<Vec<AbortOnDropHandle<()>>>,
-    /// The queue shared with the other servers of a cluster (PostgreSQL), once joined.
-    shared: OnceLock<SharedQueue>,
-    /// The other servers of the cluster.
-    peers: OnceLock<Arc<dyn Peers>>,
-    /// A run this server did not hold came here (claimed), or a submission was answered.
-    changed: tokio::sync::Notify,
+    /// Where new runs go and who answers for runs not held here, when not [`Local`].
+    dispatch: OnceLock<Arc<dyn Dispatch>>,
+    /// Room grew (a run ended or left): whoever places runs here may look.
+    freed: Notify,
 }
 
 /// The run manager. Cheap to clone; all clones share the same runs.
@@ -209,17 +120,10 @@ impl RunManager {
             history,
             metrics,
             ahead: OnceLock::new(),
-            state: Mutex::new(State {
-                live: HashMap::new(),
-                pending: HashMap::new(),
-                claiming: (0, 0),
-                admission: Admission::new(policy),
-                retention: Retention::default(),
-            }),
+            state: Mutex::new(State::new(policy)),
             tasks: Mutex::new(Vec::new()),
-            shared: OnceLock::new(),
-            peers: OnceLock::new(),
-            changed: tokio::sync::Notify::new(),
+            dispatch: OnceLock::new(),
+            freed: Notify::new(),
         });
         let manager = RunManager { inner };
         let weak = Arc::downgrade(&manager.inner);
@@ -234,38 +138,40 @@ impl RunManager {
             }
         });
         manager.sweep_history();
-        if let Some(h) = &manager.inner.history {
-            let lapses = h.lapses();
-            manager.own(tokio::spawn(fence_loop(
-                Arc::downgrade(&manager.inner),
-                lapses,
-            )));
-        }
         manager.own(tokio::spawn(purge_loop(Arc::downgrade(&manager.inner))));
         manager
     }
 
-    /// A background loop of this manager: it ends when the manager is dropped or shut down
-    /// (it holds the manager only weakly, so that it does not keep it alive).
-    fn own(&self, task: tokio::task::JoinHandle<()>) {
+    /// A background loop of this manager or of a part beside it: it ends when the manager
+    /// is dropped or shut down (it holds the manager only weakly, [`RunManager::downgrade`],
+    /// so that it does not keep it alive).
+    pub fn own(&self, task: tokio::task::JoinHandle<()>) {
         let mut tasks = self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner());
         tasks.push(AbortOnDropHandle::new(task));
     }
 
-    /// Join a cluster's shared queue (SPEC section 15): runs submitted here from now on go to
-    /// `queue`, and this server claims from it what fits its own slots and budget; `peers`
-    /// answers for the runs another server claimed. Sessions' executions stay on the
-    /// session's server. Called once, by `codebox serve` in a cluster.
-    pub fn share_queue(&self, queue: SharedQueue, peers: Arc<dyn Peers>) {
-        if self.inner.shared.set(queue.clone()).is_err() {
-            return;
-        }
-        let _ = self.inner.peers.set(peers);
-        self.own(tokio::spawn(claim_loop(Arc::downgrade(&self.inner), queue)));
+    /// This manager, held weakly.
+    pub fn downgrade(&self) -> WeakRunManager {
+        WeakRunManager(Arc::downgrade(&self.inner))
     }
 
-    fn shared(&self) -> Option<&SharedQueue> {
-        self.inner.shared.get()
+    /// Place new runs through `dispatch` from now on, and ask it about runs not held here
+    /// (sessions' executions stay here). Called once, before runs are submitted.
+    pub fn dispatch_through(&self, dispatch: Arc<dyn Dispatch>) {
+        let _ = self.inner.dispatch.set(dispatch);
+    }
+
+    fn dispatch(&self) -> &dyn Dispatch {
+        match self.inner.dispatch.get() {
+            Some(d) => d.as_ref(),
+            None => &Local,
+        }
+    }
+
+    /// Notified when room grew here (a run ended or left): whoever places runs here looks.
+    /// One waiter; a notification none waited for is kept for the next.
+    pub fn freed(&self) -> &Notify {
+        &self.inner.freed
     }
 
     /// Ask `ahead` for memory back when a queued run needs it (held weakly: it may hold
@@ -363,16 +269,14 @@ impl RunManager {
         let cancel = run.cancel.clone();
         let work = run.work.take();
         let feed = run.feed.clone();
-        if run.shared {
-            if let Some(q) = self.shared().cloned() {
-                let manager = self.clone();
-                tokio::spawn(async move {
-                    manager
-                        .start_claimed(q, run_id, *request, queued_ms, cancel, feed)
-                        .await
-                });
-                return;
-            }
+        if run.elsewhere {
+            let manager = self.clone();
+            tokio::spawn(async move {
+                manager
+                    .start_confirmed(run_id, *request, queued_ms, cancel, feed)
+                    .await
+            });
+            return;
         }
         if let Some(h) = &self.inner.history {
             h.started(&run_id);
@@ -380,63 +284,37 @@ impl RunManager {
         self.spawn(run_id, *request, queued_ms, cancel, work, feed);
     }
 
-    /// Start a run claimed from the shared queue (its slot is held): only once the database
-    /// confirms that the claim is still this server's, which takes the row out of the queue
-    /// and marks the run `running` ([`SharedQueue::take`]). A claim given back meanwhile
-    /// (this server's lease was judged lapsed) is dropped here without starting: the run is
-    /// the queue's, or another server's now, and must not run twice.
-    async fn start_claimed(
+    /// Start a run placed elsewhere (its slot is held) once the dispatch confirms it is this
+    /// server's ([`Dispatch::confirm`], which records it started). One given back meanwhile
+    /// leaves without a report: it runs elsewhere, and must not run twice.
+    async fn start_confirmed(
         &self,
-        queue: SharedQueue,
         run_id: String,
         request: ValidRequest,
         queued_ms: u64,
         cancel: CancellationToken,
         feed: Arc<Feed>,
     ) {
-        loop {
-            match queue.take(&run_id).await {
-                Ok(true) => {
-                    self.spawn(run_id, request, queued_ms, cancel, None, feed);
-                    return;
+        match self.dispatch().confirm(&run_id, cancel.clone()).await {
+            Confirmed::Start => self.spawn(run_id, request, queued_ms, cancel, None, feed),
+            Confirmed::GivenBack => {
+                let mut st = self.lock();
+                if let Some(run) = st.live.remove(&run_id) {
+                    st.admission.release(&run.ticket);
+                    self.inner.executor.pool().done(&run.shapes);
+                    run.feed.abandon();
                 }
-                Ok(false) => {
-                    tracing::warn!(
-                        run_id,
-                        "a run claimed here was given back to the shared queue before it started (this server's lease was judged lapsed): not started here; another server runs it"
-                    );
-                    let mut st = self.lock();
-                    if let Some(run) = st.live.remove(&run_id) {
-                        st.admission.release(&run.ticket);
-                        self.inner.executor.pool().done(&run.shapes);
-                        run.feed.abandon();
-                    }
-                    queue.wake();
-                    self.inner.changed.notify_waiters();
-                    self.pump(&mut st);
-                    return;
-                }
-                Err(e) if cancel.is_cancelled() => {
-                    tracing::warn!(run_id, error = %e, "a claimed run was stopped while the shared queue could not confirm its claim; it did not start here");
-                    let mut st = self.lock();
-                    let report = st.live.get(&run_id).map(|run| {
-                        let mut r = run.base.clone();
-                        r.status = Status::Stopped;
-                        r.queued_ms = queued_ms;
-                        r.message = QUEUED_STOP.to_string();
-                        r
-                    });
-                    if let Some(r) = report {
-                        self.finish(&mut st, &run_id, Ok(r));
-                    }
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(run_id, error = %e, "cannot confirm a claimed run's claim before it starts; trying again");
-                    tokio::select! {
-                        () = tokio::time::sleep(QUEUE_RETRY) => {}
-                        () = cancel.cancelled() => {}
-                    }
+                self.inner.freed.notify_one();
+                self.pump(&mut st);
+            }
+            Confirmed::Stopped => {
+                let mut st = self.lock();
+                let report = st
+                    .live
+                    .get(&run_id)
+                    .map(|run| run.stopped(queued_ms, QUEUED_STOP));
+                if let Some(r) = report {
+                    self.finish(&mut st, &run_id, Ok(r));
                 }
             }
         }
@@ -481,44 +359,17 @@ impl RunManager {
         work: Option<Box<dyn Work>>,
         feed: Arc<Feed>,
     ) {
-        let executor = self.inner.executor.clone();
-        let id = run_id.clone();
-        // A job's work begins now, as the run starts (see [`Work::run`]).
-        let run: BoxFuture<'static, RunReport> = match work {
-            Some(work) => work.run(Start {
-                run_id: id,
-                request,
-                queued_ms,
-                cancel,
-                feed,
-            }),
-            None => Box::pin(async move {
-                let call = Call {
-                    run_id: &id,
-                    req: &request,
-                    queued_ms,
-                    cancel,
-                    feed: Some(&feed),
-                };
-                executor.execute_live(call).await
-            }),
+        let start = Start {
+            run_id: run_id.clone(),
+            request,
+            queued_ms,
+            cancel,
+            feed,
         };
-        let task = tokio::spawn(run);
+        let task = tokio::spawn(submit::carry_out(self.inner.executor.clone(), work, start));
         let manager = self.clone();
         tokio::spawn(async move {
-            let outcome = task.await.map_err(|e| {
-                if e.is_panic() {
-                    let payload = e.into_panic();
-                    let why = payload
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| payload.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    format!("codebox failed while carrying out the run (a task panicked: {why}); its containers are being removed")
-                } else {
-                    "codebox was shutting down and abandoned the run; its containers are being removed".to_string()
-                }
-            });
+            let outcome = task.await.map_err(submit::why_it_failed);
             let mut st = manager.lock();
             manager.finish(&mut st, &run_id, outcome);
         });
@@ -530,45 +381,18 @@ impl RunManager {
         let Some(run) = st.live.remove(run_id) else {
             return;
         };
-        let fenced = run.fenced.is_some();
-        let report = match outcome {
-            Ok(report) => report,
-            Err(message) => {
-                tracing::error!(run_id, %message, "a run's task failed");
-                let mut r = run.base.clone();
-                r.status = Status::SandboxError;
-                r.message = message;
-                if let RunState::Running { started } = run.state {
-                    r.duration_ms = started.elapsed().as_millis() as u64;
-                }
-                r
-            }
-        };
-        let report = match run.fenced.clone() {
-            Some(theirs) => {
-                tracing::warn!(
-                    run_id,
-                    here = report.status.as_str(),
-                    kept = theirs.status.as_str(),
-                    "a run this server held ended after the others had reported it (this server's lease was judged lapsed): their report stands"
-                );
-                theirs
-            }
-            None => report,
-        };
+        let overruled = run.overruled.is_some();
+        let report = run.final_report(outcome);
         if matches!(run.state, RunState::Running { .. }) {
             st.admission.release(&run.ticket);
         }
-        if let Some(q) = self.shared() {
-            if run.shared && matches!(run.state, RunState::Queued { .. }) {
-                q.settle(run_id);
-            }
-            // Room here grew: claim.
-            q.wake();
+        if run.elsewhere && matches!(run.state, RunState::Queued { .. }) {
+            self.dispatch().unstarted(run_id);
         }
+        self.inner.freed.notify_one();
         self.inner.executor.pool().done(&run.shapes);
         let report = Arc::new(report);
-        if let Some(h) = self.inner.history.as_ref().filter(|_| !fenced) {
+        if let Some(h) = self.inner.history.as_ref().filter(|_| !overruled) {
             h.finish(report.clone());
         }
         self.inner.metrics.record(&report);
@@ -587,29 +411,13 @@ impl RunManager {
         self.pump(st);
     }
 
-    /// Stop these runs (a job's holder ended): queued ones end `stopped`, naming why in
-    /// `message`; running ones are stopped.
-    fn stop_runs_locked(&self, st: &mut State, run_ids: &[String], message: &str) {
-        let message = format!("stopped before it started: {message}");
-        for run_id in run_ids {
-            if self.stop_queued(st, run_id, &message).is_none() {
-                if let Some(run) = st.live.get(run_id) {
-                    run.cancel.cancel();
-                }
-            }
-        }
-    }
-
     /// End a queued run `stopped` with `message`, at once; `None` if it is not queued.
     fn stop_queued(&self, st: &mut State, run_id: &str, message: &str) -> Option<RunReport> {
         let run = st.live.get(run_id)?;
         if !st.admission.withdraw(run_id) {
             return None;
         }
-        let mut r = run.base.clone();
-        r.status = Status::Stopped;
-        r.queued_ms = run.accepted.elapsed().as_millis() as u64;
-        r.message = message.to_string();
+        let r = run.stopped(run.accepted.elapsed().as_millis() as u64, message);
         self.finish(st, run_id, Ok(r.clone()));
         Some(r)
     }
@@ -618,29 +426,7 @@ impl RunManager {
     /// so far). `None` for an unknown, expired or evicted run id ([`RunManager::wait`] also
     /// asks the history database).
     pub fn report(&self, run_id: &str) -> Option<RunReport> {
-        let st = self.lock();
-        if let Some(r) = st.retention.get(run_id) {
-            return Some((**r).clone());
-        }
-        let run = st.live.get(run_id)?;
-        let mut r = run.base.clone();
-        match &run.state {
-            RunState::Queued { .. } => {
-                r.queued_ms = run.accepted.elapsed().as_millis() as u64;
-                r.message = format!(
-                    "waiting for a free slot: number {} of {} in the queue",
-                    st.admission.position(run_id).unwrap_or(0),
-                    st.admission.queued()
-                );
-            }
-            RunState::Running { started } => {
-                r.status = Status::Running;
-                r.queued_ms = started.duration_since(run.accepted).as_millis() as u64;
-                r.duration_ms = started.elapsed().as_millis() as u64;
-                r.message = format!("running for {:.1} s", started.elapsed().as_secs_f64());
-            }
-        }
-        Some(r)
+        self.lock().report(run_id)
     }
 
     /// The live events of an unfinished run; `None` once it has ended (its report then
@@ -651,26 +437,7 @@ impl RunManager {
 
     /// Where an unfinished run stands; `None` when unknown or finished and forgotten.
     pub fn progress(&self, run_id: &str) -> Option<Progress> {
-        let st = self.lock();
-        let Some(run) = st.live.get(run_id) else {
-            let report = st.retention.get(run_id)?;
-            return Some(Progress {
-                status: report.status,
-                elapsed: Duration::from_millis(report.queued_ms + report.duration_ms),
-                queue_position: None,
-                budget: Duration::ZERO,
-            });
-        };
-        let (status, queue_position) = match &run.state {
-            RunState::Queued { .. } => (Status::Queued, st.admission.position(run_id)),
-            RunState::Running { .. } => (Status::Running, None),
-        };
-        Some(Progress {
-            status,
-            elapsed: run.accepted.elapsed(),
-            queue_position,
-            budget: run.budget,
-        })
+        self.lock().progress(run_id)
     }
 
     /// Wait for the run's end, however long it takes (its own limits bound it).
@@ -684,185 +451,81 @@ impl RunManager {
     }
 
     /// Wait up to `timeout` for the run to end, then return its report as it stands. A run
-    /// not in memory is looked up in the history database (see [`LookupError`]): one another
-    /// server holds is waited on there ([`Peers`]), or looked at again until it ends; one in
-    /// the shared queue is waited on until a server (perhaps this one) claims it. An id the
-    /// history does not know is looked for again during [`UNKNOWN_GRACE`] (within `timeout`).
+    /// this server does not hold is the dispatch's to answer for ([`Dispatch::wait`]: by
+    /// default, the history database's, see [`LookupError`]).
     pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunReport, LookupError> {
-        let start = Instant::now();
-        let deadline = start + timeout;
-        let grace = start + timeout.min(UNKNOWN_GRACE);
-        // What the server holding it said last (returned if the wait ends before the run).
-        let mut elsewhere: Option<RunReport> = None;
-        let mut unknown_nap = UNKNOWN_POLL;
+        let deadline = Instant::now() + timeout;
         loop {
-            let (rx, pending) = {
+            let rx = {
                 let st = self.lock();
                 if let Some(r) = st.retention.get(run_id) {
                     return Ok((**r).clone());
                 }
-                let rx = st.live.get(run_id).map(|r| r.done.subscribe());
-                (rx, st.pending.contains_key(run_id))
+                st.live.get(run_id).map(|r| r.done.subscribe())
             };
-            if let Some(mut rx) = rx {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if !left.is_zero() {
-                    let gone = matches!(
-                        tokio::time::timeout(left, rx.wait_for(|r| r.is_some())).await,
-                        Ok(Err(_))
-                    );
-                    if gone && rx.borrow().is_none() {
-                        // It left without a report: given back to the shared queue.
-                        continue;
-                    }
+            let Some(mut rx) = rx else {
+                match self.dispatch().wait(self, run_id, deadline).await? {
+                    Some(report) => return Ok(report),
+                    // It came here meanwhile.
+                    None => continue,
                 }
-                // The final report, even if it has just been evicted from memory.
-                let finished = rx.borrow().clone();
-                if let Some(report) = finished {
-                    return Ok((*report).clone());
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                let gone = matches!(
+                    tokio::time::timeout(left, rx.wait_for(|r| r.is_some())).await,
+                    Ok(Err(_))
+                );
+                if gone && rx.borrow().is_none() {
+                    // It left without a report: given back to where it was placed.
+                    continue;
                 }
-                return match self.report(run_id) {
-                    Some(r) => Ok(r),
-                    None => self.stored_report(run_id).await,
-                };
             }
-            let pause = if pending {
-                UNKNOWN_POLL
-            } else {
-                let outcome = self.stored_report(run_id).await;
-                let now = Instant::now();
-                match &outcome {
-                    // In the shared queue, claimed by nobody yet.
-                    Ok(r) if !r.status.is_terminal() && now < deadline => ELSEWHERE_POLL,
-                    Err(LookupError::Elsewhere { .. }) if now < deadline => {
-                        if let Some(peers) = self.inner.peers.get() {
-                            if let Some(r) = peers.wait(self, run_id, deadline - now).await {
-                                if r.status.is_terminal() || Instant::now() >= deadline {
-                                    return Ok(r);
-                                }
-                                elsewhere = Some(r);
-                                continue;
-                            }
-                        }
-                        ELSEWHERE_POLL
-                    }
-                    Err(LookupError::Elsewhere { .. }) if elsewhere.is_some() => {
-                        return Ok(elsewhere.take().expect("checked"));
-                    }
-                    // In a cluster, a run another server holds is answered as it stands when
-                    // the wait ends (the caller asks again), as for one held here.
-                    Err(LookupError::Elsewhere { status, owner, .. })
-                        if self.inner.peers.get().is_some() =>
-                    {
-                        let row = match &self.inner.history {
-                            Some(h) => h.get(run_id).await.ok().flatten(),
-                            None => None,
-                        };
-                        return Ok(RunReport::new(
-                            run_id,
-                            row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
-                            *status,
-                            row.map(|r| r.limits).unwrap_or(NO_LIMITS),
-                            format!("{} on another codebox server ({owner})", status.as_str()),
-                        ));
-                    }
-                    Err(LookupError::Unknown { .. })
-                        if now < grace && self.inner.history.is_some() =>
-                    {
-                        // Back off (doubling): an unknown id costs a handful of lookups.
-                        unknown_nap = (unknown_nap * 2).min(UNKNOWN_GRACE);
-                        unknown_nap / 2
-                    }
-                    _ => return outcome,
-                }
-            };
-            // An insert pending here answers soon (and wakes `changed`): never a zero nap
-            // past the deadline, which would spin.
-            let nap = if pending {
-                pause
-            } else {
-                pause.min(deadline.saturating_duration_since(Instant::now()))
-            };
-            let moved = self.shared().map(|q| q.moved().notified());
-            tokio::select! {
-                () = tokio::time::sleep(nap) => {}
-                () = self.inner.changed.notified() => {}
-                () = async {
-                    match moved {
-                        Some(m) => m.await,
-                        None => std::future::pending().await,
-                    }
-                } => {}
+            // The final report, even if it has just been evicted from memory.
+            let finished = rx.borrow().clone();
+            if let Some(report) = finished {
+                return Ok((*report).clone());
             }
+            return match self.report(run_id) {
+                Some(r) => Ok(r),
+                None => self.stored_report(run_id).await,
+            };
         }
     }
 
     /// Stop a run: a queued one ends `stopped` at once; a running one is killed and its
-    /// containers removed before this returns. A finished run keeps its final report.
+    /// containers removed before this returns. A finished run keeps its final report. A run
+    /// this server does not hold is the dispatch's to stop ([`Dispatch::stop`]).
     pub async fn stop(&self, run_id: &str) -> Result<RunReport, LookupError> {
-        // A run submitted here to the shared queue a moment ago: its insert answers first.
-        for _ in 0..100 {
-            if !self.lock().pending.contains_key(run_id) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         for _ in 0..2 {
-            if let Some(r) = self.stop_once(run_id).await {
-                return r;
+            let running = {
+                let mut st = self.lock();
+                if let Some(r) = st.retention.get(run_id) {
+                    return Ok((**r).clone());
+                }
+                match st.live.get(run_id).map(|r| &r.state) {
+                    None => false,
+                    Some(RunState::Running { .. }) => {
+                        st.live[run_id].cancel.cancel();
+                        true
+                    }
+                    Some(RunState::Queued { .. }) => {
+                        if let Some(r) = self.stop_queued(&mut st, run_id, QUEUED_STOP) {
+                            return Ok(r);
+                        }
+                        false
+                    }
+                }
+            };
+            if running {
+                return self.wait(run_id, STOP_WAIT).await;
             }
+            if let Some(r) = self.dispatch().stop(self, run_id).await? {
+                return Ok(r);
+            }
+            // It came here meanwhile: stopped here.
         }
         self.stored_report(run_id).await
-    }
-
-    /// [`RunManager::stop`]: `None` when the run came here while it looked (claimed from the
-    /// shared queue), so that it looks again.
-    async fn stop_once(&self, run_id: &str) -> Option<Result<RunReport, LookupError>> {
-        let running = {
-            let mut st = self.lock();
-            if let Some(r) = st.retention.get(run_id) {
-                return Some(Ok((**r).clone()));
-            }
-            match st.live.get(run_id).map(|r| &r.state) {
-                None => false,
-                Some(RunState::Running { .. }) => {
-                    st.live[run_id].cancel.cancel();
-                    true
-                }
-                Some(RunState::Queued { .. }) => {
-                    if let Some(r) = self.stop_queued(&mut st, run_id, QUEUED_STOP) {
-                        return Some(Ok(r));
-                    }
-                    false
-                }
-            }
-        };
-        if running {
-            return Some(self.wait(run_id, STOP_WAIT).await);
-        }
-        // Not this server's: in the shared queue, held by another, evicted, or finished.
-        if let Some(q) = self.shared() {
-            match q.withdraw(run_id, QUEUED_STOP).await {
-                Ok(Some(r)) => {
-                    self.inner.metrics.record(&r);
-                    return Some(Ok(r));
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(run_id, error = %e, "cannot take a run out of the shared queue")
-                }
-            }
-            if self.holds_run(run_id) {
-                // This server claimed it meanwhile.
-                return None;
-            }
-            if let Some(peers) = self.inner.peers.get() {
-                if let Some(r) = peers.stop(self, run_id).await {
-                    return Some(Ok(r));
-                }
-            }
-        }
-        Some(self.stored_report(run_id).await)
     }
 
     /// Forget finished runs whose retention passed, in memory and (their full reports; the
@@ -890,15 +553,17 @@ impl RunManager {
         self.lock().admission.close();
     }
 
-    /// Give the unstarted claims back, [`RunManager::close`], stop every queued and running
-    /// run, and wait (up to `grace` for the stops, and as long again for the removals) until
-    /// their containers are gone.
+    /// Give back what was placed elsewhere and has not started ([`Dispatch::closing`]),
+    /// [`RunManager::close`], stop every queued and running run, and wait (up to `grace` for
+    /// the stops, and as long again for the removals) until their containers are gone.
     pub async fn shutdown(&self, grace: Duration) {
-        if tokio::time::timeout(grace, self.hand_back_unstarted())
+        if tokio::time::timeout(grace, self.dispatch().closing(self))
             .await
             .is_err()
         {
-            tracing::warn!("the shared queue did not take the unstarted claims back in time; they go back once this server's lease lapses");
+            tracing::warn!(
+                "the runs placed elsewhere that had not started could not be given back in time"
+            );
         }
         self.close();
         let ids: Vec<String> = self.lock().live.keys().cloned().collect();
@@ -938,14 +603,10 @@ impl RunManager {
             runs = left,
             "draining: no new runs; waiting for the queued and running ones to finish"
         );
-        self.hand_back_unstarted().await;
+        self.dispatch().closing(self).await;
         let deadline = Instant::now() + limit;
         loop {
-            let idle = {
-                let st = self.lock();
-                st.live.is_empty() && st.pending.is_empty()
-            };
-            if idle {
+            if self.lock().live.is_empty() && !self.dispatch().any_arriving() {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -955,110 +616,38 @@ impl RunManager {
         }
     }
 
-    /// Give the runs claimed from the shared queue that have not started back to it (a drain
-    /// or a shutdown): another server runs them. If the database cannot be told, they go back
-    /// once this server's lease lapses.
-    async fn hand_back_unstarted(&self) {
-        let Some(queue) = self.shared().cloned() else {
-            return;
-        };
-        let ids: Vec<String> = {
-            let mut st = self.lock();
-            let ids: Vec<String> = st
-                .live
-                .iter()
-                .filter(|(_, r)| r.shared && matches!(r.state, RunState::Queued { .. }))
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in &ids {
-                st.admission.withdraw(id);
-                if let Some(run) = st.live.remove(id) {
-                    self.inner.executor.pool().done(&run.shapes);
-                    run.feed.abandon();
-                }
-            }
-            ids
-        };
-        if ids.is_empty() {
-            return;
-        }
-        match queue.hand_back(ids).await {
-            Ok(n) => tracing::info!(
-                runs = n,
-                "gave the claimed runs that had not started back to the shared queue"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot give claimed runs back to the shared queue; they go back once this server's lease lapses")
-            }
-        }
+    /// Take back the runs placed elsewhere that have not started (a drain or a shutdown
+    /// gives them back: [`Dispatch::closing`]); they leave without a report. Their ids.
+    pub fn give_back_unstarted(&self) -> Vec<String> {
+        let mut st = self.lock();
+        st.take_out_unstarted_elsewhere(self.inner.executor.pool())
     }
 
-    /// This server's lease was judged lapsed (it was paused or cut off for longer than the
-    /// lease) and it re-joined: the others marked its runs `sandbox_error` ("its server
-    /// stopped answering"), ended its sessions and gave its unstarted claims back. Here the
-    /// same then holds: every run the history has a final report for is stopped (its
-    /// containers removed) and answers with that report, every session the history ended
-    /// ends. What the history does not say ended stays: claims are fenced when they start
-    /// ([`RunManager::start_claimed`]), and runs accepted since are this server's.
-    async fn fence(&self, lapse: crate::history::Lapse) {
-        let Some(history) = self.inner.history.clone() else {
-            return;
-        };
-        let (ids, recent) = {
-            let st = self.lock();
-            let within = lapse.unrenewed + Duration::from_secs(1);
-            let ids: Vec<String> = st.live.keys().cloned().collect();
-            (ids, st.retention.ended_within(within))
-        };
-        // Runs that ended here while the lease was not renewed: the report the others wrote
-        // first is the run's (the one here was dropped by the history), here too.
-        let mut replaced = 0;
-        for id in recent {
-            if let Ok(Some(theirs)) = history.report(&id, None).await {
-                let mut st = self.lock();
-                let differs = st.retention.get(&id).is_some_and(|mine| {
-                    mine.status != theirs.status || mine.message != theirs.message
-                });
-                if differs {
-                    tracing::warn!(run_id = id, kept = theirs.status.as_str(), "a run that ended here while this server's lease was judged lapsed was reported by the others first: their report stands here too");
-                    st.retention.replace(&id, Arc::new(theirs));
-                    replaced += 1;
-                }
+    /// The runs held here unfinished.
+    pub fn unfinished(&self) -> Vec<String> {
+        self.lock().live.keys().cloned().collect()
+    }
+
+    /// The runs that ended here within `within`.
+    pub fn ended_within(&self, within: Duration) -> Vec<String> {
+        self.lock().retention.ended_within(within)
+    }
+
+    /// Whoever keeps the record decided `report` for this run meanwhile (the others, while
+    /// this server's lease was judged lapsed): an unfinished run is stopped and answers with
+    /// it; a finished one answers with it from now on. Whether anything changed.
+    pub fn overrule(&self, report: RunReport) -> bool {
+        let mut st = self.lock();
+        let id = report.run_id.clone();
+        match st.overrule(report) {
+            Some(true) => {
+                self.stop_queued(&mut st, &id, QUEUED_STOP);
             }
+            Some(false) => {}
+            None => return false,
         }
-        let mut ended = Vec::new();
-        for id in ids {
-            match history.report(&id, None).await {
-                Ok(Some(r)) => ended.push(r),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(run_id = id, error = %e, "cannot tell whether the others ended a run this server holds")
-                }
-            }
-        }
-        let runs = ended.len();
-        {
-            let mut st = self.lock();
-            for report in ended {
-                let id = report.run_id.clone();
-                let Some(run) = st.live.get_mut(&id) else {
-                    continue;
-                };
-                run.fenced = Some(report);
-                match run.state {
-                    RunState::Running { .. } => run.cancel.cancel(),
-                    RunState::Queued { .. } => {
-                        self.stop_queued(&mut st, &id, QUEUED_STOP);
-                    }
-                }
-            }
-            self.pump(&mut st);
-        }
-        tracing::warn!(
-            runs,
-            replaced,
-            "stopping the runs the other servers ended while this server's lease was judged lapsed"
-        );
+        self.pump(&mut st);
+        true
     }
 
     /// Whether the server is draining (its `/healthz` says so, for a balancer).
@@ -1070,8 +659,7 @@ impl RunManager {
 
     /// Validate a request and queue it. Returns at once; the run starts when admitted.
     pub fn submit(&self, req: RunRequest) -> Result<Accepted, SubmitError> {
-        let feed = Feed::new(self.feed_bytes());
-        self.submit_with(req, feed, false)
+        self.submit_with(req, self.new_feed(), false)
     }
 
     /// [`RunManager::submit`], with the program's stdin given while it runs: what `stdin`
@@ -1105,39 +693,24 @@ impl RunManager {
                 message: "this door runs no session executions; leave session_id out".into(),
             }));
         }
-        // A run whose stdin comes while it runs stays here, where its client is.
-        let shared = self.shared().filter(|_| !interactive).cloned();
-        let original = shared.as_ref().map(|_| req.clone());
+        let request = req.clone();
         let valid = ValidRequest::new(req, &self.inner.registry, &self.inner.config)?;
-        let budget_mb = self.inner.config.runs.memory_budget_mb;
         let slots = parallelism(&valid, &self.inner.config);
         let charge_mb = run_charge(&valid, &self.inner.config, slots);
-        let install_mb = self.inner.config.packages.install_memory_mb;
-        if !valid.packages.is_empty() && install_mb > budget_mb {
-            return Err(SubmitError::Invalid(RequestError {
-                field: "packages".into(),
-                message: format!(
-                    "installing packages takes {install_mb} MB (packages.install_memory_mb), more than the {budget_mb} MB this server runs at once (runs.memory_budget_mb)"
-                ),
-            }));
-        }
-        if charge_mb > budget_mb {
-            return Err(SubmitError::Invalid(RequestError {
-                field: "limits.memory_mb".into(),
-                message: format!(
-                    "requested {} MB of memory; this server runs at most {budget_mb} MB of runs at once, so the maximum here is {budget_mb} MB",
-                    valid.limits.memory_mb
-                ),
-            }));
-        }
-        if let (Some(queue), Some(request)) = (shared, original) {
-            return self.submit_shared(queue, request, valid, slots, charge_mb, feed);
-        }
-        self.enqueue(valid, slots, charge_mb, feed)
+        budget::fits(&valid, &self.inner.config, charge_mb)?;
+        let run = Submission {
+            request,
+            valid,
+            slots,
+            charge_mb,
+            feed,
+            interactive,
+        };
+        self.dispatch().place(self, run)
     }
 
     /// A run's history row, as this server records it.
-    fn history_row(&self, run_id: &str, valid: &ValidRequest) -> NewRun {
+    pub fn history_row(&self, run_id: &str, valid: &ValidRequest) -> NewRun {
         NewRun::new(
             run_id,
             &valid.language.id,
@@ -1148,220 +721,74 @@ impl RunManager {
         )
     }
 
-    /// Put a run in the shared queue (its insert answers on a task): whichever server has room
-    /// claims it, this one included. If the queue cannot take it (the database is down), it
-    /// runs here, as without a cluster: an accepted run is never lost.
-    fn submit_shared(
-        &self,
-        queue: SharedQueue,
-        request: RunRequest,
-        valid: ValidRequest,
-        slots: usize,
-        charge_mb: u64,
-        feed: Arc<Feed>,
-    ) -> Result<Accepted, SubmitError> {
-        let run_id = new_run_id();
-        let claim_here = {
-            let mut st = self.lock();
-            if st.admission.refuses_new() {
-                return Err(SubmitError::ShuttingDown);
-            }
-            let (free_slots, free_mb) = st.room();
-            let here = slots <= free_slots && charge_mb <= free_mb;
-            let reserved = if here { (slots, charge_mb) } else { (0, 0) };
-            st.pending.insert(run_id.clone(), reserved);
-            here
-        };
-        let limits = valid.limits;
-        let base = Executor::blank_report(&run_id, &valid);
-        let submitted = Submitted {
-            row: self.history_row(&run_id, &valid),
-            request: serde_json::to_string(&request).unwrap_or_default(),
-            base: serde_json::to_string(&base).unwrap_or_default(),
-            slots,
-            charge_mb,
-            claim_here,
-        };
-        let manager = self.clone();
-        let id = run_id.clone();
-        tokio::spawn(async move {
-            let origin = match queue.submit(submitted).await {
-                Ok(true) => Some(Origin::Claimed { waited_ms: 0 }),
-                Ok(false) => None,
-                Err(e) => {
-                    tracing::warn!(run_id = id, error = %e, "the shared queue cannot take a run; it runs on this server");
-                    Some(Origin::Taken)
-                }
-            };
-            if let Some(origin) = origin {
-                let taken =
-                    manager.enqueue_as(id.clone(), origin, valid, slots, charge_mb, None, feed);
-                if let Err(e) = taken {
-                    tracing::error!(run_id = id, error = %e, "a run accepted for the shared queue could not be queued here");
-                    if origin != Origin::Taken {
-                        let _ = queue.hand_back(vec![id.clone()]).await;
-                    }
-                }
-            }
-            manager.lock().pending.remove(&id);
-            manager.inner.changed.notify_waiters();
-            queue.wake();
-        });
-        Ok(Accepted {
-            run_id,
-            status: Status::Queued,
-            limits,
+    /// Queue a new run here, under a new id ([`Dispatch::place`]'s local answer).
+    pub fn enqueue(&self, run: Submission) -> Result<Accepted, SubmitError> {
+        self.enqueue_as(Queued {
+            run_id: new_run_id(),
+            valid: run.valid,
+            slots: run.slots,
+            charge_mb: run.charge_mb,
+            feed: run.feed,
+            origin: Origin::New,
         })
     }
 
-    /// Queue a run claimed from the shared queue; one that cannot run here ends
-    /// `sandbox_error` saying why, one refused (shutting down) goes back.
-    fn take_claimed(&self, c: Claimed) {
-        if self.lock().live.contains_key(&c.run_id) {
-            // Claimed again after its claim was given back: the entry here starts it.
-            return;
-        }
-        let queue = self.shared().cloned();
-        let checked = serde_json::from_str::<RunRequest>(&c.request)
-            .map_err(|e| format!("its request is unreadable: {e}"))
-            .and_then(|req| {
-                ValidRequest::new(req, &self.inner.registry, &self.inner.config)
-                    .map_err(|e| e.to_string())
-            });
-        let valid = match checked {
-            Ok(v) => v,
-            Err(why) => {
-                let mut r = RunReport::new(
-                    &c.run_id,
-                    "",
-                    Status::SandboxError,
-                    NO_LIMITS,
-                    format!(
-                        "codebox server {} claimed this run from the shared queue and cannot run it: {why}; check that every server has the same languages.toml and limits",
-                        self.inner.executor.instance()
-                    ),
-                );
-                r.queued_ms = c.waited_ms;
-                if let Some(h) = &self.inner.history {
-                    h.finish(Arc::new(r));
-                }
-                if let Some(q) = &queue {
-                    q.settle(&c.run_id);
-                }
-                return;
-            }
-        };
-        let slots = parallelism(&valid, &self.inner.config);
-        let charge_mb = run_charge(&valid, &self.inner.config, slots);
-        let feed = Feed::new(self.feed_bytes());
-        let origin = Origin::Claimed {
-            waited_ms: c.waited_ms,
-        };
-        let queued = self.enqueue_as(
-            c.run_id.clone(),
-            origin,
-            valid,
+    /// Queue a run accepted before it came here, ahead of the queue's limit (it was
+    /// accepted); refused only once closed.
+    pub fn take(&self, run: Taken) -> Result<Accepted, SubmitError> {
+        let slots = parallelism(&run.valid, &self.inner.config);
+        let charge_mb = run_charge(&run.valid, &self.inner.config, slots);
+        self.enqueue_as(Queued {
+            run_id: run.run_id,
+            valid: run.valid,
             slots,
             charge_mb,
-            None,
-            feed,
-        );
-        self.inner.changed.notify_waiters();
-        if queued.is_err() {
-            if let Some(q) = queue {
-                tokio::spawn(async move { q.hand_back(vec![c.run_id]).await });
-            }
-        }
+            feed: run.feed,
+            origin: Origin::Taken {
+                waited_ms: run.waited_ms,
+                elsewhere: run.placed_elsewhere,
+            },
+        })
+    }
+
+    /// A new live feed for a run, of this manager's size.
+    pub fn new_feed(&self) -> Arc<Feed> {
+        Feed::new(self.feed_bytes())
     }
 
     /// Queue a job: a run its submitter carries out (one slot, `job.charge_mb`, one at a
     /// time per `job.serial`). Refused as a run is; its work is then dropped unrun.
     pub fn submit_job(&self, job: Job) -> Result<Accepted, SubmitError> {
-        let feed = Feed::new(self.feed_bytes());
-        let (charge_mb, request) = (job.charge_mb, job.request);
-        let held = Held {
-            serial: job.serial,
-            at: job.at,
-            work: job.work,
-        };
-        self.enqueue_as(
-            job.run_id,
-            Origin::New,
-            request,
-            1,
-            charge_mb,
-            Some(held),
-            feed,
-        )
+        self.enqueue_as(Queued {
+            run_id: job.run_id,
+            valid: job.request,
+            slots: 1,
+            charge_mb: job.charge_mb,
+            feed: self.new_feed(),
+            origin: Origin::Job {
+                serial: job.serial,
+                at: job.at,
+                work: job.work,
+            },
+        })
     }
 
-    fn enqueue(
-        &self,
-        valid: ValidRequest,
-        slots: usize,
-        charge_mb: u64,
-        feed: Arc<Feed>,
-    ) -> Result<Accepted, SubmitError> {
-        self.enqueue_as(
-            new_run_id(),
-            Origin::New,
-            valid,
-            slots,
-            charge_mb,
-            None,
-            feed,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue_as(
-        &self,
-        run_id: String,
-        origin: Origin,
-        valid: ValidRequest,
-        slots: usize,
-        charge_mb: u64,
-        job: Option<Held>,
-        feed: Arc<Feed>,
-    ) -> Result<Accepted, SubmitError> {
+    fn enqueue_as(&self, q: Queued) -> Result<Accepted, SubmitError> {
         self.purge_expired();
-        let limits = valid.limits;
-        let claimed = matches!(origin, Origin::Claimed { .. });
-        // The history row (its code hash) is made before the lock is taken; a claimed run's
-        // was made by the server that took it.
-        let history = self.inner.history.as_ref().filter(|_| !claimed);
-        let row = history.map(|_| self.history_row(&run_id, &valid));
-        let mut base = Executor::blank_report(&run_id, &valid);
-        let budget = Executor::budget(&valid);
-        // The pool follows what runs ask for (a job runs where its submitter says).
-        let shapes = if job.is_none() {
-            shapes_of(&valid, &self.inner.config, slots)
-        } else {
-            Vec::new()
-        };
-        let mut row = row;
-        let (serial, work) = match job {
-            Some(h) => {
-                row = row.map(|r| r.in_session(&h.at.session_id, h.at.execution_count));
-                base.session = Some(h.at);
-                (Some(h.serial), Some(h.work))
-            }
-            None => (None, None),
-        };
+        let (run_id, limits, language) =
+            (q.run_id.clone(), q.valid.limits, q.valid.language.clone());
+        // The history row (its code hash) is made before the lock is taken; one placed
+        // elsewhere was recorded there.
+        let history = self
+            .inner
+            .history
+            .as_ref()
+            .filter(|_| !q.recorded_elsewhere());
+        let row = history.map(|_| self.history_row(&run_id, &q.valid));
+        let (live, row, taken) = Live::queued(q, row, &self.inner.config);
         let mut st = self.lock();
-        let ticket = Ticket {
-            run_id: run_id.clone(),
-            slots,
-            charge_mb,
-            session: serial,
-        };
-        let queued = match origin {
-            Origin::New => st.admission.enqueue(ticket.clone()),
-            Origin::Taken | Origin::Claimed { .. } => st.admission.enqueue_taken(ticket.clone()),
-        };
-        if let Err(refusal) = queued {
+        if let Err(refusal) = st.enqueue(live, taken) {
             drop(st);
-            drop(work);
             return Err(match refusal {
                 Refusal::Closed => SubmitError::ShuttingDown,
                 Refusal::QueueFull { waiting, max } => {
@@ -1373,34 +800,10 @@ impl RunManager {
         if let (Some(h), Some(row)) = (&self.inner.history, row) {
             h.insert(row);
         }
-        self.inner.executor.pool().asked(&valid.language, &shapes);
-        let (done, _) = watch::channel(None);
-        let now = Instant::now();
-        let accepted = match origin {
-            Origin::Claimed { waited_ms } => now
-                .checked_sub(Duration::from_millis(waited_ms))
-                .unwrap_or(now),
-            _ => now,
-        };
-        st.live.insert(
-            run_id.clone(),
-            Live {
-                base,
-                ticket,
-                shapes,
-                work,
-                budget,
-                accepted,
-                state: RunState::Queued {
-                    request: Box::new(valid),
-                },
-                cancel: CancellationToken::new(),
-                done,
-                feed,
-                shared: claimed,
-                fenced: None,
-            },
-        );
+        self.inner
+            .executor
+            .pool()
+            .asked(&language, &st.live[&run_id].shapes);
         self.pump(&mut st);
         let status = match st.live.get(&run_id).map(|r| &r.state) {
             Some(RunState::Queued { .. }) => Status::Queued,
@@ -1413,10 +816,8 @@ impl RunManager {
         })
     }
 
-    // ---- reports not in memory
-
     /// The final report of a run that is not in memory ([`lookup::stored`]).
-    async fn stored_report(&self, run_id: &str) -> Result<RunReport, LookupError> {
+    pub async fn stored_report(&self, run_id: &str) -> Result<RunReport, LookupError> {
         let retention = self.retention();
         let evicted_live = self.lock().retention.evicted_within(run_id, retention);
         let at = lookup::Where {
@@ -1428,30 +829,33 @@ impl RunManager {
         lookup::stored(at, run_id, evicted_live).await
     }
 
-    // ---- whose is it (several servers as one: the cluster module asks)
-
-    /// Whether this server holds run `run_id` (queued, running, or its report kept here).
-    pub fn holds_run(&self, run_id: &str) -> bool {
+    /// Whether this manager holds run `run_id` (queued, running, or its report kept here).
+    pub fn holds(&self, run_id: &str) -> bool {
         let st = self.lock();
-        st.live.contains_key(run_id)
-            || st.retention.get(run_id).is_some()
-            || st.pending.contains_key(run_id)
+        st.live.contains_key(run_id) || st.retention.get(run_id).is_some()
     }
 
-    // ---- counts
+    /// Whether this server answers for run `run_id`: it holds it, or it is on its way here.
+    pub fn holds_run(&self, run_id: &str) -> bool {
+        self.holds(run_id) || self.dispatch().arriving(run_id)
+    }
+
+    // ---- room for runs on their way here
+
+    /// Promise room to runs on their way here, under `key`, so that runs submitted
+    /// meanwhile do not count on it too: `want` if it is free now, or (`None`) all that is
+    /// free. What was promised, if anything. [`RunManager::unpromise`] ends it.
+    pub fn promise(&self, key: &str, want: Option<Room>) -> Option<Room> {
+        self.lock().promise(key, want)
+    }
+
+    /// End the promise made under `key`.
+    pub fn unpromise(&self, key: &str) {
+        self.lock().promised.remove(key);
+    }
 
     pub fn stats(&self) -> Stats {
-        let st = self.lock();
-        Stats {
-            queued: st.admission.queued(),
-            active: st.admission.active(),
-            active_memory_mb: st.admission.active_memory_mb(),
-            peak_active: st.admission.peak_active(),
-            retained: st.retention.len(),
-            retained_report_bytes: st.retention.bytes(),
-            evicted: st.retention.evicted(),
-            ..stats::of_executor(&self.inner.executor)
-        }
+        self.lock().stats(&self.inner.executor)
     }
 }
 
@@ -1469,12 +873,7 @@ impl RunManager {
         }
         let pool = self.inner.executor.pool();
         if ahead {
-            // Only into room nobody waits for.
-            if st.admission.queued() > 0 || !st.admission.may_hold(mb, pool.memory_mb()) {
-                return Err("no room".into());
-            }
-            st.admission.hold_ahead(mb);
-            return Ok(());
+            return st.hold_ahead(mb, pool.memory_mb());
         }
         let short = st.admission.shortfall(mb, pool.memory_mb());
         if short > 0 {
@@ -1516,7 +915,14 @@ impl RunManager {
     /// `message`; running ones are stopped.
     pub fn stop_runs(&self, run_ids: &[String], message: &str) {
         let mut st = self.lock();
-        self.stop_runs_locked(&mut st, run_ids, message);
+        let message = format!("stopped before it started: {message}");
+        for run_id in run_ids {
+            if self.stop_queued(&mut st, run_id, &message).is_none() {
+                if let Some(run) = st.live.get(run_id) {
+                    run.cancel.cancel();
+                }
+            }
+        }
         self.pump(&mut st);
     }
 
@@ -1541,15 +947,6 @@ async fn pool_loop(inner: Weak<Inner>) {
     }
 }
 
-/// Stop what the others ended each time this server finds its lease was judged lapsed.
-async fn fence_loop(inner: Weak<Inner>, mut lapses: watch::Receiver<crate::history::Lapse>) {
-    while lapses.changed().await.is_ok() {
-        let lapse = *lapses.borrow_and_update();
-        let Some(inner) = inner.upgrade() else { return };
-        RunManager { inner }.fence(lapse).await;
-    }
-}
-
 async fn purge_loop(inner: Weak<Inner>) {
     let mut tick = tokio::time::interval(PURGE_INTERVAL);
     tick.tick().await;
@@ -1562,82 +959,12 @@ async fn purge_loop(inner: Weak<Inner>) {
     }
 }
 
-/// Claim from the shared queue what fits this server, whenever work arrives, room here grows,
-/// or [`QUEUE_POLL`] has passed; nothing while draining.
-async fn claim_loop(inner: Weak<Inner>, queue: SharedQueue) {
-    loop {
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        let manager = RunManager { inner: strong };
-        let room = {
-            let mut st = manager.lock();
-            if st.admission.is_closed() {
-                return;
-            }
-            let (slots, memory_mb) = st.room();
-            let policy = st.admission.policy();
-            if slots > 0 && memory_mb > 0 {
-                // Reserved until what it claims is queued here: a run submitted here while
-                // the claim is on its way to the database would count on the same room, and
-                // the two together overfill this server (seen as a run claimed by a server
-                // whose slots were all taken, while another server had room).
-                st.claiming = (slots, memory_mb);
-            }
-            Room {
-                slots,
-                memory_mb,
-                max_slots: policy.max_concurrent_runs,
-                budget_mb: policy.memory_budget_mb,
-            }
-        };
-        let mut pause = QUEUE_POLL;
-        if room.slots > 0 && room.memory_mb > 0 {
-            let claimed = queue.claim(room).await.map(|claimed| {
-                let n = claimed.len();
-                for c in claimed {
-                    manager.take_claimed(c);
-                }
-                n
-            });
-            manager.lock().claiming = (0, 0);
-            match claimed {
-                Ok(n) if n > 0 => {
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot claim from the shared queue; trying again");
-                    pause = QUEUE_RETRY;
-                }
-            }
-        }
-        drop(manager);
-        tokio::select! {
-            () = queue.work().notified() => {}
-            () = tokio::time::sleep(pause) => {}
-        }
+/// A [`RunManager`] held weakly, by a loop that must not keep it alive.
+#[derive(Clone)]
+pub struct WeakRunManager(Weak<Inner>);
+
+impl WeakRunManager {
+    pub fn upgrade(&self) -> Option<RunManager> {
+        self.0.upgrade().map(|inner| RunManager { inner })
     }
-}
-
-/// The other servers of a cluster, as the run manager sees them: a run submitted here that
-/// another server claimed from the shared queue is waited on and stopped there. The cluster
-/// module implements it (it knows who holds what and how to reach them); the manager only
-/// asks.
-pub trait Peers: Send + Sync {
-    /// Wait at most `timeout` at the server that holds `run_id` for its report (as it then
-    /// stands); `None` when no other living server holds it or it does not answer.
-    fn wait<'a>(
-        &'a self,
-        manager: &'a RunManager,
-        run_id: &'a str,
-        timeout: Duration,
-    ) -> futures_util::future::BoxFuture<'a, Option<RunReport>>;
-
-    /// Stop `run_id` at the server that holds it; `None` as for [`Peers::wait`].
-    fn stop<'a>(
-        &'a self,
-        manager: &'a RunManager,
-        run_id: &'a str,
-    ) -> futures_util::future::BoxFuture<'a, Option<RunReport>>;
 }

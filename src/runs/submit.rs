@@ -91,3 +91,40 @@ impl SubmitError {
         matches!(self, SubmitError::QueueFull { .. })
     }
 }
+
+/// Why a run's task ended without a report: it panicked, or it was abandoned.
+pub(super) fn why_it_failed(e: tokio::task::JoinError) -> String {
+    if !e.is_panic() {
+        return "codebox was shutting down and abandoned the run; its containers are being removed"
+            .to_string();
+    }
+    let payload = e.into_panic();
+    let why = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("codebox failed while carrying out the run (a task panicked: {why}); its containers are being removed")
+}
+
+/// A run's task: a job's work, or the executor carrying out the request in containers of
+/// its own. A job's work begins as this is called, when the run starts ([`Work::run`]).
+pub(super) fn carry_out(
+    executor: Arc<crate::executor::Executor>,
+    work: Option<Box<dyn Work>>,
+    start: Start,
+) -> BoxFuture<'static, RunReport> {
+    match work {
+        Some(work) => work.run(start),
+        None => Box::pin(async move {
+            let call = crate::executor::Call {
+                run_id: &start.run_id,
+                req: &start.request,
+                queued_ms: start.queued_ms,
+                cancel: start.cancel,
+                feed: Some(&start.feed),
+            };
+            executor.execute_live(call).await
+        }),
+    }
+}
