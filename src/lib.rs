@@ -15,18 +15,22 @@
 //!   run manager and sessions for every command.
 //! - [`mcp`]: the ten MCP tools, their results and descriptions from the running config.
 //! - [`cluster`]: several servers as one (SPEC section 15): which server holds a run or a
-//!   session, and forwarding a call to it with the cluster secret.
+//!   session, forwarding a call to it with the cluster secret, the shared queue as the run
+//!   manager's dispatch (`dispatch.rs`: submissions, claims, hand-backs, waits and stops at
+//!   the owner) and the fencing of a server whose lease was judged lapsed (`fence.rs`).
 //! - [`sessions`]: sessions, a wing above runs: `Sessions` owns the table, its lock and
 //!   every verb (create, execute, read, list, close, expire, keep ready); it holds its memory
 //!   through the run manager's ledger and submits each execution to it as a `Job` that runs
 //!   in the session's container; `ends.rs` their names and ends.
-//! - [`runs`]: the run manager, whole in `mod.rs` (ids, queue, stop, retention, lookup, and
-//!   still the cluster's shared queue), with `admission.rs`, the sans-IO ledger of slots and
+//! - [`runs`]: the run manager, whole in `mod.rs` (ids, queue, stop, retention, lookup), its
+//!   run table (`table.rs`) and the `Dispatch` seam (`dispatch.rs`: where a new run is
+//!   queued, who answers for a run not held here; `Local` by default), with `admission.rs`,
+//!   the sans-IO ledger of slots and
 //!   memory (runs, the pool's ready containers, and what others hold: sessions and sessions
 //!   opened ahead of time, which give way through `budget::Ahead`), `budget.rs`, what a run
 //!   or execution is charged (its install step's memory too), and `submit.rs`, what taking
 //!   a request answers and a `Job`: a run whoever submits it carries out. It knows nothing
-//!   of sessions.
+//!   of sessions or of the cluster.
 //! - [`history`]: the run history on its own thread, in SQLite or a shared PostgreSQL.
 //! - [`catalog`]: the supported languages and limits, as `list_supported_languages` shows them.
 //! - [`images`]: building and listing images, recording toolchain versions.

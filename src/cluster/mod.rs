@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::Config;
-use crate::runs::RunManager;
+use crate::runs::{RunManager, UNKNOWN_GRACE};
 use crate::sessions::Sessions;
 
 use forward::{with_causes, PASSED};
@@ -39,11 +39,10 @@ pub const SECRET_HEADER: &str = "x-codebox-cluster";
 pub const FORWARDED_BY_HEADER: &str = "x-codebox-forwarded-by";
 /// The shortest secret accepted.
 pub const MIN_SECRET_CHARS: usize = 16;
-/// How long an id the history does not know is looked for again: its server records a run
-/// or a session a moment after answering, and a client behind a balancer may ask another
-/// server at once.
-pub const UNKNOWN_GRACE: Duration = Duration::from_secs(2);
-const UNKNOWN_POLL: Duration = Duration::from_millis(25);
+/// How often an id the history does not know is looked for again at first (the nap doubles
+/// within [`UNKNOWN_GRACE`]: its server records a run or a session a moment after answering,
+/// and a client behind a balancer may ask another server at once).
+const FIRST_LOOK_AGAIN: Duration = Duration::from_millis(25);
 /// Most session owners remembered (the list starts again when full).
 const MAX_KNOWN_OWNERS: usize = 4096;
 
@@ -165,7 +164,7 @@ impl Cluster {
         }
         let history = manager.history()?;
         let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
-        let mut nap = UNKNOWN_POLL;
+        let mut nap = FIRST_LOOK_AGAIN;
         let w = loop {
             match history.whereabouts(run_id).await {
                 Ok(Some(w)) => break w,
@@ -204,7 +203,7 @@ impl Cluster {
         }
         let history = sessions.runs().history()?;
         let deadline = tokio::time::Instant::now() + UNKNOWN_GRACE;
-        let mut nap = UNKNOWN_POLL;
+        let mut nap = FIRST_LOOK_AGAIN;
         let record = loop {
             match history.session(session_id).await {
                 Ok(Some(r)) => break r,
