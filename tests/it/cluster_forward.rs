@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, Method};
 use codebox::cluster::{Cluster, Peer};
 use codebox::config::HttpSettings;
 use codebox::engine::fake::FakeEngine;
-use codebox::mcp::CodeboxServer;
+use codebox::mcp::{ClusterServer, CodeboxServer};
 use codebox::transport::http::{router, serve_connections, Token};
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -90,8 +90,8 @@ async fn a_forwarded_event_stream_ends_once_the_owners_lease_lapses() {
     let m = manager_on(Arc::new(FakeEngine::new()), |_| {}, Some(history.clone()));
     let lease = Duration::from_secs(1);
     let cluster = Arc::new(Cluster::new(SECRET, "me", lease));
-    let server =
-        CodeboxServer::new(codebox::sessions::Sessions::new(m)).with_cluster(Some(cluster));
+    let server = CodeboxServer::new(codebox::sessions::Sessions::new(m));
+    let server = ClusterServer::new(server, Some(cluster));
     let policy = HttpSettings::default();
     let stop = CancellationToken::new();
     let app = router(server, Some(Token::new(TOKEN)), &policy, stop.child_token());
