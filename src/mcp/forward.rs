@@ -105,12 +105,14 @@ impl ClusterServer {
         } else {
             named("session_id")?.to_string()
         };
-        let (what, peer) = if is_run {
-            let peer = cluster.run_owner(self.server.manager(), &id).await?;
-            (Held::Run(&id), peer)
+        let what = if is_run {
+            Held::Run(&id)
         } else {
-            let peer = cluster.session_owner(self.server.sessions(), &id).await?;
-            (Held::Session(&id), peer)
+            Held::Session(&id)
+        };
+        let peer = match what {
+            Held::Run(id) => cluster.run_owner(self.server.manager(), id).await?,
+            Held::Session(id) => cluster.session_owner(self.server.sessions(), id).await?,
         };
         let progress = match tool {
             "run_code" => context.meta.get_progress_token(),

@@ -20,8 +20,8 @@ use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Json;
 use rmcp::model::{
-    CallToolResult, Implementation, ProgressNotificationParam, ProgressToken,
-    ServerCapabilities, ServerConfig,
+    CallToolResult, Implementation, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
