@@ -13,7 +13,10 @@
 //!   v2, `judge0/` (Judge0 CE); `client.rs` stops a run whose waiting client went away.
 //! - [`app`]: the composition root: one builder wires engine, executor, instance, history,
 //!   run manager and sessions for every command.
-//! - [`mcp`]: the ten MCP tools, their results and descriptions from the running config.
+//! - [`mcp`]: the ten MCP tools, their results and descriptions from the running config;
+//!   each tool once, in `CodeboxServer`, working on this server only. `forward.rs`:
+//!   `ClusterServer`, the wrapper that forwards a call about another server's run or session
+//!   to it, and carries out the calls forwarded here.
 //! - [`cluster`]: several servers as one (SPEC section 15): which server holds a run or a
 //!   session, forwarding a call to it with the cluster secret, the shared queue as the run
 //!   manager's dispatch (`dispatch.rs`: submissions, claims, hand-backs, waits and stops at

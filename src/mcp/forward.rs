@@ -1,6 +1,7 @@
-//! MCP tool calls about another server's run or session (SPEC section 15): forwarded as they
-//! are to that server's `POST /cluster/tools/{tool}`, where `CodeboxServer::call_here`
-//! carries them out; the owner's result is the client's.
+//! MCP tool calls about another server's run or session (SPEC section 15): [`ClusterServer`]
+//! wraps the tool server and forwards such a call as it is to that server's
+//! `POST /cluster/tools/{tool}`, where [`answer_forwarded`] carries it out; the owner's result
+//! is the client's. The tools themselves know nothing of the cluster.
 //!
 //! A forwarded `run_code` whose caller asked for progress (a `progressToken`) asks the owner
 //! for a stream (`Accept: application/x-ndjson`): one JSON line per progress notification
@@ -14,17 +15,21 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::BodyExt as _;
-use rmcp::model::{CallToolResult, ProgressNotificationParam, ProgressToken};
-use rmcp::service::Peer as McpPeer;
-use rmcp::RoleServer;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ClientRequest,
+    ContentBlock, GetMeta as _, JsonObject, ListToolsResult, NumberOrString,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Request, ServerConfig,
+    ServerJsonRpcMessage, ServerNotification, ServerResult, Tool,
+};
+use rmcp::service::{serve_directly_with_ct, Peer as McpPeer, RequestContext};
+use rmcp::transport::OneshotTransport;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
+use super::CodeboxServer;
 use crate::cluster::{Cluster, Held, Peer, WAIT_SLACK};
 use crate::contract::ids;
 use crate::contract::params::MAX_WAIT_SECONDS;
-use crate::sessions::Sessions;
 
 /// Where a server takes the tool calls another forwards (`/cluster/tools/{tool}`).
 pub const TOOLS_PATH: &str = "/cluster/tools";
@@ -37,37 +42,11 @@ pub const FORWARDED_TOOLS: [&str; 6] = [
     "read_session_file",
     "close_session",
 ];
+/// Those of [`FORWARDED_TOOLS`] that name a run (`run_id`); the others name a session
+/// (`session_id`, optional for `run_code` and `start_run`).
+const RUN_TOOLS: [&str; 2] = ["get_result", "stop_run"];
 /// The type of a forwarded `run_code`'s stream of progress lines and result.
 pub const PROGRESS_STREAM: &str = "application/x-ndjson";
-
-/// Where `run_code`'s progress notifications go: its own MCP client, or the stream of the
-/// server that forwarded the call to this one.
-pub(super) enum ProgressSink {
-    Client(ProgressToken, McpPeer<RoleServer>),
-    Stream(tokio::sync::mpsc::Sender<ProgressNotificationParam>),
-}
-
-impl ProgressSink {
-    /// Send one notification (`progress` of `total` seconds, and what the run is doing).
-    pub(super) async fn notify(&self, progress: f64, total: f64, message: String) {
-        match self {
-            ProgressSink::Client(token, peer) => {
-                let p = ProgressNotificationParam::new(token.clone(), progress)
-                    .with_total(total)
-                    .with_message(message);
-                let _ = peer.notify_progress(p).await;
-            }
-            ProgressSink::Stream(tx) => {
-                // The token is the caller's, set by the server it called.
-                let token = ProgressToken(rmcp::model::NumberOrString::Number(0));
-                let p = ProgressNotificationParam::new(token, progress)
-                    .with_total(total)
-                    .with_message(message);
-                let _ = tx.send(p).await;
-            }
-        }
-    }
-}
 
 /// One line of a forwarded `run_code`'s stream.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -77,70 +56,179 @@ pub enum StreamLine {
     Result(CallToolResult),
 }
 
-/// This server's way to another server of its cluster: who holds a run or a session, and
-/// the tool calls about it sent there.
+/// The tool server of a member of a cluster: every request is the inner [`CodeboxServer`]'s,
+/// except a call of one of [`FORWARDED_TOOLS`] about a run or session another server holds,
+/// which is sent there. Without a cluster (`None`) it is the inner server.
+///
+/// It passes on the methods the inner server implements (`get_info` and its tools); rmcp's
+/// defaults of the others read `get_info`. A method the inner server comes to implement is
+/// passed on here too.
 #[derive(Clone)]
-pub(super) struct Forwarder {
-    cluster: Arc<Cluster>,
-    sessions: Arc<Sessions>,
+pub struct ClusterServer {
+    server: CodeboxServer,
+    cluster: Option<Arc<Cluster>>,
 }
 
-impl Forwarder {
-    pub(super) fn new(cluster: Arc<Cluster>, sessions: Arc<Sessions>) -> Forwarder {
-        Forwarder { cluster, sessions }
+impl ClusterServer {
+    pub fn new(server: CodeboxServer, cluster: Option<Arc<Cluster>>) -> ClusterServer {
+        ClusterServer { server, cluster }
     }
 
-    pub(super) fn cluster(&self) -> &Arc<Cluster> {
-        &self.cluster
+    pub fn server(&self) -> &CodeboxServer {
+        &self.server
     }
 
-    /// The other server that holds run `run_id`, if one does.
-    pub(super) async fn run_owner(&self, run_id: &str) -> Option<Peer> {
-        self.cluster
-            .run_owner(self.sessions.runs(), &ids::run_id(run_id))
-            .await
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
     }
 
-    /// The other server that holds session `session_id`, if one does.
-    pub(super) async fn session_owner(&self, session_id: &str) -> Option<Peer> {
-        self.cluster.session_owner(&self.sessions, session_id).await
-    }
-
-    /// Send `tool(params)`, a call about `what`, to `peer` and return its result, passing the
-    /// owner's progress notifications on to the caller (`progress`: its token and its MCP
-    /// peer) as they come; `ct` cancelled drops the call (the owner sees its caller leave, as
-    /// it would a client). `None` when `peer` can no longer answer for `what`
-    /// ([`Cluster::released`]): this server answers then.
-    pub(super) async fn forward<P: Serialize>(
+    /// The result of `call` from the other server that holds its run or session, passing the
+    /// owner's progress notifications on to the caller as they come; the caller's
+    /// cancellation drops the call (the owner sees its caller leave, as it would a client).
+    /// `None` when this server holds it, or no other server does, or the one that did can no
+    /// longer answer for it ([`Cluster::released`]): this server answers then.
+    async fn forwarded(
         &self,
-        peer: &Peer,
-        what: Held<'_>,
-        tool: &str,
-        params: &P,
-        ct: &CancellationToken,
-        progress: Option<(ProgressToken, McpPeer<RoleServer>)>,
-    ) -> Option<Result<CallToolResult, String>> {
-        let cluster = &self.cluster;
-        tokio::select! {
-            r = forward_call(cluster, peer, tool, params, ct, progress) => Some(r),
-            _ = cluster.released(self.sessions.runs(), peer, what) => None,
+        call: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<CallToolResult> {
+        let cluster = self.cluster.as_ref()?;
+        let tool = call.name.as_ref();
+        if !FORWARDED_TOOLS.contains(&tool) {
+            return None;
+        }
+        let args = call.arguments.as_ref()?;
+        let named = |key: &str| args.get(key).and_then(serde_json::Value::as_str);
+        let is_run = RUN_TOOLS.contains(&tool);
+        let id = if is_run {
+            ids::run_id(named("run_id")?)
+        } else {
+            named("session_id")?.to_string()
+        };
+        let what = if is_run {
+            Held::Run(&id)
+        } else {
+            Held::Session(&id)
+        };
+        let peer = match what {
+            Held::Run(id) => cluster.run_owner(self.server.manager(), id).await?,
+            Held::Session(id) => cluster.session_owner(self.server.sessions(), id).await?,
+        };
+        let progress = match tool {
+            "run_code" => context.meta.get_progress_token(),
+            _ => None,
+        };
+        let progress = progress.map(|token| (token, context.peer.clone()));
+        let ct = &context.ct;
+        let result = tokio::select! {
+            r = forward_call(cluster, &peer, tool, args, ct, progress) => r,
+            _ = cluster.released(self.server.manager(), &peer, what) => return None,
+        };
+        Some(result.unwrap_or_else(|text| CallToolResult::error(vec![ContentBlock::text(text)])))
+    }
+}
+
+impl ServerHandler for ClusterServer {
+    fn get_info(&self) -> ServerConfig {
+        self.server.get_info()
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.server.list_tools(request, context).await
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.server.get_tool(name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(result) = self.forwarded(&request, &context).await {
+            return Ok(result.into());
+        }
+        self.server.call_tool(request, context).await
+    }
+}
+
+/// Carry out on `server` a call of `tool` (one of [`FORWARDED_TOOLS`]) with `args` that
+/// another server forwarded: a request of its own to the tool server, as rmcp serves a
+/// stateless HTTP request, never forwarded again. `ct` cancelled (the forwarding server left)
+/// cancels it as a client's cancellation does (a `run_code` stops its run). `progress`: where
+/// `run_code`'s progress notifications go (the forwarding server's stream), if its caller
+/// asked for them.
+pub async fn answer_forwarded(
+    server: &CodeboxServer,
+    tool: &str,
+    args: serde_json::Value,
+    ct: CancellationToken,
+    progress: Option<tokio::sync::mpsc::Sender<ProgressNotificationParam>>,
+) -> CallToolResult {
+    let error = |text: String| CallToolResult::error(vec![ContentBlock::text(text)]);
+    if !FORWARDED_TOOLS.contains(&tool) {
+        return error(format!(
+            "`{tool}` is not a tool another server forwards; those are {}",
+            FORWARDED_TOOLS.join(", ")
+        ));
+    }
+    let serde_json::Value::Object(args) = args else {
+        return error(format!(
+            "failed to deserialize parameters: the arguments are not a JSON object: {args}"
+        ));
+    };
+    let call = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+    let mut request = ClientRequest::CallToolRequest(Request::new(call));
+    if progress.is_some() {
+        // The token is the caller's, set by the server it called.
+        let token = ProgressToken(NumberOrString::Number(0));
+        request.get_meta_mut().set_progress_token(token);
+    }
+    let id = NumberOrString::Number(0);
+    let (transport, mut answers) =
+        OneshotTransport::<RoleServer>::new(ClientJsonRpcMessage::request(request, id));
+    // Dropping it (this call dropped) cancels the request too.
+    let _service = serve_directly_with_ct(server.clone(), transport, None, ct.child_token());
+    while let Some(answer) = answers.recv().await {
+        match answer {
+            ServerJsonRpcMessage::Notification(n) => {
+                if let (ServerNotification::ProgressNotification(p), Some(tx)) =
+                    (n.notification, &progress)
+                {
+                    let _ = tx.send(p.params).await;
+                }
+            }
+            ServerJsonRpcMessage::Response(r) => {
+                return match r.result {
+                    ServerResult::CallToolResult(result) => result,
+                    other => error(format!("the tool answered with something else: {other:?}")),
+                };
+            }
+            ServerJsonRpcMessage::Error(e) => return error(e.error.message.into_owned()),
+            ServerJsonRpcMessage::Request(_) => {}
         }
     }
+    error("the call was cancelled".to_string())
 }
 
-/// Send `tool(params)` to `peer` and return its result (see [`Forwarder::forward`]).
-async fn forward_call<P: Serialize>(
+/// Send `tool(args)` to `peer` and return its result (see [`ClusterServer::forwarded`]).
+async fn forward_call(
     cluster: &Cluster,
     peer: &Peer,
     tool: &str,
-    params: &P,
+    args: &JsonObject,
     ct: &CancellationToken,
     progress: Option<(ProgressToken, McpPeer<RoleServer>)>,
 ) -> Result<CallToolResult, String> {
     if let Some(progress) = progress {
-        return forward_streamed(cluster, peer, tool, params, ct, progress).await;
+        return forward_streamed(cluster, peer, tool, args, ct, progress).await;
     }
-    let args = serde_json::to_value(params).map_err(|e| e.to_string())?;
+    let args = serde_json::Value::Object(args.clone());
     let timeout = (tool == "get_result").then(|| {
         let wait = args["wait_seconds"]
             .as_f64()
@@ -169,15 +257,15 @@ async fn forward_call<P: Serialize>(
 }
 
 /// A forwarded call whose owner streams progress lines, then the result.
-async fn forward_streamed<P: Serialize>(
+async fn forward_streamed(
     cluster: &Cluster,
     peer: &Peer,
     tool: &str,
-    params: &P,
+    args: &JsonObject,
     ct: &CancellationToken,
     (token, caller): (ProgressToken, McpPeer<RoleServer>),
 ) -> Result<CallToolResult, String> {
-    let body = serde_json::to_vec(params).map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(args).map_err(|e| e.to_string())?;
     let mut headers = HeaderMap::new();
     headers.insert(header::ACCEPT, HeaderValue::from_static(PROGRESS_STREAM));
     headers.insert(
@@ -237,36 +325,4 @@ async fn forward_streamed<P: Serialize>(
         _ = ct.cancelled() => Err("the call was cancelled".to_string()),
         r = relay => r,
     }
-}
-
-/// A forwarded call's arguments, read as the tool reads them.
-pub(super) fn parse<P: DeserializeOwned>(args: serde_json::Value) -> Result<P, String> {
-    serde_path_to_error::deserialize(args).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            format!("failed to deserialize parameters: {inner}")
-        } else {
-            format!("failed to deserialize parameters: {path}: {inner}")
-        }
-    })
-}
-
-/// A typed result as rmcp's `Json` wrapper makes it.
-pub(super) fn structured_result<T: Serialize>(
-    json: rmcp::handler::server::wrapper::Json<T>,
-) -> CallToolResult {
-    CallToolResult::structured(serde_json::to_value(json.0).unwrap_or_default())
-}
-
-/// The typed value of a forwarded result (for the tools whose results are typed), or its
-/// error text.
-pub(super) fn structured<T: DeserializeOwned>(result: CallToolResult) -> Result<T, String> {
-    if result.is_error == Some(true) {
-        return Err(super::results::text_of(&result));
-    }
-    let value = result
-        .structured_content
-        .ok_or("the server holding it answered without a structured result")?;
-    serde_json::from_value(value).map_err(|e| format!("the server holding it answered: {e}"))
 }

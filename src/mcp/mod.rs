@@ -1,6 +1,8 @@
 //! The MCP tool server: the tools of the contract, typed parameters and results (their JSON
 //! schemas are derived from the Rust types), descriptions written from the running
-//! configuration ([`describe`], [`schema`]), results built in [`results`].
+//! configuration ([`describe`], [`schema`]), results built in [`results`]. Each tool exists
+//! once, in [`CodeboxServer`], and works on this server; in a cluster, [`ClusterServer`]
+//! (`forward.rs`) wraps it and forwards a call about another server's run or session there.
 //!
 //! A run that executed and failed is a normal result. Bad arguments, an unknown run or session
 //! id and a full queue are tool errors (`isError: true`) whose text names the field.
@@ -18,16 +20,14 @@ use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Json;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    CallToolResult, Implementation, ProgressNotificationParam, ProgressToken, ServerCapabilities,
     ServerConfig,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{catalog, Catalog};
-use crate::cluster::Held;
-use crate::cluster::{Cluster, Peer};
 use crate::contract::answers::SessionFileResult;
 use crate::contract::params::{
     check_wait, GetResultParams, HistoryParams, ReadSessionFileParams, SessionIdParams,
@@ -40,8 +40,9 @@ use crate::history::{HistoryResult, Query};
 use crate::report::{RunReport, Status};
 use crate::runs::{Accepted, RunManager, SubmitError};
 use crate::sessions::{Closed, SessionInfo, SessionList, Sessions};
-use forward::{parse, structured_result, Forwarder, ProgressSink};
-pub use forward::{StreamLine, FORWARDED_TOOLS, PROGRESS_STREAM, TOOLS_PATH};
+pub use forward::{
+    answer_forwarded, ClusterServer, StreamLine, FORWARDED_TOOLS, PROGRESS_STREAM, TOOLS_PATH,
+};
 pub use params::Parameters;
 pub use results::{report_result, session_file_result};
 
@@ -54,34 +55,14 @@ const PROGRESS_LINES: usize = 10;
 /// ...and this many bytes.
 const PROGRESS_BYTES: usize = 1024;
 
-/// The tool server. One per MCP session; all share the run manager.
+/// The tool server. One per MCP session; all share the run manager. Each tool carries out its
+/// call on this server; in a cluster, [`ClusterServer`] wraps it and forwards the calls about
+/// another server's run or session there.
 #[derive(Clone)]
 pub struct CodeboxServer {
     manager: RunManager,
     sessions: Arc<Sessions>,
     tool_router: ToolRouter<Self>,
-    /// This server as a member of a cluster: calls about another server's runs and sessions
-    /// are forwarded to it ([`Forwarder`]).
-    forwarder: Option<Forwarder>,
-}
-
-impl CodeboxServer {
-    /// A refused request as a tool error's text; a session the server does not know is
-    /// looked up in the history first.
-    async fn submit_error(&self, e: SubmitError) -> String {
-        match e {
-            SubmitError::Invalid(e) => format!("invalid argument {e}"),
-            SubmitError::Session(e) => self.session_error(e).await,
-            other => other.to_string(),
-        }
-    }
-
-    async fn session_error(&self, e: SessionError) -> String {
-        match self.sessions.explain(e).await {
-            SessionError::Invalid(e) => format!("invalid argument {e}"),
-            other => other.to_string(),
-        }
-    }
 }
 
 impl CodeboxServer {
@@ -127,7 +108,6 @@ impl CodeboxServer {
             manager,
             sessions,
             tool_router,
-            forwarder: None,
         }
     }
 
@@ -139,89 +119,79 @@ impl CodeboxServer {
         &self.sessions
     }
 
-    /// This server as a member of a cluster (`None`: alone, or stdio).
-    pub fn with_cluster(mut self, cluster: Option<Arc<Cluster>>) -> CodeboxServer {
-        self.forwarder = cluster.map(|c| Forwarder::new(c, self.sessions.clone()));
-        self
+    /// A refused request as a tool error's text; a session the server does not know is
+    /// looked up in the history first.
+    async fn submit_error(&self, e: SubmitError) -> String {
+        match e {
+            SubmitError::Invalid(e) => format!("invalid argument {e}"),
+            SubmitError::Session(e) => self.session_error(e).await,
+            other => other.to_string(),
+        }
     }
 
-    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
-        self.forwarder.as_ref().map(Forwarder::cluster)
+    async fn session_error(&self, e: SessionError) -> String {
+        match self.sessions.explain(e).await {
+            SessionError::Invalid(e) => format!("invalid argument {e}"),
+            other => other.to_string(),
+        }
     }
 
-    /// The other server that holds run `run_id`, if one does, and the way there.
-    async fn run_owner(&self, run_id: &str) -> Option<(&Forwarder, Peer)> {
-        let f = self.forwarder.as_ref()?;
-        Some((f, f.run_owner(run_id).await?))
-    }
-
-    /// The other server that holds session `session_id`, if one does, and the way there.
-    async fn session_owner(&self, session_id: Option<&str>) -> Option<(&Forwarder, Peer)> {
-        let f = self.forwarder.as_ref()?;
-        Some((f, f.session_owner(session_id?).await?))
-    }
-
-    /// Carry out a tool call another server forwarded: `tool` is one of
-    /// [`FORWARDED_TOOLS`], done here whoever holds it (never forwarded again); `ct`
-    /// cancelled (the forwarding server left) stops a `run_code` run as a client's
-    /// cancellation does.
-    /// `progress`: where `run_code`'s progress notifications go (the forwarding server's
-    /// stream), if its caller asked for them.
-    pub async fn call_here(
+    /// Tell the client how run `run_id` is doing (a progress notification under `token`);
+    /// `notified` is the progress told last, which each notification must exceed.
+    async fn notify_progress(
         &self,
-        tool: &str,
-        args: serde_json::Value,
-        ct: CancellationToken,
-        progress: Option<tokio::sync::mpsc::Sender<ProgressNotificationParam>>,
-    ) -> CallToolResult {
-        let outcome = match tool {
-            "run_code" => match parse(args) {
-                Ok(request) => {
-                    let sink = progress.map(ProgressSink::Stream);
-                    self.run_code_here(request, sink, ct).await
-                }
-                Err(e) => Err(e),
-            },
-            "start_run" => match parse(args) {
-                Ok(request) => self.start_run_here(request).await.map(structured_result),
-                Err(e) => Err(e),
-            },
-            "get_result" => match parse(args) {
-                Ok(p) => self.get_result_here(p, ct).await,
-                Err(e) => Err(e),
-            },
-            "stop_run" => match parse(args) {
-                Ok(p) => self.stop_run_here(p).await,
-                Err(e) => Err(e),
-            },
-            "read_session_file" => match parse(args) {
-                Ok(p) => self.read_session_file_here(p).await,
-                Err(e) => Err(e),
-            },
-            "close_session" => match parse(args) {
-                Ok(p) => self.close_session_here(p).await.map(structured_result),
-                Err(e) => Err(e),
-            },
-            other => Err(format!(
-                "`{other}` is not a tool another server forwards; those are {}",
-                FORWARDED_TOOLS.join(", ")
-            )),
+        run_id: &str,
+        (token, peer): &(ProgressToken, Peer<RoleServer>),
+        notified: &mut f64,
+    ) {
+        let Some(p) = self.manager.progress(run_id) else {
+            return;
         };
-        outcome.unwrap_or_else(|text| CallToolResult::error(vec![ContentBlock::text(text)]))
+        if p.status.is_terminal() {
+            return;
+        }
+        let done = (p.elapsed.as_secs_f64() * 10.0).round() / 10.0;
+        let done = if done > *notified {
+            done
+        } else {
+            *notified + 0.1
+        };
+        *notified = done;
+        let message = match (p.status, p.queue_position) {
+            (Status::Queued, Some(pos)) => format!("queued: number {pos} waiting for a slot"),
+            _ => {
+                let mut m = format!("running for {:.0} s", p.elapsed.as_secs_f64());
+                let tail = self
+                    .manager
+                    .feed(run_id)
+                    .map(|f| f.tail(PROGRESS_LINES, PROGRESS_BYTES))
+                    .unwrap_or_default();
+                if !tail.is_empty() {
+                    m.push_str("; newest output:\n");
+                    m.push_str(&tail);
+                }
+                m
+            }
+        };
+        let note = ProgressNotificationParam::new(token.clone(), done)
+            .with_total(p.budget.as_secs_f64().max(done))
+            .with_message(message);
+        let _ = peer.notify_progress(note).await;
     }
 }
 
-/// The tools' work on this server (after the run or session was found to be its own, or for
-/// a call another server forwarded: [`CodeboxServer::call_here`]).
+#[tool_router]
 impl CodeboxServer {
-    /// `run_code` here; progress notifications go to `progress` when the client asked for
-    /// them; `ct` cancelled stops the run.
-    async fn run_code_here(
+    #[tool(description = "Run a program and wait for its report.")]
+    async fn run_code(
         &self,
-        request: RunRequest,
-        progress: Option<ProgressSink>,
-        ct: CancellationToken,
+        Parameters(request): Parameters<RunRequest>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, String> {
+        let progress = ctx
+            .meta
+            .get_progress_token()
+            .map(|token| (token, ctx.peer.clone()));
         let accepted = match self.sessions.submit(request) {
             Ok(a) => a,
             Err(e) => return Err(self.submit_error(e).await),
@@ -235,39 +205,11 @@ impl CodeboxServer {
             RUN_WAIT
         };
         loop {
-            if let (Some(sink), Some(p)) = (&progress, self.manager.progress(&run_id)) {
-                if !p.status.is_terminal() {
-                    let done = (p.elapsed.as_secs_f64() * 10.0).round() / 10.0;
-                    let done = if done > notified {
-                        done
-                    } else {
-                        notified + 0.1
-                    };
-                    notified = done;
-                    let message = match (p.status, p.queue_position) {
-                        (Status::Queued, Some(pos)) => {
-                            format!("queued: number {pos} waiting for a slot")
-                        }
-                        _ => {
-                            let mut m = format!("running for {:.0} s", p.elapsed.as_secs_f64());
-                            let tail = self
-                                .manager
-                                .feed(&run_id)
-                                .map(|f| f.tail(PROGRESS_LINES, PROGRESS_BYTES))
-                                .unwrap_or_default();
-                            if !tail.is_empty() {
-                                m.push_str("; newest output:\n");
-                                m.push_str(&tail);
-                            }
-                            m
-                        }
-                    };
-                    sink.notify(done, p.budget.as_secs_f64().max(done), message)
-                        .await;
-                }
+            if let Some(progress) = &progress {
+                self.notify_progress(&run_id, progress, &mut notified).await;
             }
             tokio::select! {
-                _ = ct.cancelled() => {
+                _ = ctx.ct.cancelled() => {
                     tracing::info!(run_id, "run_code was cancelled by the client; stopping the run");
                     return self.manager.stop(&run_id).await.map(report_result).map_err(|e| e.to_string());
                 }
@@ -280,16 +222,21 @@ impl CodeboxServer {
         }
     }
 
-    async fn start_run_here(&self, request: RunRequest) -> Result<Json<Accepted>, String> {
+    #[tool(description = "Start a program and return its run id at once.")]
+    async fn start_run(
+        &self,
+        Parameters(request): Parameters<RunRequest>,
+    ) -> Result<Json<Accepted>, String> {
         match self.sessions.submit(request) {
             Ok(a) => Ok(Json(a)),
             Err(e) => Err(self.submit_error(e).await),
         }
     }
 
-    async fn get_result_here(
+    #[tool(description = "Get a run's report, optionally waiting for the end.")]
+    async fn get_result(
         &self,
-        p: GetResultParams,
+        Parameters(p): Parameters<GetResultParams>,
         ct: CancellationToken,
     ) -> Result<CallToolResult, String> {
         let wait = check_wait(p.wait_seconds).map_err(|e| format!("invalid argument {e}"))?;
@@ -300,7 +247,11 @@ impl CodeboxServer {
         }
     }
 
-    async fn stop_run_here(&self, p: StopRunParams) -> Result<CallToolResult, String> {
+    #[tool(description = "Stop a run.")]
+    async fn stop_run(
+        &self,
+        Parameters(p): Parameters<StopRunParams>,
+    ) -> Result<CallToolResult, String> {
         self.manager
             .stop(&ids::run_id(&p.run_id))
             .await
@@ -308,9 +259,30 @@ impl CodeboxServer {
             .map_err(|e| e.to_string())
     }
 
-    async fn read_session_file_here(
+    #[tool(description = "List the supported languages and limits.")]
+    async fn list_supported_languages(&self) -> Result<Json<Catalog>, String> {
+        let m = &self.manager;
+        catalog(m.executor().engine().as_ref(), m.registry(), m.config())
+            .await
+            .map(Json)
+            .map_err(|e| format!("listing the languages failed: {e}"))
+    }
+
+    #[tool(description = "Open a session.")]
+    async fn create_session(
         &self,
-        p: ReadSessionFileParams,
+        Parameters(request): Parameters<SessionRequest>,
+    ) -> Result<Json<SessionInfo>, String> {
+        match self.sessions.create(request).await {
+            Ok(info) => Ok(Json(info)),
+            Err(e) => Err(self.session_error(e).await),
+        }
+    }
+
+    #[tool(description = "Read a session's file.")]
+    async fn read_session_file(
+        &self,
+        Parameters(p): Parameters<ReadSessionFileParams>,
     ) -> Result<CallToolResult, String> {
         let offset = match p.offset {
             None => 0,
@@ -340,129 +312,6 @@ impl CodeboxServer {
         }
     }
 
-    async fn close_session_here(&self, p: SessionIdParams) -> Result<Json<Closed>, String> {
-        match self.sessions.close_removed(&p.session_id).await {
-            Ok(c) => Ok(Json(c)),
-            Err(e) => Err(self.session_error(e).await),
-        }
-    }
-}
-
-#[tool_router]
-impl CodeboxServer {
-    #[tool(description = "Run a program and wait for its report.")]
-    async fn run_code(
-        &self,
-        Parameters(request): Parameters<RunRequest>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, String> {
-        let progress = ctx
-            .meta
-            .get_progress_token()
-            .map(|token| (token, ctx.peer.clone()));
-        let sid = request.session_id.clone();
-        if let Some((f, peer)) = self.session_owner(sid.as_deref()).await {
-            let what = Held::Session(sid.as_deref().unwrap_or_default());
-            let forwarded = f
-                .forward(&peer, what, "run_code", &request, &ctx.ct, progress.clone())
-                .await;
-            if let Some(r) = forwarded {
-                return r;
-            }
-        }
-        let sink = progress.map(|(token, peer)| ProgressSink::Client(token, peer));
-        self.run_code_here(request, sink, ctx.ct).await
-    }
-
-    #[tool(description = "Start a program and return its run id at once.")]
-    async fn start_run(
-        &self,
-        Parameters(request): Parameters<RunRequest>,
-        ct: CancellationToken,
-    ) -> Result<Json<Accepted>, String> {
-        let sid = request.session_id.clone();
-        if let Some((f, peer)) = self.session_owner(sid.as_deref()).await {
-            let what = Held::Session(sid.as_deref().unwrap_or_default());
-            if let Some(r) = f
-                .forward(&peer, what, "start_run", &request, &ct, None)
-                .await
-            {
-                return forward::structured(r?).map(Json);
-            }
-        }
-        self.start_run_here(request).await
-    }
-
-    #[tool(description = "Get a run's report, optionally waiting for the end.")]
-    async fn get_result(
-        &self,
-        Parameters(p): Parameters<GetResultParams>,
-        ct: CancellationToken,
-    ) -> Result<CallToolResult, String> {
-        if let Some((f, peer)) = self.run_owner(&p.run_id).await {
-            let id = ids::run_id(&p.run_id);
-            let what = Held::Run(&id);
-            if let Some(r) = f.forward(&peer, what, "get_result", &p, &ct, None).await {
-                return r;
-            }
-        }
-        self.get_result_here(p, ct).await
-    }
-
-    #[tool(description = "Stop a run.")]
-    async fn stop_run(
-        &self,
-        Parameters(p): Parameters<StopRunParams>,
-        ct: CancellationToken,
-    ) -> Result<CallToolResult, String> {
-        if let Some((f, peer)) = self.run_owner(&p.run_id).await {
-            let id = ids::run_id(&p.run_id);
-            let what = Held::Run(&id);
-            if let Some(r) = f.forward(&peer, what, "stop_run", &p, &ct, None).await {
-                return r;
-            }
-        }
-        self.stop_run_here(p).await
-    }
-
-    #[tool(description = "List the supported languages and limits.")]
-    async fn list_supported_languages(&self) -> Result<Json<Catalog>, String> {
-        let m = &self.manager;
-        catalog(m.executor().engine().as_ref(), m.registry(), m.config())
-            .await
-            .map(Json)
-            .map_err(|e| format!("listing the languages failed: {e}"))
-    }
-
-    #[tool(description = "Open a session.")]
-    async fn create_session(
-        &self,
-        Parameters(request): Parameters<SessionRequest>,
-    ) -> Result<Json<SessionInfo>, String> {
-        match self.sessions.create(request).await {
-            Ok(info) => Ok(Json(info)),
-            Err(e) => Err(self.session_error(e).await),
-        }
-    }
-
-    #[tool(description = "Read a session's file.")]
-    async fn read_session_file(
-        &self,
-        Parameters(p): Parameters<ReadSessionFileParams>,
-        ct: CancellationToken,
-    ) -> Result<CallToolResult, String> {
-        if let Some((f, peer)) = self.session_owner(Some(&p.session_id)).await {
-            let what = Held::Session(&p.session_id);
-            if let Some(r) = f
-                .forward(&peer, what, "read_session_file", &p, &ct, None)
-                .await
-            {
-                return r;
-            }
-        }
-        self.read_session_file_here(p).await
-    }
-
     #[tool(description = "List the open sessions.")]
     async fn list_sessions(&self) -> Result<Json<SessionList>, String> {
         Ok(Json(self.sessions.list()))
@@ -472,15 +321,11 @@ impl CodeboxServer {
     async fn close_session(
         &self,
         Parameters(p): Parameters<SessionIdParams>,
-        ct: CancellationToken,
     ) -> Result<Json<Closed>, String> {
-        if let Some((f, peer)) = self.session_owner(Some(&p.session_id)).await {
-            let what = Held::Session(&p.session_id);
-            if let Some(r) = f.forward(&peer, what, "close_session", &p, &ct, None).await {
-                return forward::structured(r?).map(Json);
-            }
+        match self.sessions.close_removed(&p.session_id).await {
+            Ok(c) => Ok(Json(c)),
+            Err(e) => Err(self.session_error(e).await),
         }
-        self.close_session_here(p).await
     }
 
     #[tool(description = "List past runs, newest first.")]

@@ -91,13 +91,3 @@ pub fn session_file_result(f: SessionFile, session_id: &str) -> CallToolResult {
     result.structured_content = serde_json::to_value(&structured).ok();
     result
 }
-
-/// The text blocks of a result, joined (a tool error's message).
-pub fn text_of(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
-}

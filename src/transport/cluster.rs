@@ -4,7 +4,7 @@
 //!   `GET /v1/sessions/{id}/files...`) are forwarded to it as they are, and its answer is
 //!   passed back as it comes;
 //! - `POST /cluster/tools/{tool}` takes the MCP tool calls another server forwards
-//!   ([`CodeboxServer::call_here`]); only with the cluster secret. A `run_code` asked with
+//!   ([`crate::mcp::answer_forwarded`]); only with the cluster secret. A `run_code` asked with
 //!   `Accept: application/x-ndjson` answers a stream: its progress notifications, one JSON
 //!   line each, as they come, then its result ([`crate::mcp::StreamLine`]).
 //!
@@ -25,7 +25,7 @@ use crate::api::{read_body, Client};
 use crate::cluster::{Cluster, Held, Peer, WAIT_SLACK};
 use crate::contract::ids;
 use crate::contract::params::MAX_WAIT_SECONDS;
-use crate::mcp::CodeboxServer;
+use crate::mcp::{answer_forwarded, CodeboxServer};
 
 /// What the forwarding middleware needs.
 #[derive(Clone)]
@@ -272,7 +272,7 @@ pub async fn tool_call(
         return streamed_run_code(f.server.clone(), args);
     }
     let ct = CancellationToken::new();
-    let call = f.server.call_here(&tool, args, ct.clone(), None);
+    let call = answer_forwarded(&f.server, &tool, args, ct.clone(), None);
     tokio::pin!(call);
     let result = tokio::select! {
         r = &mut call => r,
@@ -299,7 +299,7 @@ fn streamed_run_code(server: CodeboxServer, args: serde_json::Value) -> Response
     };
     tokio::spawn(async move {
         let ct = CancellationToken::new();
-        let call = server.call_here("run_code", args, ct.clone(), Some(progress));
+        let call = answer_forwarded(&server, "run_code", args, ct.clone(), Some(progress));
         tokio::pin!(call);
         let result = loop {
             tokio::select! {

@@ -41,7 +41,7 @@ use super::ServeError;
 use crate::api::{self, Api};
 use crate::cluster::Cluster;
 use crate::config::HttpSettings;
-use crate::mcp::CodeboxServer;
+use crate::mcp::ClusterServer;
 use crate::runs::RunManager;
 use crate::sessions::Sessions;
 
@@ -445,16 +445,16 @@ fn rpc_error(answer: Result<serde_json::Value, serde_json::Error>) -> Response {
 
 /// The whole HTTP application. `ct` ends open MCP streams at shutdown.
 pub fn router(
-    server: CodeboxServer,
+    server: ClusterServer,
     token: Option<Token>,
     policy: &HttpSettings,
     ct: CancellationToken,
 ) -> Router {
-    let manager = server.manager().clone();
-    let sessions = server.sessions().clone();
+    let manager = server.server().manager().clone();
+    let sessions = server.server().sessions().clone();
     let cluster = server.cluster().cloned();
     let forwarding = cluster.clone().map(|cluster| Forwarding {
-        server: server.clone(),
+        server: server.server().clone(),
         cluster,
         max_body: policy.max_body_bytes,
     });
@@ -531,7 +531,7 @@ pub fn router(
 
 /// Bind the listen address and serve until `shutdown` resolves.
 pub async fn serve(
-    server: CodeboxServer,
+    server: ClusterServer,
     http: &HttpSettings,
     token: Option<Token>,
     shutdown: impl Future<Output = ()> + Send + 'static,

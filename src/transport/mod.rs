@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::cluster::{Cluster, ClusterError};
 use crate::config::Config;
-use crate::mcp::CodeboxServer;
+use crate::mcp::{ClusterServer, CodeboxServer};
 use crate::sessions::Sessions;
 
 /// Which transport to serve, with what it needs.
@@ -80,7 +80,7 @@ pub async fn serve(
             let drain = cluster.is_some().then(|| {
                 Duration::from_secs_f64(config.limits.max_timeout_seconds * 2.0) + DRAIN_SLACK
             });
-            let server = CodeboxServer::new(sessions.clone()).with_cluster(cluster);
+            let server = ClusterServer::new(CodeboxServer::new(sessions.clone()), cluster);
             // Then the sessions end and every run left is stopped while its callers are still
             // connected, so that they get its `stopped` report before the connections close.
             let shutdown = async move {

@@ -10,10 +10,10 @@ use axum::http::{HeaderMap, Method};
 use codebox::cluster::{Cluster, Peer};
 use codebox::config::HttpSettings;
 use codebox::engine::fake::FakeEngine;
-use codebox::mcp::CodeboxServer;
+use codebox::mcp::{answer_forwarded, ClusterServer, CodeboxServer};
 use codebox::transport::http::{router, serve_connections, Token};
 use futures_util::StreamExt;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp_support::{manager_on, temp_history, TOKEN};
@@ -90,8 +90,8 @@ async fn a_forwarded_event_stream_ends_once_the_owners_lease_lapses() {
     let m = manager_on(Arc::new(FakeEngine::new()), |_| {}, Some(history.clone()));
     let lease = Duration::from_secs(1);
     let cluster = Arc::new(Cluster::new(SECRET, "me", lease));
-    let server =
-        CodeboxServer::new(codebox::sessions::Sessions::new(m)).with_cluster(Some(cluster));
+    let server = CodeboxServer::new(codebox::sessions::Sessions::new(m));
+    let server = ClusterServer::new(server, Some(cluster));
     let policy = HttpSettings::default();
     let stop = CancellationToken::new();
     let app = router(server, Some(Token::new(TOKEN)), &policy, stop.child_token());
@@ -168,4 +168,38 @@ async fn an_unknown_id_costs_a_handful_of_lookups_before_a_forward() {
         lookups <= 16,
         "{lookups} history lookups for two unknown ids"
     );
+}
+
+/// The text of a tool error.
+fn error_text(result: &rmcp::model::CallToolResult) -> String {
+    assert_eq!(result.is_error, Some(true), "{result:?}");
+    crate::mcp_support::text(result)
+}
+
+#[tokio::test]
+async fn a_forwarded_call_is_answered_here_as_the_tool_answers() {
+    let fake = Arc::new(FakeEngine::new());
+    let server = CodeboxServer::new(codebox::sessions::Sessions::new(
+        crate::mcp_support::fake_manager(&fake, |_| {}),
+    ));
+    let answer = |tool: &'static str, args: Value| {
+        answer_forwarded(&server, tool, args, CancellationToken::new(), None)
+    };
+    let bad_language = json!({"language": "intercal", "code": "x"});
+    let text = error_text(&answer("run_code", bad_language).await);
+    assert!(text.contains("language"), "{text}");
+    let bad_type = json!({"run_id": 7});
+    let text = error_text(&answer("get_result", bad_type).await);
+    assert!(
+        text.starts_with("failed to deserialize parameters: run_id"),
+        "{text}"
+    );
+    let text = error_text(&answer("list_sessions", json!({})).await);
+    assert!(
+        text.contains("not a tool another server forwards"),
+        "{text}"
+    );
+    let closed = answer("close_session", json!({"session_id": "s_unknown"})).await;
+    assert!(error_text(&closed).contains("s_unknown"), "{closed:?}");
+    assert!(fake.specs().is_empty(), "a refused call made a container");
 }

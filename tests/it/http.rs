@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use codebox::config::HttpSettings;
 use codebox::engine::fake::FakeEngine;
-use codebox::mcp::CodeboxServer;
+use codebox::mcp::{ClusterServer, CodeboxServer};
 use codebox::runs::RunManager;
 use codebox::sessions::Sessions;
 use codebox::transport::http::{resolve_auth, router, serve_connections, Token};
@@ -72,7 +72,7 @@ pub async fn start_sessions(
     tweak(&mut policy);
     let stop = CancellationToken::new();
     let app = router(
-        CodeboxServer::new(sessions),
+        ClusterServer::new(CodeboxServer::new(sessions), None),
         token.map(Token::new),
         &policy,
         stop.child_token(),
