@@ -11,8 +11,10 @@
 //! listening on a Unix socket in a directory of its own that the container gets read-only;
 //! codebox-init's relay carries `127.0.0.1:3128` inside the container there. With no network
 //! there is no DNS, no route and no other address, the host's included. It writes only its working directory, a
-//! tmpfs capped at `packages.prefix_mb`, which codebox copies into a fresh volume through a
-//! container that never starts. Programs mount that volume read-only.
+//! tmpfs capped at `packages.prefix_mb`, which codebox-init hands back and codebox copies
+//! into a fresh volume through a container that never starts (`Packages::copier`; for a
+//! session the same one copies into the session's volume too, see [`session`]). Programs
+//! mount that volume read-only.
 
 pub mod cache;
 pub mod proxy;

@@ -13,9 +13,12 @@
 //!
 //! # Security
 //! The program's container still mounts the volume read-only and keeps `network_mode=none`;
-//! what is written into it comes from the install container through a container that is
-//! created and never started, as for the cache. The union is installed whole into a prefix
-//! capped at `packages.prefix_mb`, so a session's prefix never grows beyond it.
+//! what is written into it comes from the install container through one container that is
+//! created and never started: after a fresh install the one that fills the cache's volume
+//! (it mounts the session's too), from the cache one that mounts the cached prefix read-only.
+//! One session install so makes two containers, or one from the cache. The union is installed
+//! whole into a prefix capped at `packages.prefix_mb`, so a session's prefix never grows
+//! beyond it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
