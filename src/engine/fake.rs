@@ -152,8 +152,9 @@ struct State {
     volumes: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
     /// The next this many volume removals fail (a container mounting it is still going).
     failing_volume_removals: usize,
-    /// The next this many uploads stop after half their entries (a copy cut short).
-    cut_uploads: usize,
+    /// The next this many uploads into a volume stop after half their entries (a copy cut
+    /// short).
+    cut_uploads: BTreeMap<String, usize>,
 }
 
 /// The fake engine.
@@ -237,9 +238,9 @@ impl FakeEngine {
         self.state().failing_volume_removals = n;
     }
 
-    /// Make the next `n` uploads write half their entries, then fail.
-    pub fn cut_uploads(&self, n: usize) {
-        self.state().cut_uploads = n;
+    /// Make the next `n` uploads into `volume` write half their entries, then fail.
+    pub fn cut_uploads(&self, volume: &str, n: usize) {
+        self.state().cut_uploads.insert(volume.to_string(), n);
     }
 
     /// Make the next `n` container removals fail.
@@ -718,9 +719,14 @@ impl ContainerEngine for FakeEngine {
             std::io::Read::read_to_end(&mut entry, &mut content).map_err(bad)?;
             files.push((name, content));
         }
-        let cut = st.cut_uploads > 0;
+        let cut = match st.cut_uploads.get_mut(&volume) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        };
         if cut {
-            st.cut_uploads -= 1;
             files.truncate(files.len().div_ceil(2));
         }
         let into = st.volumes.entry(volume).or_default();

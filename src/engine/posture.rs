@@ -219,9 +219,9 @@ pub enum Role<'a> {
     Run,
     /// An install container: no volume, its own runtime, the install's egress proxy.
     Install { runtime: &'a str },
-    /// A container created only to copy an installed prefix into its volume, never started:
-    /// the prefix's volume writable.
-    Fill,
+    /// A container created only to copy installed prefixes, never started: the volumes it
+    /// copies into writable, at most one it copies from read-only.
+    Copy,
 }
 
 /// The install container's spec: the posture of every container (no network), under
@@ -238,16 +238,16 @@ pub fn install(
     spec
 }
 
-/// The spec of a container that only receives an installed prefix into `volume` (at
-/// `target`) and is removed without ever starting.
-pub fn filler(plan: &Plan, sandbox: &SandboxSettings, volume: &str, target: &str) -> ContainerSpec {
+/// The spec of a container that only copies installed prefixes into and out of `volumes`
+/// through the engine's archive calls and is removed without ever starting.
+pub fn copier(
+    plan: &Plan,
+    sandbox: &SandboxSettings,
+    volumes: Vec<super::VolumeMount>,
+) -> ContainerSpec {
     let mut spec = locked_down(plan, sandbox);
     spec.open_stdin = false;
-    spec.volumes = vec![super::VolumeMount {
-        volume: volume.to_string(),
-        target: target.to_string(),
-        read_only: false,
-    }];
+    spec.volumes = volumes;
     spec
 }
 
@@ -274,7 +274,8 @@ pub fn check_as(
 ) -> Result<(), PostureViolation> {
     let fail = |m: String| Err(PostureViolation(m));
     for v in &spec.volumes {
-        if !v.volume.starts_with(PACKAGES_VOLUME_PREFIX) || !v.target.starts_with("/opt/") {
+        let dots = v.target.split('/').any(|c| c == ".." || c == ".");
+        if !v.volume.starts_with(PACKAGES_VOLUME_PREFIX) || !v.target.starts_with("/opt/") || dots {
             return fail(format!(
                 "volume {} at {} is not an installed packages prefix under /opt",
                 v.volume, v.target
@@ -290,8 +291,27 @@ pub fn check_as(
             _ => {}
         }
     }
-    if role == Role::Fill && (spec.volumes.len() != 1 || spec.open_stdin) {
-        return fail("a filler has exactly one volume and no stdin".into());
+    for (i, a) in spec.volumes.iter().enumerate() {
+        let inside = |outer: &str, inner: &str| {
+            inner == outer || inner.starts_with(&format!("{}/", outer.trim_end_matches('/')))
+        };
+        if let Some(b) = spec.volumes[i + 1..]
+            .iter()
+            .find(|b| inside(&a.target, &b.target) || inside(&b.target, &a.target))
+        {
+            return fail(format!(
+                "the volumes {} and {} overlap at {} and {}",
+                a.volume, b.volume, a.target, b.target
+            ));
+        }
+    }
+    if role == Role::Copy {
+        let writable = spec.volumes.iter().filter(|v| !v.read_only).count();
+        if writable == 0 || spec.volumes.len() - writable > 1 || spec.open_stdin {
+            return fail(
+                "a copier has a volume to copy into, at most one to copy from, and no stdin".into(),
+            );
+        }
     }
     let runtime = match role {
         Role::Install { runtime } => runtime,
@@ -301,7 +321,7 @@ pub fn check_as(
         (None, Role::Install { .. }) => {
             return fail("an install container without its egress proxy".into())
         }
-        (Some(_), Role::Fill) => return fail("a filler gets no egress".into()),
+        (Some(_), Role::Copy) => return fail("a copier gets no egress".into()),
         (Some(_), Role::Run) if sandbox.egress_hosts.is_empty() => {
             return fail("an egress mount, but sandbox.egress_hosts is empty".into())
         }
@@ -605,15 +625,72 @@ mod tests {
         let mut with_vol = inst.clone();
         with_prefix(&mut with_vol, "codebox-pkg-abc", "/opt/codebox/packages");
         assert!(check_as(&with_vol, &sandbox, role).is_err());
+    }
 
-        let fill = filler(
-            &plan(),
-            &sandbox,
-            "codebox-pkg-abc",
-            "/opt/codebox/packages",
-        );
-        check_as(&fill, &sandbox, Role::Fill).unwrap();
-        assert!(check(&fill, &sandbox).is_err());
+    #[test]
+    fn a_copier_copies_into_a_prefix_volume_from_at_most_one_and_never_nests_them() {
+        let sandbox = SandboxSettings::default();
+        let mount = |volume: &str, target: &str, read_only| crate::engine::VolumeMount {
+            volume: volume.into(),
+            target: target.into(),
+            read_only,
+        };
+        let into = mount("codebox-pkg-session", "/opt/codebox/session", false);
+        let cache = |read_only| mount("codebox-pkg-abc", "/opt/codebox/packages", read_only);
+        let pass = [
+            vec![cache(false)],
+            vec![cache(false), into.clone()],
+            vec![cache(true), into.clone()],
+        ];
+        for volumes in pass {
+            let c = copier(&plan(), &sandbox, volumes.clone());
+            check_as(&c, &sandbox, Role::Copy).unwrap_or_else(|v| panic!("{volumes:?}: {v}"));
+            assert!(
+                check(&c, &sandbox).is_err(),
+                "a program could write {volumes:?}"
+            );
+        }
+        let refused = [
+            ("nothing to copy into", vec![]),
+            ("only a volume to read", vec![cache(true)]),
+            (
+                "two to read",
+                vec![
+                    cache(true),
+                    mount("codebox-pkg-x", "/opt/x", true),
+                    into.clone(),
+                ],
+            ),
+            (
+                "one inside the other",
+                vec![
+                    cache(true),
+                    mount("codebox-pkg-x", "/opt/codebox/packages/x", false),
+                ],
+            ),
+            (
+                "at one place",
+                vec![
+                    cache(true),
+                    mount("codebox-pkg-x", "/opt/codebox/packages/", false),
+                ],
+            ),
+            (
+                "not a prefix",
+                vec![mount("someones-data", "/opt/x", false)],
+            ),
+            (
+                "out of /opt",
+                vec![mount("codebox-pkg-x", "/opt/../etc", false)],
+            ),
+        ];
+        for (what, volumes) in refused {
+            let c = copier(&plan(), &sandbox, volumes);
+            assert!(check_as(&c, &sandbox, Role::Copy).is_err(), "{what}");
+        }
+        let mut stdin = copier(&plan(), &sandbox, vec![cache(false)]);
+        stdin.open_stdin = true;
+        assert!(check_as(&stdin, &sandbox, Role::Copy).is_err(), "stdin");
     }
 
     /// A directory as the proxy makes it: mode 0711, only a socket named proxy.sock.

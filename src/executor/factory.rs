@@ -1,6 +1,6 @@
 //! The one container factory: every container codebox creates (a run's stages and test cases,
-//! a session's, the pool's ready ones, the install step's and the ones that copy packages in
-//! and out) is made here, the same way: a sandbox uid leased for it alone, its plan, the
+//! a session's, the pool's ready ones, the install step's and the ones that copy installed
+//! packages) is made here, the same way: a sandbox uid leased for it alone, its plan, the
 //! locked-down spec of what it is for, the posture check of that role, a guard that will
 //! remove it, and only then the engine's create.
 //!
@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::{self, Limits, Plan, PostureViolation, Role};
 use crate::engine::uids::UidPool;
-use crate::engine::{ContainerEngine, ContainerSpec};
+use crate::engine::{ContainerEngine, ContainerSpec, VolumeMount};
 
 /// A packages volume and where a container sees it.
 #[derive(Debug, Clone, Copy)]
@@ -46,18 +46,20 @@ pub(crate) enum Purpose<'a> {
     },
     /// An install: under `runtime`, its one way out the install's proxy listening in `egress`.
     Install { runtime: &'a str, egress: &'a Path },
-    /// Receives an installed prefix into its volume (writable); never started.
-    Fill(Volume<'a>),
-    /// Reads the prefix in its volume (read-only); never started.
-    Read(Volume<'a>),
+    /// Copies installed prefixes through the engine's archive calls, never started: into the
+    /// volumes of `into` (writable), out of `from` (read-only).
+    Copy {
+        into: &'a [Volume<'a>],
+        from: Option<Volume<'a>>,
+    },
 }
 
 impl<'a> Purpose<'a> {
     fn role(&self) -> Role<'a> {
         match *self {
-            Purpose::Program { .. } | Purpose::Read(_) => Role::Run,
+            Purpose::Program { .. } => Role::Run,
             Purpose::Install { runtime, .. } => Role::Install { runtime },
-            Purpose::Fill(_) => Role::Fill,
+            Purpose::Copy { .. } => Role::Copy,
         }
     }
 
@@ -66,8 +68,7 @@ impl<'a> Purpose<'a> {
         match self {
             Purpose::Program { .. } => "creating the container",
             Purpose::Install { .. } => "creating the install container",
-            Purpose::Fill(_) => "creating the container that fills the packages volume",
-            Purpose::Read(_) => "creating the container that reads the packages volume",
+            Purpose::Copy { .. } => "creating the container that copies the packages",
         }
     }
 }
@@ -183,12 +184,16 @@ impl Factory {
             Purpose::Install { runtime, egress } => {
                 posture::install(&plan, sandbox, runtime, egress)
             }
-            Purpose::Fill(v) => posture::filler(&plan, sandbox, v.name, v.target),
-            Purpose::Read(v) => {
-                let mut spec = posture::locked_down(&plan, sandbox);
-                spec.open_stdin = false;
-                posture::with_prefix(&mut spec, v.name, v.target);
-                spec
+            Purpose::Copy { into, from } => {
+                let mount = |v: &Volume<'_>, read_only| VolumeMount {
+                    volume: v.name.to_string(),
+                    target: v.target.to_string(),
+                    read_only,
+                };
+                let volumes = (into.iter().map(|v| mount(v, false)))
+                    .chain(from.iter().map(|v| mount(v, true)))
+                    .collect();
+                posture::copier(&plan, sandbox, volumes)
             }
         };
         self.check(&spec, purpose.role())?;
@@ -276,6 +281,11 @@ mod tests {
             name: &volume,
             target: "/opt/pkgs",
         };
+        let session_volume = format!("{PACKAGES_VOLUME_PREFIX}session");
+        let session = Volume {
+            name: &session_volume,
+            target: "/opt/session",
+        };
         let egress = egress_dir(&h, 0o711);
         let runtime = h.factory.config.sandbox.runtime.clone();
         let purposes = [
@@ -302,8 +312,27 @@ mod tests {
                     egress: &egress,
                 },
             ),
-            ("codebox-r-fill", Purpose::Fill(prefix)),
-            ("codebox-r-read", Purpose::Read(prefix)),
+            (
+                "codebox-r-fill",
+                Purpose::Copy {
+                    into: &[prefix],
+                    from: None,
+                },
+            ),
+            (
+                "codebox-r-copy",
+                Purpose::Copy {
+                    into: &[session],
+                    from: Some(prefix),
+                },
+            ),
+            (
+                "codebox-r-fill-both",
+                Purpose::Copy {
+                    into: &[prefix, session],
+                    from: None,
+                },
+            ),
         ];
         let mut made = Vec::new();
         for (name, purpose) in purposes {
@@ -338,6 +367,11 @@ mod tests {
             name: "someones-data",
             target: "/opt/pkgs",
         };
+        let volume = format!("{PACKAGES_VOLUME_PREFIX}v");
+        let prefix = Volume {
+            name: &volume,
+            target: "/opt/pkgs",
+        };
         let open = egress_dir(&h, 0o755);
         let runtime = h.factory.config.sandbox.runtime.clone();
         let refused = [
@@ -346,8 +380,14 @@ mod tests {
                 relay: true,
                 image_name: "python",
             },
-            Purpose::Fill(wrong),
-            Purpose::Read(wrong),
+            Purpose::Copy {
+                into: &[wrong],
+                from: None,
+            },
+            Purpose::Copy {
+                into: &[],
+                from: Some(prefix),
+            },
             Purpose::Install {
                 runtime: &runtime,
                 egress: &open,

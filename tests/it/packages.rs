@@ -812,6 +812,47 @@ async fn a_javascript_session_resolves_packages_installed_after_it_started() {
     m.shutdown(std::time::Duration::from_secs(20)).await;
 }
 
+#[tokio::test]
+async fn a_session_takes_packages_another_session_installed_from_the_cache() {
+    let mut index = Index::start();
+    let url = index.url();
+    let m = crate::mcp_support::docker_sessions(
+        |c| {
+            c.packages.python.index_url = Some(url);
+            c.packages.install_runtime = Some("runc".into());
+            c.sessions.ready.clear();
+        },
+        None,
+    );
+    let _cleanup = RemovedIfFailed(m.runs().executor().packages().clone());
+    let mut sids = Vec::new();
+    for _ in 0..2 {
+        let request = codebox::contract::SessionRequest {
+            language: "python".into(),
+            ..Default::default()
+        };
+        sids.push(m.create(request).await.expect("session").session_id);
+    }
+    let code = "import tinypkg\nprint(tinypkg.VALUE)";
+    let r = in_session(&m, &sids[0], code, &["tinypkg==1.0"]).await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    // The second copies the cached prefix: no install, no index.
+    index.stop();
+    let r = in_session(&m, &sids[1], code, &["tinypkg==1.0"]).await;
+    assert_eq!(r.status, Status::Succeeded, "{}\n{}", r.message, r.stderr);
+    assert_eq!(r.stdout, "tiny one\n");
+    assert_eq!(r.packages.map(|p| p.cached), Some(true));
+    for sid in &sids {
+        m.close(sid).unwrap();
+        let left = gone_within(|| session_volumes(sid), 30).await;
+        assert!(
+            left.is_empty(),
+            "a session's packages volume is left: {left:?}"
+        );
+    }
+    m.shutdown(std::time::Duration::from_secs(20)).await;
+}
+
 /// Containers of the pool that mount `volume`.
 fn pooled_with(volume: &str) -> usize {
     let out = Command::new("docker")

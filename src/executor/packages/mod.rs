@@ -11,8 +11,10 @@
 //! listening on a Unix socket in a directory of its own that the container gets read-only;
 //! codebox-init's relay carries `127.0.0.1:3128` inside the container there. With no network
 //! there is no DNS, no route and no other address, the host's included. It writes only its working directory, a
-//! tmpfs capped at `packages.prefix_mb`, which codebox copies into a fresh volume through a
-//! container that never starts. Programs mount that volume read-only.
+//! tmpfs capped at `packages.prefix_mb`, which codebox-init hands back and codebox copies
+//! into a fresh volume through a container that never starts (`Packages::copier`; for a
+//! session the same one copies into the session's volume too, see [`session`]). Programs
+//! mount that volume read-only.
 
 pub mod cache;
 pub mod proxy;
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Allowed;
 use crate::contract::stays_inside;
+use crate::engine::guard::ContainerGuard;
 use crate::engine::posture::{Limits, EGRESS_PROXY_URL, PACKAGES_VOLUME_PREFIX, WORKSPACE};
 use crate::engine::protocol::{Collect, DecodeLimits, EntryKind, Payload, PhaseName};
 use crate::engine::LABEL_INIT_FEATURES;
@@ -37,6 +40,7 @@ use crate::executor::stage::{
 use crate::registry::Language;
 use crate::report::{fmt_num, InstalledPackage, PackagesReport, Stage, Status, Usage};
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 
 /// Label on a packages volume carrying its cache key.
 pub const LABEL_PACKAGES: &str = "codebox.packages";
@@ -68,6 +72,39 @@ pub struct Prefix {
     pub env: BTreeMap<String, String>,
     _held: Arc<cache::Entry>,
 }
+
+/// One request for a prefix: who asks, for which language, image and requirements, within
+/// which bound.
+#[derive(Clone, Copy)]
+pub(super) struct Want<'a> {
+    pub run_id: &'a str,
+    pub lang: &'a Language,
+    pub image_id: &'a str,
+    pub requirements: &'a [String],
+    pub bound: Bound<'a>,
+}
+
+/// What [`Packages::obtain`] found or installed.
+pub(super) struct Obtained {
+    pub prefix: Prefix,
+    pub report: PackagesReport,
+    /// Only after a fresh install for a session.
+    pub staged: Option<Staged>,
+}
+
+/// A fresh install's prefix as a tar, and the container that copied it into the cache's
+/// volume, kept for a session: created, never started, it mounts the session's volume
+/// writable at [`SESSION_TARGET`] too, so the prefix reaches the session with no other
+/// container. Dropping it removes the container.
+pub(super) struct Staged {
+    pub copier: ContainerGuard,
+    pub tar: Vec<u8>,
+}
+
+/// Where a container that copies prefixes sees a session's packages volume; it sees a cached
+/// prefix's at the language's own prefix, which must not overlap this (the posture check
+/// refuses overlapping volumes).
+pub(super) const SESSION_TARGET: &str = "/opt/codebox-session/packages";
 
 /// How an install ended a run.
 #[derive(Debug)]
@@ -274,6 +311,30 @@ impl Packages {
         requirements: &[String],
         bound: Bound<'_>,
     ) -> Result<(Prefix, PackagesReport), InstallEnd> {
+        let want = Want {
+            run_id,
+            lang,
+            image_id,
+            requirements,
+            bound,
+        };
+        let got = self.obtain(want, None).await?;
+        Ok((got.prefix, got.report))
+    }
+
+    /// [`Packages::prepare`] for a session whose packages volume is `session`: a fresh
+    /// install comes back [`Staged`] for it too.
+    pub(super) async fn obtain(
+        &self,
+        want: Want<'_>,
+        session: Option<&str>,
+    ) -> Result<Obtained, InstallEnd> {
+        let Want {
+            lang,
+            requirements,
+            bound,
+            ..
+        } = want;
         let Some(install) = &lang.install else {
             return Err(InstallFailure::NoInstallStep {
                 language: lang.id.clone(),
@@ -286,7 +347,7 @@ impl Packages {
             }
             .into());
         };
-        let key = key(&lang.id, image_id, index, requirements);
+        let key = key(&lang.id, want.image_id, index, requirements);
         let claim = KeyLock::new(&self.locks, &key);
         let _guard = tokio::select! {
             g = claim.lock().lock() => g,
@@ -311,17 +372,18 @@ impl Packages {
             .get(&key);
         if let Some(entry) = hit {
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
-            let r = report(&entry, true, 0);
-            return Ok((prefix(entry), r));
+            return Ok(Obtained {
+                report: report(&entry, true, 0),
+                prefix: prefix(entry),
+                staged: None,
+            });
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         let began = Instant::now();
-        let installed = self
-            .install(run_id, lang, index, &key, requirements, bound)
-            .await;
+        let installed = self.install(want, index, &key, session).await;
         let install_ms = began.elapsed().as_millis() as u64;
-        let entry = match installed {
-            Ok(e) => Arc::new(e),
+        let (entry, staged) = match installed {
+            Ok((e, staged)) => (Arc::new(e), staged),
             Err(mut end) => {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
                 if let InstallEnd::Failed { install_ms: ms, .. } = &mut end {
@@ -339,16 +401,23 @@ impl Packages {
             c.evict(self.factory.config().packages.cache_mb * 1024 * 1024)
         };
         for e in evicted {
-            self.remove_volume_later(e.volume.clone());
+            self.remove_volume_later(e.volume.clone(), None);
         }
-        let r = report(&entry, false, install_ms);
-        Ok((prefix(entry), r))
+        Ok(Obtained {
+            report: report(&entry, false, install_ms),
+            prefix: prefix(entry),
+            staged,
+        })
     }
 
-    /// Remove an evicted prefix's volume once no container holds it any more.
-    fn remove_volume_later(&self, volume: String) {
+    /// Remove an evicted or unfinished prefix's volume once no container holds it any more
+    /// (after `gone` turns true, the removal of the container that held it, when given).
+    fn remove_volume_later(&self, volume: String, gone: Option<watch::Receiver<bool>>) {
         let engine = self.factory.engine().clone();
         self.factory.cleanup().spawn(async move {
+            if let Some(mut gone) = gone {
+                let _ = gone.wait_for(|g| *g).await;
+            }
             for _ in 0..30 {
                 if engine.remove_volume(&volume).await.is_ok() {
                     return;
@@ -359,16 +428,22 @@ impl Packages {
         });
     }
 
-    /// Install into a fresh container, copy the prefix into a new volume.
+    /// Install into a fresh container, copy the prefix into a new volume (and keep the
+    /// container that copied it for `session`'s volume, when given).
     async fn install(
         &self,
-        run_id: &str,
-        lang: &Language,
+        want: Want<'_>,
         index: &str,
         key: &str,
-        requirements: &[String],
-        bound: Bound<'_>,
-    ) -> Result<cache::Entry, InstallEnd> {
+        session: Option<&str>,
+    ) -> Result<(cache::Entry, Option<Staged>), InstallEnd> {
+        let Want {
+            run_id,
+            lang,
+            requirements,
+            bound,
+            ..
+        } = want;
         let p = &self.factory.config().packages;
         let install = lang.install.as_ref().expect("checked by prepare");
         let (_, also) = p.index_for(&lang.id).unwrap_or((index, &[]));
@@ -546,61 +621,77 @@ impl Packages {
             &key[..32],
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        self.fill(run_id, &volume, &install.prefix, &image.id, tar, bound)
-            .await?;
-        self.counters
-            .copy_ms
-            .fetch_add(copy_began.elapsed().as_millis() as u64, Ordering::Relaxed);
-        Ok(cache::Entry {
-            volume,
-            bytes,
-            installed,
-        })
-    }
-
-    /// Copy a prefix into a new volume through a container that is created, never started.
-    async fn fill(
-        &self,
-        run_id: &str,
-        volume: &str,
-        target: &str,
-        image_id: &str,
-        tar: Vec<u8>,
-        bound: Bound<'_>,
-    ) -> Result<(), InstallEnd> {
         // Not the run's: the volume outlives it (the cache), until eviction or shutdown.
         let mut vlabels = labels(
             "packages",
             &self.instance,
             Duration::from_secs(10 * 365 * 86400),
         );
-        vlabels.insert(LABEL_PACKAGES.to_string(), volume.to_string());
-        let engine_error = InstallFailure::Engine;
+        vlabels.insert(LABEL_PACKAGES.to_string(), volume.clone());
         self.factory
             .engine()
-            .create_volume(volume, vlabels)
+            .create_volume(&volume, vlabels)
             .await
-            .map_err(engine_error)?;
-        let uploaded = self
-            .upload_into(run_id, volume, target, image_id, tar, bound)
-            .await;
-        if uploaded.is_err() {
-            let _ = self.factory.engine().remove_volume(volume).await;
+            .map_err(InstallFailure::Engine)?;
+        let cached = Volume {
+            name: &volume,
+            target: &install.prefix,
+        };
+        let mut into = vec![cached];
+        into.extend(session.map(|name| Volume {
+            name,
+            target: SESSION_TARGET,
+        }));
+        let copier = match self.copier(run_id, &image.id, &into, None, bound).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.remove_volume_later(volume, None);
+                return Err(e);
+            }
+        };
+        // The tar goes on to the session, when there is one.
+        let (tar, kept) = match session {
+            Some(_) => (tar.clone(), Some(tar)),
+            None => (tar, None),
+        };
+        let filled = self.upload(&copier, &install.prefix, tar, bound).await;
+        if let Err(e) = filled {
+            let gone = copier.removed();
+            copier.remove_later();
+            self.remove_volume_later(volume, Some(gone));
+            return Err(e);
         }
-        uploaded
+        self.counters
+            .copy_ms
+            .fetch_add(copy_began.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let staged = match kept {
+            Some(tar) => Some(Staged { copier, tar }),
+            None => {
+                copier.remove_later();
+                None
+            }
+        };
+        let entry = cache::Entry {
+            volume,
+            bytes,
+            installed,
+        };
+        Ok((entry, staged))
     }
 
-    /// The order for a container that is created to copy files in or out, never started, and
-    /// removed: named after the run and what it does (numbered: one run may copy twice).
-    fn created_only<'a>(
+    /// A container that copies prefixes into the volumes of `into` (writable) and out of
+    /// `from` (read-only): created, never started, removed when its guard goes; named after
+    /// the run and numbered (one run may copy twice).
+    pub(super) async fn copier(
         &self,
         run_id: &str,
-        what: &str,
-        image_id: &'a str,
-        purpose: Purpose<'a>,
-    ) -> Order<'a> {
-        Order {
-            name: format!("codebox-{}", self.unique(run_id, what)),
+        image_id: &str,
+        into: &[Volume<'_>],
+        from: Option<Volume<'_>>,
+        bound: Bound<'_>,
+    ) -> Result<ContainerGuard, InstallEnd> {
+        let order = Order {
+            name: format!("codebox-{}", self.unique(run_id, "copy")),
             image: image_id,
             limits: Limits {
                 memory_mb: 64,
@@ -608,66 +699,42 @@ impl Packages {
             },
             workspace_mb: 1,
             labels: labels(run_id, &self.instance, Duration::from_secs(600)),
-            purpose,
-        }
+            purpose: Purpose::Copy { into, from },
+        };
+        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
+        Ok(guard)
     }
 
-    /// Unpack a prefix's tar into `volume` (at `target`) through a container that is created,
-    /// never started, and removed.
-    pub(super) async fn upload_into(
+    /// Unpack a prefix's tar into the volume `copier` mounts writable at `target`.
+    pub(super) async fn upload(
         &self,
-        run_id: &str,
-        volume: &str,
+        copier: &ContainerGuard,
         target: &str,
-        image_id: &str,
         tar: Vec<u8>,
         bound: Bound<'_>,
     ) -> Result<(), InstallEnd> {
-        let into = Purpose::Fill(Volume {
-            name: volume,
-            target,
-        });
-        let order = self.created_only(run_id, "fill", image_id, into);
-        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
-        let uploaded = bound
-            .call(
-                "copying the installed packages",
-                self.factory.engine().upload(guard.name(), target, tar),
-            )
-            .await;
-        guard.remove_later();
-        uploaded?;
+        let upload = self.factory.engine().upload(copier.name(), target, tar);
+        bound.call("copying the installed packages", upload).await?;
         Ok(())
     }
 
-    /// The prefix in `volume` (mounted read-only at `target` in a container that is created,
-    /// never started, and removed) as a tar whose paths are relative to the prefix.
-    pub(super) async fn read_prefix(
+    /// The prefix in the volume `copier` mounts at `target`, as a tar whose paths are
+    /// relative to the prefix.
+    pub(super) async fn download(
         &self,
-        run_id: &str,
-        volume: &str,
+        copier: &ContainerGuard,
         target: &str,
-        image_id: &str,
         bound: Bound<'_>,
     ) -> Result<Vec<u8>, InstallEnd> {
-        let from = Purpose::Read(Volume {
-            name: volume,
-            target,
-        });
-        let order = self.created_only(run_id, "read", image_id, from);
-        let Made { guard, .. } = self.factory.make(order, Some(bound)).await?;
         // The prefix's tar, its files' headers and the archive's own ending.
         let max = (self.factory.config().packages.prefix_mb * 1024 * 1024)
             .saturating_mul(2)
             .saturating_add(64 * 1024 * 1024);
-        let read = bound
-            .call(
-                "reading the installed packages",
-                self.factory.engine().download(guard.name(), target, max),
-            )
-            .await;
-        guard.remove_later();
-        Ok(relative_tar(&read?).map_err(InstallFailure::Tar)?)
+        let download = self.factory.engine().download(copier.name(), target, max);
+        let tar = bound
+            .call("reading the installed packages", download)
+            .await?;
+        Ok(relative_tar(&tar).map_err(InstallFailure::Tar)?)
     }
 
     /// Forget every cached prefix and remove its volume (`codebox bench` measures cold
@@ -683,7 +750,7 @@ impl Packages {
                 .await
                 .is_err()
             {
-                self.remove_volume_later(e.volume.clone());
+                self.remove_volume_later(e.volume.clone(), None);
             }
         }
     }
@@ -999,22 +1066,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_session_install_takes_two_containers_and_a_cached_one_one() {
+        let h = harness(|_| {});
+        let first = h.session().await;
+        h.add(&first, "s1", &["a==1"]).await.unwrap();
+        let fresh = h.fake.specs().len();
+        let second = h.session().await;
+        h.add(&second, "s2", &["a==1"]).await.unwrap();
+        let names: Vec<String> = h.fake.specs().into_iter().map(|s| s.name).collect();
+        // The install, then one container that fills the cache and the session; a hit only
+        // the one that copies from the cache into the session.
+        assert_eq!((fresh, names.len() - fresh), (2, 1), "{names:?}");
+        let held = h.files(first.volume()).unwrap();
+        assert!(!held.is_empty());
+        assert_eq!(h.files(second.volume()), Some(held));
+    }
+
+    #[tokio::test]
     async fn a_copy_cut_short_leaves_the_session_with_all_or_nothing() {
         let h = harness(|_| {});
         let s = h.session().await;
         h.add(&s, "s1", &["a==1"]).await.unwrap();
-        let before = h.files(s.volume()).unwrap();
-        // The prefix the next install copies: what the session will hold if it succeeds.
-        let whole = {
-            let p = h.prepare("c1", &["a==1", "b==1"]).await;
-            h.files(&p.volume).unwrap()
-        };
-        h.fake.cut_uploads(1);
-        let added = h.add(&s, "s2", &["b==1"]).await;
-        let after = h.files(s.volume()).unwrap();
-        match added {
-            Ok(_) => assert_eq!(after, whole),
-            Err(e) => assert_eq!(after, before, "{e:?}"),
+        // From the cache (installed before for another run), then from a fresh install.
+        h.prepare("c1", &["a==1", "b==1"]).await;
+        for (run, requested, union) in [
+            ("s2", "b==1", &["a==1", "b==1"][..]),
+            ("s3", "c==1", &["a==1", "b==1", "c==1"][..]),
+        ] {
+            let before = h.files(s.volume()).unwrap();
+            h.fake.cut_uploads(s.volume(), 1);
+            let added = h.add(&s, run, &[requested]).await;
+            let after = h.files(s.volume()).unwrap();
+            match added {
+                Ok(_) => {
+                    // What the cache holds for the union is what the session holds.
+                    let whole = h.prepare("c2", union).await;
+                    assert_eq!(Some(after), h.files(&whole.volume), "{run}");
+                }
+                Err(e) => assert_eq!(after, before, "{run}: {e:?}"),
+            }
         }
     }
 

@@ -13,9 +13,12 @@
 //!
 //! # Security
 //! The program's container still mounts the volume read-only and keeps `network_mode=none`;
-//! what is written into it comes from the install container through a container that is
-//! created and never started, as for the cache. The union is installed whole into a prefix
-//! capped at `packages.prefix_mb`, so a session's prefix never grows beyond it.
+//! what is written into it comes from the install container through one container that is
+//! created and never started: after a fresh install the one that fills the cache's volume
+//! (it mounts the session's too), from the cache one that mounts the cached prefix read-only.
+//! One session install so makes two containers, or one from the cache. The union is installed
+//! whole into a prefix capped at `packages.prefix_mb`, so a session's prefix never grows
+//! beyond it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,11 +27,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{InstallEnd, InstallFailure, Packages};
+use super::{InstallEnd, InstallFailure, Obtained, Packages, Staged, Want, SESSION_TARGET};
 use crate::contract::run::MAX_PACKAGES;
-use crate::engine::guard::Cleanup;
+use crate::engine::guard::{Cleanup, ContainerGuard};
 use crate::engine::posture::PACKAGES_VOLUME_PREFIX;
 use crate::engine::ContainerEngine;
+use crate::executor::factory::Volume;
 use crate::executor::labels;
 use crate::executor::stage::Bound;
 use crate::registry::Language;
@@ -163,10 +167,19 @@ impl SessionPrefix {
                 union.len()
             )));
         }
-        let prepared = packages
-            .prepare(run_id, lang, image_id, &union, bound)
-            .await;
-        let (prefix, report) = match prepared {
+        let want = Want {
+            run_id,
+            lang,
+            image_id,
+            requirements: &union,
+            bound,
+        };
+        let obtained = packages.obtain(want, Some(&self.volume)).await;
+        let Obtained {
+            prefix,
+            report,
+            staged,
+        } = match obtained {
             Ok(p) => p,
             Err(mut end) => {
                 // What the session holds took part: say so when a request names it again.
@@ -199,11 +212,34 @@ impl SessionPrefix {
                 requested.join(", ")
             )));
         }
-        let tar = packages
-            .read_prefix(run_id, &prefix.volume, &self.target, image_id, bound)
-            .await?;
+        let into = Volume {
+            name: &self.volume,
+            target: SESSION_TARGET,
+        };
+        let (copier, tar) = match staged {
+            Some(Staged { copier, tar }) => (copier, tar),
+            None => {
+                // From the cache: one container that mounts the cached prefix read-only.
+                let from = Volume {
+                    name: &prefix.volume,
+                    target: &prefix.target,
+                };
+                let copier = packages
+                    .copier(run_id, image_id, &[into], Some(from), bound)
+                    .await?;
+                let tar = packages.download(&copier, &prefix.target, bound).await?;
+                (copier, tar)
+            }
+        };
+        let copy = SessionCopy {
+            packages,
+            run_id,
+            image_id,
+            into,
+        };
+        let copied = self.copy_whole(copy, copier, tar).await;
         drop(prefix);
-        self.copy_whole(packages, run_id, image_id, tar).await?;
+        copied?;
         held.requirements = union;
         held.installed = report.installed.clone();
         Ok(PackagesReport {
@@ -214,32 +250,31 @@ impl SessionPrefix {
         })
     }
 
-    /// Copy `tar` into the session's volume, all of it. A copy cannot be undone (no container
+    /// Copy `tar` into the session's volume, all of it, through `copier` (a container that
+    /// mounts it writable at [`SESSION_TARGET`]). A copy cannot be undone (no container
     /// that could delete files ever starts on the volume), so once begun it runs to its end:
-    /// a stop meanwhile takes effect after it, and a copy cut short is made again (the same
-    /// files; what the session holds only grows). Should every try fail, what the session
-    /// holds stays recorded as before, so the next request for these packages copies again.
+    /// a stop meanwhile takes effect after it, and a copy cut short is made again through a
+    /// new container (the same files; what the session holds only grows). Should every try
+    /// fail, what the session holds stays recorded as before, so the next request for these
+    /// packages copies again.
     async fn copy_whole(
         &self,
-        packages: &Packages,
-        run_id: &str,
-        image_id: &str,
+        copy: SessionCopy<'_>,
+        copier: ContainerGuard,
         tar: Vec<u8>,
     ) -> Result<(), InstallEnd> {
         let never = tokio_util::sync::CancellationToken::new();
+        let mut copier = Some(copier);
         let mut failed = None;
         for _ in 0..COPY_TRIES {
             let bound = Bound::new(&never, tokio::time::Instant::now() + COPY_LIMIT);
-            let copied = packages
-                .upload_into(
-                    run_id,
-                    &self.volume,
-                    &self.target,
-                    image_id,
-                    tar.clone(),
-                    bound,
-                )
-                .await;
+            let copied = match copier.take() {
+                Some(c) => copy.upload(c, tar.clone(), bound).await,
+                None => match copy.copier(bound).await {
+                    Ok(c) => copy.upload(c, tar.clone(), bound).await,
+                    Err(e) => Err(e),
+                },
+            };
             match copied {
                 Ok(()) => return Ok(()),
                 Err(e) => {
@@ -290,6 +325,41 @@ impl Drop for SessionPrefix {
     fn drop(&mut self) {
         // Its container may still be being removed: the removal tries again meanwhile.
         self.remove_after(async {});
+    }
+}
+
+/// A copy into a session's volume: who copies, for which run, from which image, into which
+/// volume.
+#[derive(Clone, Copy)]
+struct SessionCopy<'a> {
+    packages: &'a Packages,
+    run_id: &'a str,
+    image_id: &'a str,
+    into: Volume<'a>,
+}
+
+impl SessionCopy<'_> {
+    /// A new container that mounts the session's volume writable, and nothing else.
+    async fn copier(&self, bound: Bound<'_>) -> Result<ContainerGuard, InstallEnd> {
+        let into = [self.into];
+        (self.packages)
+            .copier(self.run_id, self.image_id, &into, None, bound)
+            .await
+    }
+
+    /// Upload `tar` through `copier`, then remove it.
+    async fn upload(
+        &self,
+        copier: ContainerGuard,
+        tar: Vec<u8>,
+        bound: Bound<'_>,
+    ) -> Result<(), InstallEnd> {
+        let uploaded = self
+            .packages
+            .upload(&copier, self.into.target, tar, bound)
+            .await;
+        copier.remove_later();
+        uploaded
     }
 }
 
