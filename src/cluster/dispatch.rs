@@ -31,6 +31,8 @@ use crate::runs::{
 const QUEUE_POLL: Duration = Duration::from_secs(2);
 /// How long a server that could not reach the shared queue waits before it tries again.
 const QUEUE_RETRY: Duration = Duration::from_secs(1);
+/// How long a stop waits for the insert of a run submitted here a moment ago.
+const INSERT_WAIT: Duration = Duration::from_secs(2);
 /// The key under which a claim in flight holds the room it may fill.
 const CLAIM: &str = "a claim from the shared queue";
 
@@ -277,12 +279,7 @@ impl Dispatch for ClusterDispatch {
     ) -> BoxFuture<'a, Result<Option<RunReport>, LookupError>> {
         Box::pin(async move {
             // A run submitted here a moment ago: its insert answers first.
-            for _ in 0..100 {
-                if !self.arriving(run_id) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let _ = tokio::time::timeout(INSERT_WAIT, self.arrived(Some(run_id))).await;
             if runs.holds(run_id) {
                 return Ok(None);
             }
@@ -372,8 +369,22 @@ impl Dispatch for ClusterDispatch {
         self.pending().contains(run_id)
     }
 
-    fn any_arriving(&self) -> bool {
-        !self.pending().is_empty()
+    fn arrived<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let on_its_way = match run_id {
+                    Some(id) => self.arriving(id),
+                    None => !self.pending().is_empty(),
+                };
+                if !on_its_way {
+                    return;
+                }
+                changed.await;
+            }
+        })
     }
 }
 

@@ -70,7 +70,7 @@ pub struct Admission {
     executing: HashSet<String>,
     peak_active: usize,
     closed: bool,
-    /// Draining (SIGTERM in a cluster): no new tickets; the queued ones still start.
+    /// Draining: no new tickets; the queued ones still start.
     draining: bool,
 }
 
@@ -108,9 +108,8 @@ impl Admission {
         Ok(())
     }
 
-    /// Queue a ticket whatever the queue holds, while draining too: a run this server
-    /// claimed from the shared queue, or one it took for it and could not give it. Refused
-    /// only once closed.
+    /// Queue a ticket whatever the queue holds, while draining too: a run accepted before
+    /// it came here ([`super::RunManager::take`]). Refused only once closed.
     pub fn enqueue_taken(&mut self, ticket: Ticket) -> Result<(), Refusal> {
         if self.closed {
             return Err(Refusal::Closed);

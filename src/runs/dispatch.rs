@@ -109,9 +109,11 @@ pub trait Dispatch: Send + Sync {
         false
     }
 
-    /// Whether any run is on its way to this manager (a drain waits for them).
-    fn any_arriving(&self) -> bool {
-        false
+    /// Resolves once run `run_id` (`None`: every run) on its way to this manager has come
+    /// or gone elsewhere (a drain waits for them).
+    fn arrived<'a>(&'a self, run_id: Option<&'a str>) -> BoxFuture<'a, ()> {
+        let _ = run_id;
+        Box::pin(async {})
     }
 }
 

@@ -108,8 +108,8 @@ pub(super) async fn stored(
 }
 
 /// [`LookupError::Elsewhere`] if the history says another instance holds the run
-/// unfinished; its report as it stands (`queued`) while it waits in the shared queue,
-/// claimed by no server.
+/// unfinished; its report as it stands (`queued`) while the history says it waits to be
+/// claimed (placed in the history's queue by a dispatch), or was claimed here a moment ago.
 async fn held_elsewhere(
     history: &History,
     run_id: &str,
@@ -122,7 +122,7 @@ async fn held_elsewhere(
             return None;
         }
     };
-    // Waiting in the shared queue; or claimed by this server a moment ago (the claim
+    // Waiting to be claimed; or claimed by this server a moment ago (the claim
     // is committed, the run not queued here yet): its report as it stands.
     let mine = w.instance == instance;
     if (w.unclaimed && w.status == Status::Queued) || (mine && !w.status.is_terminal()) {

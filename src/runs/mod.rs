@@ -90,6 +90,8 @@ struct Inner {
     dispatch: OnceLock<Arc<dyn Dispatch>>,
     /// Room grew (a run ended or left): whoever places runs here may look.
     freed: Notify,
+    /// A run left the table (it ended, or went back): a drain looks.
+    left: Notify,
 }
 
 /// The run manager. Cheap to clone; all clones share the same runs.
@@ -124,6 +126,7 @@ impl RunManager {
             tasks: Mutex::new(Vec::new()),
             dispatch: OnceLock::new(),
             freed: Notify::new(),
+            left: Notify::new(),
         });
         let manager = RunManager { inner };
         let weak = Arc::downgrade(&manager.inner);
@@ -305,6 +308,7 @@ impl RunManager {
                     run.feed.abandon();
                 }
                 self.inner.freed.notify_one();
+                self.inner.left.notify_waiters();
                 self.pump(&mut st);
             }
             Confirmed::Stopped => {
@@ -390,6 +394,7 @@ impl RunManager {
             self.dispatch().unstarted(run_id);
         }
         self.inner.freed.notify_one();
+        self.inner.left.notify_waiters();
         self.inner.executor.pool().done(&run.shapes);
         let report = Arc::new(report);
         if let Some(h) = self.inner.history.as_ref().filter(|_| !overruled) {
@@ -588,12 +593,10 @@ impl RunManager {
         }
     }
 
-    /// Drain (SIGTERM in a cluster): refuse new runs and sessions, let every queued and
+    /// Drain: refuse new runs and sessions, let every queued and
     /// running run finish, and return once none is left (`true`) or `limit` has passed.
     /// [`RunManager::shutdown`] then stops what is left.
     pub async fn drain(&self, limit: Duration) -> bool {
-        /// How often a drain looks whether the last run has ended.
-        const DRAIN_POLL: Duration = Duration::from_millis(100);
         let left = {
             let mut st = self.lock();
             st.admission.drain();
@@ -604,23 +607,33 @@ impl RunManager {
             "draining: no new runs; waiting for the queued and running ones to finish"
         );
         self.dispatch().closing(self).await;
-        let deadline = Instant::now() + limit;
-        loop {
-            if self.lock().live.is_empty() && !self.dispatch().any_arriving() {
-                return true;
+        let idle = async {
+            loop {
+                let left = self.inner.left.notified();
+                tokio::pin!(left);
+                left.as_mut().enable();
+                if self.lock().live.is_empty() {
+                    // And what is on its way here has come (or gone elsewhere).
+                    self.dispatch().arrived(None).await;
+                    if self.lock().live.is_empty() {
+                        return;
+                    }
+                    continue;
+                }
+                left.await;
             }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(DRAIN_POLL).await;
-        }
+        };
+        tokio::time::timeout(limit, idle).await.is_ok()
     }
 
     /// Take back the runs placed elsewhere that have not started (a drain or a shutdown
     /// gives them back: [`Dispatch::closing`]); they leave without a report. Their ids.
     pub fn give_back_unstarted(&self) -> Vec<String> {
-        let mut st = self.lock();
-        st.take_out_unstarted_elsewhere(self.inner.executor.pool())
+        let ids = self
+            .lock()
+            .take_out_unstarted_elsewhere(self.inner.executor.pool());
+        self.inner.left.notify_waiters();
+        ids
     }
 
     /// The runs held here unfinished.
