@@ -20,7 +20,7 @@ use crate::sessions::Sessions;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// How long [`App::shutdown`] waits for the history's last writes.
-pub const HISTORY_FLUSH: Duration = Duration::from_secs(10);
+const HISTORY_FLUSH: Duration = Duration::from_secs(10);
 
 /// Why the application could not be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +129,7 @@ impl App {
     }
 
     /// End every session and stop every unfinished run, then wait (up to `grace` each) until every container of
-    /// this process is gone, and (up to [`HISTORY_FLUSH`]) until the history has written what
+    /// this process is gone, and (up to `HISTORY_FLUSH`) until the history has written what
     /// it was sent. If some could not be removed, the instance's lock file is kept
     /// when the process ends, so the next start knows this instance died with objects left
     /// and reaps them at once (not after their expiry).

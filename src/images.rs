@@ -25,9 +25,9 @@ pub const VERSION_LABEL_PREFIX: &str = "codebox.version.";
 /// How long a version command may take.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// The file of an image folder that lists PyPI wheels to download into the build context.
-pub const WHEELS_FILE: &str = "pypi-wheels.txt";
+const WHEELS_FILE: &str = "pypi-wheels.txt";
 /// Where the downloaded wheels appear in the build context.
-pub const WHEELS_DIR: &str = "wheels";
+const WHEELS_DIR: &str = "wheels";
 
 /// What is known of one image.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -117,7 +117,7 @@ fn context_tar(dir: &Path, wheels: Option<&Path>) -> std::io::Result<Vec<u8>> {
 /// The pip arguments that download the wheels listed in `list` into `dest`. Every line must
 /// pin a hash (`--require-hashes`), and only built wheels are taken (`--only-binary`): a
 /// source distribution would run its build script on the host.
-pub fn pip_download_args(list: &Path, dest: &Path) -> Vec<OsString> {
+fn pip_download_args(list: &Path, dest: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = [
         "-m",
         "pip",
@@ -140,7 +140,7 @@ pub fn pip_download_args(list: &Path, dest: &Path) -> Vec<OsString> {
 
 /// A folder of downloaded wheels, removed when dropped.
 #[derive(Debug)]
-pub struct Wheels {
+struct Wheels {
     pub dir: PathBuf,
 }
 
@@ -153,7 +153,7 @@ impl Drop for Wheels {
 /// Download the wheels listed in `list` (pip's requirements format, each line pinned with
 /// `--hash`) into a fresh temporary folder, with the host's `python3 -m pip` (pip keeps its own
 /// download cache, so a rebuild does not fetch them again).
-pub async fn fetch_wheels(list: &Path) -> Result<Wheels, ImageError> {
+async fn fetch_wheels(list: &Path) -> Result<Wheels, ImageError> {
     let failed = |detail: String| ImageError::Wheels {
         path: list.display().to_string(),
         detail,

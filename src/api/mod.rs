@@ -43,7 +43,7 @@ pub struct Api {
 }
 
 /// Each language's toolchain version, by language id.
-pub type Versions = Arc<BTreeMap<String, String>>;
+type Versions = Arc<BTreeMap<String, String>>;
 
 impl Api {
     /// `max_body`: the largest request body read, in bytes (`http.max_body_bytes`).
@@ -107,7 +107,7 @@ impl Api {
 /// The first dotted number in a version line (`g++ (Debian 12.2.0-14) 12.2.0` gives
 /// `12.2.0`), padded to three parts; else the image tag's (`codebox/go:1.19` gives
 /// `1.19.0`); else `0.0.0`.
-pub fn dotted_version(label: Option<&str>, language: &Language) -> String {
+fn dotted_version(label: Option<&str>, language: &Language) -> String {
     let tag = language.image.tag.rsplit(':').next();
     let found = label
         .and_then(first_dotted_number)
@@ -223,7 +223,7 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
 
 /// Stops a run when dropped armed: a request that waits for its run's end and whose client
 /// goes away (the handler's future is dropped) stops the run, as an MCP cancellation does.
-pub struct StopOnDrop {
+struct StopOnDrop {
     manager: RunManager,
     run_id: Option<String>,
 }
@@ -237,7 +237,7 @@ impl StopOnDrop {
     }
 
     /// The run ended (or is meant to go on): nothing to stop.
-    pub fn disarm(mut self) {
+    fn disarm(mut self) {
         self.run_id = None;
     }
 }

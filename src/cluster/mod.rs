@@ -34,11 +34,11 @@ use forward::{with_causes, PASSED};
 pub use forward::{ForwardError, Forwarded};
 
 /// The header that carries the cluster secret from one server to another.
-pub const SECRET_HEADER: &str = "x-codebox-cluster";
+const SECRET_HEADER: &str = "x-codebox-cluster";
 /// The header naming the instance that forwarded a request (for the owner's logs).
-pub const FORWARDED_BY_HEADER: &str = "x-codebox-forwarded-by";
+const FORWARDED_BY_HEADER: &str = "x-codebox-forwarded-by";
 /// The shortest secret accepted.
-pub const MIN_SECRET_CHARS: usize = 16;
+const MIN_SECRET_CHARS: usize = 16;
 /// How often an id the history does not know is looked for again at first (the nap doubles
 /// within [`UNKNOWN_GRACE`]: its server records a run or a session a moment after answering,
 /// and a client behind a balancer may ask another server at once).

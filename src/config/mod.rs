@@ -263,7 +263,7 @@ impl Config {
     }
 
     /// The SQLite history file (used when `history.url` is unset).
-    pub fn history_path(&self) -> PathBuf {
+    fn history_path(&self) -> PathBuf {
         self.history
             .path
             .clone()

@@ -158,7 +158,7 @@ pub enum CodePolicy {
 pub const CODE_PREVIEW_CHARS: usize = 500;
 
 /// Host header values accepted by `/mcp` (any port) unless `http.allowed_hosts` says otherwise.
-pub const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 section! {
     /// The Streamable HTTP transport.

@@ -55,7 +55,7 @@ pub fn check_relative_path(field: &str, path: &str) -> Result<String, RequestErr
 }
 
 /// Check a workspace-relative file path.
-pub fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, RequestError> {
+fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, RequestError> {
     if path.is_empty() || path.len() > 255 {
         return reject(field, "must be a relative path of 1 to 255 bytes");
     }

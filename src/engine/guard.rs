@@ -27,7 +27,7 @@ const CLEANUP_BACKOFF: Duration = Duration::from_millis(500);
 const CREATE_SETTLE: Duration = Duration::from_secs(30);
 
 /// Told how long each background removal took.
-pub type RemovalObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+type RemovalObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
 /// The background removals of one process.
 #[derive(Clone, Default)]

@@ -254,7 +254,7 @@ pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
 
 /// A cause that is only a message (the fake engine, protocol problems).
 #[derive(Debug, Clone)]
-pub struct Detail(pub String);
+struct Detail(String);
 
 impl std::fmt::Display for Detail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -14,7 +14,7 @@ use crate::config::SandboxSettings;
 
 /// The one command every container runs: codebox's waiting step (`images/base/codebox-init.c`,
 /// protocol in `docs/sandbox-init.md`). It is PID 1.
-pub const INIT: &str = "/usr/local/bin/codebox-init";
+const INIT: &str = "/usr/local/bin/codebox-init";
 /// The working directory: a size-capped tmpfs, writable, the only place programs may execute.
 pub const WORKSPACE: &str = "/workspace";
 /// Scratch space: a size-capped noexec tmpfs.
@@ -27,19 +27,19 @@ pub const SANDBOX_UID_FIRST: u32 = 10001;
 pub const SANDBOX_UIDS: u32 = 64;
 /// The only environment the container has. The language's `env` reaches the program through
 /// the payload (`docs/sandbox-init.md`).
-pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Where a container codebox lets out finds the egress proxy's socket directory (mounted
 /// read-only); the relay in codebox-init carries the container's loopback connections there.
 pub const EGRESS_MOUNT: &str = "/run/codebox-egress";
 /// The container's own loopback address where the relay listens (`HTTP_PROXY` points here).
-pub const EGRESS_LISTEN: &str = "127.0.0.1:3128";
+const EGRESS_LISTEN: &str = "127.0.0.1:3128";
 /// The variable that starts codebox-init's relay (`images/base/codebox-init-egress.c`).
-pub const EGRESS_ENV: &str = "CODEBOX_EGRESS";
+const EGRESS_ENV: &str = "CODEBOX_EGRESS";
 /// The proxy as the container's programs see it.
 pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
 /// The proxy socket's name in its directory.
-pub const EGRESS_SOCKET: &str = "proxy.sock";
+const EGRESS_SOCKET: &str = "proxy.sock";
 
 /// Memory and CPU of one container.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,7 +140,7 @@ pub fn locked_down(plan: &Plan, sandbox: &SandboxSettings) -> ContainerSpec {
 }
 
 /// Give a container the way out through the egress proxy whose socket is in `dir`: the
-/// directory mounted read-only at [`EGRESS_MOUNT`], the relay started by [`EGRESS_ENV`], and
+/// directory mounted read-only at [`EGRESS_MOUNT`], the relay started by `EGRESS_ENV`, and
 /// the proxy variables curl, pip, npm, requests and urllib read. `no_proxy`: names the
 /// program reaches inside its own container without the proxy (`NO_PROXY`).
 pub fn with_egress(spec: &mut ContainerSpec, dir: &std::path::Path, no_proxy: Option<&str>) {

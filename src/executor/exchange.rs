@@ -6,7 +6,7 @@
 //! A request is never abandoned once its first byte is written: a stop is signalled while it
 //! is written, and `codebox-init` answers it once it has read the whole request. The host's
 //! deadlines are backstops: past the deadline the container is killed and what it still sends
-//! is read for [`DRAIN_GRACE`]; once the exchange's time is up the engine is waited for at
+//! is read for `DRAIN_GRACE`; once the exchange's time is up the engine is waited for at
 //! most [`END_GRACE`] more.
 
 use std::time::Duration;
@@ -27,7 +27,7 @@ use crate::engine::{
 /// How long a stopped one-shot stage's helper gets to report before the container is killed.
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// How long output may keep arriving after a kill.
-pub const DRAIN_GRACE: Duration = Duration::from_secs(3);
+const DRAIN_GRACE: Duration = Duration::from_secs(3);
 /// How long to wait for the engine to report a container's exit or state.
 pub const WAIT_GRACE: Duration = Duration::from_secs(10);
 /// How long the host goes on waiting for the engine once the exchange's time is up (the
@@ -35,7 +35,7 @@ pub const WAIT_GRACE: Duration = Duration::from_secs(10);
 pub const END_GRACE: Duration = Duration::from_secs(10);
 /// How long a container that died of a SIGKILL nobody explains is watched for the engine's
 /// record of an OOM kill, which can come after the exit.
-pub const OOM_RECORD_GRACE: Duration = Duration::from_secs(2);
+const OOM_RECORD_GRACE: Duration = Duration::from_secs(2);
 /// Bytes kept of what the container writes to its own stderr (only `codebox-init` may, and
 /// only when it cannot start at all).
 const STDERR_KEPT: usize = 16 * 1024;
@@ -45,7 +45,7 @@ const COALESCE_BYTES: usize = 1 << 20;
 /// `parts` in as few writes as possible without copying a large part: each write is a
 /// message through the daemon's attach stream to the container's stdin, and a request in one
 /// write reaches `codebox-init` in one read.
-pub fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
+fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(parts.len());
     let mut joined = bytes::BytesMut::new();
     for part in parts {

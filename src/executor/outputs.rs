@@ -7,7 +7,7 @@ use crate::engine::protocol::{EntryKind, FileEntry};
 use crate::report::FileReport;
 
 /// The directory, relative to the working directory, whose files are returned.
-pub const OUTPUTS_DIR: &str = "outputs";
+const OUTPUTS_DIR: &str = "outputs";
 
 /// The media type of a file: its first bytes for the formats a model may be shown, else its
 /// extension.
@@ -65,7 +65,7 @@ pub fn is_image(mime: &str) -> bool {
 
 /// The media type of a folder entry: a folder under `outputs/` whose contents are not all
 /// listed (`omitted_reason` says why).
-pub const FOLDER_MIME: &str = "inode/directory";
+const FOLDER_MIME: &str = "inode/directory";
 
 /// Report entries for what was collected under `outputs/`. Folders appear only when something
 /// in them is not listed (too deep, not readable, past the entry cap), with the reason.

@@ -211,11 +211,6 @@ impl SessionBox {
         }
     }
 
-    /// The packages volume this session mounts, if its language takes packages.
-    pub fn packages_volume(&self) -> Option<&str> {
-        self.packages.as_ref().map(|p| p.volume())
-    }
-
     /// Have the conversation task carry out one request: its answer, or why the container is
     /// broken. Dropping this future leaves the request to be carried out (or, not yet begun,
     /// passed over), never cut.

@@ -13,7 +13,7 @@
 //! accept.
 //!
 //! Each codebox process (an *instance*) writes a heartbeat into the `instances` table every
-//! [`HEARTBEAT_INTERVAL`]. At open, and at every heartbeat, rows that a dead instance left
+//! [`Owner::heartbeat_interval`]. At open, and at every heartbeat, rows that a dead instance left
 //! `queued` or `running` are marked `sandbox_error` with the message "interrupted by server
 //! restart". An instance is dead when its lock file in this process's data directory says so
 //! (same host, same data directory: known at once), or else when its heartbeat is older than
@@ -62,8 +62,6 @@ pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
 pub const DEFAULT_QUERY_LIMIT: usize = 20;
 /// Most rows one query returns.
 pub const MAX_QUERY_LIMIT: usize = crate::contract::params::MAX_HISTORY_LIMIT;
-/// How often each instance records that it is alive (and marks the runs of dead ones).
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// The message of a run whose server's lease lapsed (another host: it stopped answering).
 pub const STOPPED_ANSWERING_MESSAGE: &str = "its server stopped answering";
 /// An instance whose last heartbeat is older than this (by the database's clock), and whose

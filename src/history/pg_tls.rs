@@ -167,14 +167,14 @@ impl ServerCertVerifier for ChainOnly {
 
 /// The PostgreSQL client's TLS connector, over rustls.
 #[derive(Clone)]
-pub struct MakeRustls(Arc<rustls::ClientConfig>);
+pub(super) struct MakeRustls(Arc<rustls::ClientConfig>);
 
-pub struct RustlsConnect {
+pub(super) struct RustlsConnect {
     config: Arc<rustls::ClientConfig>,
     server_name: ServerName<'static>,
 }
 
-pub struct RustlsStream(tokio_rustls::client::TlsStream<Socket>);
+pub(super) struct RustlsStream(tokio_rustls::client::TlsStream<Socket>);
 
 impl MakeTlsConnect<Socket> for MakeRustls {
     type Stream = RustlsStream;

@@ -14,7 +14,7 @@ pub struct RawImage {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawLimits {
+pub(super) struct RawLimits {
     pub timeout_seconds: Option<f64>,
     pub memory_mb: Option<u64>,
     pub cpus: Option<f64>,
@@ -23,7 +23,7 @@ pub struct RawLimits {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawExpect {
+pub(super) struct RawExpect {
     pub status: String,
     pub stdout: Option<String>,
     pub stderr_contains: Option<String>,
@@ -32,7 +32,7 @@ pub struct RawExpect {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawSample {
+pub(super) struct RawSample {
     pub name: String,
     pub code: String,
     pub stdin: Option<String>,
@@ -107,7 +107,7 @@ pub struct RawInstall {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawSession {
+pub(super) struct RawSession {
     /// The session driver's command (docs/sandbox-init.md, "The driver protocol").
     pub driver: Vec<String>,
 }

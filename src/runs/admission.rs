@@ -238,11 +238,6 @@ impl Admission {
         self.held_mb
     }
 
-    /// Memory sessions opened ahead of time hold.
-    pub fn ahead_mb(&self) -> u64 {
-        self.ahead_mb
-    }
-
     /// Take a queued run out of the queue (it was stopped); `false` if it was not queued.
     pub fn withdraw(&mut self, run_id: &str) -> bool {
         let before = self.queue.len();

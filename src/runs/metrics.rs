@@ -12,7 +12,7 @@ use crate::report::RunReport;
 use super::stats::Stats;
 
 /// Upper bounds (seconds) of the run latency histogram buckets.
-pub const LATENCY_BUCKETS: [f64; 11] = [
+const LATENCY_BUCKETS: [f64; 11] = [
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
 

@@ -34,7 +34,7 @@ use submissions::{create, create_batch, show, show_batch};
 
 /// The Judge0 version these routes answer as: clients map their language constants to ids
 /// by it (`judge0.PYTHON` is 71 under 1.13.1).
-pub const JUDGE0_VERSION: &str = "1.13.1";
+const JUDGE0_VERSION: &str = "1.13.1";
 /// Most submissions in one batch (Judge0's default `MAX_SUBMISSION_BATCH_SIZE`).
 pub const MAX_BATCH: usize = 20;
 /// Judge0's statuses, by id.

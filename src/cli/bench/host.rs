@@ -37,7 +37,7 @@ const SYSTEM_SLICE_V2: &str = "/sys/fs/cgroup/system.slice";
 
 /// CPU spent by each part of the host, cumulative, at one moment.
 #[derive(Debug, Clone, Copy)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     at: Instant,
     /// Busy time of all CPUs.
     host: Duration,
@@ -105,7 +105,7 @@ fn rusage(who: libc::c_int) -> Duration {
 }
 
 /// This process's CPU time so far.
-pub fn own_cpu() -> Duration {
+fn own_cpu() -> Duration {
     rusage(libc::RUSAGE_SELF)
 }
 

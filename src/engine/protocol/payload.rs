@@ -236,7 +236,8 @@ impl Payload {
     }
 
     /// All of [`Payload::encode`] in one buffer (for tests).
-    pub fn encode_whole(&self) -> Vec<u8> {
+    #[cfg(test)]
+    fn encode_whole(&self) -> Vec<u8> {
         self.encode().concat()
     }
 }

@@ -23,7 +23,7 @@ pub struct InitTimes {
 
 /// How long `codebox-init` goes on killing what a cell left (`KILL_ROUNDS_MS` in
 /// images/base/codebox-init-driver.c).
-pub const KILL_ROUNDS: Duration = Duration::from_secs(2);
+const KILL_ROUNDS: Duration = Duration::from_secs(2);
 
 impl InitTimes {
     pub const DEFAULT: InitTimes = InitTimes {

@@ -43,7 +43,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 /// Label on a packages volume carrying its cache key.
-pub const LABEL_PACKAGES: &str = "codebox.packages";
+const LABEL_PACKAGES: &str = "codebox.packages";
 /// Most entries an installed prefix may have.
 const MAX_PREFIX_ENTRIES: usize = 200_000;
 

@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 
 /// The socket's name in the proxy's directory.
-pub const SOCKET: &str = "proxy.sock";
+const SOCKET: &str = "proxy.sock";
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -107,7 +107,7 @@ impl Refusal {
 }
 
 /// The kind of address no install may reach unless the operator named it.
-pub fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
+fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => v4_kind(v4),
         IpAddr::V6(v6) => {

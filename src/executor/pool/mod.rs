@@ -168,7 +168,7 @@ pub enum Change {
 
 /// Why a container could not be started ahead of time.
 #[derive(Debug, thiserror::Error)]
-pub enum FillError {
+enum FillError {
     #[error("image {tag} is not present")]
     ImageMissing { tag: String },
     #[error(transparent)]
