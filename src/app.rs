@@ -17,7 +17,7 @@ use crate::runs::{self, RunManager};
 use crate::sessions::Sessions;
 
 /// How long [`App::shutdown`] waits for unfinished runs to stop and remove their containers.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub(super) const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// How long [`App::shutdown`] waits for the history's last writes.
 const HISTORY_FLUSH: Duration = Duration::from_secs(10);
@@ -94,7 +94,7 @@ impl App {
 
     /// Why containers would not run under the runtimes the settings name, as this daemon
     /// gives them (`EngineInfo::runtime_problem`), one line per setting.
-    pub fn runtime_problems(&self, info: &crate::engine::EngineInfo) -> Vec<String> {
+    pub(super) fn runtime_problems(&self, info: &crate::engine::EngineInfo) -> Vec<String> {
         let c = &self.config;
         let mut asked = vec![("sandbox.runtime", c.sandbox.runtime.as_str())];
         if let Some(r) = c.packages.install_runtime.as_deref() {

@@ -21,7 +21,7 @@ use crate::executor::{Executor, SandboxFailure};
 use crate::registry::{Image, Registry};
 
 /// Label prefix under which toolchain versions are recorded.
-pub const VERSION_LABEL_PREFIX: &str = "codebox.version.";
+pub(super) const VERSION_LABEL_PREFIX: &str = "codebox.version.";
 /// How long a version command may take.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// The file of an image folder that lists PyPI wheels to download into the build context.
@@ -186,7 +186,7 @@ async fn fetch_wheels(list: &Path) -> Result<Wheels, ImageError> {
 
 /// The registry images an image's Dockerfile builds `FROM` (the base image, for a language
 /// image).
-pub fn dependencies<'a>(registry: &'a Registry, image: &Image) -> Vec<&'a Image> {
+pub(super) fn dependencies<'a>(registry: &'a Registry, image: &Image) -> Vec<&'a Image> {
     let dockerfile = registry.root().join(&image.context).join("Dockerfile");
     let text = std::fs::read_to_string(dockerfile).unwrap_or_default();
     text.lines()
@@ -198,7 +198,7 @@ pub fn dependencies<'a>(registry: &'a Registry, image: &Image) -> Vec<&'a Image>
 }
 
 /// The images to build for `names`, each after the images it builds on (which are added).
-pub fn build_order<'a>(
+pub(super) fn build_order<'a>(
     registry: &'a Registry,
     names: &[String],
 ) -> Result<Vec<&'a Image>, ImageError> {

@@ -181,7 +181,7 @@ pub async fn read_body(body: Body, max: usize) -> Result<Bytes, BodyError> {
 
 /// Parse JSON bytes as `T`; an error names the field it is about (`limits.memory_mb`), as
 /// far as serde says.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| BodyError::Invalid {
             field: None,
@@ -190,7 +190,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     from_value(value)
 }
 
-/// [`parse_json`] for a value already parsed.
+/// `parse_json` for a value already parsed.
 pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, BodyError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
@@ -263,7 +263,7 @@ impl Drop for StopOnDrop {
 /// Wait for a run's end, however long it takes (its own limits bound it), and stop it if
 /// the client goes away first: seen on its connection ([`Client::gone`]), or when hyper
 /// drops the handler.
-pub async fn run_to_end(
+pub(crate) async fn run_to_end(
     manager: &RunManager,
     run_id: &str,
     client: &Client,

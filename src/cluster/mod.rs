@@ -456,7 +456,7 @@ impl Cluster {
 
     /// Wait at most `timeout` at the server that holds `run_id` for its report (as it then
     /// stands); `None` when no other living server holds it or it does not answer.
-    pub async fn wait_at_owner(
+    pub(crate) async fn wait_at_owner(
         &self,
         manager: &RunManager,
         run_id: &str,
@@ -477,7 +477,7 @@ impl Cluster {
     }
 
     /// Stop `run_id` at the server that holds it; `None` as for [`Cluster::wait_at_owner`].
-    pub async fn stop_at_owner(
+    pub(crate) async fn stop_at_owner(
         &self,
         manager: &RunManager,
         run_id: &str,

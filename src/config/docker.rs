@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// The docker CLI's own variables, which apply to a `docker` setting left unset by the file,
 /// the `CODEBOX_*` variables and the flags: (setting, variable).
-pub const DOCKER_ENV: [(&str, &str); 3] = [
+pub(super) const DOCKER_ENV: [(&str, &str); 3] = [
     ("docker.host", "DOCKER_HOST"),
     ("docker.tls_verify", "DOCKER_TLS_VERIFY"),
     ("docker.cert_path", "DOCKER_CERT_PATH"),

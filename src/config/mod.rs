@@ -110,11 +110,11 @@ fn default_data_dir() -> PathBuf {
 /// File name of the history database inside the data directory.
 /// Most containers the pool holds at once, ready or starting (each holds a sandbox user).
 pub const MAX_POOLED: usize = 16;
-pub const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
+pub(crate) const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
 /// The contract's floor for the retention: reports are kept at least an hour.
-pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
+pub(crate) const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
 /// Prefix of every configuration variable.
-pub const ENV_PREFIX: &str = "CODEBOX_";
+pub(crate) const ENV_PREFIX: &str = "CODEBOX_";
 /// Short variables kept from before the names were derived (one-word keys, and keys that
 /// later settings came to share).
 const SHORT_ALIASES: [(&str, &str); 2] = [
@@ -131,7 +131,7 @@ fn did_you_mean(nearest: &Option<String>) -> String {
 
 /// Variables that begin with [`ENV_PREFIX`] but are not settings (and no setting may take
 /// their name): the config file, the bearer token (a secret, never a setting) and the log filter.
-pub const RESERVED_ENV: [&str; 3] = ["CODEBOX_CONFIG", "CODEBOX_TOKEN", "CODEBOX_LOG"];
+pub(crate) const RESERVED_ENV: [&str; 3] = ["CODEBOX_CONFIG", "CODEBOX_TOKEN", "CODEBOX_LOG"];
 
 /// Where a setting's value came from, for error messages.
 #[derive(Debug, Clone, PartialEq)]

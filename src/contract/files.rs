@@ -101,7 +101,7 @@ fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, Requ
 
 /// Check a request's files: count, paths (none twice, none both a file and another's folder,
 /// none clashing with `source_file`), encoding, and their total size within `max_total`.
-pub fn check_files(
+pub(super) fn check_files(
     files: Option<Vec<FileInput>>,
     source_file: &str,
     max_total: usize,

@@ -39,7 +39,7 @@ pub enum Step {
 }
 
 /// A request's records, by name and value.
-pub type Records = Vec<(String, Vec<u8>)>;
+pub(super) type Records = Vec<(String, Vec<u8>)>;
 
 /// What the program in the next attached container does.
 #[derive(Debug, Clone, PartialEq)]

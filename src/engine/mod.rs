@@ -61,7 +61,7 @@ pub struct ContainerSpec {
     pub pids_limit: i64,
     pub memory_bytes: i64,
     pub memory_swap_bytes: i64,
-    /// CPU quota per [`CPU_PERIOD_US`] (quota and period rather than NanoCpus, so that a
+    /// CPU quota per `CPU_PERIOD_US` (quota and period rather than NanoCpus, so that a
     /// started container's share can still be updated).
     pub cpu_quota_us: i64,
     pub cpu_period_us: i64,
@@ -92,7 +92,7 @@ pub struct VolumeMount {
 }
 
 /// CPU accounting period of every container, in microseconds.
-pub const CPU_PERIOD_US: i64 = 100_000;
+pub(crate) const CPU_PERIOD_US: i64 = 100_000;
 
 /// Memory and CPU of a container, as created or updated.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -184,7 +184,7 @@ pub struct EngineInfo {
 /// (`HostConfig.Runtime`) and runs it under its default, so a gVisor asked for would silently
 /// be the host's kernel. `runc`, codebox's default, asks for no sandbox of its own: under
 /// Podman it means Podman's default (runc or crun: the host's kernel either way).
-pub fn podman_runtime_problem(asked: &str, default: &str) -> Option<String> {
+pub(crate) fn podman_runtime_problem(asked: &str, default: &str) -> Option<String> {
     if asked == "runc" || asked == default {
         return None;
     }
@@ -250,7 +250,7 @@ impl EngineInfo {
 }
 
 /// What an engine call failed with, kept as the error's source.
-pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+pub(crate) type Cause = Arc<dyn std::error::Error + Send + Sync>;
 
 /// A cause that is only a message (the fake engine, protocol problems).
 #[derive(Debug, Clone)]
@@ -333,7 +333,7 @@ pub enum EngineError {
 }
 
 /// A line of progress from an image build.
-pub type BuildProgress<'a> = &'a (dyn Fn(&str) + Send + Sync);
+pub(crate) type BuildProgress<'a> = &'a (dyn Fn(&str) + Send + Sync);
 
 /// The operations codebox needs from a container engine: one per Engine API call.
 #[async_trait]

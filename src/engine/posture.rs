@@ -22,9 +22,9 @@ pub const SCRATCH: &str = "/tmp";
 /// The first of the sandbox users every image creates (`sandbox`, then `sandbox2` ...): a
 /// fact about the images (`images/base/Dockerfile`), relied on by the posture check and the
 /// uid leases.
-pub const SANDBOX_UID_FIRST: u32 = 10001;
+pub(super) const SANDBOX_UID_FIRST: u32 = 10001;
 /// How many sandbox users the images create: each container gets its own.
-pub const SANDBOX_UIDS: u32 = 64;
+pub(super) const SANDBOX_UIDS: u32 = 64;
 /// The only environment the container has. The language's `env` reaches the program through
 /// the payload (`docs/sandbox-init.md`).
 const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

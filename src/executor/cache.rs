@@ -22,7 +22,7 @@ use crate::report::CompileReport;
 
 /// What a compile stage produced.
 #[derive(Debug, Clone)]
-pub enum Verdict {
+pub(super) enum Verdict {
     /// The whole working directory, ready for the run stage.
     Compiled {
         report: CompileReport,
@@ -113,7 +113,7 @@ impl State {
 }
 
 /// The cache of one process.
-pub struct CompileCache {
+pub(super) struct CompileCache {
     max_bytes: u64,
     state: Mutex<State>,
     hits: AtomicU64,
@@ -194,6 +194,7 @@ impl CompileCache {
     }
 
     /// (entries, bytes)
+    #[cfg(test)]
     pub fn size(&self) -> (usize, u64) {
         let st = self.state();
         (st.slots.len(), st.bytes)

@@ -17,7 +17,7 @@ use crate::executor::packages::proxy::{Policy, Proxy};
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 /// The programs' proxy of one executor.
-pub struct ProgramEgress {
+pub(crate) struct ProgramEgress {
     dir: PathBuf,
     policy: Policy,
     proxy: OnceCell<Proxy>,
@@ -69,11 +69,6 @@ impl ProgramEgress {
             .copied()
             .collect::<Vec<_>>()
             .join(",")
-    }
-
-    /// What the proxy refused so far, one sentence each.
-    pub fn refusals(&self) -> Vec<String> {
-        self.proxy.get().map(|p| p.refusals()).unwrap_or_default()
     }
 }
 

@@ -29,7 +29,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// How long output may keep arriving after a kill.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
 /// How long to wait for the engine to report a container's exit or state.
-pub const WAIT_GRACE: Duration = Duration::from_secs(10);
+pub(super) const WAIT_GRACE: Duration = Duration::from_secs(10);
 /// How long the host goes on waiting for the engine once the exchange's time is up (the
 /// backstop passed, or a stop's grace): after this it ends without the engine's word.
 pub const END_GRACE: Duration = Duration::from_secs(10);
@@ -68,7 +68,7 @@ fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
 }
 
 /// Write a request whole: every part in order, then flush.
-pub async fn write_request(input: &mut InputSink, parts: Vec<Bytes>) -> std::io::Result<()> {
+pub(super) async fn write_request(input: &mut InputSink, parts: Vec<Bytes>) -> std::io::Result<()> {
     for part in coalesce(parts) {
         input.write_all(&part).await?;
     }
@@ -88,7 +88,7 @@ pub enum HostEnding {
 
 /// How a stop is asked for, and how long its answer may take.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StopRule {
+pub(super) struct StopRule {
     /// The container is killed this long after the stop, unanswered.
     pub grace: Duration,
     /// SIGTERM again this often until the answer: a session's `codebox-init` drops a SIGTERM
@@ -119,7 +119,7 @@ pub async fn by<T>(when: Instant, call: impl std::future::Future<Output = T>) ->
 }
 
 /// One request's answer being read from one container, with the host's rules on top.
-pub struct Exchange<'a> {
+pub(super) struct Exchange<'a> {
     engine: &'a dyn ContainerEngine,
     id: &'a str,
     decoder: Decoder,
@@ -184,7 +184,7 @@ impl<'a> Exchange<'a> {
     }
 
     /// Show the output (and the files, when `files`) with `pen` as they arrive.
-    pub fn with_live(mut self, pen: Option<Pen>, files: bool) -> Exchange<'a> {
+    pub(super) fn with_live(mut self, pen: Option<Pen>, files: bool) -> Exchange<'a> {
         self.live_files = files;
         if pen.is_some() {
             self.decoder.keep_news();
@@ -213,7 +213,7 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    pub fn with_run_backstop(mut self, after: Option<Duration>) -> Exchange<'a> {
+    pub(super) fn with_run_backstop(mut self, after: Option<Duration>) -> Exchange<'a> {
         self.run_backstop = after;
         self
     }
@@ -228,7 +228,7 @@ impl<'a> Exchange<'a> {
         d.complete || d.fatal.is_some()
     }
 
-    pub fn into_decoded(self) -> Decoded {
+    pub(super) fn into_decoded(self) -> Decoded {
         self.decoder.finish()
     }
 

@@ -26,7 +26,7 @@ pub struct ImageRef {
 }
 
 /// Images by tag, shared by the executor and its pool.
-pub struct ImageIds {
+pub(super) struct ImageIds {
     engine: Arc<dyn ContainerEngine>,
     known: Mutex<HashMap<String, (ImageRef, Instant)>>,
 }

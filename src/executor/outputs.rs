@@ -69,7 +69,7 @@ const FOLDER_MIME: &str = "inode/directory";
 
 /// Report entries for what was collected under `outputs/`. Folders appear only when something
 /// in them is not listed (too deep, not readable, past the entry cap), with the reason.
-pub fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
+pub(super) fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
     entries
         .iter()
         .filter_map(|e| {
@@ -100,7 +100,7 @@ pub fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
 /// The report's message, with a clause naming the folders under `outputs/` that are not
 /// fully listed (each with its reason), if any: files that are not listed must not vanish
 /// without a word.
-pub fn with_unlisted_note(message: String, files: &[FileReport]) -> String {
+pub(super) fn with_unlisted_note(message: String, files: &[FileReport]) -> String {
     const NAMED: usize = 3;
     let folders: Vec<String> = files
         .iter()

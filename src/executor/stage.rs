@@ -23,7 +23,7 @@ pub use super::exchange::{HostEnding, END_GRACE, STOP_GRACE};
 
 /// How long the host waits beyond a stage's own limits before it kills the container
 /// (`codebox-init` enforces the limits; this is the backstop), whatever the stage.
-pub const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
+pub(super) const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
 use crate::engine::protocol::{DecodeLimits, Decoded};
 use crate::engine::{ContainerEngine, EngineError, InputSink, Signal};
 use crate::live::Feed;

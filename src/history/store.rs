@@ -74,7 +74,7 @@ fn join(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<(), DbError> {
 
 /// This instance, judged lapsed, takes a fresh lease (its verdict cleared): from now on the
 /// others take it for alive again, and what it holds from now on is its own.
-pub fn rejoin(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
+pub(super) fn rejoin(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
     let now = db.now_ms()?;
     join(db, owner, now)
 }
@@ -134,7 +134,7 @@ fn is_dead(
 /// but not started go back to the queue (once: the row is unclaimed by whichever judge gets
 /// there first), and unclaimed ones are never marked. One server judges at a time (an
 /// advisory lock); the others skip the round.
-pub fn mark_interrupted(
+pub(super) fn mark_interrupted(
     db: &mut dyn Database,
     owner: &Owner,
     now: i64,

@@ -20,10 +20,10 @@ pub use validate::is_safe_file_name;
 use validate::{is_identifier, is_safe_relative, serde_field, validate_language, IDENT_RULE};
 
 /// Compile-stage limits of a language whose entry sets no `compile_limits`.
-pub const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
-pub const DEFAULT_COMPILE_MEMORY_MB: u64 = 1024;
-pub const DEFAULT_COMPILE_CPUS: f64 = 1.0;
-pub const DEFAULT_COMPILE_WORKSPACE_MB: u64 = 256;
+pub(crate) const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
+pub(crate) const DEFAULT_COMPILE_MEMORY_MB: u64 = 1024;
+pub(crate) const DEFAULT_COMPILE_CPUS: f64 = 1.0;
+pub(crate) const DEFAULT_COMPILE_WORKSPACE_MB: u64 = 256;
 
 /// An image languages run in.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +76,7 @@ pub struct PistonName {
 }
 
 /// Highest Judge0 language id a registry may use.
-pub const MAX_JUDGE0_ID: i64 = 999_999;
+pub(crate) const MAX_JUDGE0_ID: i64 = 999_999;
 
 /// One language, validated.
 #[derive(Debug, Clone, PartialEq)]

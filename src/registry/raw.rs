@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawImage {
+pub(super) struct RawImage {
     pub tag: String,
     pub context: String,
 }
@@ -44,7 +44,7 @@ pub(super) struct RawSample {
 /// How the Piston-compatible API names a language.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPiston {
+pub(super) struct RawPiston {
     pub language: Option<String>,
     #[serde(default)]
     pub aliases: Vec<String>,
@@ -52,7 +52,7 @@ pub struct RawPiston {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawLanguage {
+pub(super) struct RawLanguage {
     pub display_name: String,
     #[serde(default)]
     pub aliases: Vec<String>,
@@ -94,7 +94,7 @@ pub struct RawLanguage {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawInstall {
+pub(super) struct RawInstall {
     /// The package manager's command; `{prefix}` and `{index}` are filled in, the
     /// requirements appended.
     pub command: Vec<String>,

@@ -8,7 +8,7 @@
 //! without them asks for them back ([`Next::Shed`]), and the pool may grow only while nobody
 //! waits and the budget has room. Once closed (shutdown), nothing more starts.
 //!
-//! Sessions opened ahead of time hold budget too ([`Admission::hold_ahead`]) and give it
+//! Sessions opened ahead of time hold budget too (`Admission::hold_ahead`) and give it
 //! back like the pool's containers: [`Next::Shed`] asks for the pool's and theirs.
 //!
 //! Open sessions hold their memory for their whole life ([`Admission::hold`]). Executions of
@@ -111,7 +111,7 @@ impl Admission {
     /// Queue a ticket whatever the queue holds, while draining too: a run this server
     /// claimed from the shared queue, or one it took for it and could not give it. Refused
     /// only once closed.
-    pub fn enqueue_taken(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+    pub(super) fn enqueue_taken(&mut self, ticket: Ticket) -> Result<(), Refusal> {
         if self.closed {
             return Err(Refusal::Closed);
         }
@@ -196,24 +196,24 @@ impl Admission {
 
     /// Whether a session of `mb` may be held now: the runs, the pool (`pooled_mb`) and the
     /// open sessions leave room in the budget. `false` does not wait: the caller refuses.
-    pub fn may_hold(&self, mb: u64, pooled_mb: u64) -> bool {
+    pub(super) fn may_hold(&self, mb: u64, pooled_mb: u64) -> bool {
         !self.closed && self.shortfall(mb, pooled_mb) == 0
     }
 
     /// How much the pool (`pooled_mb`) and sessions opened ahead of time would have to give
     /// back for `mb` more to be held.
-    pub fn shortfall(&self, mb: u64, pooled_mb: u64) -> u64 {
+    pub(super) fn shortfall(&self, mb: u64, pooled_mb: u64) -> u64 {
         (self.committed_mb() + pooled_mb + self.ahead_mb + mb)
             .saturating_sub(self.policy.memory_budget_mb)
     }
 
     /// A session opened ahead of time (or being opened) holds `mb` from now on, until it is
     /// claimed ([`Admission::claim`]) or given back.
-    pub fn hold_ahead(&mut self, mb: u64) {
+    pub(super) fn hold_ahead(&mut self, mb: u64) {
         self.ahead_mb += mb;
     }
 
-    pub fn unhold_ahead(&mut self, mb: u64) {
+    pub(super) fn unhold_ahead(&mut self, mb: u64) {
         self.ahead_mb = self.ahead_mb.saturating_sub(mb);
     }
 
@@ -255,7 +255,7 @@ impl Admission {
 
     /// Whether the pool may start one more container of `shape_mb` while holding
     /// `pooled_mb`: nobody waits, admission is open and the budget has room.
-    pub fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
+    pub(super) fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
         !self.closed && self.queue.is_empty() && self.shortfall(shape_mb, pooled_mb) == 0
     }
 
@@ -274,7 +274,7 @@ impl Admission {
     }
 
     /// Whether new tickets are refused (closed or draining).
-    pub fn refuses_new(&self) -> bool {
+    pub(super) fn refuses_new(&self) -> bool {
         self.closed || self.draining
     }
 

@@ -120,7 +120,7 @@ async fn runtimes(State(api): State<Api>) -> Response {
 /// Whether a requested version matches a runtime's: `*` or nothing matches any; otherwise
 /// each dotted part given must equal the runtime's (`3`, `3.11` and `3.11.2` match
 /// `3.11.2`), `x` or `*` matching any part.
-pub fn version_matches(requested: Option<&str>, actual: &str) -> bool {
+pub(crate) fn version_matches(requested: Option<&str>, actual: &str) -> bool {
     let Some(requested) = requested.map(str::trim).filter(|r| !r.is_empty()) else {
         return true;
     };

@@ -54,7 +54,7 @@ pub(super) struct Snapshot {
 
 /// CPU spent between two snapshots, by part.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Cost {
+pub(super) struct Cost {
     pub wall: Duration,
     pub host: Duration,
     /// This process: codebox (the bench drives it in process).
@@ -70,7 +70,7 @@ pub struct Cost {
 
 impl Cost {
     /// What the parts above account for.
-    pub fn accounted(&self) -> Duration {
+    pub(super) fn accounted(&self) -> Duration {
         self.own
             + self.children
             + self.dockerd
@@ -378,7 +378,7 @@ fn pid_alive(pid: u32) -> bool {
 
 /// Takes snapshots and keeps their own CPU out of codebox's. Watches the shims from a thread
 /// of its own until dropped.
-pub struct Meter {
+pub(super) struct Meter {
     overhead: Duration,
     shims: Arc<Shims>,
 }

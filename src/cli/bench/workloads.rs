@@ -18,7 +18,7 @@ use crate::report::Status;
 
 /// How runs are sent.
 #[derive(Debug, Clone, Copy)]
-pub enum Sending {
+pub(super) enum Sending {
     /// One client, each run sent as soon as the last one ended.
     BackToBack,
     /// All the programs, K at a time.
@@ -162,7 +162,11 @@ impl<'a> Bench<'a> {
     /// Latency of `lang`'s hello, `n` runs each way, alternating, each codebox run followed
     /// by a pause until the pool is full again; compiled languages a second time with the
     /// compile cache answering. Returns codebox's median.
-    pub async fn latency_with_cache(&mut self, lang: &Language, n: usize) -> anyhow::Result<f64> {
+    pub(super) async fn latency_with_cache(
+        &mut self,
+        lang: &Language,
+        n: usize,
+    ) -> anyhow::Result<f64> {
         let median = self.latency_n(lang, n, lang.is_compiled()).await?;
         if lang.is_compiled() {
             self.latency_n(lang, n, false).await?;

@@ -207,7 +207,7 @@ pub struct Done {
 const MAX_ERROR: usize = 4096;
 
 /// Read a `D` frame's `key=value` lines.
-pub fn parse_done(text: &str) -> Result<Done, ProtocolError> {
+pub(super) fn parse_done(text: &str) -> Result<Done, ProtocolError> {
     let mut done = Done::default();
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else {

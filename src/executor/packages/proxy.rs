@@ -362,7 +362,7 @@ impl Proxy {
     }
 
     /// The download cap was reached (connections were cut).
-    pub fn over_cap(&self) -> bool {
+    pub(super) fn over_cap(&self) -> bool {
         self.tally.over.load(Ordering::Relaxed)
     }
 
