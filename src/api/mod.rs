@@ -165,7 +165,7 @@ impl BodyError {
 }
 
 /// Read a whole body, at most `max` bytes.
-pub async fn read_body(body: Body, max: usize) -> Result<Bytes, BodyError> {
+pub(crate) async fn read_body(body: Body, max: usize) -> Result<Bytes, BodyError> {
     axum::body::to_bytes(body, max).await.map_err(|e| {
         let too_large = e
             .into_inner()
@@ -215,7 +215,7 @@ fn named_field(message: &str) -> Option<String> {
 }
 
 /// The `name=value` pairs of a query string, decoded.
-pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+pub(crate) fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()

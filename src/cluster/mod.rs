@@ -107,7 +107,10 @@ impl Cluster {
     /// The cluster of a server with `--transport http`: `None` when its history is not shared
     /// (SQLite); an error naming what is missing when it is shared and `cluster.advertise_url`
     /// or `cluster.secret_file` is not set, or the secret is unreadable or short.
-    pub fn for_http(config: &Config, instance: &str) -> Result<Option<Cluster>, ClusterError> {
+    pub(crate) fn for_http(
+        config: &Config,
+        instance: &str,
+    ) -> Result<Option<Cluster>, ClusterError> {
         if config.history.url.is_none() {
             return Ok(None);
         }
@@ -362,7 +365,7 @@ impl Cluster {
     }
 
     /// [`Cluster::send`] of a JSON body (or none), the JSON answer read whole.
-    pub async fn call_json(
+    pub(crate) async fn call_json(
         &self,
         peer: &Peer,
         method: Method,
@@ -419,7 +422,7 @@ impl Cluster {
 /// How much longer than the wait itself a forwarded wait may take (the way there and back):
 /// the time given to the owner beyond a forwarded `wait_seconds`, whoever forwards it (`/v1`,
 /// an MCP tool, this module's own waits).
-pub const WAIT_SLACK: Duration = Duration::from_secs(30);
+pub(crate) const WAIT_SLACK: Duration = Duration::from_secs(30);
 /// How long a forwarded stop may take (the owner waits for the containers' removal).
 const STOP_TIMEOUT: Duration = Duration::from_secs(150);
 

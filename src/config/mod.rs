@@ -109,7 +109,7 @@ fn default_data_dir() -> PathBuf {
 
 /// File name of the history database inside the data directory.
 /// Most containers the pool holds at once, ready or starting (each holds a sandbox user).
-pub const MAX_POOLED: usize = 16;
+pub(crate) const MAX_POOLED: usize = 16;
 pub(crate) const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
 /// The contract's floor for the retention: reports are kept at least an hour.
 pub(crate) const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
@@ -271,7 +271,7 @@ impl Config {
     }
 
     /// Where the history lives: PostgreSQL when `history.url` is set, else the SQLite file.
-    pub fn history_store(&self) -> HistoryStore {
+    pub(crate) fn history_store(&self) -> HistoryStore {
         match &self.history.url {
             Some(url) => HistoryStore::Postgres {
                 url: url.clone(),
@@ -283,7 +283,7 @@ impl Config {
 
     /// The configuration as a config file (what `codebox config` prints). The token itself
     /// is never part of it.
-    pub fn to_toml(&self) -> String {
+    pub(crate) fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
     }
 }

@@ -93,7 +93,7 @@ fn default_root_cert() -> Option<PathBuf> {
 impl TlsParams {
     /// The CA file to check the server against, if this mode checks: the URL's, else
     /// libpq's default when it exists (for `require`) or must (for `verify-*`).
-    pub fn root_cert(&self) -> Result<Option<PathBuf>, String> {
+    pub(crate) fn root_cert(&self) -> Result<Option<PathBuf>, String> {
         let named = self.root_cert.clone();
         match self.mode {
             SslMode::Disable | SslMode::Prefer => Ok(None),
@@ -118,7 +118,7 @@ impl TlsParams {
     }
 
     /// The mode the PostgreSQL client itself knows.
-    pub fn client_mode(&self) -> postgres::config::SslMode {
+    pub(crate) fn client_mode(&self) -> postgres::config::SslMode {
         match self.mode {
             SslMode::Disable => postgres::config::SslMode::Disable,
             SslMode::Prefer => postgres::config::SslMode::Prefer,

@@ -154,7 +154,7 @@ impl CompileCache {
 
     /// Keep a verdict; the least recently used ones go when the cache is over its size. A
     /// verdict larger than a quarter of the cache is not kept.
-    pub fn put(&self, key: Key, verdict: Verdict) {
+    pub(crate) fn put(&self, key: Key, verdict: Verdict) {
         let bytes = verdict.bytes();
         if bytes > self.max_bytes / 4 {
             return;

@@ -3,7 +3,7 @@
 //! container that runs a request's code (compile, run and session stages, the pool's ready
 //! containers too) keeps `network_mode=none` and gets the proxy's socket directory read-only,
 //! with codebox-init's relay on its loopback and `HTTP(S)_PROXY` pointing there
-//! ([`crate::engine::posture::with_egress`]).
+//! (`crate::engine::posture::with_egress`).
 
 use std::path::{Path, PathBuf};
 
@@ -62,7 +62,7 @@ impl ProgramEgress {
     }
 
     /// `NO_PROXY` for programs: the loopback names no entry names.
-    pub fn no_proxy(&self) -> String {
+    pub(crate) fn no_proxy(&self) -> String {
         LOOPBACK_NAMES
             .iter()
             .filter(|n| !self.policy.allowed.iter().any(|a| a.host == **n))

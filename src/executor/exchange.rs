@@ -218,7 +218,7 @@ impl<'a> Exchange<'a> {
         self
     }
 
-    pub fn decoded(&self) -> &Decoded {
+    pub(crate) fn decoded(&self) -> &Decoded {
         self.decoder.decoded()
     }
 

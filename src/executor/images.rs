@@ -68,7 +68,7 @@ impl ImageIds {
     }
 
     /// Forget `tag`'s id (the engine no longer has that image).
-    pub fn forget(&self, tag: &str) {
+    pub(crate) fn forget(&self, tag: &str) {
         self.known().remove(tag);
     }
 }

@@ -56,7 +56,7 @@ pub fn mime_type(path: &str, content: &[u8]) -> &'static str {
 }
 
 /// Whether a media type is an image an MCP client can show.
-pub fn is_image(mime: &str) -> bool {
+pub(crate) fn is_image(mime: &str) -> bool {
     matches!(
         mime,
         "image/png" | "image/jpeg" | "image/gif" | "image/webp"

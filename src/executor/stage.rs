@@ -94,7 +94,7 @@ impl Bound<'_> {
 
 /// What to do in one container.
 #[derive(Clone)]
-pub struct StageRequest {
+pub(crate) struct StageRequest {
     /// The payload for the container's stdin, in parts written one after the other.
     pub payload: Vec<bytes::Bytes>,
     /// After this long the host kills the container, whatever the helper says.
@@ -164,7 +164,7 @@ async fn forward_stdin(
 
 /// Run one stage in the container `id`; `start` when it was only created. Attaching and
 /// starting are bounded by `bound`; once the container runs, the stage's own deadlines apply.
-pub async fn run_stage(
+pub(crate) async fn run_stage(
     engine: &dyn ContainerEngine,
     id: &str,
     start: bool,

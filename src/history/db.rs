@@ -164,7 +164,7 @@ pub(crate) trait Database: Send {
 }
 
 /// Run `f` inside [`Database::begin_exclusive`]: committed if it succeeds, rolled back if not.
-pub fn exclusive<T>(
+pub(crate) fn exclusive<T>(
     db: &mut dyn Database,
     f: impl FnOnce(&mut dyn Database) -> Result<T, DbError>,
 ) -> Result<T, DbError> {

@@ -23,7 +23,7 @@
 //! Besides the metadata kept forever (SPEC section 9), a row holds the run's full final report
 //! (JSON, `report` column) for the retention period only: the run manager serves reports it
 //! evicted from memory from here, and clears the column when the retention has passed
-//! ([`History::forget_reports`], [`History::forget_reports_ended_before`]). With a shared
+//! ([`History::forget_reports`], `History::forget_reports_ended_before`). With a shared
 //! store, any server answers `get_result` for a finished run of another from this column.
 
 mod actor;
@@ -61,7 +61,7 @@ pub(crate) const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
 /// Rows returned when a query sets no limit.
 pub(crate) const DEFAULT_QUERY_LIMIT: usize = 20;
 /// Most rows one query returns.
-pub const MAX_QUERY_LIMIT: usize = crate::contract::params::MAX_HISTORY_LIMIT;
+pub(crate) const MAX_QUERY_LIMIT: usize = crate::contract::params::MAX_HISTORY_LIMIT;
 /// The message of a run whose server's lease lapsed (another host: it stopped answering).
 pub(crate) const STOPPED_ANSWERING_MESSAGE: &str = "its server stopped answering";
 /// An instance whose last heartbeat is older than this (by the database's clock), and whose
@@ -436,7 +436,7 @@ impl History {
 
     /// Drop the stored full reports of every run that ended before `cutoff_ms` (Unix ms): the
     /// backstop for runs no living manager tracks (a crash, another instance).
-    pub fn forget_reports_ended_before(&self, cutoff_ms: i64) {
+    pub(crate) fn forget_reports_ended_before(&self, cutoff_ms: i64) {
         self.send(Command::ForgetReportsEndedBefore { cutoff_ms });
     }
 
@@ -519,7 +519,7 @@ impl History {
     }
 
     /// Record a session that was just opened.
-    pub fn session_opened(&self, session: SessionOpened) {
+    pub(crate) fn session_opened(&self, session: SessionOpened) {
         self.send(Command::SessionOpened(session));
     }
 
@@ -533,7 +533,7 @@ impl History {
     }
 
     /// The ids of the sessions that start with `prefix`, in order, at most `limit`.
-    pub async fn session_ids(
+    pub(crate) async fn session_ids(
         &self,
         prefix: &str,
         limit: usize,

@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::config::{SslMode, TlsParams};
 
 /// The TLS connector for `params`' mode.
-pub fn connector(params: &TlsParams) -> Result<MakeRustls, String> {
+pub(crate) fn connector(params: &TlsParams) -> Result<MakeRustls, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier: Arc<dyn ServerCertVerifier> = match params.root_cert()? {
         None => Arc::new(AnyCertificate(provider.clone())),

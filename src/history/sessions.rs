@@ -51,7 +51,7 @@ pub fn ended(db: &mut dyn Database, id: &str, reason: &str, at_ms: i64) -> Resul
     Ok(())
 }
 
-pub fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, DbError> {
+pub(crate) fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, DbError> {
     let now = db.now_ms()?;
     let rows = db.query(
         "SELECT sessions.instance, instances.host, instances.heartbeat_at, sessions.end_reason,

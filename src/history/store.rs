@@ -369,7 +369,10 @@ pub fn forget_reports(db: &mut dyn Database, run_ids: &[String]) -> Result<(), D
     })
 }
 
-pub fn forget_reports_ended_before(db: &mut dyn Database, cutoff_ms: i64) -> Result<(), DbError> {
+pub(crate) fn forget_reports_ended_before(
+    db: &mut dyn Database,
+    cutoff_ms: i64,
+) -> Result<(), DbError> {
     db.execute(
         "UPDATE runs SET report = NULL WHERE report IS NOT NULL AND ended_at < ?1",
         values![cutoff_ms],
@@ -379,7 +382,7 @@ pub fn forget_reports_ended_before(db: &mut dyn Database, cutoff_ms: i64) -> Res
 
 /// A finished run's stored report (JSON), if it is still kept (and ended at or after
 /// `ended_after_ms`, when given).
-pub fn stored_report(
+pub(crate) fn stored_report(
     db: &mut dyn Database,
     run_id: &str,
     ended_after_ms: Option<i64>,
@@ -448,7 +451,7 @@ fn history_row(r: &Row) -> HistoryRow {
 }
 
 /// Rows matching `q`, newest first (runs accepted in the same millisecond: the later first).
-pub fn select(db: &mut dyn Database, q: &Query) -> Result<Vec<HistoryRow>, DbError> {
+pub(crate) fn select(db: &mut dyn Database, q: &Query) -> Result<Vec<HistoryRow>, DbError> {
     let limit = q
         .limit
         .unwrap_or(DEFAULT_QUERY_LIMIT)

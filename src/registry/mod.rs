@@ -135,7 +135,7 @@ impl Language {
     /// Name the source file after `code` where the language says how (the first group of
     /// its `source_name` pattern, when it matches and makes a plain file name); otherwise
     /// the language stays as it is.
-    pub fn name_after(&mut self, code: &str) {
+    pub(crate) fn name_after(&mut self, code: &str) {
         let named = self
             .source_name
             .as_ref()
@@ -321,7 +321,7 @@ impl Registry {
 
     /// Find a language by its name in the Piston-compatible API: its Piston name or Piston
     /// aliases, else its id or aliases (case-insensitive).
-    pub fn resolve_piston(&self, name: &str) -> Option<&Language> {
+    pub(crate) fn resolve_piston(&self, name: &str) -> Option<&Language> {
         let name = name.trim().to_ascii_lowercase();
         self.languages
             .values()
@@ -336,7 +336,7 @@ impl Registry {
     }
 
     /// Guess a language from a file name's extension.
-    pub fn for_file(&self, file: &Path) -> Option<&Language> {
+    pub(crate) fn for_file(&self, file: &Path) -> Option<&Language> {
         let ext = file.extension()?.to_str()?.to_ascii_lowercase();
         self.languages
             .values()

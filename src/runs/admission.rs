@@ -5,13 +5,13 @@
 //! (`runs.max_concurrent_runs`) and the memory of the running runs plus its own stays within
 //! `runs.memory_budget_mb`. A large request at the head is therefore never starved by small
 //! ones behind it. Containers waiting in the pool hold budget too: a head that fits only
-//! without them asks for them back ([`Next::Shed`]), and the pool may grow only while nobody
+//! without them asks for them back (`Next::Shed`), and the pool may grow only while nobody
 //! waits and the budget has room. Once closed (shutdown), nothing more starts.
 //!
 //! Sessions opened ahead of time hold budget too (`Admission::hold_ahead`) and give it
-//! back like the pool's containers: [`Next::Shed`] asks for the pool's and theirs.
+//! back like the pool's containers: `Next::Shed` asks for the pool's and theirs.
 //!
-//! Open sessions hold their memory for their whole life ([`Admission::hold`]). Executions of
+//! Open sessions hold their memory for their whole life (`Admission::hold`). Executions of
 //! one session run one at a time: a ticket whose session is executing waits without holding
 //! up the tickets behind it, and the first ticket of a session in the queue is its earliest.
 
@@ -39,7 +39,7 @@ pub struct Ticket {
 
 /// What to do for the head of the queue.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Start it: its slots and memory are now taken.
     Start(Ticket),
     /// It would fit if the pool gave back this much memory of its ready containers.
@@ -57,7 +57,7 @@ pub enum Refusal {
 
 /// The queue and what admitted runs hold.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     policy: Policy,
     queue: VecDeque<Ticket>,
     active: usize,
@@ -91,7 +91,7 @@ impl Admission {
     }
 
     /// Queue a ticket. A full queue refuses only a ticket that could not start at once.
-    pub fn enqueue(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+    pub(crate) fn enqueue(&mut self, ticket: Ticket) -> Result<(), Refusal> {
         if self.closed || self.draining {
             return Err(Refusal::Closed);
         }
@@ -137,10 +137,6 @@ impl Admission {
                 .memory_budget_mb
                 .saturating_sub(self.committed_mb() + mb),
         )
-    }
-
-    pub fn policy(&self) -> Policy {
-        self.policy
     }
 
     /// Memory admitted runs and open sessions hold.
@@ -229,13 +225,8 @@ impl Admission {
     }
 
     /// A session ended: its memory is free.
-    pub fn unhold(&mut self, mb: u64) {
+    pub(crate) fn unhold(&mut self, mb: u64) {
         self.held_mb = self.held_mb.saturating_sub(mb);
-    }
-
-    /// Memory open sessions hold.
-    pub fn held_mb(&self) -> u64 {
-        self.held_mb
     }
 
     /// Take a queued run out of the queue (it was stopped); `false` if it was not queued.
@@ -264,7 +255,7 @@ impl Admission {
         self.closed = true;
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed
     }
 
@@ -278,7 +269,7 @@ impl Admission {
         self.closed || self.draining
     }
 
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining
     }
 

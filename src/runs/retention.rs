@@ -56,7 +56,7 @@ impl Retention {
     }
 
     /// The runs that ended within `within`, newest first.
-    pub fn ended_within(&self, within: Duration) -> Vec<String> {
+    pub(crate) fn ended_within(&self, within: Duration) -> Vec<String> {
         let mut ids = Vec::new();
         for id in self.order.iter().rev() {
             match self.finished.get(id) {

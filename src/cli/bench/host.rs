@@ -80,7 +80,7 @@ impl Cost {
             + self.kernel
     }
 
-    pub fn add(&mut self, o: &Cost) {
+    pub(crate) fn add(&mut self, o: &Cost) {
         self.wall += o.wall;
         self.host += o.host;
         self.own += o.own;
@@ -261,7 +261,7 @@ impl Snapshot {
     }
 
     /// CPU this process has spent taking snapshots so far.
-    pub fn overhead(&self) -> Duration {
+    pub(crate) fn overhead(&self) -> Duration {
         self.overhead
     }
 }
@@ -407,7 +407,7 @@ impl Drop for Meter {
 }
 
 impl Meter {
-    pub fn snapshot(&mut self) -> Snapshot {
+    pub(crate) fn snapshot(&mut self) -> Snapshot {
         let s = Snapshot::take(self.overhead, &self.shims);
         self.overhead = s.overhead();
         s

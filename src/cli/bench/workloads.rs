@@ -122,7 +122,7 @@ impl Ctx<'_> {
 }
 
 /// Runs comparisons and prints them.
-pub struct Bench<'a> {
+pub(crate) struct Bench<'a> {
     ctx: Ctx<'a>,
     pool: bool,
     meter: Meter,
@@ -175,7 +175,7 @@ impl<'a> Bench<'a> {
     }
 
     /// [`Bench::latency_with_cache`] with 20 runs, no cache case.
-    pub async fn latency(&mut self, lang: &Language) -> anyhow::Result<f64> {
+    pub(crate) async fn latency(&mut self, lang: &Language) -> anyhow::Result<f64> {
         self.latency_n(lang, 20, lang.is_compiled()).await
     }
 

@@ -5,7 +5,7 @@
 //! # Security
 //! The containers it serves have no network (`network_mode=none`): the proxy listens on a Unix
 //! socket, `proxy.sock` in a directory of its own that the container gets read-only at
-//! `/run/codebox-egress` ([`crate::engine::posture::EGRESS_MOUNT`]), and codebox-init's relay (`images/base/codebox-init-egress.c`) carries
+//! `/run/codebox-egress` (`crate::engine::posture::EGRESS_MOUNT`), and codebox-init's relay (`images/base/codebox-init-egress.c`) carries
 //! the container's loopback connections to it. The directory is made for this proxy alone
 //! (mode 0711 under codebox's private `data_dir/egress`, 0700), the socket is 0666 so that
 //! every sandbox uid can connect, and both go when the proxy is dropped. The proxy admits a request only
@@ -163,7 +163,7 @@ pub struct Policy {
 
 impl Policy {
     /// The entry a request for `host:port` falls under, or why none does.
-    pub fn admit(&self, host: &str, port: u16) -> Result<&Allowed, Refusal> {
+    pub(crate) fn admit(&self, host: &str, port: u16) -> Result<&Allowed, Refusal> {
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -290,7 +290,7 @@ fn shortened(text: &str, max: usize) -> String {
 
 /// A running proxy; dropping it ends it and every connection through it, and removes its
 /// directory.
-pub struct Proxy {
+pub(crate) struct Proxy {
     dir: PathBuf,
     tally: Arc<Tally>,
     _task: AbortOnDropHandle<()>,
