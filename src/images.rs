@@ -31,7 +31,7 @@ const WHEELS_DIR: &str = "wheels";
 
 /// What is known of one image.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ImageStatus {
+pub(crate) struct ImageStatus {
     pub name: String,
     pub tag: String,
     pub present: bool,
@@ -42,7 +42,7 @@ pub struct ImageStatus {
 }
 
 /// Presence, size and versions of every image in the registry.
-pub async fn status(
+pub(crate) async fn status(
     engine: &dyn ContainerEngine,
     registry: &Registry,
 ) -> Result<Vec<ImageStatus>, EngineError> {
@@ -75,7 +75,7 @@ pub async fn status(
 
 /// A failed image build.
 #[derive(Debug, thiserror::Error)]
-pub enum ImageError {
+pub(crate) enum ImageError {
     #[error("unknown image `{name}`; known: {known}")]
     Unknown { name: String, known: String },
     #[error("cannot read the build context {path}: {source}")]
@@ -219,7 +219,7 @@ pub(super) fn build_order<'a>(
 }
 
 /// Look up an image by its registry name.
-pub fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageError> {
+pub(crate) fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageError> {
     registry
         .images
         .get(name)
@@ -236,7 +236,7 @@ pub fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageEr
 
 /// Build one image and record its languages' versions. Returns the final image id.
 /// `no_cache` rebuilds every layer (to pick up the distribution's security updates).
-pub async fn build(
+pub(crate) async fn build(
     executor: &Executor,
     registry: &Registry,
     image: &Image,

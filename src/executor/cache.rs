@@ -44,10 +44,15 @@ impl Verdict {
 
 /// A cache key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Key([u8; 32]);
+pub(crate) struct Key([u8; 32]);
 
 /// Everything a compile stage's result depends on.
-pub fn key(image_id: &str, lang: &Language, code: &str, files: &[(String, bytes::Bytes)]) -> Key {
+pub(crate) fn key(
+    image_id: &str,
+    lang: &Language,
+    code: &str,
+    files: &[(String, bytes::Bytes)],
+) -> Key {
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_le_bytes());
@@ -134,7 +139,7 @@ impl CompileCache {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, key: &Key) -> Option<Verdict> {
+    pub(crate) fn get(&self, key: &Key) -> Option<Verdict> {
         if self.max_bytes == 0 {
             return None;
         }
