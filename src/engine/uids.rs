@@ -24,7 +24,7 @@ pub(crate) struct UidPool {
 
 /// A uid held by one container; it returns to the pool (and its lock is released) when
 /// dropped.
-pub struct UidLease {
+pub(crate) struct UidLease {
     pub uid: u32,
     pool: Option<Arc<UidPool>>,
     _lock: Option<File>,

@@ -48,7 +48,7 @@ pub(crate) fn signal_name(n: i64) -> Option<&'static str> {
 
 /// How one phase (a check, a compile, a program) ended.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub status: Status,
     /// The exit code; `128 + n` for a death by signal n; null when codebox ended it.
     pub exit_code: Option<i64>,

@@ -106,7 +106,7 @@ pub struct SessionBox {
 }
 
 /// One execution in a session: its report, and whether the session's container broke.
-pub struct SessionRun {
+pub(crate) struct SessionRun {
     pub report: RunReport,
     pub broken: Option<Broken>,
     /// Bytes used in the session's working directory, when known.

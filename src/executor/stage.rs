@@ -110,7 +110,7 @@ pub(crate) struct StageRequest {
 /// A stage shown live: its feed, and which stage it is (a run stage shows its files and
 /// takes the program's stdin from the feed when it has one).
 #[derive(Clone)]
-pub struct LiveStage {
+pub(crate) struct LiveStage {
     pub feed: Arc<Feed>,
     pub stage: Stage,
     /// The test case it runs, when several run at once.

@@ -27,7 +27,7 @@ pub struct Policy {
 
 /// A run waiting for admission, or admitted.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     pub run_id: String,
     /// Containers it runs at once (test cases): the concurrency slots it takes.
     pub slots: usize,

@@ -104,7 +104,7 @@ pub(crate) struct DecodeLimits {
 /// A stream that does not follow the protocol.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("codebox-init sent a malformed stream: {0}")]
-pub struct ProtocolError(pub String);
+pub(crate) struct ProtocolError(pub String);
 
 /// What a frame brought that a live reader shows, in the order the frames came.
 #[derive(Debug, Clone, PartialEq)]
