@@ -31,7 +31,7 @@ use crate::runs::{RunManager, UNKNOWN_GRACE};
 use crate::sessions::Sessions;
 
 use forward::{with_causes, PASSED};
-pub use forward::{ForwardError, Forwarded};
+pub(crate) use forward::{ForwardError, Forwarded};
 
 /// The header that carries the cluster secret from one server to another.
 const SECRET_HEADER: &str = "x-codebox-cluster";

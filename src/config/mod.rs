@@ -59,9 +59,9 @@ pub use defaults::defaults_toml;
 pub use docker::*;
 pub use history::*;
 pub use packages::{split_host_port, Allowed, NpmRegistry, PackagesSettings, PythonIndex};
-pub use postgres_tls::{split_tls, SslMode, TlsParams};
+pub(crate) use postgres_tls::{split_tls, SslMode, TlsParams};
 pub use sections::*;
-pub use sessions::SessionSettings;
+pub(crate) use sessions::SessionSettings;
 pub use sources::{from_toml, resolve, unknown_env};
 pub use validate::validate;
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// How much the connection checks, libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     Disable,
     Prefer,
     Require,
@@ -23,14 +23,14 @@ pub enum SslMode {
 
 /// The TLS part of a `history.url`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TlsParams {
+pub(crate) struct TlsParams {
     pub mode: SslMode,
     /// `sslrootcert`, when the URL names one.
     pub root_cert: Option<PathBuf>,
 }
 
 /// `url` without its `sslmode` and `sslrootcert` parameters, and what they asked for.
-pub fn split_tls(url: &str) -> Result<(String, TlsParams), String> {
+pub(crate) fn split_tls(url: &str) -> Result<(String, TlsParams), String> {
     let mut params = TlsParams {
         mode: SslMode::Prefer,
         root_cert: None,

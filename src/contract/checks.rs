@@ -17,7 +17,7 @@ pub struct RequestError {
 /// The shortest wall-clock limit a request may ask for. `codebox-init` counts whole
 /// milliseconds and reads 0 as "no deadline", so a shorter limit would not be enforced (the
 /// protocol fuzzer found that a 0.0004 s limit let a 3 s program finish).
-pub const MIN_TIMEOUT_SECONDS: f64 = 0.001;
+pub(crate) const MIN_TIMEOUT_SECONDS: f64 = 0.001;
 
 pub fn reject<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, RequestError> {
     Err(RequestError {

@@ -22,7 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::compile::{check_failed, Compiler};
 use super::containers::{Containers, Mount, Want};
-pub use super::ends::Broken;
+pub(crate) use super::ends::Broken;
 use super::ends::{sources, Call, CompileEnd, Ended, Halt, Known, SandboxFailure, BACKSTOP_GRACE};
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
 use super::finish::report;

@@ -51,7 +51,7 @@ use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
 pub use queue::{Claimed, QueueError, Room, SharedQueue, Submitted};
 pub use schema::SCHEMA_VERSION;
-pub use sessions::{
+pub(crate) use sessions::{
     SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED,
     SERVER_STOPPED as SESSION_SERVER_STOPPED,
 };

@@ -11,7 +11,7 @@ pub const SERVER_STOPPED: &str = "server_stopped";
 
 /// A session that was just opened.
 #[derive(Debug, Clone)]
-pub struct SessionOpened {
+pub(crate) struct SessionOpened {
     pub session_id: String,
     pub language: String,
     pub instance: String,

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::report::Status;
 
 pub use locate::{locate, Located, NotFound, DEFAULT_REGISTRY_FILE};
-pub use source_name::SourceName;
+pub(crate) use source_name::SourceName;
 pub use validate::is_safe_file_name;
 use validate::{is_identifier, is_safe_relative, serde_field, validate_language, IDENT_RULE};
 
