@@ -17,10 +17,10 @@ use crate::runs::{self, RunManager};
 use crate::sessions::Sessions;
 
 /// How long [`App::shutdown`] waits for unfinished runs to stop and remove their containers.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub(super) const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// How long [`App::shutdown`] waits for the history's last writes.
-pub const HISTORY_FLUSH: Duration = Duration::from_secs(10);
+const HISTORY_FLUSH: Duration = Duration::from_secs(10);
 
 /// Why the application could not be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +94,7 @@ impl App {
 
     /// Why containers would not run under the runtimes the settings name, as this daemon
     /// gives them (`EngineInfo::runtime_problem`), one line per setting.
-    pub fn runtime_problems(&self, info: &crate::engine::EngineInfo) -> Vec<String> {
+    pub(super) fn runtime_problems(&self, info: &crate::engine::EngineInfo) -> Vec<String> {
         let c = &self.config;
         let mut asked = vec![("sandbox.runtime", c.sandbox.runtime.as_str())];
         if let Some(r) = c.packages.install_runtime.as_deref() {
@@ -129,7 +129,7 @@ impl App {
     }
 
     /// End every session and stop every unfinished run, then wait (up to `grace` each) until every container of
-    /// this process is gone, and (up to [`HISTORY_FLUSH`]) until the history has written what
+    /// this process is gone, and (up to `HISTORY_FLUSH`) until the history has written what
     /// it was sent. If some could not be removed, the instance's lock file is kept
     /// when the process ends, so the next start knows this instance died with objects left
     /// and reaps them at once (not after their expiry).

@@ -21,17 +21,17 @@ use crate::executor::{Executor, SandboxFailure};
 use crate::registry::{Image, Registry};
 
 /// Label prefix under which toolchain versions are recorded.
-pub const VERSION_LABEL_PREFIX: &str = "codebox.version.";
+pub(super) const VERSION_LABEL_PREFIX: &str = "codebox.version.";
 /// How long a version command may take.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// The file of an image folder that lists PyPI wheels to download into the build context.
-pub const WHEELS_FILE: &str = "pypi-wheels.txt";
+const WHEELS_FILE: &str = "pypi-wheels.txt";
 /// Where the downloaded wheels appear in the build context.
-pub const WHEELS_DIR: &str = "wheels";
+const WHEELS_DIR: &str = "wheels";
 
 /// What is known of one image.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ImageStatus {
+pub(crate) struct ImageStatus {
     pub name: String,
     pub tag: String,
     pub present: bool,
@@ -42,7 +42,7 @@ pub struct ImageStatus {
 }
 
 /// Presence, size and versions of every image in the registry.
-pub async fn status(
+pub(crate) async fn status(
     engine: &dyn ContainerEngine,
     registry: &Registry,
 ) -> Result<Vec<ImageStatus>, EngineError> {
@@ -75,7 +75,7 @@ pub async fn status(
 
 /// A failed image build.
 #[derive(Debug, thiserror::Error)]
-pub enum ImageError {
+pub(crate) enum ImageError {
     #[error("unknown image `{name}`; known: {known}")]
     Unknown { name: String, known: String },
     #[error("cannot read the build context {path}: {source}")]
@@ -117,7 +117,7 @@ fn context_tar(dir: &Path, wheels: Option<&Path>) -> std::io::Result<Vec<u8>> {
 /// The pip arguments that download the wheels listed in `list` into `dest`. Every line must
 /// pin a hash (`--require-hashes`), and only built wheels are taken (`--only-binary`): a
 /// source distribution would run its build script on the host.
-pub fn pip_download_args(list: &Path, dest: &Path) -> Vec<OsString> {
+fn pip_download_args(list: &Path, dest: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = [
         "-m",
         "pip",
@@ -140,7 +140,7 @@ pub fn pip_download_args(list: &Path, dest: &Path) -> Vec<OsString> {
 
 /// A folder of downloaded wheels, removed when dropped.
 #[derive(Debug)]
-pub struct Wheels {
+struct Wheels {
     pub dir: PathBuf,
 }
 
@@ -153,7 +153,7 @@ impl Drop for Wheels {
 /// Download the wheels listed in `list` (pip's requirements format, each line pinned with
 /// `--hash`) into a fresh temporary folder, with the host's `python3 -m pip` (pip keeps its own
 /// download cache, so a rebuild does not fetch them again).
-pub async fn fetch_wheels(list: &Path) -> Result<Wheels, ImageError> {
+async fn fetch_wheels(list: &Path) -> Result<Wheels, ImageError> {
     let failed = |detail: String| ImageError::Wheels {
         path: list.display().to_string(),
         detail,
@@ -186,7 +186,7 @@ pub async fn fetch_wheels(list: &Path) -> Result<Wheels, ImageError> {
 
 /// The registry images an image's Dockerfile builds `FROM` (the base image, for a language
 /// image).
-pub fn dependencies<'a>(registry: &'a Registry, image: &Image) -> Vec<&'a Image> {
+pub(super) fn dependencies<'a>(registry: &'a Registry, image: &Image) -> Vec<&'a Image> {
     let dockerfile = registry.root().join(&image.context).join("Dockerfile");
     let text = std::fs::read_to_string(dockerfile).unwrap_or_default();
     text.lines()
@@ -198,7 +198,7 @@ pub fn dependencies<'a>(registry: &'a Registry, image: &Image) -> Vec<&'a Image>
 }
 
 /// The images to build for `names`, each after the images it builds on (which are added).
-pub fn build_order<'a>(
+pub(super) fn build_order<'a>(
     registry: &'a Registry,
     names: &[String],
 ) -> Result<Vec<&'a Image>, ImageError> {
@@ -219,7 +219,7 @@ pub fn build_order<'a>(
 }
 
 /// Look up an image by its registry name.
-pub fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageError> {
+pub(crate) fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageError> {
     registry
         .images
         .get(name)
@@ -236,7 +236,7 @@ pub fn find<'a>(registry: &'a Registry, name: &str) -> Result<&'a Image, ImageEr
 
 /// Build one image and record its languages' versions. Returns the final image id.
 /// `no_cache` rebuilds every layer (to pick up the distribution's security updates).
-pub async fn build(
+pub(crate) async fn build(
     executor: &Executor,
     registry: &Registry,
     image: &Image,

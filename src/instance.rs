@@ -19,7 +19,7 @@ pub struct Instance {
 
 /// What is known of another instance.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Liveness {
+pub(super) enum Liveness {
     Alive,
     Dead,
     Unknown,
@@ -61,7 +61,7 @@ impl Instance {
     }
 
     /// Whether the instance `id` still runs, judged by its lock file.
-    pub fn liveness(data_dir: &Path, id: &str) -> Liveness {
+    pub(super) fn liveness(data_dir: &Path, id: &str) -> Liveness {
         if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric()) {
             return Liveness::Unknown;
         }
@@ -78,12 +78,12 @@ impl Instance {
     /// Keep the lock file when this process ends: something it created is still on the
     /// daemon, and the next start must see a dead instance (not an unknown one) to reap it
     /// at once.
-    pub fn keep_lock_file(&self) {
+    pub(super) fn keep_lock_file(&self) {
         self.keep.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Forget a dead instance once everything it left has been removed.
-    pub fn forget(data_dir: &Path, id: &str) {
+    pub(super) fn forget(data_dir: &Path, id: &str) {
         if Instance::liveness(data_dir, id) == Liveness::Dead {
             let _ = std::fs::remove_file(lock_path(data_dir, id));
         }

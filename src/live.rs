@@ -152,7 +152,7 @@ impl Feed {
     }
 
     /// A feed whose run stage reads its program's stdin from `stdin` (until it closes).
-    pub fn with_stdin(max_bytes: u64, stdin: mpsc::Receiver<Bytes>) -> Arc<Feed> {
+    pub(super) fn with_stdin(max_bytes: u64, stdin: mpsc::Receiver<Bytes>) -> Arc<Feed> {
         Feed::build(max_bytes, Some(Arc::new(tokio::sync::Mutex::new(stdin))))
     }
 
@@ -201,7 +201,7 @@ impl Feed {
     }
 
     /// A writer of this feed's output: a stage, or one test case of several (`case`, 1-based).
-    pub fn pen(self: &Arc<Feed>, case: Option<u32>) -> Pen {
+    pub(super) fn pen(self: &Arc<Feed>, case: Option<u32>) -> Pen {
         Pen {
             feed: self.clone(),
             case,
@@ -216,14 +216,14 @@ impl Feed {
 
     /// The run left this server without a report (a claim given back to the shared queue):
     /// readers stop here and look for the report where the run goes on.
-    pub fn abandon(&self) {
+    pub(super) fn abandon(&self) {
         let mut st = self.lock();
         st.ended = true;
         self.count.send_replace(st.events.len() as u64);
     }
 
     /// The events after the first `seen`, with their ids; and whether the feed has ended
-    /// (with the report among them, or [`Feed::abandon`]ed): nothing follows.
+    /// (with the report among them, or `Feed::abandon`ed): nothing follows.
     pub fn after(&self, seen: u64) -> (Vec<(u64, Event)>, bool) {
         let st = self.lock();
         let from = (seen as usize).min(st.events.len());
@@ -236,7 +236,7 @@ impl Feed {
     }
 
     /// Wakes when events are added.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(super) fn subscribe(&self) -> watch::Receiver<u64> {
         self.count.subscribe()
     }
 
@@ -269,21 +269,13 @@ impl Feed {
 /// One writer of a feed: it holds back the end of its own output that is not yet a whole UTF-8
 /// character, so writers running at once (test cases) never split each other's characters.
 /// What it holds goes out when it is dropped.
-pub struct Pen {
+pub(super) struct Pen {
     feed: Arc<Feed>,
     case: Option<u32>,
     partial: [Vec<u8>; 2],
 }
 
 impl Pen {
-    /// Its stage began.
-    pub fn started(&mut self, stage: Stage) {
-        let feed = self.feed.clone();
-        let mut st = feed.lock();
-        self.flush(&feed, &mut st);
-        feed.push(&mut st, Event::Started { stage });
-    }
-
     /// Output of the program (or compiler), as it came.
     pub fn output(&mut self, stream: Stream, bytes: &[u8]) {
         let feed = self.feed.clone();

@@ -301,7 +301,7 @@ pub struct InstalledPackage {
 impl RunReport {
     /// The bytes its strings hold (output, compile output, message, returned files and test
     /// cases, 128 bytes of bookkeeping each): what keeping it costs, in memory or in a queue.
-    pub fn held_bytes(&self) -> u64 {
+    pub(super) fn held_bytes(&self) -> u64 {
         const ENTRY: usize = 128;
         let compile = self
             .compile
@@ -361,7 +361,7 @@ impl RunReport {
 }
 
 /// A number for people: `30` rather than `30.0`, `0.5` as is.
-pub fn fmt_num(v: f64) -> String {
+pub(super) fn fmt_num(v: f64) -> String {
     if v.fract() == 0.0 {
         format!("{v:.0}")
     } else {

@@ -43,7 +43,7 @@ pub struct Api {
 }
 
 /// Each language's toolchain version, by language id.
-pub type Versions = Arc<BTreeMap<String, String>>;
+type Versions = Arc<BTreeMap<String, String>>;
 
 impl Api {
     /// `max_body`: the largest request body read, in bytes (`http.max_body_bytes`).
@@ -107,7 +107,7 @@ impl Api {
 /// The first dotted number in a version line (`g++ (Debian 12.2.0-14) 12.2.0` gives
 /// `12.2.0`), padded to three parts; else the image tag's (`codebox/go:1.19` gives
 /// `1.19.0`); else `0.0.0`.
-pub fn dotted_version(label: Option<&str>, language: &Language) -> String {
+fn dotted_version(label: Option<&str>, language: &Language) -> String {
     let tag = language.image.tag.rsplit(':').next();
     let found = label
         .and_then(first_dotted_number)
@@ -165,7 +165,7 @@ impl BodyError {
 }
 
 /// Read a whole body, at most `max` bytes.
-pub async fn read_body(body: Body, max: usize) -> Result<Bytes, BodyError> {
+pub(crate) async fn read_body(body: Body, max: usize) -> Result<Bytes, BodyError> {
     axum::body::to_bytes(body, max).await.map_err(|e| {
         let too_large = e
             .into_inner()
@@ -181,7 +181,7 @@ pub async fn read_body(body: Body, max: usize) -> Result<Bytes, BodyError> {
 
 /// Parse JSON bytes as `T`; an error names the field it is about (`limits.memory_mb`), as
 /// far as serde says.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| BodyError::Invalid {
             field: None,
@@ -190,7 +190,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyError> {
     from_value(value)
 }
 
-/// [`parse_json`] for a value already parsed.
+/// `parse_json` for a value already parsed.
 pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, BodyError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
@@ -215,7 +215,7 @@ fn named_field(message: &str) -> Option<String> {
 }
 
 /// The `name=value` pairs of a query string, decoded.
-pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+pub(crate) fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
@@ -223,7 +223,7 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
 
 /// Stops a run when dropped armed: a request that waits for its run's end and whose client
 /// goes away (the handler's future is dropped) stops the run, as an MCP cancellation does.
-pub struct StopOnDrop {
+struct StopOnDrop {
     manager: RunManager,
     run_id: Option<String>,
 }
@@ -237,7 +237,7 @@ impl StopOnDrop {
     }
 
     /// The run ended (or is meant to go on): nothing to stop.
-    pub fn disarm(mut self) {
+    fn disarm(mut self) {
         self.run_id = None;
     }
 }
@@ -263,7 +263,7 @@ impl Drop for StopOnDrop {
 /// Wait for a run's end, however long it takes (its own limits bound it), and stop it if
 /// the client goes away first: seen on its connection ([`Client::gone`]), or when hyper
 /// drops the handler.
-pub async fn run_to_end(
+pub(crate) async fn run_to_end(
     manager: &RunManager,
     run_id: &str,
     client: &Client,

@@ -10,7 +10,7 @@ use crate::images;
 
 /// AppArmor on the daemon's host, when that host is this one (a local socket).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LocalAppArmor {
+struct LocalAppArmor {
     /// The kernel has AppArmor on (`/sys/module/apparmor/parameters/enabled` is `Y`).
     pub enabled: bool,
     /// `apparmor_parser`, which the daemon needs to load its default profile, is installed.
@@ -45,7 +45,7 @@ pub fn reachable(info: &EngineInfo) -> String {
 /// What the doctor says about the daemon's host: cgroup version, rootful or rootless Docker
 /// or Podman, AppArmor's state (`local`: read on this host when the daemon is on it).
 /// (passed, what it says).
-pub fn host_facts(info: &EngineInfo, local: Option<LocalAppArmor>) -> Vec<(bool, String)> {
+fn host_facts(info: &EngineInfo, local: Option<LocalAppArmor>) -> Vec<(bool, String)> {
     let has = |name: &str| {
         info.security_options
             .iter()
@@ -149,7 +149,7 @@ fn probe_fact(out: &str, key: &str) -> String {
 
 /// Each posture fact of the probe's output, for the configured runtime: (passed, what it
 /// says).
-pub fn judge_probe(out: &str, runtime: &str) -> Vec<(bool, String)> {
+fn judge_probe(out: &str, runtime: &str) -> Vec<(bool, String)> {
     let uid = probe_fact(out, "uid");
     let cap = probe_fact(out, "capeff");
     let nnp = probe_fact(out, "nnp");

@@ -11,7 +11,7 @@ use crate::images;
 use crate::registry::{Image, Language};
 
 /// Images built at once by `codebox images build` unless `--jobs` says otherwise.
-pub const DEFAULT_BUILD_JOBS: u16 = 3;
+const DEFAULT_BUILD_JOBS: u16 = 3;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ImagesAction {

@@ -118,7 +118,7 @@ pub(crate) fn registry_file(config: &Config) -> anyhow::Result<Located> {
 
 /// The configuration of this process: the file, then the environment, then the flags (the
 /// shortcut flags `--languages` and `serve --listen` are `--set`s).
-pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
+fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
     let mut sets = Vec::new();
     if let Some(l) = &cli.languages {
         sets.push(format!("languages={}", l.display()));
@@ -173,7 +173,7 @@ pub fn resolve_config(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 /// Build the application on Docker: the one place a concrete engine is chosen.
-pub fn docker_app(config: Config) -> anyhow::Result<App> {
+fn docker_app(config: Config) -> anyhow::Result<App> {
     let registry = Registry::load(&registry_file(&config)?.path)?;
     let engine = DockerEngine::connect(&config.docker)?.with_data_dir(&config.data_dir);
     let engine: Arc<dyn ContainerEngine> = Arc::new(engine);

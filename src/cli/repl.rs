@@ -35,7 +35,7 @@ pub struct ReplArgs {
 
 /// Whether `line`, the first line of a python cell, is a complete statement on its own: not
 /// the head of a block, no bracket or string left open, no line continuation.
-pub fn python_line_is_complete(line: &str) -> bool {
+fn python_line_is_complete(line: &str) -> bool {
     let mut depth = 0i32;
     let mut quote: Option<char> = None;
     let mut escaped = false;

@@ -91,7 +91,7 @@ const WAIT_SLICE: Duration = Duration::from_secs(60);
 
 /// The help of the limit flags, with the defaults and maximums of `config` (what
 /// `codebox run --help` shows).
-pub fn limit_help(config: &crate::config::Config) -> [(&'static str, String); 3] {
+pub(super) fn limit_help(config: &crate::config::Config) -> [(&'static str, String); 3] {
     let (d, m) = (config.limits.defaults(), config.ceilings());
     [
         (

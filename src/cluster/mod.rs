@@ -31,14 +31,14 @@ use crate::runs::{RunManager, UNKNOWN_GRACE};
 use crate::sessions::Sessions;
 
 use forward::{with_causes, PASSED};
-pub use forward::{ForwardError, Forwarded};
+pub(crate) use forward::{ForwardError, Forwarded};
 
 /// The header that carries the cluster secret from one server to another.
-pub const SECRET_HEADER: &str = "x-codebox-cluster";
+const SECRET_HEADER: &str = "x-codebox-cluster";
 /// The header naming the instance that forwarded a request (for the owner's logs).
-pub const FORWARDED_BY_HEADER: &str = "x-codebox-forwarded-by";
+const FORWARDED_BY_HEADER: &str = "x-codebox-forwarded-by";
 /// The shortest secret accepted.
-pub const MIN_SECRET_CHARS: usize = 16;
+const MIN_SECRET_CHARS: usize = 16;
 /// How often an id the history does not know is looked for again at first (the nap doubles
 /// within [`UNKNOWN_GRACE`]: its server records a run or a session a moment after answering,
 /// and a client behind a balancer may ask another server at once).
@@ -107,7 +107,10 @@ impl Cluster {
     /// The cluster of a server with `--transport http`: `None` when its history is not shared
     /// (SQLite); an error naming what is missing when it is shared and `cluster.advertise_url`
     /// or `cluster.secret_file` is not set, or the secret is unreadable or short.
-    pub fn for_http(config: &Config, instance: &str) -> Result<Option<Cluster>, ClusterError> {
+    pub(crate) fn for_http(
+        config: &Config,
+        instance: &str,
+    ) -> Result<Option<Cluster>, ClusterError> {
         if config.history.url.is_none() {
             return Ok(None);
         }
@@ -362,7 +365,7 @@ impl Cluster {
     }
 
     /// [`Cluster::send`] of a JSON body (or none), the JSON answer read whole.
-    pub async fn call_json(
+    pub(crate) async fn call_json(
         &self,
         peer: &Peer,
         method: Method,
@@ -419,7 +422,7 @@ impl Cluster {
 /// How much longer than the wait itself a forwarded wait may take (the way there and back):
 /// the time given to the owner beyond a forwarded `wait_seconds`, whoever forwards it (`/v1`,
 /// an MCP tool, this module's own waits).
-pub const WAIT_SLACK: Duration = Duration::from_secs(30);
+pub(crate) const WAIT_SLACK: Duration = Duration::from_secs(30);
 /// How long a forwarded stop may take (the owner waits for the containers' removal).
 const STOP_TIMEOUT: Duration = Duration::from_secs(150);
 
@@ -456,7 +459,7 @@ impl Cluster {
 
     /// Wait at most `timeout` at the server that holds `run_id` for its report (as it then
     /// stands); `None` when no other living server holds it or it does not answer.
-    pub async fn wait_at_owner(
+    pub(crate) async fn wait_at_owner(
         &self,
         manager: &RunManager,
         run_id: &str,
@@ -477,7 +480,7 @@ impl Cluster {
     }
 
     /// Stop `run_id` at the server that holds it; `None` as for [`Cluster::wait_at_owner`].
-    pub async fn stop_at_owner(
+    pub(crate) async fn stop_at_owner(
         &self,
         manager: &RunManager,
         run_id: &str,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// The docker CLI's own variables, which apply to a `docker` setting left unset by the file,
 /// the `CODEBOX_*` variables and the flags: (setting, variable).
-pub const DOCKER_ENV: [(&str, &str); 3] = [
+pub(super) const DOCKER_ENV: [(&str, &str); 3] = [
     ("docker.host", "DOCKER_HOST"),
     ("docker.tls_verify", "DOCKER_TLS_VERIFY"),
     ("docker.cert_path", "DOCKER_CERT_PATH"),
@@ -67,12 +67,12 @@ impl DockerSettings {
     }
 
     /// Whether the daemon is reached over TLS (a `tcp://` address with `tls_verify` on).
-    pub fn uses_tls(&self) -> bool {
+    pub(crate) fn uses_tls(&self) -> bool {
         self.tls_verify == Some(true) && self.address().starts_with("tcp://")
     }
 
     /// The folder of `ca.pem`, `cert.pem` and `key.pem`: `cert_path`, else `~/.docker`.
-    pub fn cert_dir(&self) -> PathBuf {
+    pub(crate) fn cert_dir(&self) -> PathBuf {
         self.cert_path.clone().unwrap_or_else(|| {
             directories::BaseDirs::new()
                 .map(|d| d.home_dir().join(".docker"))
@@ -98,7 +98,7 @@ impl DockerSettings {
 
     /// The variables that give the docker CLI the same daemon (for `codebox bench`'s
     /// baseline, which runs `docker run`).
-    pub fn cli_env(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn cli_env(&self) -> Vec<(&'static str, String)> {
         let mut env = vec![("DOCKER_HOST", self.address().to_string())];
         if self.uses_tls() {
             env.push(("DOCKER_TLS_VERIFY", "1".to_string()));

@@ -62,7 +62,7 @@ impl std::fmt::Display for HistoryStore {
 }
 
 /// `url` with the password of its user part (`user:password@`), if any, shown as `***`.
-pub fn redact_password(url: &str) -> String {
+pub(super) fn redact_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -80,7 +80,7 @@ pub fn redact_password(url: &str) -> String {
 /// Check a `history.url`: a `postgres://` or `postgresql://` URL that the PostgreSQL client
 /// parses (with libpq's `sslmode` and `sslrootcert`, whose CA file must exist when a mode
 /// checks the server), holding no password.
-pub fn check_postgres_url(url: &str) -> Result<postgres::Config, String> {
+pub(super) fn check_postgres_url(url: &str) -> Result<postgres::Config, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(
             "must be a PostgreSQL URL starting with postgres:// or postgresql://, e.g. postgres://codebox@db.internal/codebox".into(),

@@ -59,9 +59,9 @@ pub use defaults::defaults_toml;
 pub use docker::*;
 pub use history::*;
 pub use packages::{split_host_port, Allowed, NpmRegistry, PackagesSettings, PythonIndex};
-pub use postgres_tls::{split_tls, SslMode, TlsParams};
+pub(crate) use postgres_tls::{split_tls, SslMode, TlsParams};
 pub use sections::*;
-pub use sessions::SessionSettings;
+pub(crate) use sessions::SessionSettings;
 pub use sources::{from_toml, resolve, unknown_env};
 pub use validate::validate;
 
@@ -109,12 +109,12 @@ fn default_data_dir() -> PathBuf {
 
 /// File name of the history database inside the data directory.
 /// Most containers the pool holds at once, ready or starting (each holds a sandbox user).
-pub const MAX_POOLED: usize = 16;
-pub const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
+pub(crate) const MAX_POOLED: usize = 16;
+pub(crate) const DEFAULT_HISTORY_FILE: &str = "history.sqlite3";
 /// The contract's floor for the retention: reports are kept at least an hour.
-pub const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
+pub(crate) const MIN_RESULT_RETENTION_SECONDS: u64 = 3600;
 /// Prefix of every configuration variable.
-pub const ENV_PREFIX: &str = "CODEBOX_";
+pub(crate) const ENV_PREFIX: &str = "CODEBOX_";
 /// Short variables kept from before the names were derived (one-word keys, and keys that
 /// later settings came to share).
 const SHORT_ALIASES: [(&str, &str); 2] = [
@@ -131,7 +131,7 @@ fn did_you_mean(nearest: &Option<String>) -> String {
 
 /// Variables that begin with [`ENV_PREFIX`] but are not settings (and no setting may take
 /// their name): the config file, the bearer token (a secret, never a setting) and the log filter.
-pub const RESERVED_ENV: [&str; 3] = ["CODEBOX_CONFIG", "CODEBOX_TOKEN", "CODEBOX_LOG"];
+pub(crate) const RESERVED_ENV: [&str; 3] = ["CODEBOX_CONFIG", "CODEBOX_TOKEN", "CODEBOX_LOG"];
 
 /// Where a setting's value came from, for error messages.
 #[derive(Debug, Clone, PartialEq)]
@@ -263,7 +263,7 @@ impl Config {
     }
 
     /// The SQLite history file (used when `history.url` is unset).
-    pub fn history_path(&self) -> PathBuf {
+    fn history_path(&self) -> PathBuf {
         self.history
             .path
             .clone()
@@ -271,7 +271,7 @@ impl Config {
     }
 
     /// Where the history lives: PostgreSQL when `history.url` is set, else the SQLite file.
-    pub fn history_store(&self) -> HistoryStore {
+    pub(crate) fn history_store(&self) -> HistoryStore {
         match &self.history.url {
             Some(url) => HistoryStore::Postgres {
                 url: url.clone(),
@@ -283,7 +283,7 @@ impl Config {
 
     /// The configuration as a config file (what `codebox config` prints). The token itself
     /// is never part of it.
-    pub fn to_toml(&self) -> String {
+    pub(crate) fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the config: {e}\n"))
     }
 }

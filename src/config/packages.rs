@@ -68,7 +68,7 @@ section! {
 impl PackagesSettings {
     /// The index a language installs from and the other hosts it may reach, when the operator
     /// enabled it.
-    pub fn index_for(&self, language: &str) -> Option<(&str, &[String])> {
+    pub(crate) fn index_for(&self, language: &str) -> Option<(&str, &[String])> {
         match language {
             "python" => self
                 .python
@@ -85,7 +85,7 @@ impl PackagesSettings {
     }
 
     /// The setting that names a language's index (for messages).
-    pub fn setting_for(language: &str) -> Option<&'static str> {
+    pub(crate) fn setting_for(language: &str) -> Option<&'static str> {
         match language {
             "python" => Some("packages.python.index_url"),
             "javascript" => Some("packages.javascript.registry_url"),
@@ -172,7 +172,7 @@ pub struct Allowed {
 
 impl Allowed {
     /// The host and port of an `http://` or `https://` URL (the scheme's port when none).
-    pub fn from_url(url: &str) -> Option<Allowed> {
+    pub(crate) fn from_url(url: &str) -> Option<Allowed> {
         let (scheme, rest) = url.split_once("://")?;
         let default = match scheme.to_ascii_lowercase().as_str() {
             "http" => 80,
@@ -187,12 +187,12 @@ impl Allowed {
     }
 
     /// `host` or `host:port` (port 443 when left out).
-    pub fn from_host(h: &str) -> Option<Allowed> {
+    pub(crate) fn from_host(h: &str) -> Option<Allowed> {
         Allowed::parse(h, 443)
     }
 
     /// A `sandbox.egress_hosts` entry: `host:port`, or `host` for HTTPS and HTTP (443, 80).
-    pub fn from_egress_host(h: &str) -> Vec<Allowed> {
+    pub(crate) fn from_egress_host(h: &str) -> Vec<Allowed> {
         match Allowed::parse(h, 0) {
             Some(a) if a.port == 0 => [443, 80]
                 .into_iter()

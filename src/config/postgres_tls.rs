@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// How much the connection checks, libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     Disable,
     Prefer,
     Require,
@@ -23,14 +23,14 @@ pub enum SslMode {
 
 /// The TLS part of a `history.url`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TlsParams {
+pub(crate) struct TlsParams {
     pub mode: SslMode,
     /// `sslrootcert`, when the URL names one.
     pub root_cert: Option<PathBuf>,
 }
 
 /// `url` without its `sslmode` and `sslrootcert` parameters, and what they asked for.
-pub fn split_tls(url: &str) -> Result<(String, TlsParams), String> {
+pub(crate) fn split_tls(url: &str) -> Result<(String, TlsParams), String> {
     let mut params = TlsParams {
         mode: SslMode::Prefer,
         root_cert: None,
@@ -93,7 +93,7 @@ fn default_root_cert() -> Option<PathBuf> {
 impl TlsParams {
     /// The CA file to check the server against, if this mode checks: the URL's, else
     /// libpq's default when it exists (for `require`) or must (for `verify-*`).
-    pub fn root_cert(&self) -> Result<Option<PathBuf>, String> {
+    pub(crate) fn root_cert(&self) -> Result<Option<PathBuf>, String> {
         let named = self.root_cert.clone();
         match self.mode {
             SslMode::Disable | SslMode::Prefer => Ok(None),
@@ -118,7 +118,7 @@ impl TlsParams {
     }
 
     /// The mode the PostgreSQL client itself knows.
-    pub fn client_mode(&self) -> postgres::config::SslMode {
+    pub(crate) fn client_mode(&self) -> postgres::config::SslMode {
         match self.mode {
             SslMode::Disable => postgres::config::SslMode::Disable,
             SslMode::Prefer => postgres::config::SslMode::Prefer,

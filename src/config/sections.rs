@@ -155,10 +155,10 @@ pub enum CodePolicy {
 }
 
 /// Characters of code kept by the `preview` history policy.
-pub const CODE_PREVIEW_CHARS: usize = 500;
+pub(crate) const CODE_PREVIEW_CHARS: usize = 500;
 
 /// Host header values accepted by `/mcp` (any port) unless `http.allowed_hosts` says otherwise.
-pub const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+const DEFAULT_ALLOWED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 section! {
     /// The Streamable HTTP transport.

@@ -55,7 +55,7 @@ impl SessionSettings {
     }
 
     /// A session's working directory for a memory limit: the setting, at most half the memory.
-    pub fn workspace_mb_for(&self, memory_mb: u64) -> u64 {
+    pub(crate) fn workspace_mb_for(&self, memory_mb: u64) -> u64 {
         self.workspace_mb.min(memory_mb / 2).max(1)
     }
 

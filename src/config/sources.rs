@@ -271,7 +271,7 @@ pub(super) fn nearest<'a>(typo: &str, candidates: impl Iterator<Item = &'a str>)
 }
 
 /// The `CODEBOX_*` variables among `names` that are neither a setting's nor one of
-/// [`RESERVED_ENV`], each with the known variable nearest to it: typos that would
+/// `RESERVED_ENV`, each with the known variable nearest to it: typos that would
 /// otherwise be ignored without a word.
 pub fn unknown_env(names: impl Iterator<Item = String>) -> Vec<(String, Option<String>)> {
     let settings = Config::settings();

@@ -17,7 +17,7 @@ pub struct RequestError {
 /// The shortest wall-clock limit a request may ask for. `codebox-init` counts whole
 /// milliseconds and reads 0 as "no deadline", so a shorter limit would not be enforced (the
 /// protocol fuzzer found that a 0.0004 s limit let a 3 s program finish).
-pub const MIN_TIMEOUT_SECONDS: f64 = 0.001;
+pub(crate) const MIN_TIMEOUT_SECONDS: f64 = 0.001;
 
 pub fn reject<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, RequestError> {
     Err(RequestError {
@@ -72,7 +72,7 @@ pub fn limit(
 }
 
 /// The language a request names, or an error listing the supported ones.
-pub fn resolve_language<'r>(
+pub(super) fn resolve_language<'r>(
     registry: &'r Registry,
     name: &str,
 ) -> Result<&'r Language, RequestError> {
@@ -93,7 +93,7 @@ pub fn resolve_language<'r>(
 }
 
 /// Check one stdin: within the cap; empty is none.
-pub fn check_stdin(
+pub(super) fn check_stdin(
     field: &str,
     stdin: Option<String>,
     config: &Config,
@@ -110,7 +110,7 @@ pub fn check_stdin(
 }
 
 /// Check one argument list: count and length caps, no NUL.
-pub fn check_args(
+pub(super) fn check_args(
     field: &str,
     args: Option<Vec<String>>,
     config: &Config,

@@ -55,7 +55,7 @@ pub fn check_relative_path(field: &str, path: &str) -> Result<String, RequestErr
 }
 
 /// Check a workspace-relative file path.
-pub fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, RequestError> {
+fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, RequestError> {
     if path.is_empty() || path.len() > 255 {
         return reject(field, "must be a relative path of 1 to 255 bytes");
     }
@@ -101,7 +101,7 @@ pub fn check_path(field: &str, path: &str, source_file: &str) -> Result<String, 
 
 /// Check a request's files: count, paths (none twice, none both a file and another's folder,
 /// none clashing with `source_file`), encoding, and their total size within `max_total`.
-pub fn check_files(
+pub(super) fn check_files(
     files: Option<Vec<FileInput>>,
     source_file: &str,
     max_total: usize,

@@ -3,7 +3,7 @@
 
 /// The run id a client's id names, as the server keeps it (32 lowercase hex digits); `None`
 /// when it is not a UUID in either form.
-pub fn run_id_of(given: &str) -> Option<String> {
+pub(crate) fn run_id_of(given: &str) -> Option<String> {
     let t = given.trim();
     (t.len() == 32 || t.len() == 36)
         .then(|| uuid::Uuid::parse_str(t).ok())
@@ -11,7 +11,7 @@ pub fn run_id_of(given: &str) -> Option<String> {
         .map(|u| u.simple().to_string())
 }
 
-/// [`run_id_of`], or the id as given when it is no UUID (the run manager then says it is
+/// `run_id_of`, or the id as given when it is no UUID (the run manager then says it is
 /// unknown).
 pub fn run_id(given: &str) -> String {
     run_id_of(given).unwrap_or_else(|| given.to_string())

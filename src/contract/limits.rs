@@ -21,7 +21,7 @@ pub struct LimitsInput {
 
 /// Check the limits a request asks for against `ceilings`; what it leaves out takes
 /// `defaults`.
-pub fn check_limits(
+pub(super) fn check_limits(
     limits: Option<LimitsInput>,
     defaults: RunLimits,
     ceilings: RunLimits,

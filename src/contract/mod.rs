@@ -25,7 +25,7 @@ pub mod run;
 pub mod schema;
 pub mod session;
 
-pub use checks::{RequestError, MIN_TIMEOUT_SECONDS};
+pub(crate) use checks::{RequestError, MIN_TIMEOUT_SECONDS};
 pub use files::{check_relative_path, stays_inside, Encoding, FileInput};
 pub use limits::LimitsInput;
 pub use run::{

@@ -14,10 +14,10 @@ use crate::report::Status;
 pub const MAX_WAIT_SECONDS: f64 = 60.0;
 
 /// Most history rows one query returns.
-pub const MAX_HISTORY_LIMIT: usize = 1000;
+pub(crate) const MAX_HISTORY_LIMIT: usize = 1000;
 
 /// A long-poll's wait: 0 (the default) to [`MAX_WAIT_SECONDS`].
-pub fn check_wait(seconds: Option<f64>) -> Result<Duration, RequestError> {
+pub(crate) fn check_wait(seconds: Option<f64>) -> Result<Duration, RequestError> {
     let wait = seconds.unwrap_or(0.0);
     if !(wait.is_finite() && (0.0..=MAX_WAIT_SECONDS).contains(&wait)) {
         return reject(
@@ -31,7 +31,7 @@ pub fn check_wait(seconds: Option<f64>) -> Result<Duration, RequestError> {
 /// Arguments of `get_result`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct GetResultParams {
+pub(crate) struct GetResultParams {
     /// The id `start_run` returned.
     pub run_id: String,
     /// Wait up to this many seconds (0 to 60, default 0) for the run to finish before
@@ -43,7 +43,7 @@ pub struct GetResultParams {
 /// Arguments of `stop_run`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct StopRunParams {
+pub(crate) struct StopRunParams {
     /// The id `start_run` returned.
     pub run_id: String,
 }
@@ -51,7 +51,7 @@ pub struct StopRunParams {
 /// Arguments of `get_execution_history`.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HistoryParams {
+pub(crate) struct HistoryParams {
     /// Most runs to return, newest first (1 to 1000, default 20).
     #[serde(default)]
     pub limit: Option<i64>,
@@ -70,7 +70,7 @@ pub struct HistoryParams {
 /// Arguments naming a session.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SessionIdParams {
+pub(crate) struct SessionIdParams {
     /// The id `create_session` returned.
     pub session_id: String,
 }
@@ -78,7 +78,7 @@ pub struct SessionIdParams {
 /// Arguments of `read_session_file`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ReadSessionFileParams {
+pub(crate) struct ReadSessionFileParams {
     /// The id `create_session` returned.
     pub session_id: String,
     /// Relative to the session's working directory (`.` for itself, `outputs/plot.png`).
@@ -93,7 +93,7 @@ pub struct ReadSessionFileParams {
 
 /// A history query that passed its checks.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct HistoryFilter {
+pub(crate) struct HistoryFilter {
     pub limit: Option<usize>,
     pub status: Option<Status>,
     /// A language id (an alias resolved; an unknown name kept, which matches nothing).

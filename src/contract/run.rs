@@ -191,7 +191,7 @@ impl ValidRequest {
 
     /// Validate an execution in a session: the session fixes the language, memory and CPU;
     /// `tests` and (for a stateful language) `args` do not apply.
-    pub fn for_session(
+    pub(crate) fn for_session(
         mut req: RunRequest,
         registry: &Registry,
         terms: SessionTerms<'_>,
@@ -356,7 +356,7 @@ impl ValidRequest {
 }
 
 /// Most requirements in one request's `packages`.
-pub const MAX_PACKAGES: usize = 32;
+pub(crate) const MAX_PACKAGES: usize = 32;
 
 /// A request's `packages`: allowed only where the operator named the language's index; each
 /// a requirement of at most 200 printable characters that is not an option of the package

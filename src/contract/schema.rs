@@ -28,7 +28,7 @@ const STANDARD_FORMATS: &[&str] = &[
 ];
 
 /// A schema with only standard keywords' values: non-standard `format`s removed.
-pub fn standard_schema(schema: &Map<String, Value>) -> Map<String, Value> {
+pub(crate) fn standard_schema(schema: &Map<String, Value>) -> Map<String, Value> {
     fn clean(v: &mut Value) {
         match v {
             Value::Object(o) => {

@@ -164,7 +164,8 @@ impl SessionError {
     }
 
     /// The session existed and has ended (HTTP 409), as opposed to never known (404).
-    pub fn is_ended(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_ended(&self) -> bool {
         matches!(
             self,
             SessionError::Closed { .. }

@@ -39,7 +39,7 @@ pub enum Step {
 }
 
 /// A request's records, by name and value.
-pub type Records = Vec<(String, Vec<u8>)>;
+pub(super) type Records = Vec<(String, Vec<u8>)>;
 
 /// What the program in the next attached container does.
 #[derive(Debug, Clone, PartialEq)]
@@ -234,12 +234,14 @@ impl FakeEngine {
     }
 
     /// Make the next `n` volume removals fail (as Docker's "volume is in use").
-    pub fn fail_volume_removals(&self, n: usize) {
+    #[cfg(test)]
+    pub(crate) fn fail_volume_removals(&self, n: usize) {
         self.state().failing_volume_removals = n;
     }
 
     /// Make the next `n` uploads into `volume` write half their entries, then fail.
-    pub fn cut_uploads(&self, volume: &str, n: usize) {
+    #[cfg(test)]
+    pub(crate) fn cut_uploads(&self, volume: &str, n: usize) {
         self.state().cut_uploads.insert(volume.to_string(), n);
     }
 

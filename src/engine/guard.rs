@@ -1,7 +1,7 @@
 //! Ownership of containers: each container has exactly one [`ContainerGuard`], made by the
 //! executor's container factory right before the engine is asked to create it (so an
 //! interrupted create is still cleaned up), whose removal runs on every path: explicitly
-//! ([`ContainerGuard::remove_later`]) or from `Drop` (error, panic, cancellation). Removal is
+//! (`ContainerGuard::remove_later`) or from `Drop` (error, panic, cancellation). Removal is
 //! idempotent. The sandbox uid the container runs as is returned only once it is gone.
 //!
 //! Removals that happen in the background are tracked by [`Cleanup`], so that shutdown can
@@ -27,7 +27,7 @@ const CLEANUP_BACKOFF: Duration = Duration::from_millis(500);
 const CREATE_SETTLE: Duration = Duration::from_secs(30);
 
 /// Told how long each background removal took.
-pub type RemovalObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+type RemovalObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
 /// The background removals of one process.
 #[derive(Clone, Default)]
@@ -39,7 +39,7 @@ pub struct Cleanup {
 
 impl Cleanup {
     /// Background removals report their duration to `observer`.
-    pub fn observed(observer: RemovalObserver) -> Cleanup {
+    pub(crate) fn observed(observer: RemovalObserver) -> Cleanup {
         Cleanup {
             observer: Some(observer),
             ..Cleanup::default()
@@ -139,7 +139,7 @@ impl ContainerGuard {
     }
 
     /// Remove the container in the background (after the report is on its way).
-    pub fn remove_later(mut self) {
+    pub(crate) fn remove_later(mut self) {
         self.spawn_removal();
     }
 

@@ -24,16 +24,16 @@ use futures_util::Stream;
 use tokio::io::AsyncWrite;
 
 /// Label on every container and volume codebox creates.
-pub const LABEL_MANAGED: &str = "codebox.managed";
+pub(crate) const LABEL_MANAGED: &str = "codebox.managed";
 /// Label carrying the run id (`pool` for a container started before its run).
-pub const LABEL_RUN: &str = "codebox.run";
+pub(crate) const LABEL_RUN: &str = "codebox.run";
 /// Label carrying the id of the codebox process that created the object.
-pub const LABEL_INSTANCE: &str = "codebox.instance";
+pub(crate) const LABEL_INSTANCE: &str = "codebox.instance";
 /// Label carrying the Unix time after which the object is certainly abandoned.
-pub const LABEL_EXPIRES: &str = "codebox.expires";
+pub(crate) const LABEL_EXPIRES: &str = "codebox.expires";
 /// Image label listing what the image's `codebox-init` takes beyond its first protocol
 /// (`images/base/Dockerfile` sets it; language images inherit it), e.g. `check_in_run`.
-pub const LABEL_INIT_FEATURES: &str = "codebox.init.features";
+pub(crate) const LABEL_INIT_FEATURES: &str = "codebox.init.features";
 
 /// Everything about a container to create, engine-neutral. Built by [`posture::locked_down`],
 /// checked by [`posture::check`]. There is no field for host mounts, devices or capabilities
@@ -61,7 +61,7 @@ pub struct ContainerSpec {
     pub pids_limit: i64,
     pub memory_bytes: i64,
     pub memory_swap_bytes: i64,
-    /// CPU quota per [`CPU_PERIOD_US`] (quota and period rather than NanoCpus, so that a
+    /// CPU quota per `CPU_PERIOD_US` (quota and period rather than NanoCpus, so that a
     /// started container's share can still be updated).
     pub cpu_quota_us: i64,
     pub cpu_period_us: i64,
@@ -78,7 +78,7 @@ pub struct ContainerSpec {
     /// Named volumes of codebox's own (installed package prefixes).
     pub volumes: Vec<VolumeMount>,
     /// The host directory of an egress proxy's socket, mounted read-only at
-    /// [`posture::EGRESS_MOUNT`] (an install container, or a program under
+    /// `posture::EGRESS_MOUNT` (an install container, or a program under
     /// `sandbox.egress_hosts`): the only host path a spec can name.
     pub egress: Option<String>,
 }
@@ -92,7 +92,7 @@ pub struct VolumeMount {
 }
 
 /// CPU accounting period of every container, in microseconds.
-pub const CPU_PERIOD_US: i64 = 100_000;
+pub(crate) const CPU_PERIOD_US: i64 = 100_000;
 
 /// Memory and CPU of a container, as created or updated.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,9 +110,9 @@ pub enum Output {
 }
 
 /// The container's output stream, until it exits.
-pub type OutputStream = Pin<Box<dyn Stream<Item = Result<Output, EngineError>> + Send>>;
+pub(crate) type OutputStream = Pin<Box<dyn Stream<Item = Result<Output, EngineError>> + Send>>;
 /// The container's stdin; shutting it down closes the program's stdin.
-pub type InputSink = Pin<Box<dyn AsyncWrite + Send>>;
+pub(crate) type InputSink = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// An attach connection.
 pub struct Attached {
@@ -184,7 +184,7 @@ pub struct EngineInfo {
 /// (`HostConfig.Runtime`) and runs it under its default, so a gVisor asked for would silently
 /// be the host's kernel. `runc`, codebox's default, asks for no sandbox of its own: under
 /// Podman it means Podman's default (runc or crun: the host's kernel either way).
-pub fn podman_runtime_problem(asked: &str, default: &str) -> Option<String> {
+pub(crate) fn podman_runtime_problem(asked: &str, default: &str) -> Option<String> {
     if asked == "runc" || asked == default {
         return None;
     }
@@ -207,7 +207,7 @@ impl EngineInfo {
     /// it: Podman gives every container its default runtime; a runtime registered with
     /// `--ignore-cgroups` (how gVisor is made to start under rootless Docker) applies no
     /// memory, CPU or process limit.
-    pub fn runtime_problem(&self, runtime: &str) -> Option<String> {
+    pub(crate) fn runtime_problem(&self, runtime: &str) -> Option<String> {
         if self.podman {
             if let Some(p) = podman_runtime_problem(runtime, &self.default_runtime) {
                 return Some(p);
@@ -232,7 +232,7 @@ impl EngineInfo {
 
     /// Why containers under `runtime` cannot reach a host Unix socket (the egress proxy's):
     /// a gVisor registered without `--host-uds=open` (or `all`) refuses to connect to one.
-    pub fn host_uds_problem(&self, runtime: &str) -> Option<String> {
+    pub(crate) fn host_uds_problem(&self, runtime: &str) -> Option<String> {
         let (path, args) = self.runtime_args.get(runtime)?;
         let gvisor = runtime == "runsc" || path.ends_with("runsc");
         let open = args.iter().any(|a| {
@@ -250,11 +250,11 @@ impl EngineInfo {
 }
 
 /// What an engine call failed with, kept as the error's source.
-pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+pub(crate) type Cause = Arc<dyn std::error::Error + Send + Sync>;
 
 /// A cause that is only a message (the fake engine, protocol problems).
 #[derive(Debug, Clone)]
-pub struct Detail(pub String);
+struct Detail(String);
 
 impl std::fmt::Display for Detail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -265,7 +265,7 @@ impl std::fmt::Display for Detail {
 impl std::error::Error for Detail {}
 
 /// A cause from a message.
-pub fn detail(message: impl Into<String>) -> Cause {
+pub(crate) fn detail(message: impl Into<String>) -> Cause {
     Arc::new(Detail(message.into()))
 }
 
@@ -333,7 +333,7 @@ pub enum EngineError {
 }
 
 /// A line of progress from an image build.
-pub type BuildProgress<'a> = &'a (dyn Fn(&str) + Send + Sync);
+pub(crate) type BuildProgress<'a> = &'a (dyn Fn(&str) + Send + Sync);
 
 /// The operations codebox needs from a container engine: one per Engine API call.
 #[async_trait]

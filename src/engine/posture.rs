@@ -14,32 +14,32 @@ use crate::config::SandboxSettings;
 
 /// The one command every container runs: codebox's waiting step (`images/base/codebox-init.c`,
 /// protocol in `docs/sandbox-init.md`). It is PID 1.
-pub const INIT: &str = "/usr/local/bin/codebox-init";
+const INIT: &str = "/usr/local/bin/codebox-init";
 /// The working directory: a size-capped tmpfs, writable, the only place programs may execute.
-pub const WORKSPACE: &str = "/workspace";
+pub(crate) const WORKSPACE: &str = "/workspace";
 /// Scratch space: a size-capped noexec tmpfs.
-pub const SCRATCH: &str = "/tmp";
+pub(crate) const SCRATCH: &str = "/tmp";
 /// The first of the sandbox users every image creates (`sandbox`, then `sandbox2` ...): a
 /// fact about the images (`images/base/Dockerfile`), relied on by the posture check and the
 /// uid leases.
-pub const SANDBOX_UID_FIRST: u32 = 10001;
+pub(super) const SANDBOX_UID_FIRST: u32 = 10001;
 /// How many sandbox users the images create: each container gets its own.
-pub const SANDBOX_UIDS: u32 = 64;
+pub(super) const SANDBOX_UIDS: u32 = 64;
 /// The only environment the container has. The language's `env` reaches the program through
 /// the payload (`docs/sandbox-init.md`).
-pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Where a container codebox lets out finds the egress proxy's socket directory (mounted
 /// read-only); the relay in codebox-init carries the container's loopback connections there.
-pub const EGRESS_MOUNT: &str = "/run/codebox-egress";
+pub(crate) const EGRESS_MOUNT: &str = "/run/codebox-egress";
 /// The container's own loopback address where the relay listens (`HTTP_PROXY` points here).
-pub const EGRESS_LISTEN: &str = "127.0.0.1:3128";
+const EGRESS_LISTEN: &str = "127.0.0.1:3128";
 /// The variable that starts codebox-init's relay (`images/base/codebox-init-egress.c`).
-pub const EGRESS_ENV: &str = "CODEBOX_EGRESS";
+const EGRESS_ENV: &str = "CODEBOX_EGRESS";
 /// The proxy as the container's programs see it.
-pub const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
+pub(crate) const EGRESS_PROXY_URL: &str = "http://127.0.0.1:3128";
 /// The proxy socket's name in its directory.
-pub const EGRESS_SOCKET: &str = "proxy.sock";
+const EGRESS_SOCKET: &str = "proxy.sock";
 
 /// Memory and CPU of one container.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,10 +140,10 @@ pub fn locked_down(plan: &Plan, sandbox: &SandboxSettings) -> ContainerSpec {
 }
 
 /// Give a container the way out through the egress proxy whose socket is in `dir`: the
-/// directory mounted read-only at [`EGRESS_MOUNT`], the relay started by [`EGRESS_ENV`], and
+/// directory mounted read-only at [`EGRESS_MOUNT`], the relay started by `EGRESS_ENV`, and
 /// the proxy variables curl, pip, npm, requests and urllib read. `no_proxy`: names the
 /// program reaches inside its own container without the proxy (`NO_PROXY`).
-pub fn with_egress(spec: &mut ContainerSpec, dir: &std::path::Path, no_proxy: Option<&str>) {
+pub(crate) fn with_egress(spec: &mut ContainerSpec, dir: &std::path::Path, no_proxy: Option<&str>) {
     spec.egress = Some(dir.to_string_lossy().into_owned());
     spec.env.insert(
         EGRESS_ENV.to_string(),
@@ -210,11 +210,11 @@ fn tmpfs_size_mb(opts: &[&str]) -> Option<u64> {
 }
 
 /// Prefix of the names of the volumes holding installed packages (SPEC 13).
-pub const PACKAGES_VOLUME_PREFIX: &str = "codebox-pkg-";
+pub(crate) const PACKAGES_VOLUME_PREFIX: &str = "codebox-pkg-";
 
 /// What a container is for, as far as the posture check cares.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Role<'a> {
+pub(crate) enum Role<'a> {
     /// A run, compile or session container: no network; volumes only read-only prefixes.
     Run,
     /// An install container: no volume, its own runtime, the install's egress proxy.
@@ -240,7 +240,7 @@ pub fn install(
 
 /// The spec of a container that only copies installed prefixes into and out of `volumes`
 /// through the engine's archive calls and is removed without ever starting.
-pub fn copier(
+pub(crate) fn copier(
     plan: &Plan,
     sandbox: &SandboxSettings,
     volumes: Vec<super::VolumeMount>,
@@ -252,7 +252,7 @@ pub fn copier(
 }
 
 /// Mount a packages prefix volume read-only into a run's spec.
-pub fn with_prefix(spec: &mut ContainerSpec, volume: &str, target: &str) {
+pub(crate) fn with_prefix(spec: &mut ContainerSpec, volume: &str, target: &str) {
     spec.volumes.push(super::VolumeMount {
         volume: volume.to_string(),
         target: target.to_string(),
@@ -267,7 +267,7 @@ pub fn check(spec: &ContainerSpec, sandbox: &SandboxSettings) -> Result<(), Post
 }
 
 /// [`check`] for a container of the given role.
-pub fn check_as(
+pub(crate) fn check_as(
     spec: &ContainerSpec,
     sandbox: &SandboxSettings,
     role: Role<'_>,

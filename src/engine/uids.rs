@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use super::posture::{SANDBOX_UIDS, SANDBOX_UID_FIRST};
 
 /// The uids this process does not hold at the moment.
-pub struct UidPool {
+pub(crate) struct UidPool {
     /// Where the host-wide locks live; `None`: this process only.
     dir: Option<PathBuf>,
     free: Mutex<Vec<u32>>,
@@ -24,7 +24,7 @@ pub struct UidPool {
 
 /// A uid held by one container; it returns to the pool (and its lock is released) when
 /// dropped.
-pub struct UidLease {
+pub(crate) struct UidLease {
     pub uid: u32,
     pool: Option<Arc<UidPool>>,
     _lock: Option<File>,

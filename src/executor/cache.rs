@@ -22,7 +22,7 @@ use crate::report::CompileReport;
 
 /// What a compile stage produced.
 #[derive(Debug, Clone)]
-pub enum Verdict {
+pub(super) enum Verdict {
     /// The whole working directory, ready for the run stage.
     Compiled {
         report: CompileReport,
@@ -44,10 +44,15 @@ impl Verdict {
 
 /// A cache key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Key([u8; 32]);
+pub(crate) struct Key([u8; 32]);
 
 /// Everything a compile stage's result depends on.
-pub fn key(image_id: &str, lang: &Language, code: &str, files: &[(String, bytes::Bytes)]) -> Key {
+pub(crate) fn key(
+    image_id: &str,
+    lang: &Language,
+    code: &str,
+    files: &[(String, bytes::Bytes)],
+) -> Key {
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_le_bytes());
@@ -113,7 +118,7 @@ impl State {
 }
 
 /// The cache of one process.
-pub struct CompileCache {
+pub(super) struct CompileCache {
     max_bytes: u64,
     state: Mutex<State>,
     hits: AtomicU64,
@@ -134,7 +139,7 @@ impl CompileCache {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, key: &Key) -> Option<Verdict> {
+    pub(crate) fn get(&self, key: &Key) -> Option<Verdict> {
         if self.max_bytes == 0 {
             return None;
         }
@@ -154,7 +159,7 @@ impl CompileCache {
 
     /// Keep a verdict; the least recently used ones go when the cache is over its size. A
     /// verdict larger than a quarter of the cache is not kept.
-    pub fn put(&self, key: Key, verdict: Verdict) {
+    pub(crate) fn put(&self, key: Key, verdict: Verdict) {
         let bytes = verdict.bytes();
         if bytes > self.max_bytes / 4 {
             return;
@@ -194,6 +199,7 @@ impl CompileCache {
     }
 
     /// (entries, bytes)
+    #[cfg(test)]
     pub fn size(&self) -> (usize, u64) {
         let st = self.state();
         (st.slots.len(), st.bytes)

@@ -27,7 +27,7 @@ const SEVERITY: [Status; 5] = [
 
 /// How many containers of a run execute at once: one, or for test cases as many as the
 /// concurrency cap and the memory budget allow (the run manager admits the run for that many).
-pub fn parallelism(req: &ValidRequest, config: &Config) -> usize {
+pub(crate) fn parallelism(req: &ValidRequest, config: &Config) -> usize {
     if req.tests.len() <= 1 {
         return 1;
     }

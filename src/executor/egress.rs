@@ -3,7 +3,7 @@
 //! container that runs a request's code (compile, run and session stages, the pool's ready
 //! containers too) keeps `network_mode=none` and gets the proxy's socket directory read-only,
 //! with codebox-init's relay on its loopback and `HTTP(S)_PROXY` pointing there
-//! ([`crate::engine::posture::with_egress`]).
+//! (`crate::engine::posture::with_egress`).
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +17,7 @@ use crate::executor::packages::proxy::{Policy, Proxy};
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 /// The programs' proxy of one executor.
-pub struct ProgramEgress {
+pub(crate) struct ProgramEgress {
     dir: PathBuf,
     policy: Policy,
     proxy: OnceCell<Proxy>,
@@ -62,18 +62,13 @@ impl ProgramEgress {
     }
 
     /// `NO_PROXY` for programs: the loopback names no entry names.
-    pub fn no_proxy(&self) -> String {
+    pub(crate) fn no_proxy(&self) -> String {
         LOOPBACK_NAMES
             .iter()
             .filter(|n| !self.policy.allowed.iter().any(|a| a.host == **n))
             .copied()
             .collect::<Vec<_>>()
             .join(",")
-    }
-
-    /// What the proxy refused so far, one sentence each.
-    pub fn refusals(&self) -> Vec<String> {
-        self.proxy.get().map(|p| p.refusals()).unwrap_or_default()
     }
 }
 

@@ -6,7 +6,7 @@
 //! A request is never abandoned once its first byte is written: a stop is signalled while it
 //! is written, and `codebox-init` answers it once it has read the whole request. The host's
 //! deadlines are backstops: past the deadline the container is killed and what it still sends
-//! is read for [`DRAIN_GRACE`]; once the exchange's time is up the engine is waited for at
+//! is read for `DRAIN_GRACE`; once the exchange's time is up the engine is waited for at
 //! most [`END_GRACE`] more.
 
 use std::time::Duration;
@@ -27,15 +27,15 @@ use crate::engine::{
 /// How long a stopped one-shot stage's helper gets to report before the container is killed.
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// How long output may keep arriving after a kill.
-pub const DRAIN_GRACE: Duration = Duration::from_secs(3);
+const DRAIN_GRACE: Duration = Duration::from_secs(3);
 /// How long to wait for the engine to report a container's exit or state.
-pub const WAIT_GRACE: Duration = Duration::from_secs(10);
+pub(super) const WAIT_GRACE: Duration = Duration::from_secs(10);
 /// How long the host goes on waiting for the engine once the exchange's time is up (the
 /// backstop passed, or a stop's grace): after this it ends without the engine's word.
 pub const END_GRACE: Duration = Duration::from_secs(10);
 /// How long a container that died of a SIGKILL nobody explains is watched for the engine's
 /// record of an OOM kill, which can come after the exit.
-pub const OOM_RECORD_GRACE: Duration = Duration::from_secs(2);
+const OOM_RECORD_GRACE: Duration = Duration::from_secs(2);
 /// Bytes kept of what the container writes to its own stderr (only `codebox-init` may, and
 /// only when it cannot start at all).
 const STDERR_KEPT: usize = 16 * 1024;
@@ -45,7 +45,7 @@ const COALESCE_BYTES: usize = 1 << 20;
 /// `parts` in as few writes as possible without copying a large part: each write is a
 /// message through the daemon's attach stream to the container's stdin, and a request in one
 /// write reaches `codebox-init` in one read.
-pub fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
+fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(parts.len());
     let mut joined = bytes::BytesMut::new();
     for part in parts {
@@ -68,7 +68,7 @@ pub fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
 }
 
 /// Write a request whole: every part in order, then flush.
-pub async fn write_request(input: &mut InputSink, parts: Vec<Bytes>) -> std::io::Result<()> {
+pub(super) async fn write_request(input: &mut InputSink, parts: Vec<Bytes>) -> std::io::Result<()> {
     for part in coalesce(parts) {
         input.write_all(&part).await?;
     }
@@ -88,7 +88,7 @@ pub enum HostEnding {
 
 /// How a stop is asked for, and how long its answer may take.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StopRule {
+pub(super) struct StopRule {
     /// The container is killed this long after the stop, unanswered.
     pub grace: Duration,
     /// SIGTERM again this often until the answer: a session's `codebox-init` drops a SIGTERM
@@ -119,7 +119,7 @@ pub async fn by<T>(when: Instant, call: impl std::future::Future<Output = T>) ->
 }
 
 /// One request's answer being read from one container, with the host's rules on top.
-pub struct Exchange<'a> {
+pub(super) struct Exchange<'a> {
     engine: &'a dyn ContainerEngine,
     id: &'a str,
     decoder: Decoder,
@@ -184,7 +184,7 @@ impl<'a> Exchange<'a> {
     }
 
     /// Show the output (and the files, when `files`) with `pen` as they arrive.
-    pub fn with_live(mut self, pen: Option<Pen>, files: bool) -> Exchange<'a> {
+    pub(super) fn with_live(mut self, pen: Option<Pen>, files: bool) -> Exchange<'a> {
         self.live_files = files;
         if pen.is_some() {
             self.decoder.keep_news();
@@ -213,12 +213,12 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    pub fn with_run_backstop(mut self, after: Option<Duration>) -> Exchange<'a> {
+    pub(super) fn with_run_backstop(mut self, after: Option<Duration>) -> Exchange<'a> {
         self.run_backstop = after;
         self
     }
 
-    pub fn decoded(&self) -> &Decoded {
+    pub(crate) fn decoded(&self) -> &Decoded {
         self.decoder.decoded()
     }
 
@@ -228,7 +228,7 @@ impl<'a> Exchange<'a> {
         d.complete || d.fatal.is_some()
     }
 
-    pub fn into_decoded(self) -> Decoded {
+    pub(super) fn into_decoded(self) -> Decoded {
         self.decoder.finish()
     }
 

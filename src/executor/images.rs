@@ -2,7 +2,7 @@
 //! Every container is created from an image id, not a tag: the run's report then names the
 //! image the run really had without asking the engine about the container afterwards, and a
 //! tag rebuilt meanwhile cannot slip in between. A rebuilt image serves new containers within
-//! [`IMAGE_ID_TTL`].
+//! `IMAGE_ID_TTL`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::engine::{ContainerEngine, EngineError, LABEL_INIT_FEATURES};
 
 /// How long a tag's id is used without asking the engine again.
-pub const IMAGE_ID_TTL: Duration = Duration::from_secs(10);
+const IMAGE_ID_TTL: Duration = Duration::from_secs(10);
 
 /// An image as containers are created from it.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,7 +26,7 @@ pub struct ImageRef {
 }
 
 /// Images by tag, shared by the executor and its pool.
-pub struct ImageIds {
+pub(super) struct ImageIds {
     engine: Arc<dyn ContainerEngine>,
     known: Mutex<HashMap<String, (ImageRef, Instant)>>,
 }
@@ -68,7 +68,7 @@ impl ImageIds {
     }
 
     /// Forget `tag`'s id (the engine no longer has that image).
-    pub fn forget(&self, tag: &str) {
+    pub(crate) fn forget(&self, tag: &str) {
         self.known().remove(tag);
     }
 }

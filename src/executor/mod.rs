@@ -52,7 +52,7 @@ use crate::engine::ContainerEngine;
 use crate::executor::packages::session::SessionPrefix;
 use crate::executor::packages::{InstallEnd, Packages};
 use crate::report::{RunReport, SessionExecution, Stage, Status};
-pub use cases::parallelism;
+pub(crate) use cases::parallelism;
 use compile::Compiler;
 use containers::Containers;
 use ends::{mb, ms, Ended, Halt, Known, ENTRY_OVERHEAD_BYTES};
@@ -60,7 +60,7 @@ pub use ends::{new_run_id, Call, SandboxFailure};
 pub use labels::labels;
 use outcome::{classify, Streams};
 use pool::{Pool, Shape};
-pub use probe::ProbeOutput;
+pub(crate) use probe::ProbeOutput;
 use program::Program;
 use session::{FileRead, ReadError, SessionBox, SessionRun, SessionSpec};
 use stage::Bound;
@@ -119,7 +119,7 @@ impl Executor {
     }
 
     /// The compile cache's hits and misses: (hits, misses).
-    pub fn cache_counts(&self) -> (u64, u64) {
+    pub(crate) fn cache_counts(&self) -> (u64, u64) {
         self.compiler.counts()
     }
 
@@ -202,7 +202,7 @@ impl Executor {
 
     /// Carry out one execution of a session. Never fails: the report says what happened, and
     /// [`session::SessionRun::broken`] whether the session's container is gone.
-    pub async fn execute_in_session(
+    pub(crate) async fn execute_in_session(
         &self,
         sbox: &SessionBox,
         session: SessionExecution,
@@ -217,7 +217,7 @@ impl Executor {
     }
 
     /// Read a file or folder of a session's working directory without running anything.
-    pub async fn read_in_session(
+    pub(crate) async fn read_in_session(
         &self,
         sbox: &SessionBox,
         path: &str,
@@ -229,7 +229,7 @@ impl Executor {
     }
 
     /// A report for a run that has not started; the executor fills it in.
-    pub fn blank_report(run_id: &str, req: &ValidRequest) -> RunReport {
+    pub(crate) fn blank_report(run_id: &str, req: &ValidRequest) -> RunReport {
         RunReport::new(
             run_id,
             req.language.id.clone(),
@@ -266,7 +266,7 @@ impl Executor {
     }
 
     /// [`Executor::execute`], shown as it goes in `feed`.
-    pub async fn execute_live(&self, call: Call<'_>) -> RunReport {
+    pub(crate) async fn execute_live(&self, call: Call<'_>) -> RunReport {
         let started = Instant::now();
         let (run_id, req, queued_ms) = (call.run_id, call.req, call.queued_ms);
         let bound = call.bound(&self.containers.config);

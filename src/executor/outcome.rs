@@ -6,7 +6,7 @@ use crate::engine::EngineError;
 use crate::report::{Status, Usage};
 
 /// Name of a Linux signal number.
-pub fn signal_name(n: i64) -> Option<&'static str> {
+pub(crate) fn signal_name(n: i64) -> Option<&'static str> {
     const NAMES: [&str; 31] = [
         "SIGHUP",
         "SIGINT",
@@ -48,7 +48,7 @@ pub fn signal_name(n: i64) -> Option<&'static str> {
 
 /// How one phase (a check, a compile, a program) ended.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub status: Status,
     /// The exit code; `128 + n` for a death by signal n; null when codebox ended it.
     pub exit_code: Option<i64>,
@@ -73,7 +73,7 @@ fn usage(end: &PhaseEnd) -> Usage {
 ///   that survived a child's OOM kill and exited 0 succeeded;
 /// - without a report, the host's view decides: its stop, its deadline, the engine's OOM
 ///   flag; anything else is a broken sandbox, described.
-pub fn classify(phase: Option<&Phase>, stage: &Answer) -> Outcome {
+pub(crate) fn classify(phase: Option<&Phase>, stage: &Answer) -> Outcome {
     let oom_seen = |end: &PhaseEnd| end.oom_kills.unwrap_or(0) > 0 || stage.oom_killed;
     let killed = |status: Status, usage: Usage| Outcome {
         status,

@@ -7,7 +7,7 @@ use crate::engine::protocol::{EntryKind, FileEntry};
 use crate::report::FileReport;
 
 /// The directory, relative to the working directory, whose files are returned.
-pub const OUTPUTS_DIR: &str = "outputs";
+const OUTPUTS_DIR: &str = "outputs";
 
 /// The media type of a file: its first bytes for the formats a model may be shown, else its
 /// extension.
@@ -56,7 +56,7 @@ pub fn mime_type(path: &str, content: &[u8]) -> &'static str {
 }
 
 /// Whether a media type is an image an MCP client can show.
-pub fn is_image(mime: &str) -> bool {
+pub(crate) fn is_image(mime: &str) -> bool {
     matches!(
         mime,
         "image/png" | "image/jpeg" | "image/gif" | "image/webp"
@@ -65,11 +65,11 @@ pub fn is_image(mime: &str) -> bool {
 
 /// The media type of a folder entry: a folder under `outputs/` whose contents are not all
 /// listed (`omitted_reason` says why).
-pub const FOLDER_MIME: &str = "inode/directory";
+const FOLDER_MIME: &str = "inode/directory";
 
 /// Report entries for what was collected under `outputs/`. Folders appear only when something
 /// in them is not listed (too deep, not readable, past the entry cap), with the reason.
-pub fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
+pub(super) fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
     entries
         .iter()
         .filter_map(|e| {
@@ -100,7 +100,7 @@ pub fn report_files(entries: &[FileEntry]) -> Vec<FileReport> {
 /// The report's message, with a clause naming the folders under `outputs/` that are not
 /// fully listed (each with its reason), if any: files that are not listed must not vanish
 /// without a word.
-pub fn with_unlisted_note(message: String, files: &[FileReport]) -> String {
+pub(super) fn with_unlisted_note(message: String, files: &[FileReport]) -> String {
     const NAMED: usize = 3;
     let folders: Vec<String> = files
         .iter()

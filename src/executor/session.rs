@@ -22,7 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::compile::{check_failed, Compiler};
 use super::containers::{Containers, Mount, Want};
-pub use super::ends::Broken;
+pub(crate) use super::ends::Broken;
 use super::ends::{sources, Call, CompileEnd, Ended, Halt, Known, SandboxFailure, BACKSTOP_GRACE};
 use super::exchange::{write_request, Exchange, HostEnding, StopRule, Until, Watch};
 use super::finish::report;
@@ -106,7 +106,7 @@ pub struct SessionBox {
 }
 
 /// One execution in a session: its report, and whether the session's container broke.
-pub struct SessionRun {
+pub(crate) struct SessionRun {
     pub report: RunReport,
     pub broken: Option<Broken>,
     /// Bytes used in the session's working directory, when known.
@@ -121,7 +121,7 @@ pub struct FileRead {
 
 /// Why a `read` gave nothing.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     /// The container answered: no such file, not allowed...
     #[error("{0}")]
     Refused(String),
@@ -175,7 +175,7 @@ impl SessionBox {
     /// End the container now: what runs in it is killed with it, not interrupted (the
     /// execution being answered ends at once as `stopped`), no driver is started again, and
     /// the container is removed in the background. Idempotent.
-    pub fn end_now(&self) {
+    pub(crate) fn end_now(&self) {
         self.ended.cancel();
         let guard = self.guard.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(g) = guard {
@@ -186,13 +186,13 @@ impl SessionBox {
         }
     }
 
-    /// Remove the container: [`SessionBox::end_now`].
+    /// Remove the container: `SessionBox::end_now`.
     pub fn close(&self) {
         self.end_now();
     }
 
     /// Ends when the container's removal, and its packages volume's, have ended (started
-    /// by [`SessionBox::end_now`]).
+    /// by `SessionBox::end_now`).
     pub fn removed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let container = self.container_removed();
         let volume = self.packages.as_ref().map(|p| p.removed());
@@ -209,11 +209,6 @@ impl SessionBox {
         async move {
             let _ = removed.wait_for(|done| *done).await;
         }
-    }
-
-    /// The packages volume this session mounts, if its language takes packages.
-    pub fn packages_volume(&self) -> Option<&str> {
-        self.packages.as_ref().map(|p| p.volume())
     }
 
     /// Have the conversation task carry out one request: its answer, or why the container is

@@ -23,7 +23,7 @@ pub use super::exchange::{HostEnding, END_GRACE, STOP_GRACE};
 
 /// How long the host waits beyond a stage's own limits before it kills the container
 /// (`codebox-init` enforces the limits; this is the backstop), whatever the stage.
-pub const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
+pub(super) const BACKSTOP_GRACE: Duration = Duration::from_secs(5);
 use crate::engine::protocol::{DecodeLimits, Decoded};
 use crate::engine::{ContainerEngine, EngineError, InputSink, Signal};
 use crate::live::Feed;
@@ -94,7 +94,7 @@ impl Bound<'_> {
 
 /// What to do in one container.
 #[derive(Clone)]
-pub struct StageRequest {
+pub(crate) struct StageRequest {
     /// The payload for the container's stdin, in parts written one after the other.
     pub payload: Vec<bytes::Bytes>,
     /// After this long the host kills the container, whatever the helper says.
@@ -110,7 +110,7 @@ pub struct StageRequest {
 /// A stage shown live: its feed, and which stage it is (a run stage shows its files and
 /// takes the program's stdin from the feed when it has one).
 #[derive(Clone)]
-pub struct LiveStage {
+pub(crate) struct LiveStage {
     pub feed: Arc<Feed>,
     pub stage: Stage,
     /// The test case it runs, when several run at once.
@@ -164,7 +164,7 @@ async fn forward_stdin(
 
 /// Run one stage in the container `id`; `start` when it was only created. Attaching and
 /// starting are bounded by `bound`; once the container runs, the stage's own deadlines apply.
-pub async fn run_stage(
+pub(crate) async fn run_stage(
     engine: &dyn ContainerEngine,
     id: &str,
     start: bool,

@@ -44,7 +44,7 @@ impl Leg {
 }
 
 /// Upper bounds (seconds) of the step histogram's buckets.
-pub const BUCKETS: [f64; 12] = [
+pub(crate) const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
 ];
 
@@ -71,7 +71,7 @@ impl Histogram {
     }
 
     /// (cumulative count per bucket, count, sum in seconds)
-    pub fn snapshot(&self) -> ([u64; BUCKETS.len()], u64, f64) {
+    pub(crate) fn snapshot(&self) -> ([u64; BUCKETS.len()], u64, f64) {
         let mut cumulative = [0; BUCKETS.len()];
         let mut total = 0;
         for (i, b) in self.buckets.iter().enumerate() {

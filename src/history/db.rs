@@ -72,7 +72,7 @@ pub(crate) use values;
 
 /// One result row.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Row(pub Vec<Value>);
+pub(crate) struct Row(pub Vec<Value>);
 
 impl Row {
     fn at(&self, i: usize) -> &Value {
@@ -108,7 +108,7 @@ impl Row {
 
 /// A database operation that failed, naming the backend's own error.
 #[derive(Debug, thiserror::Error)]
-pub enum DbError {
+pub(crate) enum DbError {
     #[error("SQLite: {0}")]
     Sqlite(#[source] rusqlite::Error),
     #[error("PostgreSQL: {0}")]
@@ -131,7 +131,7 @@ pub enum DbError {
 
 /// A connection to the history database: what the history needs from SQLite or PostgreSQL.
 /// Every method blocks; only the history thread calls them.
-pub trait Database: Send {
+pub(crate) trait Database: Send {
     /// Run statements without parameters (`BEGIN`, a migration).
     fn batch(&mut self, sql: &str) -> Result<(), DbError>;
     /// Run one statement; returns the rows it changed.
@@ -164,7 +164,7 @@ pub trait Database: Send {
 }
 
 /// Run `f` inside [`Database::begin_exclusive`]: committed if it succeeds, rolled back if not.
-pub fn exclusive<T>(
+pub(crate) fn exclusive<T>(
     db: &mut dyn Database,
     f: impl FnOnce(&mut dyn Database) -> Result<T, DbError>,
 ) -> Result<T, DbError> {
@@ -200,7 +200,7 @@ pub fn transaction<T>(
 }
 
 /// SQLite's numbered parameters (`?1`) as PostgreSQL's (`$1`); quoted text is left alone.
-pub fn dollar_parameters(sql: &str) -> String {
+pub(super) fn dollar_parameters(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len());
     let mut quoted: Option<char> = None;
     let mut chars = sql.chars().peekable();

@@ -5,7 +5,7 @@
 //! never waits for a write. A write that fails is logged (`warn`) and dropped: history is a
 //! record, and a broken database must never fail or delay a run. Queries get their answer over
 //! a oneshot channel. If the database cannot be reached (at start, or a PostgreSQL connection
-//! is lost), the thread tries again every [`RECONNECT_INTERVAL`]; meanwhile writes are
+//! is lost), the thread tries again every `RECONNECT_INTERVAL`; meanwhile writes are
 //! dropped and queries answer [`HistoryError::Unavailable`].
 //!
 //! Both backends sit behind one seam, [`db::Database`]: the schema, its migrations, the
@@ -13,7 +13,7 @@
 //! accept.
 //!
 //! Each codebox process (an *instance*) writes a heartbeat into the `instances` table every
-//! [`HEARTBEAT_INTERVAL`]. At open, and at every heartbeat, rows that a dead instance left
+//! `Owner::heartbeat_interval`. At open, and at every heartbeat, rows that a dead instance left
 //! `queued` or `running` are marked `sandbox_error` with the message "interrupted by server
 //! restart". An instance is dead when its lock file in this process's data directory says so
 //! (same host, same data directory: known at once), or else when its heartbeat is older than
@@ -23,7 +23,7 @@
 //! Besides the metadata kept forever (SPEC section 9), a row holds the run's full final report
 //! (JSON, `report` column) for the retention period only: the run manager serves reports it
 //! evicted from memory from here, and clears the column when the retention has passed
-//! ([`History::forget_reports`], [`History::forget_reports_ended_before`]). With a shared
+//! ([`History::forget_reports`], `History::forget_reports_ended_before`). With a shared
 //! store, any server answers `get_result` for a finished run of another from this column.
 
 mod actor;
@@ -51,33 +51,31 @@ use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
 pub use queue::{Claimed, QueueError, Room, SharedQueue, Submitted};
 pub use schema::SCHEMA_VERSION;
-pub use sessions::{
+pub(crate) use sessions::{
     SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED,
     SERVER_STOPPED as SESSION_SERVER_STOPPED,
 };
 
 /// Message written on rows a crashed server left unfinished.
-pub const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
+pub(crate) const INTERRUPTED_MESSAGE: &str = "interrupted by server restart";
 /// Rows returned when a query sets no limit.
-pub const DEFAULT_QUERY_LIMIT: usize = 20;
+pub(crate) const DEFAULT_QUERY_LIMIT: usize = 20;
 /// Most rows one query returns.
-pub const MAX_QUERY_LIMIT: usize = crate::contract::params::MAX_HISTORY_LIMIT;
-/// How often each instance records that it is alive (and marks the runs of dead ones).
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const MAX_QUERY_LIMIT: usize = crate::contract::params::MAX_HISTORY_LIMIT;
 /// The message of a run whose server's lease lapsed (another host: it stopped answering).
-pub const STOPPED_ANSWERING_MESSAGE: &str = "its server stopped answering";
+pub(crate) const STOPPED_ANSWERING_MESSAGE: &str = "its server stopped answering";
 /// An instance whose last heartbeat is older than this (by the database's clock), and whose
 /// liveness no lock file in this data directory tells, is dead.
 pub const INSTANCE_EXPIRY: Duration = Duration::from_secs(10);
 /// The shared queue (`queue.rs`): notified when a run is added to the queue or given back to it.
-pub const QUEUE_CHANNEL: &str = "codebox_queue";
+pub(crate) const QUEUE_CHANNEL: &str = "codebox_queue";
 /// Notified when a run changes hands (claimed) or ends: a server waiting on a run it does not
 /// hold looks again.
-pub const MOVED_CHANNEL: &str = "codebox_moved";
+pub(crate) const MOVED_CHANNEL: &str = "codebox_moved";
 /// The advisory lock held by the one server judging leases at a time.
 pub(crate) const JUDGE_LOCK: i64 = 0x0063_6f64_656a_7564; // "codejud"
 /// How often the history thread tries again to open a database it cannot reach.
-pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const RECONNECT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// One run as the history records it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -316,7 +314,7 @@ impl Default for Owner {
 
 impl Owner {
     /// How often this instance renews its lease (a third of it).
-    pub fn heartbeat_interval(&self) -> Duration {
+    pub(crate) fn heartbeat_interval(&self) -> Duration {
         (self.lease / 3).max(Duration::from_secs(1))
     }
 }
@@ -329,7 +327,7 @@ impl History {
 
     /// Start the history thread on `store`. Never fails: if the database cannot be opened,
     /// a warning is logged, writes are dropped and queries answer
-    /// [`HistoryError::Unavailable`] until it can (tried again every [`RECONNECT_INTERVAL`]).
+    /// [`HistoryError::Unavailable`] until it can (tried again every `RECONNECT_INTERVAL`).
     pub fn connect(store: &HistoryStore, owner: Owner) -> History {
         History::start(store, owner, QUEUE)
     }
@@ -438,7 +436,7 @@ impl History {
 
     /// Drop the stored full reports of every run that ended before `cutoff_ms` (Unix ms): the
     /// backstop for runs no living manager tracks (a crash, another instance).
-    pub fn forget_reports_ended_before(&self, cutoff_ms: i64) {
+    pub(crate) fn forget_reports_ended_before(&self, cutoff_ms: i64) {
         self.send(Command::ForgetReportsEndedBefore { cutoff_ms });
     }
 
@@ -521,7 +519,7 @@ impl History {
     }
 
     /// Record a session that was just opened.
-    pub fn session_opened(&self, session: SessionOpened) {
+    pub(crate) fn session_opened(&self, session: SessionOpened) {
         self.send(Command::SessionOpened(session));
     }
 
@@ -535,7 +533,7 @@ impl History {
     }
 
     /// The ids of the sessions that start with `prefix`, in order, at most `limit`.
-    pub async fn session_ids(
+    pub(crate) async fn session_ids(
         &self,
         prefix: &str,
         limit: usize,

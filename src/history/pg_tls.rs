@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::config::{SslMode, TlsParams};
 
 /// The TLS connector for `params`' mode.
-pub fn connector(params: &TlsParams) -> Result<MakeRustls, String> {
+pub(crate) fn connector(params: &TlsParams) -> Result<MakeRustls, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier: Arc<dyn ServerCertVerifier> = match params.root_cert()? {
         None => Arc::new(AnyCertificate(provider.clone())),
@@ -167,14 +167,14 @@ impl ServerCertVerifier for ChainOnly {
 
 /// The PostgreSQL client's TLS connector, over rustls.
 #[derive(Clone)]
-pub struct MakeRustls(Arc<rustls::ClientConfig>);
+pub(super) struct MakeRustls(Arc<rustls::ClientConfig>);
 
-pub struct RustlsConnect {
+pub(super) struct RustlsConnect {
     config: Arc<rustls::ClientConfig>,
     server_name: ServerName<'static>,
 }
 
-pub struct RustlsStream(tokio_rustls::client::TlsStream<Socket>);
+pub(super) struct RustlsStream(tokio_rustls::client::TlsStream<Socket>);
 
 impl MakeTlsConnect<Socket> for MakeRustls {
     type Stream = RustlsStream;

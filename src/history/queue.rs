@@ -223,12 +223,12 @@ impl SharedQueue {
     }
 
     /// Tell this server's claimer to look (its room grew).
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         self.inner.work.notify_one();
     }
 
     /// Notified when some run changed hands or ended.
-    pub fn moved(&self) -> &Notify {
+    pub(crate) fn moved(&self) -> &Notify {
         &self.inner.moved
     }
 }

@@ -107,7 +107,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Bring the database to the latest schema. A database newer than this binary is refused.
 /// Servers starting together against one database migrate one after the other.
-pub fn migrate(db: &mut dyn Database) -> Result<(), DbError> {
+pub(super) fn migrate(db: &mut dyn Database) -> Result<(), DbError> {
     exclusive(db, |db| {
         let version = db.schema_version()?;
         if version > SCHEMA_VERSION {

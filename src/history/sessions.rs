@@ -11,7 +11,7 @@ pub const SERVER_STOPPED: &str = "server_stopped";
 
 /// A session that was just opened.
 #[derive(Debug, Clone)]
-pub struct SessionOpened {
+pub(crate) struct SessionOpened {
     pub session_id: String,
     pub language: String,
     pub instance: String,
@@ -51,7 +51,7 @@ pub fn ended(db: &mut dyn Database, id: &str, reason: &str, at_ms: i64) -> Resul
     Ok(())
 }
 
-pub fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, DbError> {
+pub(crate) fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, DbError> {
     let now = db.now_ms()?;
     let rows = db.query(
         "SELECT sessions.instance, instances.host, instances.heartbeat_at, sessions.end_reason,
@@ -71,7 +71,7 @@ pub fn lookup(db: &mut dyn Database, id: &str) -> Result<Option<SessionRecord>, 
 
 /// The sessions a dead instance left open ended when it did, for `reason` ([`RESTARTED`] or
 /// [`SERVER_STOPPED`]).
-pub fn mark_ended_by(
+pub(super) fn mark_ended_by(
     db: &mut dyn Database,
     instance: &str,
     at_ms: i64,
@@ -86,7 +86,7 @@ pub fn mark_ended_by(
 
 /// The ids of the sessions that start with `prefix` (opened here, or named by a run), in
 /// order, at most `limit`: `codebox history --session` takes a unique prefix.
-pub fn ids_starting_with(
+pub(super) fn ids_starting_with(
     db: &mut dyn Database,
     prefix: &str,
     limit: i64,

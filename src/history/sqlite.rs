@@ -40,7 +40,7 @@ impl Sqlite {
 
     /// A private database in memory (tests).
     #[cfg(test)]
-    pub fn in_memory() -> Result<Sqlite, DbError> {
+    pub(super) fn in_memory() -> Result<Sqlite, DbError> {
         Ok(Sqlite {
             conn: Connection::open_in_memory().map_err(err)?,
         })

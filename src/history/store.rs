@@ -74,7 +74,7 @@ fn join(db: &mut dyn Database, owner: &Owner, now: i64) -> Result<(), DbError> {
 
 /// This instance, judged lapsed, takes a fresh lease (its verdict cleared): from now on the
 /// others take it for alive again, and what it holds from now on is its own.
-pub fn rejoin(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
+pub(super) fn rejoin(db: &mut dyn Database, owner: &Owner) -> Result<(), DbError> {
     let now = db.now_ms()?;
     join(db, owner, now)
 }
@@ -134,7 +134,7 @@ fn is_dead(
 /// but not started go back to the queue (once: the row is unclaimed by whichever judge gets
 /// there first), and unclaimed ones are never marked. One server judges at a time (an
 /// advisory lock); the others skip the round.
-pub fn mark_interrupted(
+pub(super) fn mark_interrupted(
     db: &mut dyn Database,
     owner: &Owner,
     now: i64,
@@ -369,7 +369,10 @@ pub fn forget_reports(db: &mut dyn Database, run_ids: &[String]) -> Result<(), D
     })
 }
 
-pub fn forget_reports_ended_before(db: &mut dyn Database, cutoff_ms: i64) -> Result<(), DbError> {
+pub(crate) fn forget_reports_ended_before(
+    db: &mut dyn Database,
+    cutoff_ms: i64,
+) -> Result<(), DbError> {
     db.execute(
         "UPDATE runs SET report = NULL WHERE report IS NOT NULL AND ended_at < ?1",
         values![cutoff_ms],
@@ -379,7 +382,7 @@ pub fn forget_reports_ended_before(db: &mut dyn Database, cutoff_ms: i64) -> Res
 
 /// A finished run's stored report (JSON), if it is still kept (and ended at or after
 /// `ended_after_ms`, when given).
-pub fn stored_report(
+pub(crate) fn stored_report(
     db: &mut dyn Database,
     run_id: &str,
     ended_after_ms: Option<i64>,
@@ -448,7 +451,7 @@ fn history_row(r: &Row) -> HistoryRow {
 }
 
 /// Rows matching `q`, newest first (runs accepted in the same millisecond: the later first).
-pub fn select(db: &mut dyn Database, q: &Query) -> Result<Vec<HistoryRow>, DbError> {
+pub(crate) fn select(db: &mut dyn Database, q: &Query) -> Result<Vec<HistoryRow>, DbError> {
     let limit = q
         .limit
         .unwrap_or(DEFAULT_QUERY_LIMIT)

@@ -43,8 +43,8 @@ use crate::sessions::{Closed, SessionInfo, SessionList, Sessions};
 pub use forward::{
     answer_forwarded, ClusterServer, StreamLine, FORWARDED_TOOLS, PROGRESS_STREAM, TOOLS_PATH,
 };
-pub use params::Parameters;
-pub use results::{report_result, session_file_result};
+pub(crate) use params::Parameters;
+pub(crate) use results::{report_result, session_file_result};
 
 /// How often `run_code` reports progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);

@@ -5,7 +5,7 @@ use crate::report::fmt_num;
 use crate::runs::RunManager;
 
 /// The ids of the languages the server runs, sorted.
-pub fn language_ids(manager: &RunManager) -> Vec<&str> {
+pub(super) fn language_ids(manager: &RunManager) -> Vec<&str> {
     manager
         .registry()
         .languages
@@ -26,12 +26,12 @@ fn describe(schema: &mut rmcp::model::JsonObject, path: &[&str], text: String) {
 }
 
 /// The smaller of the memory ceiling and the budget: what a request can really get.
-pub fn effective_max_memory_mb(manager: &RunManager) -> u64 {
+pub(super) fn effective_max_memory_mb(manager: &RunManager) -> u64 {
     manager.config().ceilings().memory_mb
 }
 
 /// `run_code`'s argument schema with the running config's numbers and language ids.
-pub fn run_schema(
+pub(super) fn run_schema(
     schema: &rmcp::model::JsonObject,
     manager: &RunManager,
 ) -> rmcp::model::JsonObject {
@@ -79,7 +79,7 @@ pub fn run_schema(
 }
 
 /// `start_run`'s schema: `run_code`'s, whose descriptions it does not repeat.
-pub fn start_run_schema(run_schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObject {
+pub(super) fn start_run_schema(run_schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObject {
     fn strip(v: &mut serde_json::Value, top: bool) {
         match v {
             serde_json::Value::Object(o) => {
@@ -116,7 +116,7 @@ pub fn start_run_schema(run_schema: &rmcp::model::JsonObject) -> rmcp::model::Js
 /// way to say nothing; the server still accepts an explicit null), the descriptions of the
 /// `$defs` types themselves (their properties say it), and documented string variants as a
 /// plain `enum`.
-pub fn compact(schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObject {
+pub(super) fn compact(schema: &rmcp::model::JsonObject) -> rmcp::model::JsonObject {
     use serde_json::Value;
     fn not_null(v: &Value) -> bool {
         v.get("type").and_then(Value::as_str) != Some("null")

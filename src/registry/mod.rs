@@ -15,15 +15,15 @@ use serde::Deserialize;
 use crate::report::Status;
 
 pub use locate::{locate, Located, NotFound, DEFAULT_REGISTRY_FILE};
-pub use source_name::SourceName;
+pub(crate) use source_name::SourceName;
 pub use validate::is_safe_file_name;
 use validate::{is_identifier, is_safe_relative, serde_field, validate_language, IDENT_RULE};
 
 /// Compile-stage limits of a language whose entry sets no `compile_limits`.
-pub const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
-pub const DEFAULT_COMPILE_MEMORY_MB: u64 = 1024;
-pub const DEFAULT_COMPILE_CPUS: f64 = 1.0;
-pub const DEFAULT_COMPILE_WORKSPACE_MB: u64 = 256;
+pub(crate) const DEFAULT_COMPILE_TIMEOUT_SECONDS: f64 = 60.0;
+pub(crate) const DEFAULT_COMPILE_MEMORY_MB: u64 = 1024;
+pub(crate) const DEFAULT_COMPILE_CPUS: f64 = 1.0;
+pub(crate) const DEFAULT_COMPILE_WORKSPACE_MB: u64 = 256;
 
 /// An image languages run in.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +76,7 @@ pub struct PistonName {
 }
 
 /// Highest Judge0 language id a registry may use.
-pub const MAX_JUDGE0_ID: i64 = 999_999;
+pub(crate) const MAX_JUDGE0_ID: i64 = 999_999;
 
 /// One language, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +135,7 @@ impl Language {
     /// Name the source file after `code` where the language says how (the first group of
     /// its `source_name` pattern, when it matches and makes a plain file name); otherwise
     /// the language stays as it is.
-    pub fn name_after(&mut self, code: &str) {
+    pub(crate) fn name_after(&mut self, code: &str) {
         let named = self
             .source_name
             .as_ref()
@@ -321,7 +321,7 @@ impl Registry {
 
     /// Find a language by its name in the Piston-compatible API: its Piston name or Piston
     /// aliases, else its id or aliases (case-insensitive).
-    pub fn resolve_piston(&self, name: &str) -> Option<&Language> {
+    pub(crate) fn resolve_piston(&self, name: &str) -> Option<&Language> {
         let name = name.trim().to_ascii_lowercase();
         self.languages
             .values()
@@ -336,7 +336,7 @@ impl Registry {
     }
 
     /// Guess a language from a file name's extension.
-    pub fn for_file(&self, file: &Path) -> Option<&Language> {
+    pub(crate) fn for_file(&self, file: &Path) -> Option<&Language> {
         let ext = file.extension()?.to_str()?.to_ascii_lowercase();
         self.languages
             .values()

@@ -7,14 +7,14 @@ use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawImage {
+pub(super) struct RawImage {
     pub tag: String,
     pub context: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawLimits {
+pub(super) struct RawLimits {
     pub timeout_seconds: Option<f64>,
     pub memory_mb: Option<u64>,
     pub cpus: Option<f64>,
@@ -23,7 +23,7 @@ pub struct RawLimits {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawExpect {
+pub(super) struct RawExpect {
     pub status: String,
     pub stdout: Option<String>,
     pub stderr_contains: Option<String>,
@@ -32,7 +32,7 @@ pub struct RawExpect {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawSample {
+pub(super) struct RawSample {
     pub name: String,
     pub code: String,
     pub stdin: Option<String>,
@@ -44,7 +44,7 @@ pub struct RawSample {
 /// How the Piston-compatible API names a language.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPiston {
+pub(super) struct RawPiston {
     pub language: Option<String>,
     #[serde(default)]
     pub aliases: Vec<String>,
@@ -52,7 +52,7 @@ pub struct RawPiston {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawLanguage {
+pub(super) struct RawLanguage {
     pub display_name: String,
     #[serde(default)]
     pub aliases: Vec<String>,
@@ -94,7 +94,7 @@ pub struct RawLanguage {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawInstall {
+pub(super) struct RawInstall {
     /// The package manager's command; `{prefix}` and `{index}` are filled in, the
     /// requirements appended.
     pub command: Vec<String>,
@@ -107,7 +107,7 @@ pub struct RawInstall {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawSession {
+pub(super) struct RawSession {
     /// The session driver's command (docs/sandbox-init.md, "The driver protocol").
     pub driver: Vec<String>,
 }

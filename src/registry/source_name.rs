@@ -48,7 +48,7 @@ impl SourceName {
         })
     }
 
-    pub fn pattern(&self) -> &str {
+    pub(crate) fn pattern(&self) -> &str {
         self.pattern.as_str()
     }
 }

@@ -5,13 +5,13 @@
 //! (`runs.max_concurrent_runs`) and the memory of the running runs plus its own stays within
 //! `runs.memory_budget_mb`. A large request at the head is therefore never starved by small
 //! ones behind it. Containers waiting in the pool hold budget too: a head that fits only
-//! without them asks for them back ([`Next::Shed`]), and the pool may grow only while nobody
+//! without them asks for them back (`Next::Shed`), and the pool may grow only while nobody
 //! waits and the budget has room. Once closed (shutdown), nothing more starts.
 //!
-//! Sessions opened ahead of time hold budget too ([`Admission::hold_ahead`]) and give it
-//! back like the pool's containers: [`Next::Shed`] asks for the pool's and theirs.
+//! Sessions opened ahead of time hold budget too (`Admission::hold_ahead`) and give it
+//! back like the pool's containers: `Next::Shed` asks for the pool's and theirs.
 //!
-//! Open sessions hold their memory for their whole life ([`Admission::hold`]). Executions of
+//! Open sessions hold their memory for their whole life (`Admission::hold`). Executions of
 //! one session run one at a time: a ticket whose session is executing waits without holding
 //! up the tickets behind it, and the first ticket of a session in the queue is its earliest.
 
@@ -27,7 +27,7 @@ pub struct Policy {
 
 /// A run waiting for admission, or admitted.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     pub run_id: String,
     /// Containers it runs at once (test cases): the concurrency slots it takes.
     pub slots: usize,
@@ -39,7 +39,7 @@ pub struct Ticket {
 
 /// What to do for the head of the queue.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Start it: its slots and memory are now taken.
     Start(Ticket),
     /// It would fit if the pool gave back this much memory of its ready containers.
@@ -57,7 +57,7 @@ pub enum Refusal {
 
 /// The queue and what admitted runs hold.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     policy: Policy,
     queue: VecDeque<Ticket>,
     active: usize,
@@ -91,7 +91,7 @@ impl Admission {
     }
 
     /// Queue a ticket. A full queue refuses only a ticket that could not start at once.
-    pub fn enqueue(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+    pub(crate) fn enqueue(&mut self, ticket: Ticket) -> Result<(), Refusal> {
         if self.closed || self.draining {
             return Err(Refusal::Closed);
         }
@@ -110,7 +110,7 @@ impl Admission {
 
     /// Queue a ticket whatever the queue holds, while draining too: a run accepted before
     /// it came here ([`super::RunManager::take`]). Refused only once closed.
-    pub fn enqueue_taken(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+    pub(super) fn enqueue_taken(&mut self, ticket: Ticket) -> Result<(), Refusal> {
         if self.closed {
             return Err(Refusal::Closed);
         }
@@ -136,10 +136,6 @@ impl Admission {
                 .memory_budget_mb
                 .saturating_sub(self.committed_mb() + mb),
         )
-    }
-
-    pub fn policy(&self) -> Policy {
-        self.policy
     }
 
     /// Memory admitted runs and open sessions hold.
@@ -195,24 +191,24 @@ impl Admission {
 
     /// Whether a session of `mb` may be held now: the runs, the pool (`pooled_mb`) and the
     /// open sessions leave room in the budget. `false` does not wait: the caller refuses.
-    pub fn may_hold(&self, mb: u64, pooled_mb: u64) -> bool {
+    pub(super) fn may_hold(&self, mb: u64, pooled_mb: u64) -> bool {
         !self.closed && self.shortfall(mb, pooled_mb) == 0
     }
 
     /// How much the pool (`pooled_mb`) and sessions opened ahead of time would have to give
     /// back for `mb` more to be held.
-    pub fn shortfall(&self, mb: u64, pooled_mb: u64) -> u64 {
+    pub(super) fn shortfall(&self, mb: u64, pooled_mb: u64) -> u64 {
         (self.committed_mb() + pooled_mb + self.ahead_mb + mb)
             .saturating_sub(self.policy.memory_budget_mb)
     }
 
     /// A session opened ahead of time (or being opened) holds `mb` from now on, until it is
     /// claimed ([`Admission::claim`]) or given back.
-    pub fn hold_ahead(&mut self, mb: u64) {
+    pub(super) fn hold_ahead(&mut self, mb: u64) {
         self.ahead_mb += mb;
     }
 
-    pub fn unhold_ahead(&mut self, mb: u64) {
+    pub(super) fn unhold_ahead(&mut self, mb: u64) {
         self.ahead_mb = self.ahead_mb.saturating_sub(mb);
     }
 
@@ -228,18 +224,8 @@ impl Admission {
     }
 
     /// A session ended: its memory is free.
-    pub fn unhold(&mut self, mb: u64) {
+    pub(crate) fn unhold(&mut self, mb: u64) {
         self.held_mb = self.held_mb.saturating_sub(mb);
-    }
-
-    /// Memory open sessions hold.
-    pub fn held_mb(&self) -> u64 {
-        self.held_mb
-    }
-
-    /// Memory sessions opened ahead of time hold.
-    pub fn ahead_mb(&self) -> u64 {
-        self.ahead_mb
     }
 
     /// Take a queued run out of the queue (it was stopped); `false` if it was not queued.
@@ -259,7 +245,7 @@ impl Admission {
 
     /// Whether the pool may start one more container of `shape_mb` while holding
     /// `pooled_mb`: nobody waits, admission is open and the budget has room.
-    pub fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
+    pub(super) fn pool_may_grow(&self, pooled_mb: u64, shape_mb: u64) -> bool {
         !self.closed && self.queue.is_empty() && self.shortfall(shape_mb, pooled_mb) == 0
     }
 
@@ -268,7 +254,7 @@ impl Admission {
         self.closed = true;
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed
     }
 
@@ -278,11 +264,11 @@ impl Admission {
     }
 
     /// Whether new tickets are refused (closed or draining).
-    pub fn refuses_new(&self) -> bool {
+    pub(super) fn refuses_new(&self) -> bool {
         self.closed || self.draining
     }
 
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining
     }
 

@@ -12,7 +12,7 @@ use crate::report::RunReport;
 use super::stats::Stats;
 
 /// Upper bounds (seconds) of the run latency histogram buckets.
-pub const LATENCY_BUCKETS: [f64; 11] = [
+const LATENCY_BUCKETS: [f64; 11] = [
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
 
@@ -84,12 +84,12 @@ impl Metrics {
     }
 
     /// Count a reader of live events until the returned guard is dropped.
-    pub fn live_reader(self: &std::sync::Arc<Metrics>) -> LiveReader {
+    pub(crate) fn live_reader(self: &std::sync::Arc<Metrics>) -> LiveReader {
         self.live_readers.fetch_add(1, Ordering::Relaxed);
         LiveReader(self.clone())
     }
 
-    pub fn session_opened(&self) {
+    pub(crate) fn session_opened(&self) {
         self.sessions_opened.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -106,7 +106,7 @@ impl Metrics {
     }
 
     /// Count containers the reaper removed (left by crashed instances).
-    pub fn add_reaped(&self, containers: usize) {
+    pub(crate) fn add_reaped(&self, containers: usize) {
         self.containers_reaped
             .fetch_add(containers as u64, Ordering::Relaxed);
     }

@@ -15,7 +15,7 @@ use crate::report::RunReport;
 pub const REPORT_OVERHEAD_BYTES: u64 = 1024;
 
 /// What a finished report counts against `runs.retained_reports_mb`: the bytes it holds
-/// ([`RunReport::held_bytes`]) plus [`REPORT_OVERHEAD_BYTES`].
+/// (`RunReport::held_bytes`) plus [`REPORT_OVERHEAD_BYTES`].
 pub fn report_bytes(r: &RunReport) -> u64 {
     r.held_bytes() + REPORT_OVERHEAD_BYTES
 }
@@ -28,7 +28,7 @@ struct Finished {
 
 /// The finished runs of one manager.
 #[derive(Default)]
-pub struct Retention {
+pub(super) struct Retention {
     finished: HashMap<String, Finished>,
     /// `finished`'s ids, oldest end first (runs end in order, under the manager's lock).
     order: VecDeque<String>,
@@ -56,7 +56,7 @@ impl Retention {
     }
 
     /// The runs that ended within `within`, newest first.
-    pub fn ended_within(&self, within: Duration) -> Vec<String> {
+    pub(crate) fn ended_within(&self, within: Duration) -> Vec<String> {
         let mut ids = Vec::new();
         for id in self.order.iter().rev() {
             match self.finished.get(id) {
@@ -84,7 +84,7 @@ impl Retention {
 
     /// Move the oldest reports out of memory until the rest take at most `max_bytes`;
     /// returns how many left.
-    pub fn evict_over(&mut self, max_bytes: u64) -> usize {
+    pub(super) fn evict_over(&mut self, max_bytes: u64) -> usize {
         let mut evicted = 0;
         while self.bytes > max_bytes {
             let Some(id) = self.order.pop_front() else {
@@ -102,7 +102,7 @@ impl Retention {
     }
 
     /// Forget every run that ended at least `keep` ago; returns their ids.
-    pub fn purge(&mut self, keep: Duration) -> Vec<String> {
+    pub(super) fn purge(&mut self, keep: Duration) -> Vec<String> {
         let mut gone = Vec::new();
         while let Some(id) = self.order.front() {
             if self
@@ -135,7 +135,7 @@ impl Retention {
 
     /// For an evicted run: whether it is still within `retention` of its end. `None` when
     /// the run was never evicted here.
-    pub fn evicted_within(&self, run_id: &str, retention: Duration) -> Option<bool> {
+    pub(super) fn evicted_within(&self, run_id: &str, retention: Duration) -> Option<bool> {
         self.evicted
             .get(run_id)
             .map(|ended| ended.elapsed() < retention)
@@ -144,10 +144,6 @@ impl Retention {
     /// Reports held in memory.
     pub fn len(&self) -> usize {
         self.finished.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.finished.is_empty()
     }
 
     /// What they count against `runs.retained_reports_mb`.

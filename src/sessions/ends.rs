@@ -47,7 +47,7 @@ pub enum EndReason {
 
 impl EndReason {
     /// How the history records it.
-    pub fn as_record(&self) -> String {
+    pub(super) fn as_record(&self) -> String {
         match self {
             EndReason::Closed => "closed".into(),
             EndReason::Idle { seconds } => format!("idle {seconds}"),
@@ -60,7 +60,7 @@ impl EndReason {
     }
 
     /// A reason as the history recorded it; `None` for `restarted` (and anything unknown).
-    pub fn from_record(text: &str) -> Option<EndReason> {
+    pub(super) fn from_record(text: &str) -> Option<EndReason> {
         let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
         Some(match kind {
             "closed" => EndReason::Closed,

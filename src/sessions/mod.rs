@@ -829,7 +829,7 @@ impl Sessions {
 
     /// Whether this server knows the session (open here, or ended here not long ago): its
     /// calls are answered here, never forwarded.
-    pub fn knows(&self, id: &str) -> bool {
+    pub(crate) fn knows(&self, id: &str) -> bool {
         let t = self.lock();
         t.open.contains_key(id) || t.ended.contains_key(id)
     }
@@ -1161,7 +1161,7 @@ impl Sessions {
 
     /// An error about a session, told better where the history knows more: a session this
     /// process does not know may have ended on it before a restart, or be another server's.
-    pub async fn explain(&self, e: SessionError) -> SessionError {
+    pub(crate) async fn explain(&self, e: SessionError) -> SessionError {
         let SessionError::Unknown { id } = &e else {
             return e;
         };

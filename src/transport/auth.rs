@@ -40,7 +40,7 @@ impl Token {
     }
 
     /// Constant-time check of a header carrying the token alone (Judge0's `X-Auth-Token`).
-    pub fn accepts_raw(&self, value: Option<&HeaderValue>) -> bool {
+    pub(super) fn accepts_raw(&self, value: Option<&HeaderValue>) -> bool {
         value
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| self.matches(v))

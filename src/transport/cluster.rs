@@ -29,7 +29,7 @@ use crate::mcp::{answer_forwarded, CodeboxServer};
 
 /// What the forwarding middleware needs.
 #[derive(Clone)]
-pub struct Forwarding {
+pub(super) struct Forwarding {
     pub server: CodeboxServer,
     pub cluster: Arc<Cluster>,
     pub max_body: usize,
@@ -115,7 +115,11 @@ fn wait_of(query: Option<&str>) -> Duration {
 
 /// Forward a `/v1` call about another server's run or session to it; anything else (and
 /// anything another server forwarded) is served here.
-pub async fn forward_v1(State(f): State<Forwarding>, request: Request, next: Next) -> Response {
+pub(super) async fn forward_v1(
+    State(f): State<Forwarding>,
+    request: Request,
+    next: Next,
+) -> Response {
     if f.cluster.accepts(request.headers()) {
         return next.run(request).await;
     }
@@ -236,7 +240,7 @@ fn until_released(f: &Forwarding, peer: &Peer, held: Held<'_>, response: Respons
 }
 
 /// `POST /cluster/tools/{tool}`: a tool call another server forwarded, carried out here.
-pub async fn tool_call(
+pub(super) async fn tool_call(
     State(f): State<Forwarding>,
     Path(tool): Path<String>,
     client: Client,

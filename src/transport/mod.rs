@@ -102,7 +102,7 @@ pub async fn serve(
 /// the future is first polled: a signal that comes in between (while the pool fills, or
 /// before a stdio client has initialized its session) must not end the process at once and
 /// leave its containers behind, as it did.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+pub(crate) fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

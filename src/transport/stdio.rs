@@ -41,7 +41,7 @@ use crate::mcp::CodeboxServer;
 /// Longest line (one message) read from the client; a longer one is skipped whole and
 /// logged, and the session goes on. Above `http.max_body_bytes`' default (which carries a
 /// session call's largest upload in base64), so what HTTP accepts stdio accepts too.
-pub const MAX_LINE_BYTES: usize = 48 * 1024 * 1024;
+const MAX_LINE_BYTES: usize = 48 * 1024 * 1024;
 
 /// Serve one MCP session on stdio until the client closes stdin or `shutdown` resolves.
 pub async fn serve(

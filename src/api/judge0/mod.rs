@@ -34,11 +34,11 @@ use submissions::{create, create_batch, show, show_batch};
 
 /// The Judge0 version these routes answer as: clients map their language constants to ids
 /// by it (`judge0.PYTHON` is 71 under 1.13.1).
-pub const JUDGE0_VERSION: &str = "1.13.1";
+const JUDGE0_VERSION: &str = "1.13.1";
 /// Most submissions in one batch (Judge0's default `MAX_SUBMISSION_BATCH_SIZE`).
-pub const MAX_BATCH: usize = 20;
+pub(crate) const MAX_BATCH: usize = 20;
 /// Judge0's statuses, by id.
-pub const STATUSES: [(u8, &str); 14] = [
+pub(crate) const STATUSES: [(u8, &str); 14] = [
     (1, "In Queue"),
     (2, "Processing"),
     (3, "Accepted"),
@@ -58,7 +58,7 @@ pub const STATUSES: [(u8, &str); 14] = [
 /// codebox's own status of a submission's run: in the default answer, and wherever `fields`
 /// names it, but not in `fields=*`, which is Judge0's attributes exactly (the official SDK
 /// sets every attribute it gets on a model that refuses unknown ones).
-pub const CODEBOX_STATUS: &str = "codebox_status";
+pub(crate) const CODEBOX_STATUS: &str = "codebox_status";
 
 /// Every field a submission has in Judge0 (`fields=*`), in Judge0's order.
 pub const ALL_FIELDS: [&str; 35] = [
@@ -100,7 +100,7 @@ pub const ALL_FIELDS: [&str; 35] = [
 ];
 
 /// The fields answered when `fields` is not given.
-pub const DEFAULT_FIELDS: [&str; 9] = [
+pub(crate) const DEFAULT_FIELDS: [&str; 9] = [
     "token",
     "time",
     "memory",

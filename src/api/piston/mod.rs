@@ -120,7 +120,7 @@ async fn runtimes(State(api): State<Api>) -> Response {
 /// Whether a requested version matches a runtime's: `*` or nothing matches any; otherwise
 /// each dotted part given must equal the runtime's (`3`, `3.11` and `3.11.2` match
 /// `3.11.2`), `x` or `*` matching any part.
-pub fn version_matches(requested: Option<&str>, actual: &str) -> bool {
+pub(crate) fn version_matches(requested: Option<&str>, actual: &str) -> bool {
     let Some(requested) = requested.map(str::trim).filter(|r| !r.is_empty()) else {
         return true;
     };
@@ -394,7 +394,7 @@ async fn execute(State(api): State<Api>, client: Client, body: Body) -> Response
 
 /// One stage of Piston's answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StageResult {
+pub(crate) struct StageResult {
     pub stdout: String,
     pub stderr: String,
     /// stdout, then stderr.
@@ -414,7 +414,7 @@ pub struct StageResult {
 
 /// Piston's answer, plus codebox's own status and run id.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ExecuteResponse {
+pub(crate) struct ExecuteResponse {
     pub language: String,
     pub version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -460,7 +460,7 @@ fn compile_stage(c: &CompileReport, message: &str) -> StageResult {
 }
 
 /// A run report as Piston's answer.
-pub fn response(lang: &Language, version: &str, r: &RunReport) -> ExecuteResponse {
+pub(crate) fn response(lang: &Language, version: &str, r: &RunReport) -> ExecuteResponse {
     let compile_failed = r.stage == Some(Stage::Compile) && r.status != Status::Succeeded;
     let compile = r
         .compile

@@ -106,7 +106,7 @@ fn report_when_ended(
     .flatten()
 }
 
-pub async fn run_events(
+pub(super) async fn run_events(
     State(api): State<Api>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,

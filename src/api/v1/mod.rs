@@ -70,7 +70,7 @@ pub fn router(api: Api) -> Router {
 }
 
 /// The arguments of `POST /v1/runs`: `run_code`'s, plus `wait`.
-pub fn parse_run_body(bytes: &[u8]) -> Result<(RunRequest, bool), V1Error> {
+fn parse_run_body(bytes: &[u8]) -> Result<(RunRequest, bool), V1Error> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
         V1Error::new(
             StatusCode::BAD_REQUEST,

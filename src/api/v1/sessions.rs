@@ -59,7 +59,7 @@ pub async fn close(
     }
 }
 
-pub async fn read_file(
+pub(super) async fn read_file(
     State(api): State<Api>,
     path: Result<Path<(String, String)>, PathRejection>,
     RawQuery(raw): RawQuery,
@@ -71,7 +71,7 @@ pub async fn read_file(
 
 /// `GET /v1/sessions/{id}/files` and `.../files/`: the working directory's listing (clients
 /// drop the `.` of `.../files/.`).
-pub async fn list_files(
+pub(super) async fn list_files(
     State(api): State<Api>,
     path: Result<Path<String>, PathRejection>,
     RawQuery(raw): RawQuery,

@@ -37,7 +37,7 @@ const SYSTEM_SLICE_V2: &str = "/sys/fs/cgroup/system.slice";
 
 /// CPU spent by each part of the host, cumulative, at one moment.
 #[derive(Debug, Clone, Copy)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     at: Instant,
     /// Busy time of all CPUs.
     host: Duration,
@@ -54,7 +54,7 @@ pub struct Snapshot {
 
 /// CPU spent between two snapshots, by part.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Cost {
+pub(super) struct Cost {
     pub wall: Duration,
     pub host: Duration,
     /// This process: codebox (the bench drives it in process).
@@ -70,7 +70,7 @@ pub struct Cost {
 
 impl Cost {
     /// What the parts above account for.
-    pub fn accounted(&self) -> Duration {
+    pub(super) fn accounted(&self) -> Duration {
         self.own
             + self.children
             + self.dockerd
@@ -80,7 +80,7 @@ impl Cost {
             + self.kernel
     }
 
-    pub fn add(&mut self, o: &Cost) {
+    pub(crate) fn add(&mut self, o: &Cost) {
         self.wall += o.wall;
         self.host += o.host;
         self.own += o.own;
@@ -105,7 +105,7 @@ fn rusage(who: libc::c_int) -> Duration {
 }
 
 /// This process's CPU time so far.
-pub fn own_cpu() -> Duration {
+fn own_cpu() -> Duration {
     rusage(libc::RUSAGE_SELF)
 }
 
@@ -261,7 +261,7 @@ impl Snapshot {
     }
 
     /// CPU this process has spent taking snapshots so far.
-    pub fn overhead(&self) -> Duration {
+    pub(crate) fn overhead(&self) -> Duration {
         self.overhead
     }
 }
@@ -378,7 +378,7 @@ fn pid_alive(pid: u32) -> bool {
 
 /// Takes snapshots and keeps their own CPU out of codebox's. Watches the shims from a thread
 /// of its own until dropped.
-pub struct Meter {
+pub(super) struct Meter {
     overhead: Duration,
     shims: Arc<Shims>,
 }
@@ -407,7 +407,7 @@ impl Drop for Meter {
 }
 
 impl Meter {
-    pub fn snapshot(&mut self) -> Snapshot {
+    pub(crate) fn snapshot(&mut self) -> Snapshot {
         let s = Snapshot::take(self.overhead, &self.shims);
         self.overhead = s.overhead();
         s

@@ -241,7 +241,7 @@ fn hello(lang: &Language) -> anyhow::Result<String> {
         .with_context(|| format!("{} has no `hello` sample", lang.id))
 }
 
-pub async fn bench(
+pub(crate) async fn bench(
     app: &App,
     args: BenchArgs,
     out: &mut (dyn Write + Send),

@@ -15,7 +15,7 @@ use crate::app::App;
 use crate::contract::RunRequest;
 use crate::report::Status;
 
-pub async fn bench(
+pub(crate) async fn bench(
     app: &App,
     requirement: &str,
     module: &str,

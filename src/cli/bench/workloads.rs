@@ -18,7 +18,7 @@ use crate::report::Status;
 
 /// How runs are sent.
 #[derive(Debug, Clone, Copy)]
-pub enum Sending {
+pub(super) enum Sending {
     /// One client, each run sent as soon as the last one ended.
     BackToBack,
     /// All the programs, K at a time.
@@ -122,7 +122,7 @@ impl Ctx<'_> {
 }
 
 /// Runs comparisons and prints them.
-pub struct Bench<'a> {
+pub(crate) struct Bench<'a> {
     ctx: Ctx<'a>,
     pool: bool,
     meter: Meter,
@@ -162,7 +162,11 @@ impl<'a> Bench<'a> {
     /// Latency of `lang`'s hello, `n` runs each way, alternating, each codebox run followed
     /// by a pause until the pool is full again; compiled languages a second time with the
     /// compile cache answering. Returns codebox's median.
-    pub async fn latency_with_cache(&mut self, lang: &Language, n: usize) -> anyhow::Result<f64> {
+    pub(super) async fn latency_with_cache(
+        &mut self,
+        lang: &Language,
+        n: usize,
+    ) -> anyhow::Result<f64> {
         let median = self.latency_n(lang, n, lang.is_compiled()).await?;
         if lang.is_compiled() {
             self.latency_n(lang, n, false).await?;
@@ -171,7 +175,7 @@ impl<'a> Bench<'a> {
     }
 
     /// [`Bench::latency_with_cache`] with 20 runs, no cache case.
-    pub async fn latency(&mut self, lang: &Language) -> anyhow::Result<f64> {
+    pub(crate) async fn latency(&mut self, lang: &Language) -> anyhow::Result<f64> {
         self.latency_n(lang, 20, lang.is_compiled()).await
     }
 

@@ -117,7 +117,7 @@ impl DockerEngine {
 
     /// Keep files of codebox's own (Podman's seccomp profile) under `data_dir` (`data_dir`
     /// of the config; the user's data folder if not told).
-    pub fn with_data_dir(mut self, data_dir: &std::path::Path) -> DockerEngine {
+    pub(crate) fn with_data_dir(mut self, data_dir: &std::path::Path) -> DockerEngine {
         self.data_dir = data_dir.to_path_buf();
         self
     }

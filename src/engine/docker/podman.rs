@@ -57,7 +57,7 @@ impl Dialect {
     }
 
     /// The create body for `spec` in this dialect, or why the daemon cannot be given it.
-    pub fn create_body(&self, spec: &ContainerSpec) -> Result<ContainerCreateBody, String> {
+    pub(super) fn create_body(&self, spec: &ContainerSpec) -> Result<ContainerCreateBody, String> {
         let mut body = create_body(spec);
         let Some(host) = body.host_config.as_mut() else {
             return Ok(body);

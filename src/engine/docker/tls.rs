@@ -19,7 +19,7 @@ pub(super) struct TlsFiles {
 }
 
 impl TlsFiles {
-    pub fn in_dir(dir: &Path) -> TlsFiles {
+    pub(super) fn in_dir(dir: &Path) -> TlsFiles {
         TlsFiles {
             ca: dir.join("ca.pem"),
             cert: dir.join("cert.pem"),
@@ -28,7 +28,7 @@ impl TlsFiles {
     }
 
     /// The client certificate file or key file that is missing, if one is.
-    pub fn missing_client_file(&self) -> Option<&Path> {
+    pub(super) fn missing_client_file(&self) -> Option<&Path> {
         [&self.cert, &self.key]
             .into_iter()
             .find(|p| !p.exists())

@@ -92,7 +92,7 @@ impl Decoded {
 
 /// Bounds of what the decoder keeps.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DecodeLimits {
+pub(crate) struct DecodeLimits {
     /// Bytes kept per stream per phase.
     pub output: u64,
     /// File content bytes kept in all.
@@ -104,11 +104,11 @@ pub struct DecodeLimits {
 /// A stream that does not follow the protocol.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("codebox-init sent a malformed stream: {0}")]
-pub struct ProtocolError(pub String);
+pub(crate) struct ProtocolError(pub String);
 
 /// What a frame brought that a live reader shows, in the order the frames came.
 #[derive(Debug, Clone, PartialEq)]
-pub enum News {
+pub(crate) enum News {
     /// Output kept (within the cap) of the current phase: `stdout` or stderr.
     Output { stdout: bool, bytes: Vec<u8> },
     /// The cap of a stream was reached in the current phase.
@@ -118,7 +118,7 @@ pub enum News {
 }
 
 /// Incremental frame decoder.
-pub struct Decoder {
+pub(crate) struct Decoder {
     limits: DecodeLimits,
     buf: Vec<u8>,
     content: u64,
@@ -188,12 +188,12 @@ impl Decoder {
     }
 
     /// Keep [`News`] of what arrives from now on, for [`Decoder::take_news`].
-    pub fn keep_news(&mut self) {
+    pub(crate) fn keep_news(&mut self) {
         self.news.get_or_insert_with(Vec::new);
     }
 
     /// The news since the last call.
-    pub fn take_news(&mut self) -> Vec<News> {
+    pub(crate) fn take_news(&mut self) -> Vec<News> {
         self.news.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
@@ -204,7 +204,7 @@ impl Decoder {
     }
 
     /// What was decoded so far.
-    pub fn decoded(&self) -> &Decoded {
+    pub(crate) fn decoded(&self) -> &Decoded {
         &self.out
     }
 

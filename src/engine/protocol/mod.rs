@@ -19,4 +19,4 @@ pub use payload::*;
 pub use testing::{frame, parse_payload};
 
 /// First line of every payload.
-pub const MAGIC: &[u8] = b"codebox-init 1\n";
+pub(crate) const MAGIC: &[u8] = b"codebox-init 1\n";

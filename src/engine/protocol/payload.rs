@@ -112,7 +112,7 @@ impl Files {
     }
 
     /// The bytes of all files' content.
-    pub fn content_bytes(&self) -> u64 {
+    pub(crate) fn content_bytes(&self) -> u64 {
         self.content_bytes
     }
 
@@ -122,7 +122,7 @@ impl Files {
     }
 
     /// The bytes of the encoded records (what is kept in memory).
-    pub fn encoded_bytes(&self) -> u64 {
+    pub(crate) fn encoded_bytes(&self) -> u64 {
         self.records.len() as u64
     }
 
@@ -236,7 +236,8 @@ impl Payload {
     }
 
     /// All of [`Payload::encode`] in one buffer (for tests).
-    pub fn encode_whole(&self) -> Vec<u8> {
+    #[cfg(test)]
+    fn encode_whole(&self) -> Vec<u8> {
         self.encode().concat()
     }
 }

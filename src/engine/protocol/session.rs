@@ -23,10 +23,10 @@ pub struct InitTimes {
 
 /// How long `codebox-init` goes on killing what a cell left (`KILL_ROUNDS_MS` in
 /// images/base/codebox-init-driver.c).
-pub const KILL_ROUNDS: Duration = Duration::from_secs(2);
+const KILL_ROUNDS: Duration = Duration::from_secs(2);
 
 impl InitTimes {
-    pub const DEFAULT: InitTimes = InitTimes {
+    pub(crate) const DEFAULT: InitTimes = InitTimes {
         driver_start: Duration::from_secs(30),
         interrupt: Duration::from_secs(2),
     };
@@ -34,14 +34,14 @@ impl InitTimes {
     /// Once a stop reached an execution: the interrupt's grace, the driver and what the cell
     /// left killed, the driver started again. (A stop during the driver's start before the
     /// cell is answered once it started: less than this.)
-    pub fn after_stop(&self) -> Duration {
+    pub(crate) fn after_stop(&self) -> Duration {
         self.interrupt + KILL_ROUNDS + self.driver_start
     }
 
     /// The longest an execution's answer may take: the driver stopped and started before the
     /// cell (a reset, or a driver found dead or busy), the check's and the program's limits,
     /// then [`InitTimes::after_stop`] for a cell that timed out.
-    pub fn exec_answer(&self, check_timeout: Duration, timeout: Duration) -> Duration {
+    pub(crate) fn exec_answer(&self, check_timeout: Duration, timeout: Duration) -> Duration {
         KILL_ROUNDS + self.driver_start + check_timeout + timeout + self.after_stop()
     }
 }
@@ -90,7 +90,7 @@ pub enum Work {
 
 /// One execution in a session's container.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Exec {
+pub(crate) struct Exec {
     pub work: Work,
     pub env: BTreeMap<String, String>,
     /// Written into the working directory first; they stay.
@@ -207,7 +207,7 @@ pub struct Done {
 const MAX_ERROR: usize = 4096;
 
 /// Read a `D` frame's `key=value` lines.
-pub fn parse_done(text: &str) -> Result<Done, ProtocolError> {
+pub(super) fn parse_done(text: &str) -> Result<Done, ProtocolError> {
     let mut done = Done::default();
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else {

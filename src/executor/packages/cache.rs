@@ -16,7 +16,7 @@ pub struct Entry {
 
 /// The cache's index (the volumes are the content).
 #[derive(Default)]
-pub struct Lru {
+pub(super) struct Lru {
     entries: HashMap<String, (Arc<Entry>, u64)>,
     tick: u64,
 }
@@ -44,13 +44,14 @@ impl Lru {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Take out least recently used entries no run holds until the rest fit `max_bytes`;
     /// their volumes are the caller's to remove.
-    pub fn evict(&mut self, max_bytes: u64) -> Vec<Arc<Entry>> {
+    pub(super) fn evict(&mut self, max_bytes: u64) -> Vec<Arc<Entry>> {
         let mut out = Vec::new();
         while self.bytes() > max_bytes {
             let victim = self

@@ -7,7 +7,7 @@
 //! # Security
 //! Install scripts (an sdist's `setup.py`, npm's lifecycle scripts) run only in the install
 //! container: exactly the posture of section 4 (no network, read-only root, a sandbox user,
-//! no capabilities, seccomp, limits). Its one way out is this install's [`proxy::Proxy`],
+//! no capabilities, seccomp, limits). Its one way out is this install's `proxy::Proxy`,
 //! listening on a Unix socket in a directory of its own that the container gets read-only;
 //! codebox-init's relay carries `127.0.0.1:3128` inside the container there. With no network
 //! there is no DNS, no route and no other address, the host's included. It writes only its working directory, a
@@ -43,7 +43,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 /// Label on a packages volume carrying its cache key.
-pub const LABEL_PACKAGES: &str = "codebox.packages";
+const LABEL_PACKAGES: &str = "codebox.packages";
 /// Most entries an installed prefix may have.
 const MAX_PREFIX_ENTRIES: usize = 200_000;
 
@@ -739,7 +739,7 @@ impl Packages {
 
     /// Forget every cached prefix and remove its volume (`codebox bench` measures cold
     /// installs so).
-    pub async fn evict_all(&self) {
+    pub(crate) async fn evict_all(&self) {
         let entries = self.cache.lock().unwrap_or_else(|p| p.into_inner()).drain();
         for e in entries {
             // A container that mounted it may still be being removed: try again then.

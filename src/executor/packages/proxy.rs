@@ -5,7 +5,7 @@
 //! # Security
 //! The containers it serves have no network (`network_mode=none`): the proxy listens on a Unix
 //! socket, `proxy.sock` in a directory of its own that the container gets read-only at
-//! `/run/codebox-egress` ([`crate::engine::posture::EGRESS_MOUNT`]), and codebox-init's relay (`images/base/codebox-init-egress.c`) carries
+//! `/run/codebox-egress` (`crate::engine::posture::EGRESS_MOUNT`), and codebox-init's relay (`images/base/codebox-init-egress.c`) carries
 //! the container's loopback connections to it. The directory is made for this proxy alone
 //! (mode 0711 under codebox's private `data_dir/egress`, 0700), the socket is 0666 so that
 //! every sandbox uid can connect, and both go when the proxy is dropped. The proxy admits a request only
@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 
 /// The socket's name in the proxy's directory.
-pub const SOCKET: &str = "proxy.sock";
+const SOCKET: &str = "proxy.sock";
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -107,7 +107,7 @@ impl Refusal {
 }
 
 /// The kind of address no install may reach unless the operator named it.
-pub fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
+fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => v4_kind(v4),
         IpAddr::V6(v6) => {
@@ -163,7 +163,7 @@ pub struct Policy {
 
 impl Policy {
     /// The entry a request for `host:port` falls under, or why none does.
-    pub fn admit(&self, host: &str, port: u16) -> Result<&Allowed, Refusal> {
+    pub(crate) fn admit(&self, host: &str, port: u16) -> Result<&Allowed, Refusal> {
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -290,7 +290,7 @@ fn shortened(text: &str, max: usize) -> String {
 
 /// A running proxy; dropping it ends it and every connection through it, and removes its
 /// directory.
-pub struct Proxy {
+pub(crate) struct Proxy {
     dir: PathBuf,
     tally: Arc<Tally>,
     _task: AbortOnDropHandle<()>,
@@ -362,7 +362,7 @@ impl Proxy {
     }
 
     /// The download cap was reached (connections were cut).
-    pub fn over_cap(&self) -> bool {
+    pub(super) fn over_cap(&self) -> bool {
         self.tally.over.load(Ordering::Relaxed)
     }
 

@@ -56,7 +56,7 @@ struct Held {
 
 /// A session's packages volume and what it holds. Dropping it removes the volume (once no
 /// container mounts it any more).
-pub struct SessionPrefix {
+pub(crate) struct SessionPrefix {
     volume: String,
     target: String,
     env: BTreeMap<String, String>,
@@ -129,7 +129,7 @@ impl SessionPrefix {
     /// Install `requested` into the session: the union with what it holds, from the cache or
     /// installed now, then copied into the session's volume. The report's `installed` is
     /// everything the session holds afterwards; `install_ms` includes the copy.
-    pub async fn add(
+    pub(crate) async fn add(
         &self,
         packages: &Packages,
         run_id: &str,
@@ -288,7 +288,7 @@ impl SessionPrefix {
 
     /// Remove the volume once `container_gone` ends (its container's removal), in the
     /// background; idempotent.
-    pub fn remove_after(
+    pub(crate) fn remove_after(
         &self,
         container_gone: impl std::future::Future<Output = ()> + Send + 'static,
     ) {

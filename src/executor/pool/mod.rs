@@ -19,7 +19,7 @@
 //! a whole window. The pool itself is passive: the run manager, which owns the memory budget,
 //! tells it what runs ask for ([`Pool::asked`], [`Pool::done`]), decides when it may grow
 //! ([`Pool::fill`]: only while no run waits for a slot, so filling never holds a queued run
-//! back) and when it must give memory back ([`Pool::shed`]).
+//! back) and when it must give memory back (`Pool::shed`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -159,7 +159,7 @@ type Listener = Box<dyn Fn(Change) + Send + Sync>;
 
 /// What the pool tells the run manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// A run took a container: queued runs may start; refilling waits.
     Taken,
     /// A fill ended or containers were removed.
@@ -168,7 +168,7 @@ pub enum Change {
 
 /// Why a container could not be started ahead of time.
 #[derive(Debug, thiserror::Error)]
-pub enum FillError {
+enum FillError {
     #[error("image {tag} is not present")]
     ImageMissing { tag: String },
     #[error(transparent)]
@@ -196,7 +196,7 @@ impl From<MakeError> for FillError {
 }
 
 /// Demand told to the pool, taken back (`Pool::done`) when dropped.
-pub struct Asked {
+pub(crate) struct Asked {
     pool: Pool,
     shapes: Vec<(Shape, usize)>,
 }
@@ -242,7 +242,7 @@ impl Pool {
 
     /// Call `listener` (never under the pool's lock) whenever the pool came to hold less of
     /// the memory budget or a fill ended, succeeded or not. Set once.
-    pub fn on_change(&self, listener: impl Fn(Change) + Send + Sync + 'static) {
+    pub(crate) fn on_change(&self, listener: impl Fn(Change) + Send + Sync + 'static) {
         let _ = self.inner.listener.set(Box::new(listener));
     }
 
@@ -258,7 +258,7 @@ impl Pool {
 
     /// Keep these containers ready whatever the demand: the shapes of a default run (and
     /// compile stage) of each language of `pool.sizes`.
-    pub fn set_floors(&self, floors: BTreeMap<Shape, usize>) {
+    pub(crate) fn set_floors(&self, floors: BTreeMap<Shape, usize>) {
         let mut st = self.state();
         st.floors = floors;
         st.started = true;
@@ -296,7 +296,13 @@ impl Pool {
     /// A run with packages asks for `n` containers of `shape` mounting `prefix` (its volume
     /// is `shape.packages`) until [`Pool::done`]: as [`Pool::asked`], and the prefix is held
     /// (never evicted from the cache) while containers mounting it may be kept.
-    pub fn asked_with_prefix(&self, lang: &Language, shape: &Shape, n: usize, prefix: &Prefix) {
+    pub(crate) fn asked_with_prefix(
+        &self,
+        lang: &Language,
+        shape: &Shape,
+        n: usize,
+        prefix: &Prefix,
+    ) {
         {
             let mut st = self.state();
             if !st.started || st.closed {
@@ -309,7 +315,7 @@ impl Pool {
 
     /// Remove the ready containers that mount a packages prefix and let go of the prefixes
     /// (their volumes may be removed); what runs asked for is remembered.
-    pub fn forget_packages(&self) {
+    pub(crate) fn forget_packages(&self) {
         let mut st = self.state();
         st.prefixes.clear();
         let (gone, keep): (Vec<Idle>, Vec<Idle>) =
@@ -571,7 +577,7 @@ impl Pool {
 
     /// Give back at least `mb` of memory by removing idle containers (oldest first); returns
     /// what was given back.
-    pub fn shed(&self, mb: u64) -> u64 {
+    pub(crate) fn shed(&self, mb: u64) -> u64 {
         let mut st = self.state();
         st.idle.sort_by_key(|i| i.since);
         let mut freed = 0;

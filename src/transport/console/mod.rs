@@ -20,7 +20,7 @@ const SCRIPT: &str = include_str!("console.js");
 const STYLE: &str = include_str!("console.css");
 
 /// The console's policy: nothing but its own script and style; images it makes from data.
-pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'";
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'";
 
 fn asset(kind: &'static str, body: &'static str) -> Response {
     let mut r = ([(header::CONTENT_TYPE, kind)], body).into_response();
