@@ -32,6 +32,7 @@ mod pg;
 mod pg_tls;
 mod queue;
 mod schema;
+mod scratch;
 mod sessions;
 mod sqlite;
 mod store;
@@ -51,6 +52,7 @@ use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
 pub use queue::{Claimed, QueueError, Room, SharedQueue, Submitted};
 pub use schema::SCHEMA_VERSION;
+pub(crate) use scratch::{Scratch, ScratchError};
 pub(crate) use sessions::{
     SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED,
     SERVER_STOPPED as SESSION_SERVER_STOPPED,

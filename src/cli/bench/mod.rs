@@ -17,6 +17,10 @@
 //! - `--calls`: the host's CPU per Engine API call and per part of the container spec
 //!   ([`calls`]).
 //!
+//! Two modes measure codebox alone, without the baseline nor Docker: `--shared-queue`, the
+//! shared queue on the PostgreSQL history ([`queue`]), and `--url`, servers already running,
+//! over HTTP ([`remote`]; `scripts/cluster-bench.sh` puts 1, 2 and 3 behind nginx).
+//!
 //! Everything but latency is measured A B B A (half of codebox's share, all of docker's, the
 //! other half of codebox's), so that load that drifts during the measurement falls on both.
 
@@ -24,6 +28,9 @@ mod calls;
 mod docker;
 mod host;
 mod packages;
+mod queue;
+mod remote;
+mod stats;
 mod workloads;
 
 use std::collections::BTreeMap;
@@ -39,6 +46,7 @@ use crate::contract::RunRequest;
 use crate::executor::timings::Leg;
 use crate::registry::Language;
 use docker::Docker;
+use stats::{ms, spread};
 use workloads::Sending;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -90,7 +98,27 @@ pub struct BenchArgs {
     /// `packages.python.index_url`.
     #[arg(long, num_args = 2, value_names = ["REQUIREMENT", "MODULE"])]
     pub packages: Option<Vec<String>>,
+    /// The shared queue on the PostgreSQL history (`history.url`), without Docker: `--n` runs
+    /// submitted through 3 queue handles at once, then claimed by them one slot at a time;
+    /// prints submits/s and claims/s. It writes only into a schema it creates in that
+    /// database, `codebox_bench_<pid>` (the history's tables, `--n` + 3 runs named
+    /// `bench-queue-*`), and drops it at the end (its user needs the CREATE privilege). Live
+    /// servers on that database are woken by its notifications; they never see its runs.
+    #[arg(long, conflicts_with = "url")]
+    pub shared_queue: bool,
+    /// codebox servers already running at URL (`http://HOST:PORT`: one server, or a balancer
+    /// in front of several), over `POST /v1/runs`: `--n` runs of the first LANG's `hello`
+    /// sample (default bash) from `--clients` clients (default 8), each sending its next run
+    /// when its last one is answered; prints runs/s and latency. No Docker here.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// The servers' bearer token for `--url` (else CODEBOX_TOKEN, else `http.token_file`).
+    #[arg(long, value_name = "FILE", requires = "url")]
+    pub token_file: Option<PathBuf>,
 }
+
+/// Clients of `--url` when `--clients` is not given.
+const URL_CLIENTS: usize = 8;
 
 /// The languages a bench is about (for the pool it asks for).
 pub fn languages(args: &BenchArgs) -> Vec<String> {
@@ -105,20 +133,6 @@ pub fn languages(args: &BenchArgs) -> Vec<String> {
     } else {
         args.langs.clone()
     }
-}
-
-/// min, median, p95 of a sample, in ms.
-fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
-    if v.is_empty() {
-        return (0.0, 0.0, 0.0);
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let p = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-    (v[0], p(0.5), p(0.95))
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// One run through codebox's run manager (what `run_code` calls); returns its report. A
@@ -246,6 +260,29 @@ pub(crate) async fn bench(
     args: BenchArgs,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
+    if args.shared_queue {
+        return queue::bench(&app.config.history_store(), args.n, out).await;
+    }
+    if let Some(url) = &args.url {
+        let language = args.langs.first().map_or("bash", String::as_str);
+        let lang = app
+            .registry
+            .resolve(language)
+            .with_context(|| format!("unknown language `{language}`"))?;
+        let remote = remote::Remote {
+            endpoint: remote::runs_endpoint(url)?,
+            token: remote::token(
+                args.token_file.as_deref(),
+                std::env::var("CODEBOX_TOKEN").ok(),
+                app.config.http.token_file.as_deref(),
+            )?,
+            language: lang.id.clone(),
+            code: hello(lang)?,
+            clients: args.clients.unwrap_or(URL_CLIENTS),
+            n: args.n,
+        };
+        return remote::bench(remote, out).await;
+    }
     app.engine.ping().await?;
     app.reap().await;
     let langs: Vec<&Language> = languages(&args)
