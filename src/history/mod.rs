@@ -52,7 +52,7 @@ use actor::{Actor, Command, QueueBounds, NO_ANSWER, QUEUE};
 use db::{Database, DbError};
 pub use queue::{Claimed, QueueError, Room, SharedQueue, Submitted};
 pub use schema::SCHEMA_VERSION;
-pub(crate) use scratch::{Scratch, ScratchError};
+pub(crate) use scratch::Scratch;
 pub(crate) use sessions::{
     SessionOpened, SessionRecord, RESTARTED as SESSION_RESTARTED,
     SERVER_STOPPED as SESSION_SERVER_STOPPED,
