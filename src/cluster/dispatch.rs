@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::Cluster;
 use crate::contract::{RunRequest, ValidRequest};
 use crate::executor::{new_run_id, Executor};
-use crate::history::{Claimed, SharedQueue, Submitted};
+use crate::history::{Claimed, SharedQueue, Submitted, Whereabouts};
 use crate::report::{RunReport, Status};
 use crate::runs::{
     Accepted, Confirmed, Dispatch, LookupError, Room, RunManager, Submission, SubmitError, Taken,
@@ -363,6 +363,24 @@ impl Dispatch for ClusterDispatch {
                 }
             }
         })
+    }
+
+    /// A run waiting in the shared queue (claimed by no server), or claimed here a moment ago
+    /// (the claim committed, the run not yet queued here): its report as it stands.
+    fn standing(&self, at: &Whereabouts, here: bool) -> Option<(Status, &'static str)> {
+        if here && !at.status.is_terminal() {
+            Some((
+                at.status,
+                "claimed by this server from the shared queue; starting",
+            ))
+        } else if at.unclaimed && at.status == Status::Queued {
+            Some((
+                Status::Queued,
+                "waiting in the shared queue: no codebox server has room for it yet",
+            ))
+        } else {
+            None
+        }
     }
 
     fn arriving(&self, run_id: &str) -> bool {

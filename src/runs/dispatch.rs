@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::lookup::{ELSEWHERE_POLL, UNKNOWN_GRACE, UNKNOWN_POLL};
 use super::{Accepted, LookupError, RunManager, SubmitError};
 use crate::contract::{RunRequest, ValidRequest};
+use crate::history::Whereabouts;
 use crate::live::Feed;
-use crate::report::RunReport;
+use crate::report::{RunReport, Status};
 
 /// A new run, validated and charged, to be queued somewhere.
 pub struct Submission {
@@ -101,6 +102,14 @@ pub trait Dispatch: Send + Sync {
     fn closing<'a>(&'a self, runs: &'a RunManager) -> BoxFuture<'a, ()> {
         let _ = runs;
         Box::pin(async {})
+    }
+
+    /// Where a run the history says is unfinished stands, if this dispatch placed it and no
+    /// server runs it yet (`here`: the history names this server): the status and message of
+    /// its report as it stands. `None`: a server holds it.
+    fn standing(&self, at: &Whereabouts, here: bool) -> Option<(Status, &'static str)> {
+        let _ = (at, here);
+        None
     }
 
     /// Whether run `run_id` is on its way to this manager.

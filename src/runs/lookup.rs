@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::Dispatch;
 use crate::history::{now_ms, History};
 use crate::report::{RunLimits, RunReport, Status};
 
@@ -20,6 +21,8 @@ pub(super) struct Where<'a> {
     pub history: Option<&'a History>,
     /// This server's instance id.
     pub instance: &'a str,
+    /// It says where a run it placed stands until a server runs it.
+    pub dispatch: &'a dyn Dispatch,
     pub retention: Duration,
     pub retained_reports_mb: u64,
 }
@@ -87,7 +90,7 @@ pub(super) async fn stored(
             let since = now_ms().saturating_sub(retention.as_millis() as i64);
             match h.report(run_id, Some(since)).await {
                 Ok(Some(r)) => Ok(r),
-                Ok(None) => held_elsewhere(h, run_id, at.instance)
+                Ok(None) => held_elsewhere(h, run_id, at.instance, at.dispatch)
                     .await
                     .unwrap_or_else(|| Err(unknown())),
                 Err(e) => {
@@ -108,12 +111,13 @@ pub(super) async fn stored(
 }
 
 /// [`LookupError::Elsewhere`] if the history says another instance holds the run
-/// unfinished; its report as it stands (`queued`) while the history says it waits to be
-/// claimed (placed in the history's queue by a dispatch), or was claimed here a moment ago.
+/// unfinished; its report as it stands while the dispatch that placed it says it waits for a
+/// server ([`Dispatch::standing`]).
 async fn held_elsewhere(
     history: &History,
     run_id: &str,
     instance: &str,
+    dispatch: &dyn Dispatch,
 ) -> Option<Result<RunReport, LookupError>> {
     let w = match history.whereabouts(run_id).await {
         Ok(w) => w?,
@@ -122,21 +126,14 @@ async fn held_elsewhere(
             return None;
         }
     };
-    // Waiting to be claimed; or claimed by this server a moment ago (the claim
-    // is committed, the run not queued here yet): its report as it stands.
-    let mine = w.instance == instance;
-    if (w.unclaimed && w.status == Status::Queued) || (mine && !w.status.is_terminal()) {
+    if let Some((status, message)) = dispatch.standing(&w, w.instance == instance) {
         let row = history.get(run_id).await.ok().flatten();
         let mut r = RunReport::new(
             run_id,
             row.as_ref().map(|r| r.language.clone()).unwrap_or_default(),
-            if mine { w.status } else { Status::Queued },
+            status,
             row.as_ref().map(|r| r.limits).unwrap_or(NO_LIMITS),
-            if mine {
-                "claimed by this server from the shared queue; starting"
-            } else {
-                "waiting in the shared queue: no codebox server has room for it yet"
-            },
+            message,
         );
         if let Some(created) =
             row.and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.created_at).ok())

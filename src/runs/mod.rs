@@ -836,6 +836,7 @@ impl RunManager {
         let at = lookup::Where {
             history: self.inner.history.as_ref(),
             instance: self.inner.executor.instance(),
+            dispatch: self.dispatch(),
             retention,
             retained_reports_mb: self.inner.config.runs.retained_reports_mb,
         };
